@@ -1,0 +1,195 @@
+"""The metric catalog: every ranksight metric name, type, unit, labels and help.
+
+This is the only place a metric name is written as a string. The exporter
+exposes from it; rules, dashboards and the triage command build PromQL from it
+(``str(STEP_DURATION)`` is the full name, ``STEP_DURATION.bucket`` etc. give the
+histogram series).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Tuple
+
+PREFIX = "ranksight_"
+
+# Label sets. Rank series also carry `node` (constant per rank, so no extra
+# cardinality) so that inhibition and dashboards can join rank and node views.
+RANK_LABELS: Tuple[str, ...] = ("job", "node", "rank", "local_rank")
+NODE_LABELS: Tuple[str, ...] = ("node",)
+GPU_LABELS: Tuple[str, ...] = ("node", "gpu")
+
+# Histogram buckets (seconds). Chosen to keep per-node series low (issue 9):
+# 12 buckets cover 1 ms .. 2 min of step time.
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+CHECKPOINT_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+UTIL_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class Metric:
+    short: str
+    type: str  # counter | gauge | histogram
+    unit: str  # seconds | bytes | ratio | count | info | celsius | watts | hertz | bool
+    labels: Tuple[str, ...]
+    help: str
+    buckets: Tuple[float, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return PREFIX + self.short
+
+    def __str__(self) -> str:  # so f"rate({M}[5m])" reads naturally
+        return self.name
+
+    # Histogram series names, for PromQL.
+    @property
+    def bucket(self) -> str:
+        return self.name + "_bucket"
+
+    @property
+    def sum(self) -> str:
+        return self.name + "_sum"
+
+    @property
+    def count(self) -> str:
+        return self.name + "_count"
+
+
+CATALOG: Dict[str, Metric] = {}
+
+
+def _m(short: str, type: str, unit: str, labels: Tuple[str, ...], help: str, buckets: Tuple[float, ...] = ()) -> Metric:
+    if type == "counter" and not short.endswith("_total"):
+        raise ValueError(f"counter {short} must end in _total")
+    if short in CATALOG:
+        raise ValueError(f"duplicate metric {short}")
+    m = Metric(short, type, unit, labels, help, buckets)
+    CATALOG[short] = m
+    return m
+
+
+R = RANK_LABELS
+N = NODE_LABELS
+G = GPU_LABELS
+
+# ---------------------------------------------------------------- per rank
+STEP_DURATION = _m("step_duration_seconds", "histogram", "seconds", R,
+                   "Optimizer step duration, step boundary to step boundary.", STEP_BUCKETS)
+STEP_QUANTILE = _m("step_duration_quantile_seconds", "gauge", "seconds", R + ("quantile",),
+                   "Step duration quantile over the agent's sliding window (default 5 min).")
+STEPS = _m("steps_total", "counter", "count", R, "Optimizer steps completed.")
+MICROBATCHES = _m("microbatches_total", "counter", "count", R,
+                  "Micro-batches (forward passes) seen; above steps_total under gradient accumulation.")
+STEP_SECONDS = _m("step_seconds_total", "counter", "seconds", R, "Sum of step durations.")
+DATALOADER_WAIT = _m("dataloader_wait_seconds_total", "counter", "seconds", R,
+                     "Time the training loop spent waiting in next() on the data loader.")
+DATALOADER_WAIT_HIST = _m("dataloader_wait_seconds", "histogram", "seconds", R,
+                          "Data loader wait per step.", WAIT_BUCKETS)
+FORWARD_SECONDS = _m("forward_seconds_total", "counter", "seconds", R,
+                     "Forward time (GPU events on CUDA, host time on CPU).")
+BACKWARD_SECONDS = _m("backward_seconds_total", "counter", "seconds", R,
+                      "Backward time (GPU events on CUDA, host time on CPU).")
+OPTIMIZER_SECONDS = _m("optimizer_seconds_total", "counter", "seconds", R,
+                       "optimizer.step() time (GPU events on CUDA, host time on CPU).")
+BACKWARD_TO_OPTIMIZER = _m("backward_to_optimizer_seconds", "histogram", "seconds", R,
+                           "Backward start to optimizer.step() start, per step.", STEP_BUCKETS)
+COMM_SECONDS = _m("comm_seconds_total", "counter", "seconds", R,
+                  "Collective communication time (launch to completion).")
+EXPOSED_COMM_SECONDS = _m("exposed_comm_seconds_total", "counter", "seconds", R,
+                          "Communication not overlapped with compute: time blocked waiting on collectives.")
+CHECKPOINT_SECONDS = _m("checkpoint_seconds_total", "counter", "seconds", R,
+                        "Time spent writing checkpoints.")
+CHECKPOINT_WRITE = _m("checkpoint_write_seconds", "histogram", "seconds", R,
+                      "Checkpoint write duration.", CHECKPOINT_BUCKETS)
+CHECKPOINT_BYTES = _m("checkpoint_bytes_total", "counter", "bytes", R, "Checkpoint bytes written.")
+CHECKPOINT_FAILURES = _m("checkpoint_failures_total", "counter", "count", R, "Checkpoint writes that raised.")
+LAST_CHECKPOINT = _m("last_checkpoint_timestamp_seconds", "gauge", "seconds", R,
+                     "Unix time of the last successful checkpoint write.")
+LAST_CHECKPOINT_DURATION = _m("last_checkpoint_duration_seconds", "gauge", "seconds", R,
+                              "Duration of the last checkpoint write.")
+LAST_STEP = _m("last_step_timestamp_seconds", "gauge", "seconds", R, "Unix time of the last completed step.")
+HEARTBEAT_MISSES = _m("heartbeat_misses_total", "counter", "count", R,
+                      "Heartbeat intervals that passed with no heartbeat.")
+RANK_UP = _m("rank_up", "gauge", "bool", R, "1 while the rank heartbeats; 0 after 3 missed heartbeats.")
+RANK_STALLED = _m("rank_stalled", "gauge", "bool", R + ("reason",),
+                  "1 when the rank is alive but makes no progress. reason=no_progress: likely culprit; "
+                  "reason=waiting_in_collective: blocked on a peer.")
+RANK_RESTARTS = _m("rank_restarts", "gauge", "count", R, "Restart count reported by the launcher.")
+CUDA_ALLOC_RETRIES = _m("cuda_alloc_retries_total", "counter", "count", R,
+                        "CUDA caching allocator retries (cudaMalloc failed, cache flushed, retried): fragmentation.")
+CUDA_OOMS = _m("cuda_ooms_total", "counter", "count", R, "CUDA out-of-memory errors seen by the allocator.")
+CUDA_RESERVED = _m("cuda_memory_reserved_bytes", "gauge", "bytes", R, "CUDA caching allocator reserved bytes.")
+CUDA_ALLOCATED = _m("cuda_memory_allocated_bytes", "gauge", "bytes", R, "CUDA caching allocator allocated bytes.")
+HOOK_ERRORS = _m("hook_errors_total", "counter", "count", R, "Exceptions caught inside ranksight hooks.")
+HOOK_DROPPED_EVENTS = _m("hook_dropped_events_total", "counter", "count", R,
+                         "GPU timing events dropped because the pending-event queue was full.")
+LINT_ACTIVE = _m("lint_active", "gauge", "bool", R + ("lint",), "1 while a setup lint applies to the rank.")
+DATALOADER_WORKERS_RSS = _m("dataloader_workers_rss_bytes", "gauge", "bytes", R,
+                            "Total RSS of the rank's DataLoader worker processes.")
+
+# ---------------------------------------------------------------- per node: GPU
+GPU_UTILIZATION = _m("gpu_utilization_ratio", "gauge", "ratio", G + ("stat",),
+                     "GPU utilization over the sampling window; stat=mean|min|max.")
+GPU_UTILIZATION_SAMPLES = _m("gpu_utilization_samples", "histogram", "ratio", G,
+                             "Raw NVML utilization samples (about 5 Hz on H200): a heatmap of the waveform.",
+                             UTIL_BUCKETS)
+GPU_SWINGS = _m("gpu_utilization_swings_total", "counter", "count", G,
+                "High-to-low utilization crossings (sawtooth detector).")
+GPU_BUSY_SECONDS = _m("gpu_busy_seconds_total", "counter", "seconds", G,
+                      "Utilization integrated over time; rate() is the exact mean utilization.")
+GPU_MEMORY_USED = _m("gpu_memory_used_bytes", "gauge", "bytes", G, "GPU memory used.")
+GPU_MEMORY_TOTAL = _m("gpu_memory_total_bytes", "gauge", "bytes", G, "GPU memory total.")
+GPU_TEMPERATURE = _m("gpu_temperature_celsius", "gauge", "celsius", G, "GPU temperature.")
+GPU_POWER = _m("gpu_power_watts", "gauge", "watts", G, "GPU power draw.")
+GPU_SM_CLOCK = _m("gpu_sm_clock_hertz", "gauge", "hertz", G, "GPU SM clock.")
+GPU_CLOCKS_EVENT = _m("gpu_clocks_event_active", "gauge", "bool", G + ("reason",),
+                      "1 while an NVML clocks-event (throttle) reason is active.")
+GPU_PCIE_GEN = _m("gpu_pcie_link_generation", "gauge", "count", G + ("state",),
+                  "PCIe link generation; state=current|max.")
+GPU_PCIE_WIDTH = _m("gpu_pcie_link_width", "gauge", "count", G + ("state",), "PCIe link width; state=current|max.")
+GPU_XID_ERRORS = _m("gpu_xid_errors_total", "counter", "count", G + ("xid",), "NVML XID critical errors by xid.")
+GPU_SM_ACTIVE = _m("gpu_sm_active_ratio", "gauge", "ratio", G, "GPM SM activity (Hopper and newer).")
+GPU_TENSOR_ACTIVE = _m("gpu_tensor_active_ratio", "gauge", "ratio", G, "GPM tensor-core activity (Hopper and newer).")
+GPU_UP = _m("gpu_up", "gauge", "bool", G, "1 while NVML answers for this GPU.")
+GPU_INFO = _m("gpu_info", "gauge", "info", G + ("name", "uuid", "driver"), "GPU identity; always 1.")
+
+# ---------------------------------------------------------------- per node: network
+NET_TCP_RETRANS = _m("net_tcp_retransmitted_segments_total", "counter", "count", N,
+                     "TCP segments retransmitted (/proc/net/snmp Tcp RetransSegs).")
+NET_TCP_SENT = _m("net_tcp_sent_segments_total", "counter", "count", N,
+                  "TCP segments sent (/proc/net/snmp Tcp OutSegs).")
+NET_TCP_IN_ERRORS = _m("net_tcp_in_errors_total", "counter", "count", N, "TCP segments received in error (InErrs).")
+NET_TCP_EXT = _m("net_tcp_ext_total", "counter", "count", N + ("counter",),
+                 "Selected /proc/net/netstat TcpExt counters (TCPLostRetransmit, TCPTimeouts, TCPSynRetrans).")
+NET_IF_ERRORS = _m("net_interface_errors_total", "counter", "count", N + ("device", "direction"),
+                   "Interface errors (/proc/net/dev); direction=receive|transmit.")
+NET_IF_DROPS = _m("net_interface_drops_total", "counter", "count", N + ("device", "direction"),
+                  "Interface drops (/proc/net/dev); direction=receive|transmit.")
+NET_IF_BYTES = _m("net_interface_bytes_total", "counter", "bytes", N + ("device", "direction"),
+                  "Interface bytes (/proc/net/dev); direction=receive|transmit.")
+NET_IF_SPEED = _m("net_interface_speed_bytes", "gauge", "bytes", N + ("device",),
+                  "Negotiated link speed in bytes/s (/sys/class/net/*/speed); absent when unknown.")
+NET_IF_UP = _m("net_interface_up", "gauge", "bool", N + ("device",), "1 when operstate is up.")
+NET_IF_CARRIER_CHANGES = _m("net_interface_carrier_changes_total", "counter", "count", N + ("device",),
+                            "Link carrier up/down changes.")
+RDMA_PORT_COUNTER = _m("rdma_port_counter_total", "counter", "count", N + ("device", "port", "counter"),
+                       "RDMA port counters and hw_counters (/sys/class/infiniband).")
+RDMA_PORT_RATE = _m("rdma_port_rate_bytes", "gauge", "bytes", N + ("device", "port"), "RDMA port rate in bytes/s.")
+RDMA_PORT_UP = _m("rdma_port_up", "gauge", "bool", N + ("device", "port"), "1 when the RDMA port state is ACTIVE.")
+
+# ---------------------------------------------------------------- per node: disk and self
+DISK_FREE = _m("disk_free_bytes", "gauge", "bytes", N + ("path",), "Free bytes (available to non-root) under a watched path.")
+DISK_TOTAL = _m("disk_total_bytes", "gauge", "bytes", N + ("path",), "Total bytes of the filesystem of a watched path.")
+COLLECTOR_UP = _m("collector_up", "gauge", "bool", N + ("collector",), "1 when the collector's last run succeeded.")
+COLLECTOR_DURATION = _m("collector_duration_seconds", "gauge", "seconds", N + ("collector",),
+                        "Duration of the collector's last run.")
+INGEST_DATAGRAMS = _m("ingest_datagrams_total", "counter", "count", N + ("result",),
+                      "Datagrams received by the agent; result=ok|malformed|oversize|rejected|overflow.")
+TRACKED_RANKS = _m("tracked_ranks", "gauge", "count", N, "Ranks currently tracked by the agent.")
+BUILD_INFO = _m("build_info", "gauge", "info", N + ("version", "python"), "ranksight agent build info; always 1.")
+
+
+def by_name(name: str) -> Metric:
+    short = name[len(PREFIX):] if name.startswith(PREFIX) else name
+    return CATALOG[short]

@@ -1,0 +1,77 @@
+"""`ranksight` command line: one entry point, subcommands.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``. Bad usage exits 2 with one clear line (argparse's usage
+line plus the error); runtime errors that are the user's (config, ports,
+unreachable Prometheus) also print one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import List, Optional
+
+from . import __version__
+from .config import ConfigError
+
+# name -> (module, one-line help)
+SUBCOMMANDS = {
+    "exporter": ("ranksight.exporter.main", "run the node agent: rank ingest, heartbeats, GPU/network/RDMA/disk collectors"),
+    "rules": ("ranksight.alerts.generate", "write alert and recording rules, Alertmanager config and runbooks"),
+    "dashboards": ("ranksight.dashboards.generate", "write the Grafana dashboards"),
+    "stack": ("ranksight.stack", "start/stop a local Prometheus + Alertmanager (Debian binaries, no Docker)"),
+    "demo": ("ranksight.demo", "run the agent, the local stack and an instrumented 2-rank CPU DDP job"),
+    "triage": ("ranksight.triage_cli", "walk the six triage checks against Prometheus and name the first cause"),
+    "bench": ("ranksight.bench", "run the benchmarks (hooks, exporter, scale) and print JSON"),
+    "config": ("ranksight.config_cli", "print the effective config (validates it)"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, exit 2
+        self.exit(2, f"ranksight: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ranksight", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"ranksight {__version__}")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="logging level (default info)")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    for name, (mod, help_) in SUBCOMMANDS.items():
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name and mod.startswith(e.name):  # the subcommand's module is not there: do not offer it
+                continue
+            raise
+        sp = sub.add_parser(name, help=help_, description=help_)
+        module.add_arguments(sp)
+        sp.set_defaults(_run=module.run)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except ConfigError as e:
+        print(f"ranksight: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `ranksight config | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

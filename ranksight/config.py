@@ -1,0 +1,251 @@
+"""The one config: every threshold, window and `for:` duration, plus agent and hooks settings.
+
+Load order: built-in defaults -> profile overrides (``test`` shortens durations
+and windows only) -> YAML file (``--config`` or ``RANKSIGHT_CONFIG``) -> env
+overrides ``RANKSIGHT__<section>__<key>=value``. Every value is validated;
+a bad one raises ConfigError with one clear line.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """One clear line about a bad config value."""
+
+
+@dataclass(frozen=True)
+class Opt:
+    default: Any
+    help: str
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+
+
+def _dur(s: str) -> bool:
+    import re
+
+    return bool(re.fullmatch(r"(\d+(ms|s|m|h|d))+", s))
+
+
+# section -> key -> Opt. Comments name the alert a value drives.
+SCHEMA: Dict[str, Dict[str, Opt]] = {
+    "thresholds": {
+        "dataloader_wait_share": Opt(0.10, "RanksightDataloaderBound: data wait / step time above this", 0, 1),
+        "gpu_util_mean": Opt(0.80, "RanksightGpuSawtooth: window mean utilization below this ...", 0, 1),
+        "gpu_swings_per_min": Opt(6.0, "... together with at least this many high->low swings per minute", 0, 1e6),
+        "gpu_swing_high": Opt(0.80, "agent: a swing starts above this utilization", 0, 1),
+        "gpu_swing_low": Opt(0.50, "agent: ... and ends below this utilization", 0, 1),
+        "comm_share": Opt(0.30, "RanksightCommBound: collective time / step time above this", 0, 1),
+        "retransmit_ratio": Opt(0.01, "RanksightTcpRetransmits: retransmitted / sent segments above this", 0, 1),
+        "retransmit_min_rate": Opt(1.0, "RanksightTcpRetransmits: ... and at least this many retransmits/s", 0, 1e9),
+        "checkpoint_write_seconds": Opt(60.0, "RanksightCheckpointSlow: one write above this", 0, 1e6),
+        "checkpoint_wall_share": Opt(0.05, "RanksightCheckpointSlow: checkpoint time / wall time above this", 0, 1),
+        "checkpoint_max_age_seconds": Opt(4 * 3600.0, "RanksightCheckpointStale: no checkpoint for this long", 1, 1e8),
+        "heartbeat_misses": Opt(1.0, "RanksightHeartbeatMissed: misses within the heartbeat window", 1, 1e6),
+        "straggler_ratio": Opt(1.2, "RanksightStraggler: rank busy time / job median busy time above this", 1, 100),
+        "alloc_retries_per_min": Opt(1.0, "RanksightCudaAllocRetries: allocator retries per minute above this", 0, 1e9),
+        "step_creep_ratio": Opt(1.2, "RanksightCudaAllocRetries: (with retries) step p50 now / 1 h ago above this", 1, 100),
+        "nic_min_speed_bytes": Opt(1.25e9, "RanksightNicSpeedLow: link speed below this (bytes/s; 10 Gb/s)", 0, 1e13),
+        "disk_free_ratio": Opt(0.10, "RanksightDiskFilling: free share below this", 0, 1),
+        "disk_full_horizon_seconds": Opt(3600.0, "RanksightDiskFilling: predicted full within this", 1, 1e8),
+        "ingest_drop_ratio": Opt(0.01, "RanksightIngestDropping: dropped / received datagrams above this", 0, 1),
+        "lint_workers_host_mem_share": Opt(0.5, "lint dataloader_workers_rss: workers of all ranks above this share of host memory", 0, 1),
+        "lint_min_free_bytes": Opt(10e9, "lint disk_headroom: minimum free bytes before the first checkpoint", 0, 1e15),
+    },
+    "durations": {  # `for:` of each alert
+        "dataloader_bound": Opt("10m", "RanksightDataloaderBound for:"),
+        "gpu_sawtooth": Opt("10m", "RanksightGpuSawtooth for:"),
+        "comm_bound": Opt("10m", "RanksightCommBound for:"),
+        "tcp_retransmits": Opt("5m", "RanksightTcpRetransmits for:"),
+        "checkpoint_slow": Opt("0m", "RanksightCheckpointSlow for:"),
+        "checkpoint_stale": Opt("10m", "RanksightCheckpointStale for:"),
+        "heartbeat_missed": Opt("0m", "RanksightHeartbeatMissed for:"),
+        "rank_down": Opt("1m", "RanksightRankDown for:"),
+        "rank_stalled": Opt("1m", "RanksightRankStalled for:"),
+        "straggler": Opt("10m", "RanksightStraggler for:"),
+        "alloc_retries": Opt("15m", "RanksightCudaAllocRetries for:"),
+        "nic_speed_low": Opt("5m", "RanksightNicSpeedLow for:"),
+        "disk_filling": Opt("5m", "RanksightDiskFilling for:"),
+        "pcie_degraded": Opt("5m", "RanksightGpuPcieDegraded for:"),
+        "xid": Opt("0m", "RanksightGpuXidError for:"),
+        "throttling": Opt("10m", "RanksightGpuThrottling for:"),
+        "exporter_down": Opt("5m", "RanksightExporterDown for:"),
+        "collector_down": Opt("10m", "RanksightCollectorDown for:"),
+        "ingest_dropping": Opt("10m", "RanksightIngestDropping for:"),
+        "lint": Opt("0m", "RanksightLint* for:"),
+    },
+    "windows": {  # PromQL range windows
+        "rate": Opt("5m", "rate() window of recording rules"),
+        "heartbeat": Opt("5m", "RanksightHeartbeatMissed: window for increase() of misses"),
+        "disk_predict": Opt("1h", "RanksightDiskFilling: predict_linear() lookback"),
+        "creep_offset": Opt("1h", "RanksightCudaAllocRetries: step-time creep compared with this long ago"),
+    },
+    "agent": {
+        "listen": Opt("0.0.0.0:9945", "HTTP listen address for /metrics and /healthz"),
+        "ingest": Opt("udp://127.0.0.1:9946", "datagram ingest address: udp://host:port or unix:///path"),
+        "procfs": Opt("/proc", "procfs root"),
+        "sysfs": Opt("/sys", "sysfs root"),
+        "collectors": Opt("gpu,network,rdma,disk,ranks", "enabled collectors"),
+        "watch_paths": Opt([], "extra paths whose filesystem free space is watched"),
+        "max_ranks": Opt(4096, "cap on tracked ranks (all jobs)", 1, 1_000_000),
+        "max_jobs": Opt(64, "cap on tracked jobs", 1, 100_000),
+        "quantile_window_seconds": Opt(300.0, "sliding window for step p50/p99", 1, 86400),
+        "rank_ttl_seconds": Opt(900.0, "forget a rank silent this long", 1, 1e7),
+        "down_after_misses": Opt(3, "rank_up drops to 0 after this many missed heartbeats", 1, 1000),
+        "stall_min_seconds": Opt(30.0, "stalled: no step for max(this, stall_p99_factor x p99)", 0.1, 1e6),
+        "stall_p99_factor": Opt(5.0, "see stall_min_seconds", 1, 1000),
+        "gpu_poll_seconds": Opt(1.0, "NVML sampling period", 0.05, 60),
+        "gpu_window_seconds": Opt(15.0, "GPU waveform window", 1, 3600),
+        "nic_include": Opt("", "regex of interfaces to include (empty: all)"),
+        "nic_exclude": Opt(r"^(lo|veth.*|docker.*|br-.*|virbr.*)$", "regex of interfaces to exclude"),
+    },
+    "hooks": {
+        "agent": Opt("udp://127.0.0.1:9946", "where to send: udp://host:port | unix:///path | off (env RANKSIGHT_AGENT)"),
+        "heartbeat_seconds": Opt(1.0, "heartbeat period", 0.05, 60),
+        "table_every_steps": Opt(100, "console table every N steps (0: never)", 0, 1e9),
+        "table_every_seconds": Opt(60.0, "... or every this many seconds (0: never)", 0, 1e9),
+        "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
+        "patch_torch_save": Opt(True, "time torch.save / dcp.save while watched"),
+        "checkpoint_dir": Opt("", "checkpoint directory reported to the agent (disk watch)"),
+        "log_dir": Opt("", "log directory reported to the agent (disk watch)"),
+    },
+    "lints": {
+        "io_amplification": Opt(True, "lint: every rank reads the whole dataset"),
+        "sampler_epoch": Opt(True, "lint: DistributedSampler.set_epoch never called"),
+        "rank_disagreement": Opt(True, "lint: ranks disagree on sampler seed or initial parameters"),
+        "dataloader_workers_rss": Opt(True, "lint: DataLoader workers eat host memory"),
+        "numa_binding": Opt(True, "lint: rank bound to the wrong NUMA node"),
+        "uneven_last_batch": Opt(True, "lint: drop_last=False with an uneven last batch"),
+        "incomplete_checkpoint": Opt(True, "lint: checkpoint lacks optimizer/scheduler/RNG/data/step state"),
+        "global_batch_lr": Opt(True, "lint: one info line with global batch and LR"),
+        "disk_headroom": Opt(True, "lint: too little free disk at start"),
+    },
+}
+
+# The test profile shortens durations and windows, nothing else.
+PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
+    "default": {},
+    "test": {
+        "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
+        "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m"},
+    },
+}
+
+
+def _check(section: str, key: str, value: Any) -> Any:
+    opt = SCHEMA[section][key]
+    where = f"{section}.{key}"
+    d = opt.default
+    if isinstance(d, bool):
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return value.lower() in ("1", "true", "yes", "on")
+        if not isinstance(value, bool):
+            raise ConfigError(f"config {where}: expected true or false, got {value!r}")
+        return value
+    if isinstance(d, (int, float)):
+        try:
+            v = float(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            v = None
+        if v is None or v != v or v in (float("inf"), float("-inf")):
+            raise ConfigError(f"config {where}: expected a number, got {value!r}")
+        if (opt.lo is not None and v < opt.lo) or (opt.hi is not None and v > opt.hi):
+            raise ConfigError(f"config {where}: {value!r} is outside [{opt.lo:g}, {opt.hi:g}]")
+        if isinstance(d, int):
+            if v != int(v):
+                raise ConfigError(f"config {where}: expected a whole number, got {value!r}")
+            return int(v)
+        return v
+    if isinstance(d, list):
+        if isinstance(value, str):
+            value = [p for p in value.split(",") if p]
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise ConfigError(f"config {where}: expected a list of strings, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"config {where}: expected a string, got {value!r}")
+    if section in ("durations", "windows") and not _dur(value):
+        raise ConfigError(f"config {where}: expected a Prometheus duration like 30s, 5m or 1h, got {value!r}")
+    return value
+
+
+def _merge(cfg: Dict[str, Dict[str, Any]], over: Mapping[str, Any], origin: str) -> None:
+    if not isinstance(over, Mapping):
+        raise ConfigError(f"config {origin}: expected a mapping of sections, got {type(over).__name__}")
+    for section, vals in over.items():
+        if section not in SCHEMA:
+            raise ConfigError(f"config {origin}: unknown section {section!r} (known: {', '.join(SCHEMA)})")
+        if not isinstance(vals, Mapping):
+            raise ConfigError(f"config {origin}: section {section!r} must be a mapping")
+        for key, value in vals.items():
+            if key not in SCHEMA[section]:
+                raise ConfigError(f"config {origin}: unknown key {section}.{key}")
+            cfg[section][key] = _check(section, key, value)
+
+
+class Config(dict):
+    """section -> key -> value, with attribute access to sections: cfg.thresholds['comm_share']."""
+
+    def __getattr__(self, name: str) -> Dict[str, Any]:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    profile: str = "default"
+
+
+def defaults() -> Dict[str, Dict[str, Any]]:
+    return {s: {k: copy.deepcopy(o.default) for k, o in keys.items()} for s, keys in SCHEMA.items()}
+
+
+def load(path: Optional[str] = None, profile: str = "default", env: Optional[Mapping[str, str]] = None) -> Config:
+    """Build the effective config. Raises ConfigError (one line) on any bad value."""
+    env = os.environ if env is None else env
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown profile {profile!r} (known: {', '.join(PROFILES)})")
+    cfg = defaults()
+    _merge(cfg, PROFILES[profile], f"profile {profile}")
+    path = path or env.get("RANKSIGHT_CONFIG") or None
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"config {path}: cannot read: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config {path}: invalid YAML{at}") from None
+        if data is not None:
+            _merge(cfg, data, path)
+    for name, value in env.items():
+        if not name.startswith("RANKSIGHT__"):
+            continue
+        parts = name[len("RANKSIGHT__"):].split("__")
+        if len(parts) != 2:
+            raise ConfigError(f"env {name}: expected RANKSIGHT__<section>__<key>")
+        section, key = parts[0].lower(), parts[1].lower()
+        _merge(cfg, {section: {key: value}}, f"env {name}")
+    out = Config(cfg)
+    out.profile = profile
+    return out
+
+
+def duration_seconds(s: str) -> float:
+    """'1h30m' -> 5400.0"""
+    import re
+
+    mult = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(float(n) * mult[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d)", s))
+
+
+def describe() -> Tuple[Tuple[str, str, Any, str], ...]:
+    """(section, key, default, help) rows, for docs and `ranksight config`."""
+    return tuple((s, k, o.default, o.help) for s, keys in SCHEMA.items() for k, o in keys.items())

@@ -1,0 +1,181 @@
+"""The hooks -> agent datagram format (version 1). Torch-free; shared by both sides.
+
+One datagram is one compact JSON object (UTF-8), at most ``MAX_DATAGRAM`` bytes.
+Every record carries the identity fields; ``t`` selects the record type:
+
+identity (all records)
+  v       int   protocol version, == 1
+  t       str   "step" | "hb" | "bye" | "hello" | "ckpt" | "lint"
+  job     str   job name (<= 128 chars)
+  rank    int   global rank, 0 <= rank < ws
+  lr      int   local rank, 0 <= lr < 4096
+  ws      int   world size, 1 <= ws <= MAX_WORLD
+  node    str   hostname (<= 128 chars)
+  pid     int   rank process id
+  ts      float sender wall clock (unix seconds) when the record was made
+
+"step"  one per optimizer step (fields are this step's durations, in seconds)
+  seq     int   optimizer step number (1-based, monotone per process)
+  dur     float step duration, step boundary to step boundary
+  data    float dataloader wait (sum over the step's micro-batches)
+  fwd, bwd, opt   float  forward/backward/optimizer time; on CUDA these come from
+                  events resolved late, so they may belong to an earlier step; sums stay right
+  b2o     float backward start -> optimizer.step() start
+  comm    float collective time (launch -> completion)
+  xcomm   float exposed (non-overlapped) communication
+  ckpt    float checkpoint time inside this step
+  micro   int   micro-batches in this step (>= 1)
+  retries int   cumulative CUDA allocator retries (num_alloc_retries)
+  ooms    int   cumulative CUDA OOMs
+  mres    int   CUDA reserved bytes;  malloc: int CUDA allocated bytes
+  herr    int   cumulative hook errors
+  hdrop   int   cumulative dropped GPU timing events
+  wrss    int   DataLoader workers' total RSS bytes (0 when none)
+  restart int   restart count from the launcher
+
+"hb"    heartbeat, every ``hb_interval`` seconds from a background thread
+  seq     int   heartbeat counter
+  every   float the sender's heartbeat interval (seconds)
+  step    int   last completed optimizer step
+  phase   str   "data"|"forward"|"backward"|"optimizer"|"checkpoint"|"other"|"idle"
+  coll    float seconds since the oldest in-flight collective was launched; -1 = none in flight
+  probe   float seconds since the main thread last made visible progress (liveness probe)
+  herr    int   cumulative hook errors
+
+"ckpt"  one per checkpoint write
+  dur float, bytes int, ok bool (False: the write raised), src str ("torch.save"|"dcp"|"timer"|"atomic_save")
+
+"lint"  a setup lint changed state
+  lint str (a lint id), active bool, msg str (<= 512 chars)
+
+"hello" once at start: the self-check
+  info  object (<= 1 level of nesting; GPU names, CUDA/NCCL versions, dirs and their free bytes)
+  dirs  object {"tmp": path, "log": path, "checkpoint": path} (paths may be "")
+
+"bye"   clean exit: the agent forgets the rank at once.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Dict, Optional
+
+VERSION = 1
+MAX_DATAGRAM = 2048  # bytes; larger is "oversize"
+MAX_WORLD = 1 << 20
+MAX_STR = 128
+MAX_MSG = 512
+MAX_SECONDS = 7 * 24 * 3600.0  # no single duration is longer than a week
+MAX_BYTES = 1 << 60
+MAX_COUNT = 1 << 62
+
+TYPES = ("step", "hb", "bye", "hello", "ckpt", "lint")
+PHASES = ("data", "forward", "backward", "optimizer", "checkpoint", "other", "idle")
+CKPT_SOURCES = ("torch.save", "dcp", "timer", "atomic_save")
+
+STEP_SECONDS_FIELDS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm", "ckpt")
+STEP_COUNT_FIELDS = ("seq", "micro", "retries", "ooms", "mres", "malloc", "herr", "hdrop", "wrss", "restart")
+
+
+class ProtocolError(Exception):
+    """A datagram the agent must drop. ``result`` is the ingest counter label."""
+
+    def __init__(self, result: str, why: str):
+        super().__init__(why)
+        self.result = result  # "malformed" | "oversize" | "rejected"
+
+
+def encode(rec: Dict[str, Any]) -> bytes:
+    return json.dumps(rec, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _str(rec: Dict[str, Any], k: str, limit: int = MAX_STR, choices=None) -> str:
+    v = rec.get(k)
+    if not isinstance(v, str) or len(v) > limit or (choices is not None and v not in choices):
+        raise ProtocolError("rejected", f"bad {k}")
+    return v
+
+
+def _int(rec: Dict[str, Any], k: str, lo: int, hi: int) -> int:
+    v = rec.get(k)
+    if type(v) is not int or not (lo <= v <= hi):
+        raise ProtocolError("rejected", f"bad {k}")
+    return v
+
+
+def _secs(rec: Dict[str, Any], k: str, lo: float = 0.0, hi: float = MAX_SECONDS, default: Optional[float] = 0.0) -> float:
+    v = rec.get(k, default)
+    if v is None or type(v) not in (int, float) or not math.isfinite(v) or not (lo <= v <= hi):
+        raise ProtocolError("rejected", f"bad {k}")
+    return float(v)
+
+
+def _bool(rec: Dict[str, Any], k: str) -> bool:
+    v = rec.get(k)
+    if type(v) is not bool:
+        raise ProtocolError("rejected", f"bad {k}")
+    return v
+
+
+def decode(data: bytes) -> Dict[str, Any]:
+    """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError."""
+    if len(data) > MAX_DATAGRAM:
+        raise ProtocolError("oversize", f"{len(data)} bytes")
+    try:
+        rec = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise ProtocolError("malformed", "not JSON") from None
+    if not isinstance(rec, dict):
+        raise ProtocolError("malformed", "not an object")
+    if rec.get("v") != VERSION or type(rec.get("v")) is not int:
+        raise ProtocolError("rejected", "version")
+    t = _str(rec, "t", choices=TYPES)
+    out: Dict[str, Any] = {"t": t}
+    out["job"] = _str(rec, "job")
+    if not out["job"]:
+        raise ProtocolError("rejected", "empty job")
+    out["ws"] = _int(rec, "ws", 1, MAX_WORLD)
+    out["rank"] = _int(rec, "rank", 0, out["ws"] - 1)
+    out["lr"] = _int(rec, "lr", 0, 4095)
+    out["node"] = _str(rec, "node")
+    out["pid"] = _int(rec, "pid", 0, 1 << 31)
+    out["ts"] = _secs(rec, "ts", 0.0, 1e11, default=None)
+    if t == "step":
+        for k in STEP_SECONDS_FIELDS:
+            out[k] = _secs(rec, k)
+        for k in STEP_COUNT_FIELDS:
+            out[k] = _int(rec, k, 0, MAX_COUNT) if k in rec else 0
+        if out["micro"] < 1:
+            out["micro"] = 1
+        if out["seq"] < 1:
+            raise ProtocolError("rejected", "bad seq")
+    elif t == "hb":
+        out["seq"] = _int(rec, "seq", 0, MAX_COUNT)
+        out["every"] = _secs(rec, "every", 0.01, 3600.0, default=1.0)
+        out["step"] = _int(rec, "step", 0, MAX_COUNT) if "step" in rec else 0
+        out["phase"] = _str(rec, "phase", choices=PHASES) if "phase" in rec else "other"
+        out["coll"] = _secs(rec, "coll", -1.0, MAX_SECONDS, default=-1.0)
+        out["probe"] = _secs(rec, "probe", 0.0, MAX_SECONDS, default=0.0)
+        out["herr"] = _int(rec, "herr", 0, MAX_COUNT) if "herr" in rec else 0
+    elif t == "ckpt":
+        out["dur"] = _secs(rec, "dur", default=None)
+        out["bytes"] = _int(rec, "bytes", 0, MAX_BYTES)
+        out["ok"] = _bool(rec, "ok")
+        out["src"] = _str(rec, "src", choices=CKPT_SOURCES)
+    elif t == "lint":
+        out["lint"] = _str(rec, "lint", limit=64)
+        out["active"] = _bool(rec, "active")
+        out["msg"] = _str(rec, "msg", limit=MAX_MSG) if "msg" in rec else ""
+    elif t == "hello":
+        info = rec.get("info", {})
+        if not isinstance(info, dict):
+            raise ProtocolError("rejected", "bad info")
+        out["info"] = info
+        dirs = rec.get("dirs", {})
+        if not isinstance(dirs, dict) or not all(
+            isinstance(k, str) and k in ("tmp", "log", "checkpoint") and isinstance(v, str) and len(v) <= 1024
+            for k, v in dirs.items()
+        ):
+            raise ProtocolError("rejected", "bad dirs")
+        out["dirs"] = dirs
+    return out

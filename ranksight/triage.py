@@ -1,0 +1,512 @@
+"""The triage table: the six signals in order, the extra causes, the lints and the
+stack's own health. Alert rules, recording rules, Alertmanager inhibition, runbooks,
+dashboards and `ranksight triage` are all generated from ``table(cfg)``.
+
+Recording-rule names follow ``level:metric:operation``. They carry no window in
+the name (``ratio_rate``, not ``ratio_rate5m``) because the window is a config
+value the test profile shortens; dashboards and alerts must use the same names
+under both profiles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from . import catalog as C
+
+SCRAPE_JOB = "ranksight-agent"  # Prometheus scrape job name for the agents (deploy/, stack, tests)
+RUNBOOK_BASE = "https://github.com/ranksight/ranksight/blob/main/alerts/runbooks"
+
+# NVML clocks-event reason bits -> label value (gpu_clocks_event_active{reason}).
+CLOCK_EVENT_REASONS: Dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+THROTTLE_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+
+# Setup lints (issue 7): id -> (CamelCase, one-line summary).
+LINTS: Dict[str, Tuple[str, str]] = {
+    "io_amplification": ("IoAmplification", "every rank reads the whole dataset (no DistributedSampler)"),
+    "sampler_epoch": ("SamplerEpochNotSet", "DistributedSampler.set_epoch() is never called: every epoch has the same order"),
+    "rank_disagreement": ("RankDisagreement", "ranks disagree on sampler seed or initial parameters"),
+    "dataloader_workers_rss": ("DataloaderWorkersMemory", "DataLoader workers hold too much host memory"),
+    "numa_binding": ("NumaBinding", "rank CPU affinity excludes its GPU's NUMA node"),
+    "uneven_last_batch": ("UnevenLastBatch", "drop_last=False with an uneven last batch across ranks"),
+    "incomplete_checkpoint": ("IncompleteCheckpoint", "checkpoint lacks optimizer/scheduler/RNG/data/step state"),
+    "global_batch_lr": ("GlobalBatchLr", "global batch size and LR (information)"),
+    "disk_headroom": ("DiskHeadroom", "too little free disk for the next checkpoints"),
+}
+
+# ----------------------------------------------------------------- recording rule names
+REC = {
+    "data_share": "rank:ranksight_dataloader_wait_share:ratio_rate",
+    "comm_share": "rank:ranksight_comm_share:ratio_rate",
+    "xcomm_share": "rank:ranksight_exposed_comm_share:ratio_rate",
+    "ckpt_share": "rank:ranksight_checkpoint_share:ratio_rate",
+    "step_mean": "rank:ranksight_step_duration_seconds:mean_rate",
+    "busy": "rank:ranksight_busy_seconds_per_step:rate",
+    "busy_median": "job:ranksight_busy_seconds_per_step:median",
+    "straggler": "rank:ranksight_straggler:ratio",
+    "job_p50": "job:ranksight_step_duration_seconds:p50_rate",
+    "job_p99": "job:ranksight_step_duration_seconds:p99_rate",
+    "job_steps": "job:ranksight_steps:rate",
+    "job_data_share": "job:ranksight_dataloader_wait_share:ratio_rate",
+    "job_comm_share": "job:ranksight_comm_share:ratio_rate",
+    "job_xcomm_share": "job:ranksight_exposed_comm_share:ratio_rate",
+    "job_ckpt_share": "job:ranksight_checkpoint_share:ratio_rate",
+    "retrans": "node:ranksight_tcp_retransmit:ratio_rate",
+    "gpu_util": "gpu:ranksight_gpu_utilization:ratio_rate",
+    "gpu_swings": "gpu:ranksight_gpu_swings:per_minute_rate",
+    "node_gpu_util": "node:ranksight_gpu_utilization:ratio_rate",
+}
+
+RANK_BY = "job, node, rank, local_rank"
+
+
+@dataclass(frozen=True)
+class Recording:
+    record: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Inhibit:
+    targets: Tuple[str, ...]  # alert names muted while the source fires
+    equal: Tuple[str, ...]  # labels that must match
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str  # stable id, also the runbook file stem
+    alert: str  # RanksightCamelCase
+    kind: str  # "signal" | "cause" | "symptom" | "lint" | "health"
+    order: int  # 1..6 for the six signals, 0 otherwise
+    title: str
+    severity: str  # critical | warning | info
+    expr: str  # alert expression
+    for_: str  # `for:` duration
+    threshold: Optional[float]  # the headline threshold (drawn on dashboards)
+    unit: str  # unit of the indicator: ratio | seconds | bytes | count | bool | per_minute
+    indicator: str  # PromQL of the value the triage walks and dashboards draw (by the entry's labels)
+    op: str  # ">" or "<": abnormal when indicator op threshold
+    scope: Tuple[str, ...]  # labels that identify where it fires
+    summary: str
+    description: str
+    meaning: str
+    impact: str
+    diagnosis: str
+    mitigation: str
+    next_check: str
+    inhibits: Tuple[Inhibit, ...] = field(default=())
+
+    @property
+    def runbook(self) -> str:
+        return f"{RUNBOOK_BASE}/{self.id}.md"
+
+
+def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
+    w = cfg["windows"]["rate"]
+
+    def rate(m: Any) -> str:
+        return f"rate({m}[{w}])"
+
+    return [
+        Recording(REC["data_share"], f"{rate(C.DATALOADER_WAIT)} / ({rate(C.STEP_SECONDS)} > 0)"),
+        Recording(REC["comm_share"], f"{rate(C.COMM_SECONDS)} / ({rate(C.STEP_SECONDS)} > 0)"),
+        Recording(REC["xcomm_share"], f"{rate(C.EXPOSED_COMM_SECONDS)} / ({rate(C.STEP_SECONDS)} > 0)"),
+        # checkpoint seconds per wall second = share of wall time spent checkpointing
+        Recording(REC["ckpt_share"], f"{rate(C.CHECKPOINT_SECONDS)}"),
+        Recording(REC["step_mean"], f"{rate(C.STEP_SECONDS)} / ({rate(C.STEPS)} > 0)"),
+        # busy time per step: the step minus the time it only waited (data, exposed comm, checkpoint)
+        Recording(
+            REC["busy"],
+            f"clamp_min({rate(C.STEP_SECONDS)} - {rate(C.DATALOADER_WAIT)} - {rate(C.EXPOSED_COMM_SECONDS)}"
+            f" - {rate(C.CHECKPOINT_SECONDS)}, 0) / ({rate(C.STEPS)} > 0)",
+        ),
+        Recording(REC["busy_median"], f"quantile by (job) (0.5, {REC['busy']})"),
+        Recording(
+            REC["straggler"],
+            f"{REC['busy']} / on (job) group_left () ({REC['busy_median']} > 0)",
+        ),
+        Recording(REC["job_p50"], f"histogram_quantile(0.5, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
+        Recording(REC["job_p99"], f"histogram_quantile(0.99, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
+        Recording(REC["job_steps"], f"avg by (job) ({rate(C.STEPS)})"),
+        Recording(REC["job_data_share"],
+                  f"sum by (job) ({rate(C.DATALOADER_WAIT)}) / (sum by (job) ({rate(C.STEP_SECONDS)}) > 0)"),
+        Recording(REC["job_comm_share"],
+                  f"sum by (job) ({rate(C.COMM_SECONDS)}) / (sum by (job) ({rate(C.STEP_SECONDS)}) > 0)"),
+        Recording(REC["job_xcomm_share"],
+                  f"sum by (job) ({rate(C.EXPOSED_COMM_SECONDS)}) / (sum by (job) ({rate(C.STEP_SECONDS)}) > 0)"),
+        Recording(REC["job_ckpt_share"], f"avg by (job) ({rate(C.CHECKPOINT_SECONDS)})"),
+        Recording(REC["retrans"], f"{rate(C.NET_TCP_RETRANS)} / ({rate(C.NET_TCP_SENT)} > 0)"),
+        Recording(REC["gpu_util"], f"{rate(C.GPU_BUSY_SECONDS)}"),
+        Recording(REC["gpu_swings"], f"{rate(C.GPU_SWINGS)} * 60"),
+        Recording(REC["node_gpu_util"], f"avg by (node) ({REC['gpu_util']})"),
+    ]
+
+
+RANK_DESC = "job={{ $labels.job }} rank={{ $labels.rank }} node={{ $labels.node }}"
+NODE_DESC = "node={{ $labels.node }}"
+GPU_DESC = "node={{ $labels.node }} gpu={{ $labels.gpu }}"
+VAL = '{{ printf "%.2f" $value }}'
+
+
+def table(cfg: Mapping[str, Any]) -> List[Entry]:
+    t = cfg["thresholds"]
+    d = cfg["durations"]
+    w = cfg["windows"]
+    rate_w = w["rate"]
+    R = ("job", "node", "rank")
+    comm_symptoms = ("RanksightCommBound",)
+    down_targets = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked", "RanksightDataloaderBound")
+    entries: List[Entry] = [
+        # ------------------------------------------------------------ 1. dataloader wait
+        Entry(
+            id="dataloader-bound", alert="RanksightDataloaderBound", kind="signal", order=1,
+            title="Dataloader wait per step", severity="warning",
+            expr=f"{REC['data_share']} > {t['dataloader_wait_share']:g}",
+            for_=d["dataloader_bound"], threshold=t["dataloader_wait_share"], unit="ratio",
+            indicator=REC["data_share"], op=">", scope=R,
+            summary="Rank waits on its data loader for over {:.0%} of each step".format(t["dataloader_wait_share"]),
+            description=f"{RANK_DESC} spends {VAL} of its step time waiting in next() on the data loader.",
+            meaning="The input pipeline (storage, decoding, augmentation, too few workers) cannot keep up; the GPU idles between batches.",
+            impact="Every step of the job is as slow as the slowest rank's input pipeline; GPUs show a sawtooth.",
+            diagnosis="Compare ranksight_dataloader_wait_seconds by rank; check DataLoader num_workers, pin_memory, "
+                      "prefetch_factor, storage throughput and CPU saturation on the node; look for the io_amplification lint.",
+            mitigation="Raise num_workers/prefetch_factor, move decoding off the critical path, cache or pre-shard the data, "
+                       "use a DistributedSampler so each rank reads only its shard.",
+            next_check="GPU utilization waveform (sawtooth) on the same node",
+            inhibits=(Inhibit(("RanksightGpuSawtooth",), ("node",)),
+                      Inhibit(comm_symptoms + ("RanksightStraggler",), ("job",))),
+        ),
+        # ------------------------------------------------------------ 2. GPU waveform
+        Entry(
+            id="gpu-sawtooth", alert="RanksightGpuSawtooth", kind="signal", order=2,
+            title="GPU utilization waveform", severity="warning",
+            expr=f"({REC['gpu_util']} < {t['gpu_util_mean']:g}) and on (node, gpu) "
+                 f"({REC['gpu_swings']} >= {t['gpu_swings_per_min']:g})",
+            for_=d["gpu_sawtooth"], threshold=t["gpu_util_mean"], unit="ratio",
+            indicator=REC["gpu_util"], op="<", scope=("node", "gpu"),
+            summary="GPU utilization swings high to low: work is not overlapped",
+            description=f"{GPU_DESC} averages {VAL} utilization with repeated high-to-low swings (sawtooth).",
+            meaning="Compute alternates with idle gaps: data loading, host work, communication or checkpoints are not overlapped with compute.",
+            impact="GPU time is wasted in every gap; throughput falls by the idle share.",
+            diagnosis="Check the dataloader wait share first (signal 1), then the exposed communication share (signal 3), "
+                      "then checkpoint timing (signal 5) against the gap period.",
+            mitigation="Overlap: more loader workers and prefetch, DDP bucket tuning / FSDP prefetch, async checkpointing.",
+            next_check="communication share of step time",
+        ),
+        # ------------------------------------------------------------ 3. comm share
+        Entry(
+            id="comm-bound", alert="RanksightCommBound", kind="signal", order=3,
+            title="Communication share of step time", severity="warning",
+            expr=f"{REC['comm_share']} > {t['comm_share']:g}",
+            for_=d["comm_bound"], threshold=t["comm_share"], unit="ratio",
+            indicator=REC["comm_share"], op=">", scope=R,
+            summary="Collectives take over {:.0%} of step time: the job is communication-bound".format(t["comm_share"]),
+            description=f"{RANK_DESC} spends {VAL} of its step time in collectives.",
+            meaning="Gradient/parameter collectives dominate the step; either the network is slow or compute is too small to hide it. "
+                    "A rank that waits for a slow peer also shows high comm time: check stragglers and dataloader waits first (they mute this alert).",
+            impact="Adding GPUs will not speed the job up; the step scales with the network.",
+            diagnosis="Check TCP retransmits and NIC link speed on the nodes (signal 4), RDMA port counters, the exposed-comm share, "
+                      "and whether one rank is a straggler.",
+            mitigation="Larger per-rank batch, gradient accumulation, bigger DDP buckets, overlap (FSDP prefetch), compression; fix the link.",
+            next_check="network retransmits and link speed",
+        ),
+        # ------------------------------------------------------------ 4. retransmits
+        Entry(
+            id="tcp-retransmits", alert="RanksightTcpRetransmits", kind="signal", order=4,
+            title="Network retransmits", severity="warning",
+            expr=f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
+                 f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})",
+            for_=d["tcp_retransmits"], threshold=t["retransmit_ratio"], unit="ratio",
+            indicator=REC["retrans"], op=">", scope=("node",),
+            summary="TCP retransmits above {:.0%} of sent segments".format(t["retransmit_ratio"]),
+            description=f"{NODE_DESC} retransmits {VAL} of its TCP segments.",
+            meaning="Packets are lost on the node's links: bad cable or port, a congested or misconfigured switch, a NIC at the wrong speed.",
+            impact="TCP collectives (gloo, NCCL socket transport, storage) stall on retransmit timeouts; comm share rises.",
+            diagnosis="Check ranksight_net_interface_errors_total / drops by device, the negotiated link speed, and the switch port counters.",
+            mitigation="Reseat or replace the cable/transceiver, move the node off the bad port, fix MTU/flow control, drain the node.",
+            next_check="checkpoint write duration",
+            inhibits=(Inhibit(comm_symptoms, ("node",)),),
+        ),
+        # ------------------------------------------------------------ 5. checkpoint
+        Entry(
+            id="checkpoint-slow", alert="RanksightCheckpointSlow", kind="signal", order=5,
+            title="Checkpoint write duration", severity="warning",
+            expr=f"(max_over_time({C.LAST_CHECKPOINT_DURATION}[{rate_w}]) > {t['checkpoint_write_seconds']:g})"
+                 f" or ({REC['ckpt_share']} > {t['checkpoint_wall_share']:g})",
+            for_=d["checkpoint_slow"], threshold=t["checkpoint_wall_share"], unit="ratio",
+            indicator=REC["ckpt_share"], op=">", scope=R,
+            summary="Checkpoint writes are slow or eat over {:.0%} of wall time".format(t["checkpoint_wall_share"]),
+            description=f"{RANK_DESC}: checkpoint writes take {VAL} (seconds per write, or share of wall time).",
+            meaning="Checkpoints block training for too long: slow or full storage, a synchronous save of a large state, fsync storms.",
+            impact="Effective training time drops by the checkpoint share; a periodic gap appears in GPU utilization.",
+            diagnosis="Check ranksight_checkpoint_write_seconds, the target filesystem's throughput and free space, and whether every rank writes the full state.",
+            mitigation="Use torch.distributed.checkpoint async_save, shard the save across ranks, write to local NVMe then copy, checkpoint less often.",
+            next_check="heartbeat misses",
+            inhibits=(Inhibit(("RanksightRankStalled", "RanksightRankBlocked", "RanksightGpuSawtooth"), ("job",)),),
+        ),
+        Entry(
+            id="checkpoint-stale", alert="RanksightCheckpointStale", kind="signal", order=5,
+            title="Checkpoint age", severity="warning",
+            expr=f"(time() - {C.LAST_CHECKPOINT} > {t['checkpoint_max_age_seconds']:g}) and on ({RANK_BY}) ({C.RANK_UP} == 1)",
+            for_=d["checkpoint_stale"], threshold=t["checkpoint_max_age_seconds"], unit="seconds",
+            indicator=f"time() - {C.LAST_CHECKPOINT}", op=">", scope=R,
+            summary="No checkpoint for too long: a failure now loses hours",
+            description=f"{RANK_DESC} last checkpointed {VAL} seconds ago.",
+            meaning="The job stopped writing checkpoints (a failing save, a disabled callback, a full disk).",
+            impact="A crash or preemption loses all work since the last checkpoint.",
+            diagnosis="Check ranksight_checkpoint_failures_total, the training logs around the save, and free space of the checkpoint directory.",
+            mitigation="Fix the save path or space; trigger a manual checkpoint.",
+            next_check="heartbeat misses",
+        ),
+        # ------------------------------------------------------------ 6. heartbeats
+        Entry(
+            id="heartbeat-missed", alert="RanksightHeartbeatMissed", kind="signal", order=6,
+            title="Heartbeat misses", severity="warning",
+            expr=f"increase({C.HEARTBEAT_MISSES}[{w['heartbeat']}]) >= {t['heartbeat_misses']:g}",
+            for_=d["heartbeat_missed"], threshold=t["heartbeat_misses"], unit="count",
+            indicator=f"increase({C.HEARTBEAT_MISSES}[{w['heartbeat']}])", op=">", scope=R,
+            summary="A rank missed heartbeats: it may be dying or its host is overloaded",
+            description=f"{RANK_DESC} missed {VAL} heartbeats in {w['heartbeat']}.",
+            meaning="The rank's process did not report for at least one heartbeat interval: it is paused, swapping, killed, or its host is starved.",
+            impact="Every collective of the job waits on that rank; a dead rank stops the job until the collective timeout.",
+            diagnosis="Check ranksight_rank_up, the process (OOM killer in dmesg, SIGKILL by the scheduler), host load and memory.",
+            mitigation="Restart the rank (torchrun elastic), drain the node if it repeats.",
+            next_check="rank stalled / rank down",
+            inhibits=(Inhibit(down_targets, ("job",)), Inhibit(("RanksightGpuSawtooth",), ("node",))),
+        ),
+        Entry(
+            id="rank-down", alert="RanksightRankDown", kind="signal", order=6,
+            title="Rank down", severity="critical",
+            expr=f"{C.RANK_UP} == 0",
+            for_=d["rank_down"], threshold=0.5, unit="bool",
+            indicator=f"{C.RANK_UP}", op="<", scope=R,
+            summary="A rank stopped heartbeating: the job is stuck in its next collective",
+            description=f"{RANK_DESC} has missed at least 3 heartbeats and is considered down.",
+            meaning="The rank process died or froze without a goodbye (SIGKILL, OOM kill, node failure).",
+            impact="All other ranks block in their next collective until the NCCL/gloo timeout, then the job fails.",
+            diagnosis="Check the scheduler and dmesg on the node (OOM killer, XID errors), the rank's last log lines.",
+            mitigation="Restart from the last checkpoint; drain the node if hardware is at fault.",
+            next_check="XID errors and host logs on the node",
+            inhibits=(Inhibit(down_targets + ("RanksightHeartbeatMissed", "RanksightRankStalled"), ("job",)),
+                      Inhibit(("RanksightGpuSawtooth",), ("node",))),
+        ),
+        # ------------------------------------------------------------ extra causes
+        Entry(
+            id="rank-stalled", alert="RanksightRankStalled", kind="cause", order=0,
+            title="Rank stalled (hang)", severity="critical",
+            expr=f"{C.RANK_STALLED}{{reason=\"no_progress\"}} == 1",
+            for_=d["rank_stalled"], threshold=0.5, unit="bool",
+            indicator=f"{C.RANK_STALLED}{{reason=\"no_progress\"}}", op=">", scope=R,
+            summary="A rank is alive but makes no progress, outside any collective: it is the hang's culprit",
+            description=f"{RANK_DESC} heartbeats but has not finished a step for longer than its stall limit, and it is not waiting in a collective.",
+            meaning="The rank is stuck in its own code (deadlock, infinite loop, blocking I/O, a sleep); its peers wait for it in their collectives.",
+            impact="The whole job is stopped; the NCCL watchdog will eventually time out and kill it.",
+            diagnosis="py-spy dump the rank's process; look at the phase in the heartbeat; check storage/network mounts it reads.",
+            mitigation="Kill and restart the rank from the last checkpoint; fix the blocking call.",
+            next_check="the rank's stack (py-spy dump --pid)",
+            inhibits=(Inhibit(("RanksightRankBlocked", "RanksightCommBound", "RanksightStraggler", "RanksightDataloaderBound"), ("job",)),
+                      Inhibit(("RanksightGpuSawtooth",), ("node",))),
+        ),
+        Entry(
+            id="rank-blocked", alert="RanksightRankBlocked", kind="symptom", order=0,
+            title="Rank blocked in a collective", severity="warning",
+            expr=f"{C.RANK_STALLED}{{reason=\"waiting_in_collective\"}} == 1",
+            for_=d["rank_stalled"], threshold=0.5, unit="bool",
+            indicator=f"{C.RANK_STALLED}{{reason=\"waiting_in_collective\"}}", op=">", scope=R,
+            summary="A rank is blocked in a collective, waiting on a peer",
+            description=f"{RANK_DESC} has been inside a collective for longer than its stall limit; it waits for a peer.",
+            meaning="A symptom: some other rank is dead, hung or far behind. Find the culprit (RanksightRankStalled / RanksightRankDown).",
+            impact="The job makes no progress.",
+            diagnosis="Look for a rank of the same job that is stalled with reason=no_progress or down; if none, suspect the network.",
+            mitigation="Fix the culprit; set TORCH_NCCL_ASYNC_ERROR_HANDLING / timeouts so hangs fail fast.",
+            next_check="the stalled or down rank of the same job",
+        ),
+        Entry(
+            id="straggler", alert="RanksightStraggler", kind="cause", order=0,
+            title="Straggler rank", severity="warning",
+            expr=f"{REC['straggler']} > {t['straggler_ratio']:g}",
+            for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio",
+            indicator=REC["straggler"], op=">", scope=R,
+            summary="One rank computes {:.0%} slower than the job median: every other rank waits for it".format(t["straggler_ratio"] - 1),
+            description=f"{RANK_DESC} busy time per step is {VAL}x the job median (step minus data wait, exposed comm and checkpoint).",
+            meaning="The rank's own work is slower (throttled or faulty GPU, noisy neighbour, CPU contention, bad NUMA binding); "
+                    "its peers show the difference as collective wait.",
+            impact="The job runs at the straggler's speed.",
+            diagnosis="Check the rank's GPU clocks-event reasons, temperature, PCIe link, XIDs, CPU load on its node and its NUMA lint.",
+            mitigation="Drain or fix the node; rebind CPUs; replace the GPU.",
+            next_check="GPU throttling and PCIe link on the rank's node",
+            inhibits=(Inhibit(comm_symptoms, ("job",)),),
+        ),
+        Entry(
+            id="cuda-alloc-retries", alert="RanksightCudaAllocRetries", kind="cause", order=0,
+            title="CUDA allocator retries (fragmentation)", severity="warning",
+            expr=f"rate({C.CUDA_ALLOC_RETRIES}[{rate_w}]) * 60 > {t['alloc_retries_per_min']:g}",
+            for_=d["alloc_retries"], threshold=t["alloc_retries_per_min"], unit="per_minute",
+            indicator=f"rate({C.CUDA_ALLOC_RETRIES}[{rate_w}]) * 60", op=">", scope=R,
+            summary="CUDA allocator keeps flushing its cache and retrying: memory is fragmented",
+            description=f"{RANK_DESC} has {VAL} allocator retries per minute.",
+            meaning="cudaMalloc failed and the caching allocator freed its cache to retry: memory is fragmented or nearly full. "
+                    "Each retry synchronizes the device, so steps slow down (30% in the seeds).",
+            impact="Steps creep up; an OOM may follow.",
+            diagnosis="Watch ranksight_cuda_memory_reserved_bytes vs allocated; compare step p50 with an hour ago; torch.cuda.memory_summary().",
+            mitigation="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, lower the batch, free caches at phase changes, avoid varying shapes.",
+            next_check="step-time creep on the per-rank dashboard",
+        ),
+        Entry(
+            id="nic-speed-low", alert="RanksightNicSpeedLow", kind="cause", order=0,
+            title="NIC link speed below expected", severity="warning",
+            expr=f"({C.NET_IF_SPEED} < {t['nic_min_speed_bytes']:g}) or "
+                 f"({C.NET_IF_SPEED} < max_over_time({C.NET_IF_SPEED}[1d]))",
+            for_=d["nic_speed_low"], threshold=t["nic_min_speed_bytes"], unit="bytes",
+            indicator=f"{C.NET_IF_SPEED}", op="<", scope=("node", "device"),
+            summary="A NIC negotiated a link speed below the expected or the highest seen",
+            description=f"{NODE_DESC} device={{{{ $labels.device }}}} links at {VAL} bytes/s.",
+            meaning="The interface auto-negotiated down (a bad cable or port, e.g. 100 Mb/s instead of 100 Gb/s).",
+            impact="Every transfer through that NIC is slow: collectives, data loading, checkpoints.",
+            diagnosis="ethtool DEVICE on the node; compare with other nodes; check switch port logs.",
+            mitigation="Replace the cable/transceiver, force the speed, move the node to another port.",
+            next_check="network retransmits and comm share",
+            inhibits=(Inhibit(comm_symptoms, ("node",)),),
+        ),
+        Entry(
+            id="disk-filling", alert="RanksightDiskFilling", kind="cause", order=0,
+            title="Watched disk filling", severity="warning",
+            expr=f"({C.DISK_FREE} / ({C.DISK_TOTAL} > 0) < {t['disk_free_ratio']:g}) or "
+                 f"(predict_linear({C.DISK_FREE}[{w['disk_predict']}], {t['disk_full_horizon_seconds']:g}) < 0)",
+            for_=d["disk_filling"], threshold=t["disk_free_ratio"], unit="ratio",
+            indicator=f"{C.DISK_FREE} / ({C.DISK_TOTAL} > 0)", op="<", scope=("node", "path"),
+            summary="A watched disk (tmp, log or checkpoint) is nearly full or will be within the hour",
+            description=f"{NODE_DESC} path={{{{ $labels.path }}}}: free share or prediction {VAL}.",
+            meaning="The tmp, log or checkpoint filesystem is running out of space.",
+            impact="Checkpoints fail, compile caches and NCCL/torch temp files fail in odd ways (/tmp full), logs stop.",
+            diagnosis="du -xh --max-depth=1 on the path; look for old checkpoints, core dumps, compile caches.",
+            mitigation="Delete or move old checkpoints, point TMPDIR elsewhere, add retention.",
+            next_check="checkpoint failures",
+        ),
+        Entry(
+            id="gpu-pcie-degraded", alert="RanksightGpuPcieDegraded", kind="cause", order=0,
+            title="GPU PCIe link below max", severity="warning",
+            expr=f"(({C.GPU_PCIE_GEN}{{state=\"current\"}} < ignoring (state) {C.GPU_PCIE_GEN}{{state=\"max\"}}) or "
+                 f"({C.GPU_PCIE_WIDTH}{{state=\"current\"}} < ignoring (state) {C.GPU_PCIE_WIDTH}{{state=\"max\"}}))"
+                 f" and on (node, gpu) ({REC['gpu_util']} > 0.5)",
+            for_=d["pcie_degraded"], threshold=None, unit="count",
+            indicator=f"{C.GPU_PCIE_WIDTH}{{state=\"current\"}}", op="<", scope=("node", "gpu"),
+            summary="A busy GPU's PCIe link runs below its max generation or width",
+            description=f"{GPU_DESC}: PCIe link below max while busy (value {VAL}).",
+            meaning="The link trained down (riser, slot, or a GPU falling off the bus). Idle GPUs downshift on purpose, so only busy GPUs count.",
+            impact="Host-device copies and GPU-direct traffic are slower; this rank may become a straggler.",
+            diagnosis="nvidia-smi -q -d PCIE; lspci -vv for LnkSta vs LnkCap; XID errors.",
+            mitigation="Reseat the GPU/riser; drain the node.",
+            next_check="straggler ratio of the ranks on that node",
+        ),
+        Entry(
+            id="gpu-xid", alert="RanksightGpuXidError", kind="cause", order=0,
+            title="GPU XID error", severity="critical",
+            expr=f"increase({C.GPU_XID_ERRORS}[{rate_w}]) > 0",
+            for_=d["xid"], threshold=0.0, unit="count",
+            indicator=f"increase({C.GPU_XID_ERRORS}[{rate_w}])", op=">", scope=("node", "gpu"),
+            summary="A GPU reported an XID error",
+            description=f"{GPU_DESC} raised XID {{{{ $labels.xid }}}} ({VAL} in the window).",
+            meaning="The driver reported a GPU fault (ECC, fell off the bus, MMU fault, NVLink error); see NVIDIA's XID catalog.",
+            impact="The rank on that GPU may crash or hang; results may be corrupted.",
+            diagnosis="dmesg | grep -i xid; nvidia-smi -q; NVIDIA's XID table for the number.",
+            mitigation="Drain the node; reset the GPU; RMA on repeated hardware XIDs.",
+            next_check="rank down / stalled on that node",
+            inhibits=(Inhibit(("RanksightStraggler", "RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)),),
+        ),
+        Entry(
+            id="gpu-throttling", alert="RanksightGpuThrottling", kind="cause", order=0,
+            title="GPU thermal or power throttling", severity="warning",
+            expr=f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}}) == 1",
+            for_=d["throttling"], threshold=0.5, unit="bool",
+            indicator=f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})", op=">",
+            scope=("node", "gpu"),
+            summary="A GPU is thermally or power throttled",
+            description=f"{GPU_DESC} has had a thermal or power clocks-event reason active.",
+            meaning="Clocks are held down by temperature, power cap or a hardware slowdown signal.",
+            impact="That GPU computes slower; its rank becomes a straggler.",
+            diagnosis="nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER; check airflow, fans, power supplies.",
+            mitigation="Fix cooling/power; lower the power cap consistently across GPUs; drain the node.",
+            next_check="straggler ratio of the rank on that GPU",
+        ),
+        # ------------------------------------------------------------ the stack's own health
+        Entry(
+            id="exporter-down", alert="RanksightExporterDown", kind="health", order=0,
+            title="ranksight agent down", severity="warning",
+            expr=f"up{{job=\"{SCRAPE_JOB}\"}} == 0",
+            for_=d["exporter_down"], threshold=0.5, unit="bool",
+            indicator=f"up{{job=\"{SCRAPE_JOB}\"}}", op="<", scope=("instance",),
+            summary="Prometheus cannot scrape a ranksight agent",
+            description="instance={{ $labels.instance }} has been unreachable.",
+            meaning="The node agent is not running or not reachable; the node's ranks and GPUs are unobserved.",
+            impact="No triage for that node.",
+            diagnosis="systemctl status / container logs of the agent; curl http://NODE:9945/healthz.",
+            mitigation="Restart the agent; check the listen port and firewall.",
+            next_check="the agent's log",
+        ),
+        Entry(
+            id="collector-down", alert="RanksightCollectorDown", kind="health", order=0,
+            title="ranksight collector down", severity="warning",
+            expr=f"{C.COLLECTOR_UP} == 0",
+            for_=d["collector_down"], threshold=0.5, unit="bool",
+            indicator=f"{C.COLLECTOR_UP}", op="<", scope=("node", "collector"),
+            summary="A ranksight collector cannot run",
+            description=f"{NODE_DESC} collector={{{{ $labels.collector }}}} is down.",
+            meaning="A collector failed (no NVML, a missing /proc or /sys file); its signals are missing.",
+            impact="Triage lacks that signal on the node.",
+            diagnosis="The agent logs one line saying why when the collector goes down.",
+            mitigation="Install the driver / mount /proc and /sys into the agent's container, or disable the collector.",
+            next_check="the agent's log",
+        ),
+        Entry(
+            id="ingest-dropping", alert="RanksightIngestDropping", kind="health", order=0,
+            title="ranksight ingest dropping datagrams", severity="warning",
+            expr=f"sum by (node) (rate({C.INGEST_DATAGRAMS}{{result!=\"ok\"}}[{rate_w}])) / "
+                 f"(sum by (node) (rate({C.INGEST_DATAGRAMS}[{rate_w}])) > 0) > {t['ingest_drop_ratio']:g}",
+            for_=d["ingest_dropping"], threshold=t["ingest_drop_ratio"], unit="ratio",
+            indicator=f"sum by (node) (rate({C.INGEST_DATAGRAMS}{{result!=\"ok\"}}[{rate_w}])) / "
+                      f"(sum by (node) (rate({C.INGEST_DATAGRAMS}[{rate_w}])) > 0)", op=">", scope=("node",),
+            summary="The agent drops rank datagrams",
+            description=f"{NODE_DESC} drops {VAL} of received datagrams.",
+            meaning="Datagrams are malformed, oversize, rejected (bad version, out-of-range fields) or over the rank cap.",
+            impact="Rank metrics are incomplete.",
+            diagnosis="ranksight_ingest_datagrams_total by result; a version mismatch between hooks and agent; a spoofing sender.",
+            mitigation="Upgrade hooks and agent together; raise agent.max_ranks.",
+            next_check="the agent's log",
+        ),
+    ]
+    for lint, (camel, what) in LINTS.items():
+        entries.append(Entry(
+            id=f"lint-{lint.replace('_', '-')}", alert=f"RanksightLint{camel}", kind="lint", order=0,
+            title=f"Setup lint: {lint}", severity="info",
+            expr=f"{C.LINT_ACTIVE}{{lint=\"{lint}\"}} == 1",
+            for_=d["lint"], threshold=0.5, unit="bool",
+            indicator=f"{C.LINT_ACTIVE}{{lint=\"{lint}\"}}", op=">", scope=R,
+            summary=f"Setup lint: {what}",
+            description=f"{RANK_DESC}: {what}.",
+            meaning=f"ranksight.watch() found a setup mistake: {what}.",
+            impact="See the runbook: this mistake is a known cause of slow or wrong training.",
+            diagnosis="The rank logged one warning line naming the object at fault.",
+            mitigation="Fix the setup; each lint can be turned off in the lints section of the config.",
+            next_check="the rank's log line",
+        ))
+    return entries
+
+
+def signals(cfg: Mapping[str, Any]) -> List[Entry]:
+    """The triage walk: the six signals in order (entries with order 1..6)."""
+    return sorted((e for e in table(cfg) if e.order), key=lambda e: e.order)
+
+
+def by_alert(cfg: Mapping[str, Any]) -> Dict[str, Entry]:
+    return {e.alert: e for e in table(cfg)}
