@@ -1,0 +1,37 @@
+"""`ranksight bench hooks|exporter|scale`: run a benchmark and print its numbers (JSON with --json).
+
+Each benchmark lives beside the code it measures and exposes
+``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHES = {
+    "hooks": ("ranksight.hooks.bench", "host us per step and wall ratio of the hooks on a 2-rank gloo DDP step"),
+    "exporter": ("ranksight.exporter.bench", "agent scrape p50/p99, CPU, RSS and max ingest rate"),
+    "scale": ("ranksight.scale", "1,024 nodes x 8 GPUs backfilled into a real Prometheus: dashboard query times"),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="bench", metavar="BENCH", parser_class=type(p))
+    for name, (mod, help_) in BENCHES.items():
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name and mod.startswith(e.name):
+                continue
+            raise
+        sp = sub.add_parser(name, help=help_, description=help_)
+        module.add_arguments(sp)
+        sp.set_defaults(_bench_run=module.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    fn = getattr(args, "_bench_run", None)
+    if fn is None:
+        print("ranksight: error: name a benchmark: " + ", ".join(BENCHES))
+        return 2
+    return int(fn(args) or 0)
