@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 from typing import List, Optional
@@ -34,19 +35,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"ranksight: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _selected(argv: List[str], names) -> Optional[str]:
+    for a in argv:
+        if not a.startswith("-"):
+            return a if a in names else None
+    return None
+
+
+def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
+    """Only the chosen subcommand's module is imported, so `ranksight exporter` never
+    pulls in torch (or anything else another subcommand needs)."""
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = _selected([a for a in argv if a != "--log-level"], SUBCOMMANDS)
     p = _Parser(prog="ranksight", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"ranksight {__version__}")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="logging level (default info)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     for name, (mod, help_) in SUBCOMMANDS.items():
-        try:
-            module = importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            if e.name and mod.startswith(e.name):  # the subcommand's module is not there: do not offer it
-                continue
-            raise
+        if name != chosen:
+            if importlib.util.find_spec(mod) is not None:
+                sub.add_parser(name, help=help_, description=help_)
+            continue
+        module = importlib.import_module(mod)
         sp = sub.add_parser(name, help=help_, description=help_)
         module.add_arguments(sp)
         sp.set_defaults(_run=module.run)
@@ -54,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
