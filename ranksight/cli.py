@@ -36,8 +36,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _selected(argv: List[str], names) -> Optional[str]:
+    skip = False
     for a in argv:
-        if not a.startswith("-"):
+        if skip:
+            skip = False
+        elif a == "--log-level":
+            skip = True
+        elif not a.startswith("-"):
             return a if a in names else None
     return None
 
@@ -46,7 +51,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     """Only the chosen subcommand's module is imported, so `ranksight exporter` never
     pulls in torch (or anything else another subcommand needs)."""
     argv = sys.argv[1:] if argv is None else argv
-    chosen = _selected([a for a in argv if a != "--log-level"], SUBCOMMANDS)
+    chosen = _selected(argv, SUBCOMMANDS)
     p = _Parser(prog="ranksight", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"ranksight {__version__}")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
