@@ -1,0 +1,425 @@
+"""`ranksight triage`: walk the six triage checks against Prometheus and name the first cause.
+
+The walk is generated from the triage table (``ranksight.triage``): the six
+signals in order, then the extra causes, then the symptoms. For every entry it
+asks Prometheus for the alert expression without its ``for:`` (which series are
+abnormal now, or at any point of ``--since``) and for the entry's indicator (the
+value to print). A job can be slow long before an alert's ``for:`` elapses, so
+the verdict comes from the indicators; firing ``ALERTS`` are shown beside them.
+
+A symptom whose known cause is also abnormal is reported as explained by that
+cause, using the same relation Alertmanager uses to mute it (the entries'
+``inhibits`` with their ``equal`` labels): a high comm share on rank 0 is
+explained by rank 1 being a straggler; rank 0 blocked in a collective is
+explained by rank 1 being stalled. The first abnormal entry that nothing
+explains is the cause.
+
+Exit status: 0 healthy, 1 a problem was found, 2 usage error or Prometheus
+unreachable (one line on stderr).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import catalog as C
+from . import config, triage
+from .triage import Entry
+
+WALK_KINDS = ("signal", "cause", "symptom")  # what can be "the cause"; lints and health are notes
+_DURATION = re.compile(r"(\d+(ms|s|m|h|d))+")
+_SHOWN_LABELS = ("job", "node", "rank", "gpu", "device", "path", "instance", "collector", "lint", "xid")
+
+
+class TriageError(Exception):
+    """One line for the user; exit 2."""
+
+
+# ------------------------------------------------------------------ Prometheus HTTP API
+@dataclass(frozen=True)
+class Sample:
+    labels: Dict[str, str]
+    value: float
+
+    def key(self, names: Sequence[str]) -> Tuple[str, ...]:
+        return tuple(self.labels.get(n, "") for n in names)
+
+
+class Prometheus:
+    """The few calls triage needs, over urllib (no extra dependency)."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.netloc:
+            raise TriageError(f"--prometheus: expected an http(s) URL like http://localhost:9090, got {url!r}")
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def query(self, expr: str, at: float) -> List[Sample]:
+        body = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}).encode()
+        req = urllib.request.Request(f"{self.url}/api/v1/query", data=body,
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                doc = json.load(r)
+        except urllib.error.HTTPError as e:
+            raise TriageError(self._api_error(e, expr)) from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise TriageError(f"cannot reach Prometheus at {self.url}: {reason}") from None
+        except ValueError:
+            raise TriageError(f"{self.url} did not answer with Prometheus API JSON (is it Prometheus?)") from None
+        if not isinstance(doc, dict) or doc.get("status") != "success":
+            raise TriageError(f"Prometheus at {self.url} refused a query: {doc.get('error') if isinstance(doc, dict) else doc}")
+        data = doc.get("data", {})
+        if data.get("resultType") == "scalar":
+            return [Sample({}, float(data["result"][1]))]
+        if data.get("resultType") != "vector":
+            raise TriageError(f"Prometheus returned a {data.get('resultType')} for an instant query")
+        out = []
+        for r in data.get("result", []):
+            v = float(r["value"][1])
+            if math.isfinite(v):
+                out.append(Sample(dict(r.get("metric", {})), v))
+        return out
+
+    def _api_error(self, e: urllib.error.HTTPError, expr: str) -> str:
+        try:
+            msg = json.load(e).get("error", "")
+        except (ValueError, AttributeError, OSError):
+            msg = ""
+        if e.code in (400, 422):
+            return f"Prometheus at {self.url} rejected the query ({msg or e.reason}): {expr[:200]}"
+        return f"Prometheus at {self.url} answered HTTP {e.code} {e.reason}{': ' + msg if msg else ''}"
+
+
+# ------------------------------------------------------------------ the walk
+@dataclass
+class Finding:
+    """One abnormal series of one entry."""
+
+    entry: Entry
+    labels: Dict[str, str]
+    value: Optional[float]  # the indicator's value for this series (None when it has no indicator series)
+    explained_by: List["Finding"] = field(default_factory=list)
+
+    @property
+    def where(self) -> Dict[str, str]:
+        return {k: self.labels[k] for k in self.entry.scope if self.labels.get(k, "") != ""}
+
+
+@dataclass
+class Check:
+    entry: Entry
+    worst: Optional[Sample]  # worst indicator series (max for ">", min for "<")
+    series: int  # how many indicator series were seen
+    findings: List[Finding]
+    firing: List[Dict[str, str]]  # firing ALERTS series of this entry
+
+    @property
+    def verdict(self) -> str:
+        if self.findings:
+            if all(f.explained_by for f in self.findings):
+                return "explained"
+            return "abnormal"
+        if self.firing:
+            return "firing"  # the alert still fires but the indicator recovered (or its window differs)
+        return "ok" if self.series else "no data"
+
+
+@dataclass
+class Report:
+    prometheus: str
+    job: Optional[str]
+    since: Optional[str]
+    at: float
+    checks: List[Check]
+    cause: Optional[Finding]
+    causes: List[Finding]
+    notes: List[str]
+
+    @property
+    def healthy(self) -> bool:
+        return not self.causes
+
+
+def _promql_str(s: str) -> str:
+    return json.dumps(s)  # a valid PromQL double-quoted string (Go escapes)
+
+
+def _over(expr: str, since: Optional[str], fn: str) -> str:
+    """The instant expression, or its worst value over the last ``since`` (a subquery at the rule interval)."""
+    return expr if not since else f"{fn}(({expr})[{since}:])"
+
+
+def _fmt_value(v: Optional[float], unit: str) -> str:
+    if v is None:
+        return "-"
+    if unit == "ratio":
+        return f"{v:.1%}" if abs(v) < 10 else f"{v:.2f}x"
+    if unit == "seconds":
+        return f"{v:.3g} s" if v < 120 else f"{v / 60:.1f} min"
+    if unit == "bytes":
+        for suffix, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if abs(v) >= div:
+                return f"{v / div:.3g} {suffix}"
+        return f"{v:g} B"
+    if unit == "per_minute":
+        return f"{v:.3g}/min"
+    return f"{v:.4g}"
+
+
+def _fmt_threshold(e: Entry) -> str:
+    if e.threshold is None:
+        return "below max"
+    if e.unit == "bool":
+        return "== 0" if e.op == "<" else "== 1"
+    if e.unit == "ratio" and e.threshold >= 1:  # a multiple, e.g. the straggler's 1.2x the job median
+        return f"{e.op} {e.threshold:g}x"
+    return f"{e.op} {_fmt_value(e.threshold, e.unit)}"
+
+
+def _fmt_labels(labels: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={labels[k]}" for k in _SHOWN_LABELS if labels.get(k, "") != "")
+
+
+class Walk:
+    """Runs the table's queries and builds the report."""
+
+    def __init__(self, prom: Prometheus, cfg: Mapping[str, Any], job: Optional[str], since: Optional[str]) -> None:
+        self.prom = prom
+        self.cfg = cfg
+        self.job = job
+        self.since = since
+        self.at = time.time()
+        self.nodes: Optional[set] = None  # nodes hosting the job's ranks (when --job)
+
+    def q(self, expr: str) -> List[Sample]:
+        return self.prom.query(expr, self.at)
+
+    # -- scoping to --job
+    def _keep(self, e: Entry, labels: Mapping[str, str]) -> bool:
+        if self.job is None:
+            return True
+        if "rank" in e.scope or "job" in e.scope:
+            return labels.get("job") == self.job
+        if "node" in e.scope and self.nodes is not None:
+            return labels.get("node") in self.nodes
+        return True
+
+    def _jobs(self) -> Dict[str, set]:
+        """job -> nodes, from the rank series the agents expose."""
+        expr = _over(str(C.RANK_UP), self.since, "max_over_time")
+        out: Dict[str, set] = {}
+        for s in self.q(expr):
+            out.setdefault(s.labels.get("job", ""), set()).add(s.labels.get("node", ""))
+        return out
+
+    def _firing(self) -> Dict[str, List[Dict[str, str]]]:
+        sel = 'ALERTS{alertstate="firing",alertname=~"Ranksight.*"}'
+        out: Dict[str, List[Dict[str, str]]] = {}
+        for s in self.q(_over(sel, self.since, "max_over_time")):
+            out.setdefault(s.labels.get("alertname", ""), []).append(s.labels)
+        return out
+
+    def check(self, e: Entry, firing: Dict[str, List[Dict[str, str]]]) -> Check:
+        fn_worst = "max_over_time" if e.op == ">" else "min_over_time"
+        ind = [s for s in self.q(_over(e.indicator, self.since, fn_worst)) if self._keep(e, s.labels)]
+        bad = [s for s in self.q(_over(e.expr, self.since, "max_over_time")) if self._keep(e, s.labels)]
+        by_scope = {s.key(e.scope): s for s in ind}
+        worst = None
+        if ind:
+            worst = (max if e.op == ">" else min)(ind, key=lambda s: s.value)
+        findings = []
+        for s in bad:
+            i = by_scope.get(s.key(e.scope))
+            labels = dict(i.labels if i else s.labels)
+            findings.append(Finding(e, labels, i.value if i else None))
+        findings.sort(key=lambda f: (f.value is None, -(f.value or 0) if e.op == ">" else (f.value or 0)))
+        fired = [l for l in firing.get(e.alert, []) if self._keep(e, l)]
+        return Check(e, worst, len(ind), findings, fired)
+
+    def run(self) -> Report:
+        jobs = self._jobs()
+        notes: List[str] = []
+        if self.job is not None:
+            if self.job not in jobs:
+                known = ", ".join(sorted(jobs)) or "none"
+                when = f" in the last {self.since}" if self.since else ""
+                raise TriageError(f"no ranksight series for job {self.job!r} in Prometheus{when} (jobs seen: {known})")
+            self.nodes = jobs[self.job]
+        elif not jobs:
+            notes.append("no rank reports any data (is a watched job running and its node agent scraped?)")
+        firing = self._firing()
+        table = triage.table(self.cfg)
+        rank = {k: i for i, k in enumerate(WALK_KINDS)}
+        walk = sorted((e for e in table if e.kind in WALK_KINDS),
+                      key=lambda e: (rank[e.kind], e.order))  # stable: table order within a kind
+        checks = [self.check(e, firing) for e in walk]
+        self._explain([f for c in checks for f in c.findings])
+        causes = [f for c in checks for f in c.findings if not f.explained_by]
+        for e in table:
+            if e.kind in ("lint", "health"):
+                c = self.check(e, firing)
+                for f in c.findings:
+                    what = "setup lint" if e.kind == "lint" else "monitoring blind spot"
+                    notes.append(f"{what}: {e.summary} ({_fmt_labels(f.labels)})")
+        return Report(self.prom.url, self.job, self.since, self.at, checks, causes[0] if causes else None, causes, notes)
+
+    @staticmethod
+    def _explain(findings: List[Finding]) -> None:
+        """Mark each finding with the abnormal findings that would mute its alert in Alertmanager."""
+        for f in findings:
+            for g in findings:
+                if g.entry.alert == f.entry.alert:
+                    continue
+                for inh in g.entry.inhibits:
+                    if f.entry.alert in inh.targets and all(
+                            f.labels.get(l, "") == g.labels.get(l, "") for l in inh.equal):
+                        f.explained_by.append(g)
+                        break
+        # A cycle (A explains B explains A) would leave nothing to name: keep the earlier one as a cause.
+        for f in findings:
+            if f.explained_by and all(f in g.explained_by for g in f.explained_by):
+                f.explained_by = []
+
+
+# ------------------------------------------------------------------ output
+def _finding_line(f: Finding) -> str:
+    return f"{f.entry.alert} ({_fmt_labels(f.labels)})"
+
+
+def render_text(r: Report) -> str:
+    when = datetime.fromtimestamp(r.at, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    span = f"worst over the last {r.since}" if r.since else "now"
+    lines = [f"ranksight triage  {r.prometheus}  job={r.job or '(all)'}  {when} ({span})", ""]
+    head = f"{'#':>2}  {'check':<40} {'value':<12} {'where':<34} {'threshold':<11} verdict"
+    section = None
+    for c in r.checks:
+        e = c.entry
+        if e.kind != section:
+            section = e.kind
+            title = {"signal": "the six signals, in triage order", "cause": "extra causes",
+                     "symptom": "symptoms"}[section]
+            lines += [f"{title}:", head] if section == "signal" else ["", f"{title}:"]
+        shown = c.findings[0] if c.findings else None
+        value = shown.value if shown else (c.worst.value if c.worst else None)
+        labels = shown.labels if shown else (c.worst.labels if c.worst else {})
+        verdict = {"ok": "ok", "no data": "no data", "firing": "alert firing, indicator back to normal",
+                   "abnormal": "ABNORMAL", "explained": "explained"}[c.verdict]
+        if c.findings:
+            n = len(c.findings)
+            if n > 1:
+                verdict += f" ({n} series)"
+            ex = [f for f in c.findings if f.explained_by]
+            if ex and c.verdict == "abnormal":
+                verdict += f", {len(ex)} explained"
+            if c.verdict == "explained":
+                g = shown.explained_by[0]
+                verdict += f" by {g.entry.alert} ({_fmt_labels(g.where)})"
+        if c.firing:
+            verdict += f"  [{len(c.firing)} firing]"
+        where = _fmt_labels({k: v for k, v in labels.items() if k != "job" or r.job is None})
+        num = str(e.order) if e.order else ""
+        val = "no data" if c.verdict == "no data" else _fmt_value(value, e.unit)
+        lines.append(f"{num:>2}  {e.title[:40]:<40} {val:<12} {where[:34]:<34} {_fmt_threshold(e):<11} {verdict}")
+    lines.append("")
+    if r.cause is None:
+        lines.append("verdict: healthy: every check is within its threshold")
+    else:
+        f = r.cause
+        e = f.entry
+        explains = [g for c in r.checks for g in c.findings if f in g.explained_by]
+        lines += [
+            f"cause: {e.alert}: {e.title} on {_fmt_labels(f.labels)}: {_fmt_value(f.value, e.unit)} "
+            f"(threshold {_fmt_threshold(e)})",
+            f"  meaning:  {e.meaning}",
+            f"  runbook:  {e.runbook}",
+            f"  next:     {e.next_check}",
+        ]
+        if explains:
+            lines.append("  explains: " + "; ".join(_finding_line(g) for g in explains))
+        others = [g for g in r.causes[1:]]
+        if others:
+            lines.append("also abnormal and unexplained: " + "; ".join(_finding_line(g) for g in others))
+    for n in r.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)
+
+
+def _finding_json(f: Finding) -> Dict[str, Any]:
+    return {"alert": f.entry.alert, "id": f.entry.id, "labels": f.labels, "value": f.value,
+            "explained_by": [{"alert": g.entry.alert, "labels": g.where} for g in f.explained_by]}
+
+
+def render_json(r: Report) -> Dict[str, Any]:
+    def cause(f: Optional[Finding]) -> Optional[Dict[str, Any]]:
+        if f is None:
+            return None
+        e = f.entry
+        return {"alert": e.alert, "id": e.id, "kind": e.kind, "title": e.title, "labels": f.labels,
+                "value": f.value, "threshold": e.threshold, "op": e.op, "unit": e.unit, "runbook": e.runbook,
+                "next_check": e.next_check, "meaning": e.meaning,
+                "explains": [_finding_json(g) for c in r.checks for g in c.findings if f in g.explained_by]}
+
+    return {
+        "prometheus": r.prometheus, "job": r.job, "since": r.since, "time": r.at,
+        "healthy": r.healthy,
+        "checks": [{
+            "id": c.entry.id, "alert": c.entry.alert, "kind": c.entry.kind, "order": c.entry.order,
+            "title": c.entry.title, "threshold": c.entry.threshold, "op": c.entry.op, "unit": c.entry.unit,
+            "verdict": c.verdict, "series": c.series,
+            "worst": {"labels": c.worst.labels, "value": c.worst.value} if c.worst else None,
+            "findings": [_finding_json(f) for f in c.findings],
+            "firing": c.firing,
+        } for c in r.checks],
+        "cause": cause(r.cause),
+        "causes": [cause(f) for f in r.causes],
+        "notes": r.notes,
+    }
+
+
+# ------------------------------------------------------------------ CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prometheus", required=True, metavar="URL",
+                   help="Prometheus base URL, e.g. http://localhost:9090")
+    p.add_argument("--job", metavar="JOB", help="the training job to triage (its `job` label); default: every job")
+    p.add_argument("--since", metavar="DURATION",
+                   help="judge each check by its worst value over this range (e.g. 15m) instead of now")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--config", metavar="FILE", help="YAML config with the thresholds (default: $RANKSIGHT_CONFIG)")
+    p.add_argument("--profile", default="default", choices=sorted(config.PROFILES),
+                   help="config profile the rules were generated with (default, or test)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="per-query HTTP timeout (default 10)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.since is not None and not _DURATION.fullmatch(args.since):
+            raise TriageError(f"--since: expected a Prometheus duration like 15m or 1h, got {args.since!r}")
+        if args.job is not None and not args.job:
+            raise TriageError("--job: empty job name")
+        if not (args.timeout > 0 and math.isfinite(args.timeout)):
+            raise TriageError("--timeout: expected a positive number of seconds")
+        cfg = config.load(args.config, args.profile)
+        report = Walk(Prometheus(args.prometheus, args.timeout), cfg, args.job, args.since).run()
+    except TriageError as e:
+        print(f"ranksight triage: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(render_json(report), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(render_text(report))
+    return 0 if report.healthy else 1
