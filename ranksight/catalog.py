@@ -189,6 +189,11 @@ INGEST_DATAGRAMS = _m("ingest_datagrams_total", "counter", "count", N + ("result
 TRACKED_RANKS = _m("tracked_ranks", "gauge", "count", N, "Ranks currently tracked by the agent.")
 BUILD_INFO = _m("build_info", "gauge", "info", N + ("version", "python"), "ranksight agent build info; always 1.")
 
+# ---------------------------------------------------------------- appended by the alerts work (issue 4)
+CHECKPOINT_IN_PROGRESS = _m("checkpoint_in_progress_seconds", "gauge", "seconds", R,
+                            "Seconds the rank has been inside its current checkpoint write (heartbeat phase=checkpoint); "
+                            "0 when not writing. Lets RanksightCheckpointSlow fire during a long write.")
+
 
 def by_name(name: str) -> Metric:
     short = name[len(PREFIX):] if name.startswith(PREFIX) else name

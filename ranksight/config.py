@@ -79,6 +79,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "collector_down": Opt("10m", "RanksightCollectorDown for:"),
         "ingest_dropping": Opt("10m", "RanksightIngestDropping for:"),
         "lint": Opt("0m", "RanksightLint* for:"),
+        "am_group_wait": Opt("30s", "Alertmanager route group_wait (alerts/alertmanager.yml)"),
+        "am_group_interval": Opt("5m", "Alertmanager route group_interval"),
+        "am_repeat_interval": Opt("4h", "Alertmanager route repeat_interval"),
     },
     "windows": {  # PromQL range windows
         "rate": Opt("5m", "rate() window of recording rules"),
@@ -126,6 +129,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "global_batch_lr": Opt(True, "lint: one info line with global batch and LR"),
         "disk_headroom": Opt(True, "lint: too little free disk at start"),
     },
+}
+
+SCHEMA["alerting"] = {  # `ranksight rules`: alerts/alertmanager.yml and runbook_url
+    "webhook_url": Opt("http://127.0.0.1:9947/alerts", "Alertmanager webhook receiver URL (http:// or https://)"),
+    "runbook_base_url": Opt("https://github.com/ranksight/ranksight/blob/main/alerts/runbooks",
+                            "absolute URL prefix of the runbooks: runbook_url = <this>/<alert id>.md"),
 }
 
 # The test profile shortens durations and windows, nothing else.
