@@ -6,6 +6,25 @@ Recording-rule names follow ``level:metric:operation``. They carry no window in
 the name (``ratio_rate``, not ``ratio_rate5m``) because the window is a config
 value the test profile shortens; dashboards and alerts must use the same names
 under both profiles.
+
+Labels, as Prometheus stores them (the scrape config sets ``honor_labels: true``):
+
+- rank series carry ``job`` (the *training* job, exposed by the agent and kept by
+  honor_labels), ``node``, ``rank``, ``local_rank`` and ``instance`` (the agent);
+- node series (GPU, network, disk, the agent's own health) expose no ``job``, so
+  Prometheus attaches the scrape job's: ``job="ranksight-agent"`` (SCRAPE_JOB).
+
+So an inhibition between a node-level alert and a rank-level one can only match
+on ``node``; ``equal: [job]`` is only meaningful between two rank-level alerts.
+``tests/test_alerts.py`` checks this for every rule.
+
+PromQL is written for Prometheus 2.42 and 3.x alike. Where a choice was made for
+that, a comment says ``compat:``. In short: no ``holt_winters`` (renamed in 3.x),
+no regex that relies on ``.`` (it matches newlines in 3.x), no selector on a ``le``
+or ``quantile`` label value (3.x normalises "1" to "1.0"; ``histogram_quantile``
+merges equal bounds, so aggregating ``by (le)`` is safe), no range-selector
+arithmetic that depends on whether the left edge is included (3.x makes it open),
+no 3.x-only rule-group fields (``query_offset``).
 """
 from __future__ import annotations
 
@@ -13,8 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import catalog as C
+from .config import duration_seconds
 
 SCRAPE_JOB = "ranksight-agent"  # Prometheus scrape job name for the agents (deploy/, stack, tests)
+# Default runbook location; `alerting.runbook_base_url` in the config overrides it. Alertmanager
+# and Grafana need an absolute URL, so this is never a relative docs path.
 RUNBOOK_BASE = "https://github.com/ranksight/ranksight/blob/main/alerts/runbooks"
 
 # NVML clocks-event reason bits -> label value (gpu_clocks_event_active{reason}).
@@ -105,48 +127,75 @@ class Entry:
     mitigation: str
     next_check: str
     inhibits: Tuple[Inhibit, ...] = field(default=())
+    runbook_base: str = RUNBOOK_BASE  # from config alerting.runbook_base_url
 
     @property
     def runbook(self) -> str:
-        return f"{RUNBOOK_BASE}/{self.id}.md"
+        return f"{self.runbook_base.rstrip('/')}/{self.id}.md"
+
+    @property
+    def rank_level(self) -> bool:
+        """True when the alert carries the training job's labels (job, node, rank)."""
+        return "rank" in self.scope
 
 
 def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
+    """Evaluated in this order in one group: later rules read earlier ones of the same evaluation."""
     w = cfg["windows"]["rate"]
 
     def rate(m: Any) -> str:
         return f"rate({m}[{w}])"
 
+    def rate_or_zero(m: Any) -> str:
+        # A rank that never checkpointed (or has no exposed comm yet) must still get a busy time:
+        # an absent counter counts as 0, with the rank's own labels (those of step_seconds_total).
+        return f"({rate(m)} or 0 * {rate(C.STEP_SECONDS)})"
+
+    def share(m: Any) -> str:
+        return f"{rate(m)} / ({rate(C.STEP_SECONDS)} > 0)"
+
+    def job_share(m: Any) -> str:
+        return f"sum by (job) ({rate(m)}) / (sum by (job) ({rate(C.STEP_SECONDS)}) > 0)"
+
+    busy = REC["busy"]
     return [
-        Recording(REC["data_share"], f"{rate(C.DATALOADER_WAIT)} / ({rate(C.STEP_SECONDS)} > 0)"),
-        Recording(REC["comm_share"], f"{rate(C.COMM_SECONDS)} / ({rate(C.STEP_SECONDS)} > 0)"),
-        Recording(REC["xcomm_share"], f"{rate(C.EXPOSED_COMM_SECONDS)} / ({rate(C.STEP_SECONDS)} > 0)"),
+        Recording(REC["data_share"], share(C.DATALOADER_WAIT)),
+        Recording(REC["comm_share"], share(C.COMM_SECONDS)),
+        Recording(REC["xcomm_share"], share(C.EXPOSED_COMM_SECONDS)),
         # checkpoint seconds per wall second = share of wall time spent checkpointing
-        Recording(REC["ckpt_share"], f"{rate(C.CHECKPOINT_SECONDS)}"),
+        Recording(REC["ckpt_share"], rate(C.CHECKPOINT_SECONDS)),
         Recording(REC["step_mean"], f"{rate(C.STEP_SECONDS)} / ({rate(C.STEPS)} > 0)"),
-        # busy time per step: the step minus the time it only waited (data, exposed comm, checkpoint)
+        # Busy time per step: the step minus the time the rank only waited (data, exposed comm,
+        # checkpoint). Under synchronous data parallel all step times are equal, so the step itself
+        # never blames a rank; the fast ranks show the straggler's extra work as exposed comm.
         Recording(
-            REC["busy"],
-            f"clamp_min({rate(C.STEP_SECONDS)} - {rate(C.DATALOADER_WAIT)} - {rate(C.EXPOSED_COMM_SECONDS)}"
-            f" - {rate(C.CHECKPOINT_SECONDS)}, 0) / ({rate(C.STEPS)} > 0)",
+            busy,
+            f"clamp_min({rate(C.STEP_SECONDS)} - {rate_or_zero(C.DATALOADER_WAIT)}"
+            f" - {rate_or_zero(C.EXPOSED_COMM_SECONDS)} - {rate_or_zero(C.CHECKPOINT_SECONDS)}, 0)"
+            f" / ({rate(C.STEPS)} > 0)",
         ),
-        Recording(REC["busy_median"], f"quantile by (job) (0.5, {REC['busy']})"),
+        # The job's median busy time. For a two-rank job the median of two is their mean, which
+        # halves the gap (a rank 1.5x slower than its peer would read 1.2x): there the reference
+        # is the faster rank, i.e. the lower median, which is the median of the straggler's peers.
         Recording(
-            REC["straggler"],
-            f"{REC['busy']} / on (job) group_left () ({REC['busy_median']} > 0)",
+            REC["busy_median"],
+            f"(quantile by (job) (0.5, {busy}) unless on (job) (count by (job) ({busy}) == 2))"
+            f" or (min by (job) ({busy}) and on (job) (count by (job) ({busy}) == 2))",
         ),
+        Recording(REC["straggler"], f"{busy} / on (job) group_left () ({REC['busy_median']} > 0)"),
+        # compat: aggregate by (le) and never select on a `le` value; 3.x writes le="1.0" where 2.x
+        # wrote "1", and histogram_quantile merges buckets of equal bound across the two spellings.
         Recording(REC["job_p50"], f"histogram_quantile(0.5, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
         Recording(REC["job_p99"], f"histogram_quantile(0.99, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
         Recording(REC["job_steps"], f"avg by (job) ({rate(C.STEPS)})"),
-        Recording(REC["job_data_share"],
-                  f"sum by (job) ({rate(C.DATALOADER_WAIT)}) / (sum by (job) ({rate(C.STEP_SECONDS)}) > 0)"),
-        Recording(REC["job_comm_share"],
-                  f"sum by (job) ({rate(C.COMM_SECONDS)}) / (sum by (job) ({rate(C.STEP_SECONDS)}) > 0)"),
-        Recording(REC["job_xcomm_share"],
-                  f"sum by (job) ({rate(C.EXPOSED_COMM_SECONDS)}) / (sum by (job) ({rate(C.STEP_SECONDS)}) > 0)"),
-        Recording(REC["job_ckpt_share"], f"avg by (job) ({rate(C.CHECKPOINT_SECONDS)})"),
+        Recording(REC["job_data_share"], job_share(C.DATALOADER_WAIT)),
+        Recording(REC["job_comm_share"], job_share(C.COMM_SECONDS)),
+        Recording(REC["job_xcomm_share"], job_share(C.EXPOSED_COMM_SECONDS)),
+        # The job loses the largest rank's checkpoint share: the other ranks wait for it in their
+        # next collective (rank-0-only saves), so the mean would understate it by the world size.
+        Recording(REC["job_ckpt_share"], f"max by (job) ({REC['ckpt_share']})"),
         Recording(REC["retrans"], f"{rate(C.NET_TCP_RETRANS)} / ({rate(C.NET_TCP_SENT)} > 0)"),
-        Recording(REC["gpu_util"], f"{rate(C.GPU_BUSY_SECONDS)}"),
+        Recording(REC["gpu_util"], rate(C.GPU_BUSY_SECONDS)),
         Recording(REC["gpu_swings"], f"{rate(C.GPU_SWINGS)} * 60"),
         Recording(REC["node_gpu_util"], f"avg by (node) ({REC['gpu_util']})"),
     ]
@@ -163,9 +212,19 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     d = cfg["durations"]
     w = cfg["windows"]
     rate_w = w["rate"]
+    base = dict(cfg.get("alerting") or {}).get("runbook_base_url") or RUNBOOK_BASE
     R = ("job", "node", "rank")
-    comm_symptoms = ("RanksightCommBound",)
-    down_targets = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked", "RanksightDataloaderBound")
+    # Inhibition targets. Rank-level targets are muted on the same training `job`; node-level
+    # ones (the GPU sawtooth) only on the same `node`: node series carry job="ranksight-agent".
+    comm = ("RanksightCommBound",)
+    stuck_job_targets = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked")
+    on_node = Inhibit(("RanksightGpuSawtooth",), ("node",))
+    retries = f"rate({C.CUDA_ALLOC_RETRIES}[{rate_w}]) * 60"
+    ckpt_recent = duration_seconds(rate_w)
+    xid_new = f"(({C.GPU_XID_ERRORS} > 0) unless ({C.GPU_XID_ERRORS} offset {rate_w}))"
+    throttled = f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
+    drop_ratio = (f"sum by (node) (rate({C.INGEST_DATAGRAMS}{{result!=\"ok\"}}[{rate_w}])) / "
+                  f"(sum by (node) (rate({C.INGEST_DATAGRAMS}[{rate_w}])) > 0)")
     entries: List[Entry] = [
         # ------------------------------------------------------------ 1. dataloader wait
         Entry(
@@ -177,14 +236,15 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="Rank waits on its data loader for over {:.0%} of each step".format(t["dataloader_wait_share"]),
             description=f"{RANK_DESC} spends {VAL} of its step time waiting in next() on the data loader.",
             meaning="The input pipeline (storage, decoding, augmentation, too few workers) cannot keep up; the GPU idles between batches.",
-            impact="Every step of the job is as slow as the slowest rank's input pipeline; GPUs show a sawtooth.",
+            impact="Every step of the job is as slow as the slowest rank's input pipeline; GPUs show a sawtooth and "
+                   "the other ranks wait for this one in their collectives.",
             diagnosis="Compare ranksight_dataloader_wait_seconds by rank; check DataLoader num_workers, pin_memory, "
                       "prefetch_factor, storage throughput and CPU saturation on the node; look for the io_amplification lint.",
             mitigation="Raise num_workers/prefetch_factor, move decoding off the critical path, cache or pre-shard the data, "
                        "use a DistributedSampler so each rank reads only its shard.",
             next_check="GPU utilization waveform (sawtooth) on the same node",
-            inhibits=(Inhibit(("RanksightGpuSawtooth",), ("node",)),
-                      Inhibit(comm_symptoms + ("RanksightStraggler",), ("job",))),
+            # mutes the sawtooth it causes on its node, and the comm share of the ranks waiting for it
+            inhibits=(on_node, Inhibit(comm, ("job",))),
         ),
         # ------------------------------------------------------------ 2. GPU waveform
         Entry(
@@ -213,7 +273,8 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="Collectives take over {:.0%} of step time: the job is communication-bound".format(t["comm_share"]),
             description=f"{RANK_DESC} spends {VAL} of its step time in collectives.",
             meaning="Gradient/parameter collectives dominate the step; either the network is slow or compute is too small to hide it. "
-                    "A rank that waits for a slow peer also shows high comm time: check stragglers and dataloader waits first (they mute this alert).",
+                    "A rank that waits for a slow peer also shows high comm time: dataloader-bound ranks, stragglers, "
+                    "down or stalled ranks, retransmits and slow links are checked first (they mute this alert).",
             impact="Adding GPUs will not speed the job up; the step scales with the network.",
             diagnosis="Check TCP retransmits and NIC link speed on the nodes (signal 4), RDMA port counters, the exposed-comm share, "
                       "and whether one rank is a straggler.",
@@ -235,24 +296,34 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             diagnosis="Check ranksight_net_interface_errors_total / drops by device, the negotiated link speed, and the switch port counters.",
             mitigation="Reseat or replace the cable/transceiver, move the node off the bad port, fix MTU/flow control, drain the node.",
             next_check="checkpoint write duration",
-            inhibits=(Inhibit(comm_symptoms, ("node",)),),
+            inhibits=(Inhibit(comm, ("node",)),),
         ),
         # ------------------------------------------------------------ 5. checkpoint
         Entry(
             id="checkpoint-slow", alert="RanksightCheckpointSlow", kind="signal", order=5,
             title="Checkpoint write duration", severity="warning",
-            expr=f"(max_over_time({C.LAST_CHECKPOINT_DURATION}[{rate_w}]) > {t['checkpoint_write_seconds']:g})"
+            # A write still running past the limit (so it fires, and mutes the stalls, during the
+            # write), or one that finished within the last rate window past the limit (the last-
+            # duration gauge keeps its value until the next write, hence the recency guard), or
+            # checkpoints taking too large a share of wall time.
+            expr=f"({C.CHECKPOINT_IN_PROGRESS} > {t['checkpoint_write_seconds']:g})"
+                 f" or (({C.LAST_CHECKPOINT_DURATION} > {t['checkpoint_write_seconds']:g})"
+                 f" and (time() - {C.LAST_CHECKPOINT} < {ckpt_recent:g}))"
                  f" or ({REC['ckpt_share']} > {t['checkpoint_wall_share']:g})",
             for_=d["checkpoint_slow"], threshold=t["checkpoint_wall_share"], unit="ratio",
             indicator=REC["ckpt_share"], op=">", scope=R,
-            summary="Checkpoint writes are slow or eat over {:.0%} of wall time".format(t["checkpoint_wall_share"]),
-            description=f"{RANK_DESC}: checkpoint writes take {VAL} (seconds per write, or share of wall time).",
+            summary="Checkpoint writes take over {:g} s or over {:.0%} of wall time".format(
+                t["checkpoint_write_seconds"], t["checkpoint_wall_share"]),
+            description=f"{RANK_DESC}: checkpoint writes take {VAL} (seconds of the current or last write, "
+                        f"or share of wall time).",
             meaning="Checkpoints block training for too long: slow or full storage, a synchronous save of a large state, fsync storms.",
-            impact="Effective training time drops by the checkpoint share; a periodic gap appears in GPU utilization.",
+            impact="Effective training time drops by the checkpoint share; a periodic gap appears in GPU utilization, and the "
+                   "other ranks block in their next collective while one rank writes.",
             diagnosis="Check ranksight_checkpoint_write_seconds, the target filesystem's throughput and free space, and whether every rank writes the full state.",
             mitigation="Use torch.distributed.checkpoint async_save, shard the save across ranks, write to local NVMe then copy, checkpoint less often.",
             next_check="heartbeat misses",
-            inhibits=(Inhibit(("RanksightRankStalled", "RanksightRankBlocked", "RanksightGpuSawtooth"), ("job",)),),
+            # the ranks blocked while one rank writes are not hung; the utilization gap is the write
+            inhibits=(Inhibit(("RanksightRankStalled", "RanksightRankBlocked"), ("job",)), on_node),
         ),
         Entry(
             id="checkpoint-stale", alert="RanksightCheckpointStale", kind="signal", order=5,
@@ -282,7 +353,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             diagnosis="Check ranksight_rank_up, the process (OOM killer in dmesg, SIGKILL by the scheduler), host load and memory.",
             mitigation="Restart the rank (torchrun elastic), drain the node if it repeats.",
             next_check="rank stalled / rank down",
-            inhibits=(Inhibit(down_targets, ("job",)), Inhibit(("RanksightGpuSawtooth",), ("node",))),
+            inhibits=(Inhibit(stuck_job_targets, ("job",)), on_node),
         ),
         Entry(
             id="rank-down", alert="RanksightRankDown", kind="signal", order=6,
@@ -291,14 +362,14 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             for_=d["rank_down"], threshold=0.5, unit="bool",
             indicator=f"{C.RANK_UP}", op="<", scope=R,
             summary="A rank stopped heartbeating: the job is stuck in its next collective",
-            description=f"{RANK_DESC} has missed at least 3 heartbeats and is considered down.",
+            description=f"{RANK_DESC} has missed several heartbeats in a row and is considered down.",
             meaning="The rank process died or froze without a goodbye (SIGKILL, OOM kill, node failure).",
             impact="All other ranks block in their next collective until the NCCL/gloo timeout, then the job fails.",
             diagnosis="Check the scheduler and dmesg on the node (OOM killer, XID errors), the rank's last log lines.",
             mitigation="Restart from the last checkpoint; drain the node if hardware is at fault.",
             next_check="XID errors and host logs on the node",
-            inhibits=(Inhibit(down_targets + ("RanksightHeartbeatMissed", "RanksightRankStalled"), ("job",)),
-                      Inhibit(("RanksightGpuSawtooth",), ("node",))),
+            # a down rank's own missed heartbeats say nothing more
+            inhibits=(Inhibit(stuck_job_targets, ("job",)), Inhibit(("RanksightHeartbeatMissed",), ("job", "rank")), on_node),
         ),
         # ------------------------------------------------------------ extra causes
         Entry(
@@ -314,8 +385,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             diagnosis="py-spy dump the rank's process; look at the phase in the heartbeat; check storage/network mounts it reads.",
             mitigation="Kill and restart the rank from the last checkpoint; fix the blocking call.",
             next_check="the rank's stack (py-spy dump --pid)",
-            inhibits=(Inhibit(("RanksightRankBlocked", "RanksightCommBound", "RanksightStraggler", "RanksightDataloaderBound"), ("job",)),
-                      Inhibit(("RanksightGpuSawtooth",), ("node",))),
+            inhibits=(Inhibit(stuck_job_targets, ("job",)), on_node),
         ),
         Entry(
             id="rank-blocked", alert="RanksightRankBlocked", kind="symptom", order=0,
@@ -325,7 +395,8 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             indicator=f"{C.RANK_STALLED}{{reason=\"waiting_in_collective\"}}", op=">", scope=R,
             summary="A rank is blocked in a collective, waiting on a peer",
             description=f"{RANK_DESC} has been inside a collective for longer than its stall limit; it waits for a peer.",
-            meaning="A symptom: some other rank is dead, hung or far behind. Find the culprit (RanksightRankStalled / RanksightRankDown).",
+            meaning="A symptom: some other rank is dead, hung, far behind or writing a checkpoint. Find the culprit "
+                    "(RanksightRankStalled / RanksightRankDown / RanksightCheckpointSlow mute this alert).",
             impact="The job makes no progress.",
             diagnosis="Look for a rank of the same job that is stalled with reason=no_progress or down; if none, suspect the network.",
             mitigation="Fix the culprit; set TORCH_NCCL_ASYNC_ERROR_HANDLING / timeouts so hangs fail fast.",
@@ -337,28 +408,34 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             expr=f"{REC['straggler']} > {t['straggler_ratio']:g}",
             for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio",
             indicator=REC["straggler"], op=">", scope=R,
-            summary="One rank computes {:.0%} slower than the job median: every other rank waits for it".format(t["straggler_ratio"] - 1),
-            description=f"{RANK_DESC} busy time per step is {VAL}x the job median (step minus data wait, exposed comm and checkpoint).",
+            summary="One rank computes over {:.0%} slower than the job median: every other rank waits for it".format(
+                t["straggler_ratio"] - 1),
+            description=f"{RANK_DESC} busy time per step is {VAL}x the job median "
+                        f"(step minus data wait, exposed comm and checkpoint).",
             meaning="The rank's own work is slower (throttled or faulty GPU, noisy neighbour, CPU contention, bad NUMA binding); "
-                    "its peers show the difference as collective wait.",
+                    "its peers show the difference as collective wait. Long steps alone never blame a rank: under "
+                    "synchronous data parallel every rank's step is equally long.",
             impact="The job runs at the straggler's speed.",
             diagnosis="Check the rank's GPU clocks-event reasons, temperature, PCIe link, XIDs, CPU load on its node and its NUMA lint.",
             mitigation="Drain or fix the node; rebind CPUs; replace the GPU.",
             next_check="GPU throttling and PCIe link on the rank's node",
-            inhibits=(Inhibit(comm_symptoms, ("job",)),),
+            # the rest of the job waits for it in its collectives
+            inhibits=(Inhibit(comm, ("job",)),),
         ),
         Entry(
             id="cuda-alloc-retries", alert="RanksightCudaAllocRetries", kind="cause", order=0,
             title="CUDA allocator retries (fragmentation)", severity="warning",
-            expr=f"rate({C.CUDA_ALLOC_RETRIES}[{rate_w}]) * 60 > {t['alloc_retries_per_min']:g}",
+            # frequent retries, or any retries while the step time crept up against `creep_offset` ago
+            expr=f"({retries} > {t['alloc_retries_per_min']:g}) or (({retries} > 0) and on ({RANK_BY}) "
+                 f"({REC['step_mean']} / ({REC['step_mean']} offset {w['creep_offset']}) > {t['step_creep_ratio']:g}))",
             for_=d["alloc_retries"], threshold=t["alloc_retries_per_min"], unit="per_minute",
-            indicator=f"rate({C.CUDA_ALLOC_RETRIES}[{rate_w}]) * 60", op=">", scope=R,
+            indicator=retries, op=">", scope=R,
             summary="CUDA allocator keeps flushing its cache and retrying: memory is fragmented",
             description=f"{RANK_DESC} has {VAL} allocator retries per minute.",
             meaning="cudaMalloc failed and the caching allocator freed its cache to retry: memory is fragmented or nearly full. "
                     "Each retry synchronizes the device, so steps slow down (30% in the seeds).",
             impact="Steps creep up; an OOM may follow.",
-            diagnosis="Watch ranksight_cuda_memory_reserved_bytes vs allocated; compare step p50 with an hour ago; torch.cuda.memory_summary().",
+            diagnosis="Watch ranksight_cuda_memory_reserved_bytes vs allocated; compare the step time with an hour ago; torch.cuda.memory_summary().",
             mitigation="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, lower the batch, free caches at phase changes, avoid varying shapes.",
             next_check="step-time creep on the per-rank dashboard",
         ),
@@ -374,9 +451,10 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             meaning="The interface auto-negotiated down (a bad cable or port, e.g. 100 Mb/s instead of 100 Gb/s).",
             impact="Every transfer through that NIC is slow: collectives, data loading, checkpoints.",
             diagnosis="ethtool DEVICE on the node; compare with other nodes; check switch port logs.",
-            mitigation="Replace the cable/transceiver, force the speed, move the node to another port.",
+            mitigation="Replace the cable/transceiver, force the speed, move the node to another port; exclude management "
+                       "NICs with agent.nic_exclude.",
             next_check="network retransmits and comm share",
-            inhibits=(Inhibit(comm_symptoms, ("node",)),),
+            inhibits=(Inhibit(comm, ("node",)),),
         ),
         Entry(
             id="disk-filling", alert="RanksightDiskFilling", kind="cause", order=0,
@@ -385,8 +463,10 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
                  f"(predict_linear({C.DISK_FREE}[{w['disk_predict']}], {t['disk_full_horizon_seconds']:g}) < 0)",
             for_=d["disk_filling"], threshold=t["disk_free_ratio"], unit="ratio",
             indicator=f"{C.DISK_FREE} / ({C.DISK_TOTAL} > 0)", op="<", scope=("node", "path"),
-            summary="A watched disk (tmp, log or checkpoint) is nearly full or will be within the hour",
-            description=f"{NODE_DESC} path={{{{ $labels.path }}}}: free share or prediction {VAL}.",
+            summary="A watched disk (tmp, log or checkpoint) is nearly full or will be within {:g} s".format(
+                t["disk_full_horizon_seconds"]),
+            description=f"{NODE_DESC} path={{{{ $labels.path }}}}: free share {VAL} (or, when negative, "
+                        f"the free bytes predicted at the horizon).",
             meaning="The tmp, log or checkpoint filesystem is running out of space.",
             impact="Checkpoints fail, compile caches and NCCL/torch temp files fail in odd ways (/tmp full), logs stop.",
             diagnosis="du -xh --max-depth=1 on the path; look for old checkpoints, core dumps, compile caches.",
@@ -402,7 +482,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             for_=d["pcie_degraded"], threshold=None, unit="count",
             indicator=f"{C.GPU_PCIE_WIDTH}{{state=\"current\"}}", op="<", scope=("node", "gpu"),
             summary="A busy GPU's PCIe link runs below its max generation or width",
-            description=f"{GPU_DESC}: PCIe link below max while busy (value {VAL}).",
+            description=f"{GPU_DESC}: PCIe link below max while busy (current generation or width {VAL}).",
             meaning="The link trained down (riser, slot, or a GPU falling off the bus). Idle GPUs downshift on purpose, so only busy GPUs count.",
             impact="Host-device copies and GPU-direct traffic are slower; this rank may become a straggler.",
             diagnosis="nvidia-smi -q -d PCIE; lspci -vv for LnkSta vs LnkCap; XID errors.",
@@ -412,11 +492,12 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="gpu-xid", alert="RanksightGpuXidError", kind="cause", order=0,
             title="GPU XID error", severity="critical",
-            expr=f"increase({C.GPU_XID_ERRORS}[{rate_w}]) > 0",
+            # increase() misses the first error of a new xid series (created at 1), hence the second arm
+            expr=f"(increase({C.GPU_XID_ERRORS}[{rate_w}]) > 0) or {xid_new}",
             for_=d["xid"], threshold=0.0, unit="count",
             indicator=f"increase({C.GPU_XID_ERRORS}[{rate_w}])", op=">", scope=("node", "gpu"),
             summary="A GPU reported an XID error",
-            description=f"{GPU_DESC} raised XID {{{{ $labels.xid }}}} ({VAL} in the window).",
+            description=f"{GPU_DESC} raised XID {{{{ $labels.xid }}}} ({VAL} in the window, or in total for a new xid).",
             meaning="The driver reported a GPU fault (ECC, fell off the bus, MMU fault, NVLink error); see NVIDIA's XID catalog.",
             impact="The rank on that GPU may crash or hang; results may be corrupted.",
             diagnosis="dmesg | grep -i xid; nvidia-smi -q; NVIDIA's XID table for the number.",
@@ -427,10 +508,10 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="gpu-throttling", alert="RanksightGpuThrottling", kind="cause", order=0,
             title="GPU thermal or power throttling", severity="warning",
-            expr=f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}}) == 1",
+            # compat: a plain alternation, no `.` (which matches newlines in 3.x regexes)
+            expr=f"{throttled} == 1",
             for_=d["throttling"], threshold=0.5, unit="bool",
-            indicator=f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})", op=">",
-            scope=("node", "gpu"),
+            indicator=throttled, op=">", scope=("node", "gpu"),
             summary="A GPU is thermally or power throttled",
             description=f"{GPU_DESC} has had a thermal or power clocks-event reason active.",
             meaning="Clocks are held down by temperature, power cap or a hardware slowdown signal.",
@@ -471,11 +552,9 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="ingest-dropping", alert="RanksightIngestDropping", kind="health", order=0,
             title="ranksight ingest dropping datagrams", severity="warning",
-            expr=f"sum by (node) (rate({C.INGEST_DATAGRAMS}{{result!=\"ok\"}}[{rate_w}])) / "
-                 f"(sum by (node) (rate({C.INGEST_DATAGRAMS}[{rate_w}])) > 0) > {t['ingest_drop_ratio']:g}",
+            expr=f"{drop_ratio} > {t['ingest_drop_ratio']:g}",
             for_=d["ingest_dropping"], threshold=t["ingest_drop_ratio"], unit="ratio",
-            indicator=f"sum by (node) (rate({C.INGEST_DATAGRAMS}{{result!=\"ok\"}}[{rate_w}])) / "
-                      f"(sum by (node) (rate({C.INGEST_DATAGRAMS}[{rate_w}])) > 0)", op=">", scope=("node",),
+            indicator=drop_ratio, op=">", scope=("node",),
             summary="The agent drops rank datagrams",
             description=f"{NODE_DESC} drops {VAL} of received datagrams.",
             meaning="Datagrams are malformed, oversize, rejected (bad version, out-of-range fields) or over the rank cap.",
@@ -495,12 +574,20 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             summary=f"Setup lint: {what}",
             description=f"{RANK_DESC}: {what}.",
             meaning=f"ranksight.watch() found a setup mistake: {what}.",
-            impact="See the runbook: this mistake is a known cause of slow or wrong training.",
+            impact="This mistake is a known cause of slow or wrong training (see the seeds' incidents).",
             diagnosis="The rank logged one warning line naming the object at fault.",
-            mitigation="Fix the setup; each lint can be turned off in the lints section of the config.",
+            mitigation=f"Fix the setup; this lint can be turned off with lints.{lint}: false in the config.",
             next_check="the rank's log line",
         ))
+    if base != RUNBOOK_BASE:
+        entries = [_with_base(e, base) for e in entries]
     return entries
+
+
+def _with_base(e: Entry, base: str) -> Entry:
+    from dataclasses import replace
+
+    return replace(e, runbook_base=base)
 
 
 def signals(cfg: Mapping[str, Any]) -> List[Entry]:
@@ -510,3 +597,8 @@ def signals(cfg: Mapping[str, Any]) -> List[Entry]:
 
 def by_alert(cfg: Mapping[str, Any]) -> Dict[str, Entry]:
     return {e.alert: e for e in table(cfg)}
+
+
+def inhibit_pairs(cfg: Mapping[str, Any]) -> List[Tuple[str, str, Tuple[str, ...]]]:
+    """(source alert, target alert, equal labels) for every inhibition, in table order."""
+    return [(e.alert, target, inh.equal) for e in table(cfg) for inh in e.inhibits for target in inh.targets]
