@@ -1,0 +1,675 @@
+"""The three ranksight dashboards, built with grafana-foundation-sdk from the triage
+table (ranksight/triage.py) and the metric catalog (ranksight/catalog.py).
+
+No metric name is written here: every series comes from ``catalog`` or from the
+recording-rule names in ``triage.REC``. Rank-level panels read the recording
+rules (one precomputed series per rank) so that they stay fast at thousands of
+ranks; the triage rows show the three worst ranks/GPUs/nodes and the median
+rather than one line per rank.
+
+Imported only by ``generate.render()``: the SDK is an optional dependency.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+with warnings.catch_warnings():
+    # The SDK's classic dashboard builder warns "prefer dashboardv2" at import. Grafana 12
+    # provisions the classic (v1) JSON model, which is also what the schemas describe.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from grafana_foundation_sdk.builders import common as cb
+    from grafana_foundation_sdk.builders import dashboard as db
+    from grafana_foundation_sdk.builders import heatmap, prometheus, stat, statetimeline, table, timeseries
+    from grafana_foundation_sdk.models import common as cm
+    from grafana_foundation_sdk.models import dashboard as dm
+    from grafana_foundation_sdk.models import heatmap as hm
+    from grafana_foundation_sdk.models import prometheus as pm
+
+from ranksight import catalog as C
+from ranksight import triage
+from ranksight.catalog import Metric
+
+DS = cm.DataSourceRef(type_val="prometheus", uid="${datasource}")
+TAG = "ranksight"
+ALL = ".*"  # allValue of job/node/rank: also matches series without the label (ALERTS of node alerts)
+
+# Variable matchers by label. Only labels a series carries get a matcher.
+VAR_LABELS = ("job", "node", "rank")
+
+# Triage-table units -> Grafana unit ids (Grafana's valueFormats/categories.ts).
+UNITS = {"ratio": "percentunit", "seconds": "s", "count": "short", "bool": "short",
+         "per_minute": "cpm", "bytes": "Bps"}
+
+
+# ---------------------------------------------------------------- PromQL helpers
+def _matchers(labels: Sequence[str], extra: str = "") -> str:
+    parts = [f'{lab}=~"${lab}"' for lab in VAR_LABELS if lab in labels]
+    if extra:
+        parts.insert(0, extra)
+    return "{" + ", ".join(parts) + "}"
+
+
+def _rec_labels(name: str) -> Tuple[str, ...]:
+    """Labels a recording rule keeps, from its level prefix (level:metric:operation)."""
+    level = name.split(":", 1)[0]
+    return {"rank": C.RANK_LABELS, "job": ("job",), "node": ("node",), "gpu": C.GPU_LABELS}[level]
+
+
+def sel(metric: Union[Metric, str], extra: str = "", part: str = "") -> str:
+    """A series selector with the dashboard variables the series' labels allow.
+
+    ``metric`` is a catalog Metric (``part`` = bucket|sum|count for histogram series) or
+    a recording-rule name from ``triage.REC``."""
+    if isinstance(metric, Metric):
+        name = getattr(metric, part) if part else metric.name
+        return name + _matchers(metric.labels, extra)
+    return metric + _matchers(_rec_labels(metric), extra)
+
+
+def rate(metric: Metric, extra: str = "", part: str = "", fn: str = "rate") -> str:
+    return f"{fn}({sel(metric, extra, part)}[$__rate_interval])"
+
+
+def _known_series() -> Dict[str, Tuple[str, ...]]:
+    known: Dict[str, Tuple[str, ...]] = {}
+    for m in C.CATALOG.values():
+        known[m.name] = m.labels
+        if m.type == "histogram":
+            for part in (m.bucket, m.sum, m.count):
+                known[part] = m.labels
+    for rec in triage.REC.values():
+        known[rec] = _rec_labels(rec)
+    return known
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![\w:])([A-Za-z_:][\w:]*)(\{[^}]*\})?')
+_WINDOW = re.compile(r"\b(rate|irate|increase)\(([^()\[\]]*)\[[^\]]+\]\)")
+
+
+def dashboard_expr(expr: str) -> str:
+    """A triage-table PromQL expression as a dashboard query: every known series gets the
+    job/node/rank variable matchers it can carry, and every rate()/increase() window
+    becomes $__rate_interval."""
+    known = _known_series()
+
+    def repl(mo: "re.Match[str]") -> str:
+        name = mo.group(1)
+        if name is None or name not in known:  # a string literal, a function, a label, a keyword
+            return mo.group(0)
+        existing = (mo.group(2) or "{}")[1:-1].strip()
+        return name + _matchers(known[name], existing)
+
+    out = _TOKEN.sub(repl, expr)
+    return _WINDOW.sub(r"\1(\2[$__rate_interval])", out)
+
+
+# ---------------------------------------------------------------- panel specs
+@dataclass(frozen=True)
+class Q:
+    """One panel query."""
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    fmt: str = "time_series"  # time_series | table | heatmap
+
+
+@dataclass(frozen=True)
+class Threshold:
+    value: float
+    op: str  # ">": red at and above; "<": red below
+
+
+@dataclass
+class Layout:
+    """Panel ids and positions for one dashboard."""
+    next_id: int = 1
+
+    def take(self) -> int:
+        i = self.next_id
+        self.next_id += 1
+        return i
+
+
+def _targets(p: Any, queries: Sequence[Q]) -> Any:
+    for i, q in enumerate(queries):
+        t = prometheus.Dataquery().expr(q.expr).ref_id(chr(ord("A") + i)).datasource(DS)
+        if q.legend:
+            t = t.legend_format(q.legend)
+        t = t.instant() if q.instant else t.range()
+        if q.fmt != "time_series":
+            t = t.format(pm.PromQueryFormat(q.fmt))
+        p = p.with_target(t)
+    return p
+
+
+def _thresholds(th: Optional[Threshold]) -> Any:
+    if th is None:
+        steps = [dm.Threshold(value=None, color="green")]
+    elif th.op == ">":
+        steps = [dm.Threshold(value=None, color="green"), dm.Threshold(value=th.value, color="red")]
+    else:
+        steps = [dm.Threshold(value=None, color="red"), dm.Threshold(value=th.value, color="green")]
+    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps)
+
+
+def _base(p: Any, lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], w: int, h: int) -> Any:
+    p = (p.id(lay.take()).title(title).description(desc).datasource(DS).unit(unit)
+         .span(w).height(h))
+    return _targets(p, queries)
+
+
+def ts(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
+       threshold: Optional[Threshold] = None, w: int = 12, h: int = 8, min0: bool = True,
+       band: Optional[Tuple[str, str]] = None) -> Any:
+    p = _base(timeseries.Panel(), lay, title, desc, unit, queries, w, h)
+    p = (p.line_width(1).fill_opacity(0).span_nulls(False)
+         .legend(cb.VizLegendOptions().show_legend(True).display_mode(cm.LegendDisplayMode.LIST)
+                 .placement(cm.LegendPlacement.BOTTOM).calcs([]))
+         .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING))
+         .thresholds(_thresholds(threshold)))
+    if min0:
+        p = p.min(0)
+    if threshold is not None:
+        p = p.thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED))
+    if band is not None:  # fill between two named series (a min/max band)
+        upper, lower = band
+        p = p.override_by_name(upper, [dm.DynamicConfigValue(id_val="custom.fillBelowTo", value=lower),
+                                       dm.DynamicConfigValue(id_val="custom.fillOpacity", value=20)])
+    return p
+
+
+def stat_panel(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
+               threshold: Optional[Threshold] = None, w: int = 6, h: int = 8) -> Any:
+    p = _base(stat.Panel(), lay, title, desc, unit, queries, w, h)
+    return (p.thresholds(_thresholds(threshold))
+            .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+            .color_mode(cm.BigValueColorMode.VALUE).graph_mode(cm.BigValueGraphMode.AREA)
+            .text_mode(cm.BigValueTextMode.VALUE_AND_NAME))
+
+
+def table_panel(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
+                columns: Sequence[Tuple[str, str, str]] = (), hide: Sequence[str] = ("Time",),
+                sort: Optional[str] = None, w: int = 12, h: int = 8) -> Any:
+    """An instant table. ``columns``: (field name, display name, unit) per query value."""
+    p = _base(table.Panel(), lay, title, desc, unit, queries, w, h)
+    if len(queries) > 1:
+        p = p.with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
+    p = p.with_transformation(dm.DataTransformerConfig(
+        id_val="organize", options={"excludeByName": {name: True for name in hide}}))
+    for name, display, u in columns:
+        p = p.override_by_name(name, [dm.DynamicConfigValue(id_val="displayName", value=display),
+                                      dm.DynamicConfigValue(id_val="unit", value=u)])
+    if sort:
+        p = p.sort_by([cb.TableSortByFieldState().display_name(sort).desc(True)])
+    return p.thresholds(_thresholds(None))
+
+
+def heatmap_panel(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
+                  y_unit: str = "", w: int = 12, h: int = 8) -> Any:
+    """A heatmap of ready-made rows: histogram buckets (format heatmap) or one series per rank."""
+    p = _base(heatmap.Panel(), lay, title, desc, unit, queries, w, h)
+    y = heatmap.YAxisConfig()
+    if y_unit:
+        y = y.unit(y_unit)
+    return (p.calculate(False).y_axis(y).cell_values(heatmap.CellValues().unit(unit))
+            .color(heatmap.HeatmapColorOptions().mode(hm.HeatmapColorMode.SCHEME)
+                   .scheme("Oranges").steps(64).exponent(0.5).fill("dark-orange").reverse(False))
+            .show_value(cm.VisibilityMode.NEVER).show_legend())
+
+
+def timeline(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
+             threshold: Optional[Threshold] = None, w: int = 12, h: int = 8) -> Any:
+    p = _base(statetimeline.Panel(), lay, title, desc, unit, queries, w, h)
+    return (p.thresholds(_thresholds(threshold)).show_value(cm.VisibilityMode.NEVER)
+            .merge_values(True).row_height(0.9))
+
+
+# ---------------------------------------------------------------- descriptions
+def _fmt(value: float, unit: str) -> str:
+    if unit == "ratio":
+        return f"{value:.0%}"
+    if unit == "seconds":
+        return f"{value:g} s"
+    if unit == "bytes":
+        return f"{value / 1e9:g} GB/s"
+    if unit == "per_minute":
+        return f"{value:g} per minute"
+    return f"{value:g}"
+
+
+def signal_description(e: triage.Entry, lines: str) -> str:
+    word = "high" if e.op == ">" else "low"
+    thr = f" (abnormal when {e.op} {_fmt(e.threshold, e.unit)})" if e.threshold is not None else ""
+    return (f"{e.meaning} If {word}{thr}, look at {e.next_check}. {lines} "
+            f"Alert: {e.alert}; runbook: {e.runbook}")
+
+
+# ---------------------------------------------------------------- variables and dashboard
+def _variables(d: Any, node_query: str) -> Any:
+    d = d.with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus")
+                        .regex("").multi(False).include_all(False))
+    queries = [
+        ("job", "Job", f"label_values({C.RANK_UP}, job)", dm.VariableSort.ALPHABETICAL_ASC),
+        ("node", "Node", node_query, dm.VariableSort.NATURAL_ASC),
+        ("rank", "Rank", f'label_values({C.RANK_UP}{{job=~"$job", node=~"$node"}}, rank)',
+         dm.VariableSort.NUMERICAL_ASC),
+    ]
+    for name, label, q, sort in queries:
+        d = d.with_variable(
+            db.QueryVariable(name).label(label).datasource(DS).query(q).definition(q)
+            .multi(True).include_all(True).all_value(ALL)
+            .current(dm.VariableOption(selected=True, text=["All"], value=["$__all"]))
+            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(sort))
+    return d
+
+
+def _dashboard(uid: str, title: str, desc: str, node_query: str) -> Any:
+    d = (db.Dashboard(title).uid(uid).description(desc).tags([TAG]).editable()
+         .timezone("browser").time("now-1h", "now").refresh("30s")
+         .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+         .link(db.DashboardLink("ranksight").type(dm.DashboardLinkType.DASHBOARDS).tags([TAG])
+               .as_dropdown(False).include_vars(True).keep_time(True)))
+    return _variables(d, node_query)
+
+
+NODE_OF_JOB = f'label_values({C.RANK_UP}{{job=~"$job"}}, node)'
+NODE_OF_AGENT = f"label_values({C.COLLECTOR_UP}, node)"
+
+
+@dataclass
+class Board:
+    """A dashboard under construction: rows of panels."""
+    uid: str
+    title: str
+    desc: str
+    node_query: str = NODE_OF_JOB
+    lay: Layout = field(default_factory=Layout)
+    rows: List[Tuple[str, int, List[Any]]] = field(default_factory=list)
+
+    def row(self, title: str) -> List[Any]:
+        panels: List[Any] = []
+        self.rows.append((title, self.lay.take(), panels))
+        return panels
+
+    def build(self) -> Any:
+        d = _dashboard(self.uid, self.title, self.desc, self.node_query)
+        for title, row_id, panels in self.rows:
+            d = d.with_row(db.Row(title).id(row_id).collapsed(False))
+            for p in panels:
+                d = d.with_panel(p)
+        model = d.build()
+        for link in model.links or []:
+            # The SDK defaults links to "inControlsMenu" (a Grafana 12.x controls-menu placement);
+            # without a placement Grafana shows them in the dashboard's top bar, on every 12.x.
+            link.placement = None
+        return model
+
+
+# ---------------------------------------------------------------- triage dashboard
+RANK_WORST = "Lines: the 3 worst ranks of each job and the job's median rank."
+NODE_WORST = "Lines: the 3 worst {what} and the median."
+
+
+def _scope(e: triage.Entry) -> str:
+    if "rank" in e.scope:
+        return "rank"
+    return "gpu" if "gpu" in e.scope else "node"
+
+
+def _signal_queries(e: triage.Entry, expr: str) -> Tuple[List[Q], str]:
+    """Worst-k and median lines of one indicator, bounded at any number of ranks."""
+    scope = _scope(e)
+    if e.unit == "bool":  # count the abnormal ones per job (0 when none)
+        cmp = f"{expr} {e.op} bool {e.threshold:g}"
+        return [Q(f"sum by (job) ({cmp})", f"{{{{job}}}}: {e.title.lower()}")], \
+            "Line: how many ranks of each job are in this state."
+    k = "topk" if e.op == ">" else "bottomk"
+    if scope == "rank":
+        return [Q(f"{k} by (job) (3, {expr})", "{{job}} rank {{rank}}"),
+                Q(f"quantile by (job) (0.5, {expr})", "{{job}} median")], RANK_WORST
+    if scope == "gpu":
+        return [Q(f"{k}(3, {expr})", "{{node}} gpu {{gpu}}"), Q(f"quantile(0.5, {expr})", "median")], \
+            NODE_WORST.format(what="GPUs")
+    return [Q(f"{k}(3, {expr})", "{{node}}"), Q(f"quantile(0.5, {expr})", "median")], \
+        NODE_WORST.format(what="nodes")
+
+
+# Panel titles where the entry's title names the row rather than what its indicator draws.
+PANEL_TITLES = {"checkpoint-slow": "Checkpoint share of wall time", "rank-down": "Ranks down"}
+
+
+def _signal_panel(lay: Layout, e: triage.Entry) -> Any:
+    queries, lines = _signal_queries(e, dashboard_expr(e.indicator))
+    thr = None
+    if e.threshold is not None:
+        thr = Threshold(1.0, ">") if e.unit == "bool" else Threshold(e.threshold, e.op)
+    return ts(lay, PANEL_TITLES.get(e.id, e.title), signal_description(e, lines), UNITS[e.unit], queries,
+              threshold=thr, w=8)
+
+
+def _extra_signal_panels(lay: Layout, order: int, t: Mapping[str, Any]) -> List[Any]:
+    """Panels a row needs beyond its alert entries' indicators."""
+    R = triage.REC
+    if order == 2:
+        expr = sel(R["gpu_swings"])
+        return [ts(lay, "GPU utilization swings per minute",
+                   "High-to-low utilization crossings per minute (the sawtooth detector; RanksightGpuSawtooth needs "
+                   f"at least {t['gpu_swings_per_min']:g}/min together with a low mean). If high, look at the "
+                   "dataloader wait share (row 1), then the exposed communication share (row 3). "
+                   + NODE_WORST.format(what="GPUs"),
+                   "cpm", [Q(f"topk(3, {expr})", "{{node}} gpu {{gpu}}"), Q(f"quantile(0.5, {expr})", "median")],
+                   threshold=Threshold(t["gpu_swings_per_min"], ">"), w=8)]
+    if order == 3:
+        expr = sel(R["xcomm_share"])
+        return [ts(lay, "Exposed communication share",
+                   "Share of step time blocked waiting on collectives (communication not hidden behind compute). "
+                   "If high while the comm share is high, the network is the limit: look at retransmits and link "
+                   "speed (row 4); if only one rank is low, the others wait for it (a straggler). " + RANK_WORST,
+                   "percentunit", [Q(f"topk by (job) (3, {expr})", "{{job}} rank {{rank}}"),
+                                   Q(f"quantile by (job) (0.5, {expr})", "{{job}} median")], w=8)]
+    if order == 4:
+        expr = sel(C.NET_IF_SPEED)
+        return [ts(lay, "NIC link speed",
+                   "Negotiated link speed per interface (bytes/s). If low (below "
+                   f"{t['nic_min_speed_bytes'] / 1e9:g} GB/s, or below the highest seen), look at the cable, the "
+                   "transceiver and the switch port (RanksightNicSpeedLow). Lines: the 3 slowest interfaces.",
+                   "Bps", [Q(f"bottomk(3, {expr})", "{{node}} {{device}}")],
+                   threshold=Threshold(t["nic_min_speed_bytes"], "<"), w=8)]
+    if order == 5:
+        expr = sel(C.LAST_CHECKPOINT_DURATION)
+        return [ts(lay, "Last checkpoint write duration",
+                   "Duration of each rank's last checkpoint write. If high (above "
+                   f"{t['checkpoint_write_seconds']:g} s, RanksightCheckpointSlow), look at the checkpoint "
+                   "filesystem's throughput and free space, and whether every rank writes the full state. "
+                   + RANK_WORST, "s",
+                   [Q(f"topk by (job) (3, {expr})", "{{job}} rank {{rank}}"),
+                    Q(f"quantile by (job) (0.5, {expr})", "{{job}} median")],
+                   threshold=Threshold(t["checkpoint_write_seconds"], ">"), w=8)]
+    if order == 6:
+        return [ts(lay, "Ranks stalled",
+                   "Ranks alive but making no progress. reason=no_progress: the rank is stuck in its own code, it is "
+                   "the hang's culprit (RanksightRankStalled); reason=waiting_in_collective: it waits on a peer "
+                   "(RanksightRankBlocked). If any, look at the culprit's stack (py-spy dump). "
+                   "Line: how many ranks of each job are stalled, by reason.",
+                   "short", [Q(f"sum by (job, reason) ({sel(C.RANK_STALLED)})", "{{job}} {{reason}}")],
+                   threshold=Threshold(1.0, ">"), w=8)]
+    return []
+
+
+def triage_board(cfg: Mapping[str, Any]) -> Board:
+    R = triage.REC
+    b = Board("ranksight-triage", "ranksight / Training triage",
+              "Walk the rows top to bottom: the six triage signals in order. A symptom counts only once the "
+              "rows above it are fine. Generated by `ranksight dashboards` from the triage table.")
+    job = _matchers(("job",))
+    alerts = 'alertname=~"Ranksight.*", alertstate="firing"'
+    top = b.row("Overview")
+    top += [
+        ts(b.lay, "Step time p50 / p99",
+           "Job step duration quantiles from the step-duration histograms of all ranks (recording rules). "
+           "If p99 is far above p50, steps are uneven: walk the triage rows below.", "s",
+           [Q(f"{R['job_p50']}{job}", "{{job}} p50"), Q(f"{R['job_p99']}{job}", "{{job}} p99")], w=8),
+        ts(b.lay, "Throughput",
+           "Optimizer steps per second of each job (mean over its ranks). If it drops, look at the step time and "
+           "the triage rows below.", "ops", [Q(f"{R['job_steps']}{job}", "{{job}}")], w=6),
+        stat_panel(b.lay, "Ranks up",
+                   "Ranks heartbeating (up) and tracked by the agents, per job. If up < tracked, look at row 6 "
+                   "(heartbeats) and the rank-down alert.", "short",
+                   [Q(f"sum by (job) ({sel(C.RANK_UP)})", "{{job}} up"),
+                    Q(f"count by (job) ({sel(C.RANK_UP)})", "{{job}} tracked")], w=4),
+        table_panel(b.lay, "Firing ranksight alerts",
+                    "Ranksight alerts firing now in Prometheus (before Alertmanager's inhibition, which mutes "
+                    "symptoms while their cause fires). The first one in triage order is the verdict; its runbook "
+                    "link is in the alert's annotations.", "none",
+                    [Q(f"ALERTS{{{alerts}, job=~\"$job\"}} or "
+                       f"ALERTS{{{alerts}, job=\"{triage.SCRAPE_JOB}\", node=~\"$node\"}}", instant=True, fmt="table")],
+                    hide=("Time", "Value", "__name__", "alertstate", "instance"), w=6),
+    ]
+    t = cfg["thresholds"]
+    groups: Dict[int, List[triage.Entry]] = {}
+    for e in triage.signals(cfg):
+        groups.setdefault(e.order, []).append(e)
+    for order, entries in groups.items():
+        panels = b.row(f"{order}. {entries[0].title}")
+        panels += [_signal_panel(b.lay, e) for e in entries]
+        panels += _extra_signal_panels(b.lay, order, t)
+    return b
+
+
+# ---------------------------------------------------------------- ranks dashboard
+def ranks_board(cfg: Mapping[str, Any]) -> Board:
+    R = triage.REC
+    t = cfg["thresholds"]
+    by = triage.by_alert(cfg)
+    b = Board("ranksight-ranks", "ranksight / Ranks",
+              "Per-rank view: spot the straggler. Under synchronous data parallel every rank's step time is the "
+              "same; the slow rank shows as high busy time per step, the others as collective wait.")
+    b2o = (f"rate({sel(C.BACKWARD_TO_OPTIMIZER, part='sum')}[$__rate_interval]) / "
+           f"(rate({sel(C.BACKWARD_TO_OPTIMIZER, part='count')}[$__rate_interval]) > 0)")
+    p99 = sel(C.STEP_QUANTILE, 'quantile="0.99"')
+    who = "{{job}}/{{rank}}"
+    rows = b.row("Step time by rank")
+    rows += [
+        heatmap_panel(b.lay, "Step time by rank",
+                      "Mean step duration per rank (one heatmap row per rank, colour = seconds). Under synchronous "
+                      "training every row has the same colour; a different row is a rank out of step. If one row "
+                      "is darker, look at its busy time and straggler ratio below.", "s",
+                      [Q(sel(R["step_mean"]), who)]),
+        heatmap_panel(b.lay, "Backward-to-optimizer time by rank",
+                      "Mean time from backward start to optimizer.step() start per rank (colour = seconds). It "
+                      "includes the gradient all-reduce, so fast ranks wait here for slow ones: a lighter row is "
+                      "the likely straggler. If one row differs, look at its straggler ratio.", "s",
+                      [Q(b2o, who)]),
+        table_panel(b.lay, "Per-rank step breakdown",
+                    "One row per rank, now: mean and p99 step time, backward-to-optimizer, busy time per step, the "
+                    "straggler ratio (busy time / job median; sorted, worst first) and the shares of step time. "
+                    "If one rank's straggler ratio is high, look at its node's GPU throttling and PCIe link.",
+                    "s",
+                    [Q(f"max without () ({sel(R['step_mean'])})", instant=True, fmt="table"),
+                     Q(f"max without (quantile) ({p99})", instant=True, fmt="table"),
+                     Q(f"max without () ({b2o})", instant=True, fmt="table"),
+                     Q(f"max without () ({sel(R['busy'])})", instant=True, fmt="table"),
+                     Q(f"max without () ({sel(R['straggler'])})", instant=True, fmt="table"),
+                     Q(f"max without () ({sel(R['data_share'])})", instant=True, fmt="table"),
+                     Q(f"max without () ({sel(R['comm_share'])})", instant=True, fmt="table"),
+                     Q(f"max without () ({sel(R['ckpt_share'])})", instant=True, fmt="table")],
+                    columns=[("Value #A", "step mean", "s"), ("Value #B", "step p99", "s"),
+                             ("Value #C", "backward to optimizer", "s"), ("Value #D", "busy per step", "s"),
+                             ("Value #E", "straggler ratio", "none"), ("Value #F", "data share", "percentunit"),
+                             ("Value #G", "comm share", "percentunit"), ("Value #H", "checkpoint share", "percentunit")],
+                    hide=("Time", "instance", "local_rank"), sort="straggler ratio", w=24, h=10),
+    ]
+    straggler = by["RanksightStraggler"]
+    rows = b.row("Stragglers")
+    rows += [
+        ts(b.lay, "Straggler ratio",
+           f"Busy time per step of each rank / the job's median busy time. {straggler.meaning} If high (above "
+           f"{t['straggler_ratio']:g}), look at {straggler.next_check}. Alert: {straggler.alert}.", "none",
+           [Q(sel(R["straggler"]), who)], threshold=Threshold(t["straggler_ratio"], ">"), min0=False),
+        ts(b.lay, "Busy time per step",
+           "Step time minus data wait, exposed communication and checkpoint time, per rank, with the job median. "
+           "If one rank is above the median, it computes slower: look at its GPU.", "s",
+           [Q(sel(R["busy"]), who), Q(sel(R["busy_median"]), "{{job}} median")]),
+    ]
+    rows = b.row("Shares of step time by rank")
+    for key, alert, title in (("data_share", "RanksightDataloaderBound", "Dataloader wait share"),
+                              ("comm_share", "RanksightCommBound", "Communication share"),
+                              ("xcomm_share", None, "Exposed communication share"),
+                              ("ckpt_share", "RanksightCheckpointSlow", "Checkpoint share of wall time")):
+        if alert:
+            e = by[alert]
+            rows.append(ts(b.lay, title, signal_description(e, "Lines: one per rank."), "percentunit",
+                           [Q(sel(R[key]), who)], threshold=Threshold(e.threshold, e.op), w=6))
+        else:
+            rows.append(ts(b.lay, title,
+                           "Share of step time blocked waiting on collectives (not overlapped with compute). If "
+                           "high on all ranks but one, that one is the straggler; if high everywhere, look at the "
+                           "network (retransmits, link speed). Lines: one per rank.", "percentunit",
+                           [Q(sel(R[key]), who)], w=6))
+    alloc = by["RanksightCudaAllocRetries"]
+    rows = b.row("Memory, allocator and hooks")
+    rows += [
+        ts(b.lay, "CUDA allocator retries per minute",
+           signal_description(alloc, "Lines: one per rank."), "cpm",
+           [Q(f"{rate(C.CUDA_ALLOC_RETRIES)} * 60", who)], threshold=Threshold(alloc.threshold, ">"), w=8),
+        ts(b.lay, "CUDA memory reserved / allocated",
+           "Caching-allocator reserved and allocated bytes per rank. If reserved is far above allocated while "
+           "retries rise, memory is fragmented: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.", "bytes",
+           [Q(sel(C.CUDA_RESERVED), who + " reserved"), Q(sel(C.CUDA_ALLOCATED), who + " allocated")], w=8),
+        ts(b.lay, "Hook errors and dropped events",
+           "Exceptions caught inside the ranksight hooks and GPU timing events dropped, per second. They never "
+           "reach training; if non-zero, the rank's log has one line saying why.", "cps",
+           [Q(rate(C.HOOK_ERRORS), who + " errors"), Q(rate(C.HOOK_DROPPED_EVENTS), who + " dropped")], w=8),
+    ]
+    return b
+
+
+# ---------------------------------------------------------------- node dashboard
+def node_board(cfg: Mapping[str, Any]) -> Board:
+    R = triage.REC
+    t = cfg["thresholds"]
+    by = triage.by_alert(cfg)
+    b = Board("ranksight-node", "ranksight / Node",
+              "Per-node view: the GPU utilization waveform, GPU health, PCIe, network, RDMA and disk of the "
+              "selected nodes, from the ranksight agent.", node_query=NODE_OF_AGENT)
+    gpu = "{{node}} gpu {{gpu}}"
+    util = lambda s: sel(C.GPU_UTILIZATION, f'stat="{s}"')  # noqa: E731
+    rows = b.row("GPU utilization waveform")
+    saw = by["RanksightGpuSawtooth"]
+    rows += [
+        ts(b.lay, "GPU utilization band (min / mean / max)",
+           "Across the selected GPUs: the lowest window minimum, the mean and the highest window maximum of the "
+           "NVML utilization samples. A wide band with a high max and a low min is a sawtooth: compute "
+           "alternates with idle gaps. If wide, look at the dataloader wait share, then the exposed comm share.",
+           "percentunit", [Q(f"min({util('min')})", "min"), Q(f"avg({util('mean')})", "mean"),
+                           Q(f"max({util('max')})", "max")],
+           band=("max", "min")),
+        ts(b.lay, "GPU busy ratio by GPU", signal_description(saw, "Lines: one per GPU (exact mean from the "
+                                                             "busy-seconds counter)."),
+           "percentunit", [Q(sel(R["gpu_util"]), gpu)], threshold=Threshold(saw.threshold, "<")),
+        heatmap_panel(b.lay, "GPU utilization samples",
+                      "Raw NVML utilization samples of the selected GPUs per second, by utilization bucket. Two "
+                      "bright bands (near 0 and near 100%) with little between is the sawtooth; one band near the "
+                      "top is healthy. If two bands, look at the swings and the dataloader wait.",
+                      "cps", [Q(f"sum by (le) ({rate(C.GPU_UTILIZATION_SAMPLES, part='bucket')})", "{{le}}",
+                                fmt="heatmap")], y_unit="percentunit"),
+        ts(b.lay, "GPU utilization swings per minute",
+           "High-to-low utilization crossings per minute, per GPU. If high together with a low busy ratio, "
+           "compute is not overlapped with IO or communication (RanksightGpuSawtooth).", "cpm",
+           [Q(sel(R["gpu_swings"]), gpu)], threshold=Threshold(t["gpu_swings_per_min"], ">")),
+    ]
+    throttled = sel(C.GPU_CLOCKS_EVENT, 'reason=~"{}"'.format("|".join(triage.THROTTLE_REASONS)))
+    rows = b.row("GPU health")
+    rows += [
+        ts(b.lay, "GPM SM and tensor activity",
+           "GPM (Hopper and newer) SM activity and tensor-core activity. A busy ratio near 100% with low SM "
+           "activity means the GPU is 'busy' with little work per kernel: look at kernel sizes and launch overhead.",
+           "percentunit", [Q(sel(C.GPU_SM_ACTIVE), gpu + " SM"), Q(sel(C.GPU_TENSOR_ACTIVE), gpu + " tensor")],
+           w=8),
+        timeline(b.lay, "Throttling reasons",
+                 "Thermal and power clocks-event reasons active per GPU (1 = active). If any is on for long, "
+                 "that GPU computes slower and its rank becomes a straggler: look at cooling and power "
+                 "(RanksightGpuThrottling).", "bool",
+                 [Q(f"max by (node, gpu, reason) ({throttled})",
+                    gpu + " {{reason}}")], threshold=Threshold(1.0, ">"), w=8),
+        ts(b.lay, "XID errors",
+           "NVML XID critical errors per GPU and XID number in each interval. Any is serious: look at dmesg and "
+           "NVIDIA's XID catalog (RanksightGpuXidError).", "short",
+           [Q(rate(C.GPU_XID_ERRORS, fn="increase"), gpu + " xid {{xid}}")], threshold=Threshold(1.0, ">"), w=8),
+        ts(b.lay, "GPU temperature", "GPU temperature. If high and throttling reasons are on, look at airflow.",
+           "celsius", [Q(sel(C.GPU_TEMPERATURE), gpu)], w=6),
+        ts(b.lay, "GPU power", "GPU power draw. If flat at the cap with sw_power_cap active, the power limit "
+           "holds clocks down.", "watt", [Q(sel(C.GPU_POWER), gpu)], w=6),
+        ts(b.lay, "SM clock", "GPU SM clock. If it drops under load, look at the throttling reasons.",
+           "hertz", [Q(sel(C.GPU_SM_CLOCK), gpu)], w=6),
+        ts(b.lay, "GPU memory used", "GPU memory used and total. If used is near total, expect allocator "
+           "retries and OOMs.", "bytes", [Q(sel(C.GPU_MEMORY_USED), gpu + " used"),
+                                         Q(sel(C.GPU_MEMORY_TOTAL), gpu + " total")], w=6),
+    ]
+    rows = b.row("PCIe link")
+    rows += [
+        ts(b.lay, "PCIe link generation (current / max)",
+           "PCIe generation per GPU, current and max. If current is below max while the GPU is busy, the link "
+           "trained down: look at the riser and slot (RanksightGpuPcieDegraded). Idle GPUs downshift on purpose.",
+           "short", [Q(sel(C.GPU_PCIE_GEN), gpu + " {{state}}")]),
+        ts(b.lay, "PCIe link width (current / max)",
+           "PCIe lane width per GPU, current and max. If current is below max, the link lost lanes: reseat the "
+           "GPU (RanksightGpuPcieDegraded).", "short", [Q(sel(C.GPU_PCIE_WIDTH), gpu + " {{state}}")]),
+    ]
+    ret = by["RanksightTcpRetransmits"]
+    rows = b.row("Network")
+    rows += [
+        ts(b.lay, "TCP retransmit ratio", signal_description(ret, "Lines: one per node."), "percentunit",
+           [Q(sel(R["retrans"]), "{{node}}")], threshold=Threshold(ret.threshold, ">"), w=8),
+        ts(b.lay, "TCP segments retransmitted and sent",
+           "TCP segments retransmitted and sent per second, per node. If retransmits rise with sent flat, packets "
+           "are lost on the node's links.", "pps",
+           [Q(rate(C.NET_TCP_RETRANS), "{{node}} retransmitted"), Q(rate(C.NET_TCP_SENT), "{{node}} sent")], w=8),
+        ts(b.lay, "TCP loss counters",
+           "Selected TcpExt counters per second (lost retransmits, timeouts, SYN retransmits). If timeouts rise, "
+           "collectives stall for a retransmit timeout each time.", "cps",
+           [Q(rate(C.NET_TCP_EXT), "{{node}} {{counter}}")], w=8),
+        ts(b.lay, "Interface errors and drops",
+           "Errors and drops per second, per interface and direction (/proc/net/dev). If non-zero, look at the "
+           "cable, the transceiver and the switch port.", "cps",
+           [Q(rate(C.NET_IF_ERRORS), "{{node}} {{device}} {{direction}} errors"),
+            Q(rate(C.NET_IF_DROPS), "{{node}} {{device}} {{direction}} drops")], w=8),
+        ts(b.lay, "Interface throughput", "Bytes per second per interface and direction. If near the link "
+           "speed, the link is saturated.", "Bps",
+           [Q(rate(C.NET_IF_BYTES), "{{node}} {{device}} {{direction}}")], w=8),
+        ts(b.lay, "NIC link speed",
+           f"Negotiated link speed per interface. If low (below {t['nic_min_speed_bytes'] / 1e9:g} GB/s or below "
+           "the highest seen), the link negotiated down: look at the cable and port (RanksightNicSpeedLow).", "Bps",
+           [Q(sel(C.NET_IF_SPEED), "{{node}} {{device}}")], threshold=Threshold(t["nic_min_speed_bytes"], "<"),
+           w=8),
+    ]
+    data = 'counter=~"port_(rcv|xmit)_packets"'
+    quiet = 'counter!~"port_(rcv|xmit)_(packets|data)|port_(uni|multi)cast_(rcv|xmit)_packets"'
+    rows = b.row("RDMA")
+    rows += [
+        ts(b.lay, "RDMA packets", "Packets received and transmitted per second per RDMA port. If one port "
+           "carries far less than its peers, traffic is falling back to another path.", "pps",
+           [Q(rate(C.RDMA_PORT_COUNTER, data), "{{node}} {{device}}/{{port}} {{counter}}")], w=8),
+        ts(b.lay, "RDMA error and congestion counters",
+           "All other RDMA port counters and hw_counters per second (symbol errors, link downed, discards, "
+           "out-of-sequence, retries, CNPs). If any error counter rises, look at the cable and the switch; CNPs "
+           "and ECN marks mean congestion.", "cps",
+           [Q(rate(C.RDMA_PORT_COUNTER, quiet), "{{node}} {{device}}/{{port}} {{counter}}")], w=8),
+        ts(b.lay, "RDMA port rate", "Port rate (bytes/s) per RDMA port. If below its peers, the port "
+           "trained down.", "Bps",
+           [Q(sel(C.RDMA_PORT_RATE), "{{node}} {{device}}/{{port}}")], w=8),
+    ]
+    disk = by["RanksightDiskFilling"]
+    rows = b.row("Disk")
+    rows += [
+        ts(b.lay, "Disk free", "Free bytes of each watched path (tmp, log and checkpoint directories). If "
+           "falling fast, checkpoints will fail: look at old checkpoints and caches.", "bytes",
+           [Q(sel(C.DISK_FREE), "{{node}} {{path}}")]),
+        ts(b.lay, "Disk free share", signal_description(disk, "Lines: one per watched path."), "percentunit",
+           [Q(f"{sel(C.DISK_FREE)} / ({sel(C.DISK_TOTAL)} > 0)", "{{node}} {{path}}")],
+           threshold=Threshold(disk.threshold, "<")),
+    ]
+    rows = b.row("Ranks and agent")
+    rows += [
+        table_panel(b.lay, "Ranks on these nodes",
+                    "Ranks of the selected jobs running on the selected nodes, now: 1 = heartbeating. If a rank "
+                    "shows 0, look at the triage dashboard's row 6.", "bool",
+                    [Q(f"max without () ({sel(C.RANK_UP)})", instant=True, fmt="table")],
+                    columns=[("Value", "up", "bool")], hide=("Time", "instance"), w=8),
+        timeline(b.lay, "Collectors up",
+                 "Each agent collector's state (1 = last run succeeded). If one is down, its signals are missing: "
+                 "the agent's log says why (RanksightCollectorDown).", "bool",
+                 [Q(sel(C.COLLECTOR_UP), "{{node}} {{collector}}")], threshold=Threshold(1.0, "<"), w=8),
+        ts(b.lay, "Agent ingest",
+           "Datagrams per second the agent received, by result. If anything but ok is non-zero, hooks and agent "
+           "disagree (version) or the rank cap is hit (RanksightIngestDropping).", "cps",
+           [Q(f"sum by (node, result) ({rate(C.INGEST_DATAGRAMS)})", "{{node}} {{result}}")], w=8),
+    ]
+    return b
+
+
+BOARDS = (("ranksight-triage.json", triage_board), ("ranksight-ranks.json", ranks_board),
+          ("ranksight-node.json", node_board))
