@@ -1,0 +1,202 @@
+"""A small 2-rank DDP training job on CPU (gloo), instrumented with ranksight.
+
+The whole integration is two lines, marked below::
+
+    import ranksight
+    loader = ranksight.watch(model, optimizer, loader)
+
+Run it with torchrun (start `ranksight exporter` first to get metrics; without an
+agent the hooks still print their step table)::
+
+    torchrun --standalone --nproc-per-node 2 examples/train_ddp.py --duration 60
+
+The model is a token classifier (an MLP over 64-dim token features, 256 tokens per
+sequence, 16 sequences per rank per step = 4096 tokens). On a 2-core machine a step
+takes about 60 ms with under 10% of it in the gradient all-reduce and under 5% in
+the data loader: a healthy, compute-bound job.
+
+Fault injection (used by `ranksight demo` and the end-to-end tests; --rank-to-fault
+picks the rank, default 1):
+
+  slow-data        that rank's dataset sleeps per sample (slow storage): data-loader bound
+  straggler        that rank runs extra real compute every step (--straggler-extra of a step)
+  comm-heavy       all ranks: a wide model on a tiny batch, so gradients dominate the step
+  kill-rank        that rank SIGKILLs itself --fault-after seconds in
+  hang             that rank sleeps inside a step --fault-after seconds in (its peer blocks in all-reduce)
+  slow-checkpoint  rank 0 checkpoints a large state every few steps to a file opened with
+                   O_DSYNC (every write waits for the disk), so checkpoints eat > 5% of wall time
+
+Every rank agrees when to stop: the stop flag travels with the periodic loss
+all-reduce, so no rank leaves while its peer waits in a collective.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+import ranksight  # ranksight line 1 of 2
+
+FAULTS = ("none", "slow-data", "straggler", "comm-heavy", "kill-rank", "hang", "slow-checkpoint")
+
+
+def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
+    p.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds (0: no limit)")
+    p.add_argument("--batch-seqs", type=int, default=16, help="sequences per rank per step (256 tokens each)")
+    p.add_argument("--hidden", type=int, default=256, help="MLP hidden width")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--log-every", type=int, default=100, help="rank 0 prints the loss every N steps (0: never)")
+    p.add_argument("--checkpoint-every", type=int, default=200, help="rank 0 checkpoints every N steps (0: never)")
+    p.add_argument("--checkpoint-dir", default="run/checkpoints", help="where rank 0 writes last.pt")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=1800.0, help="collective timeout in seconds (gloo)")
+    g = p.add_argument_group("fault injection")
+    g.add_argument("--fault", choices=FAULTS, default="none")
+    g.add_argument("--rank-to-fault", type=int, default=1, help="the rank that misbehaves (default 1)")
+    g.add_argument("--fault-after", type=float, default=10.0, help="kill-rank / hang: seconds after the first step")
+    g.add_argument("--slow-data-seconds", type=float, default=0.003, help="slow-data: sleep per sequence read")
+    g.add_argument("--straggler-extra", type=float, default=1.0,
+                   help="straggler: extra compute per step, as a fraction of a normal step's forward+backward "
+                        "(1.0 doubles it; with 2 ranks the job median is the mean of both, so +100%% reads 1.33x)")
+    g.add_argument("--hang-seconds", type=float, default=3600.0, help="hang: how long the rank sleeps")
+    g.add_argument("--checkpoint-mb", type=float, default=0.0,
+                   help="extra state saved with each checkpoint, in MB (slow-checkpoint: 48)")
+    g.add_argument("--checkpoint-sync", action="store_true",
+                   help="open checkpoint files with O_DSYNC (slow-checkpoint turns it on)")
+    args = p.parse_args(argv)
+    if args.fault == "comm-heavy":  # large gradients, tiny compute
+        args.hidden, args.batch_seqs = 1536, 1
+    if args.fault == "slow-checkpoint":
+        args.checkpoint_every = min(args.checkpoint_every, 10)
+        args.checkpoint_mb = args.checkpoint_mb or 48.0
+        args.checkpoint_sync = True
+    return args
+
+
+class TokenSequences(Dataset):
+    """Synthetic token classification: each item is a (256, 64) sequence of token features
+    and 256 labels given by a fixed random linear map, so the loss really goes down."""
+
+    def __init__(self, n: int, seq_len: int = 256, dim: int = 64, classes: int = 8, seed: int = 0,
+                 read_delay: float = 0.0):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, seq_len, dim, generator=g)
+        self.y = (self.x @ torch.randn(dim, classes, generator=g)).argmax(-1)
+        self.read_delay = read_delay  # simulated slow storage (fault slow-data)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        if self.read_delay:
+            time.sleep(self.read_delay)
+        return self.x[i], self.y[i]
+
+
+def make_model(dim: int, hidden: int, classes: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, classes))
+
+
+def save_checkpoint(path: Path, state: Dict, sync: bool) -> None:
+    """Write-then-rename, the usual durable pattern. With sync, every write goes through
+    O_DSYNC, like a sync-mounted network filesystem."""
+    tmp = path.with_suffix(".tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DSYNC if sync else 0)
+    with open(tmp, "wb", buffering=0, opener=lambda p, _: os.open(p, flags, 0o644)) as f:
+        torch.save(state, f)
+    os.replace(tmp, path)
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)  # one core per rank
+    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=args.timeout))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    faulty = args.fault != "none" and rank == args.rank_to_fault % world
+    torch.manual_seed(args.seed)  # same initial weights on every rank
+
+    data = TokenSequences(n=16 * world * args.batch_seqs, seed=args.seed,
+                          read_delay=args.slow_data_seconds if faulty and args.fault == "slow-data" else 0.0)
+    sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
+    loader = DataLoader(data, batch_size=args.batch_seqs, sampler=sampler, drop_last=True)
+    model = DDP(make_model(64, args.hidden, 8))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10_000)
+
+    loader = ranksight.watch(model, optimizer, loader)  # ranksight line 2 of 2
+
+    shadow = copy.deepcopy(model.module) if faulty and args.fault == "straggler" else None
+    ckpt_dir = Path(args.checkpoint_dir)
+    if rank == 0 and args.checkpoint_every:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    pad = torch.zeros(int(args.checkpoint_mb * 2**20 / 4))  # e.g. EMA weights of a bigger model
+    if rank == 0:
+        print(f"train_ddp: {world} ranks, fault={args.fault} (rank {args.rank_to_fault % world}), "
+              f"global batch {world * args.batch_seqs * 256} tokens, lr {args.lr}", flush=True)
+
+    step, epoch, loss_sum, start, stop = 0, 0, 0.0, None, False
+    while not stop:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            if start is None:
+                start = time.monotonic()
+            if faulty and args.fault in ("kill-rank", "hang") and time.monotonic() - start > args.fault_after:
+                if args.fault == "kill-rank":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                print(f"train_ddp: rank {rank} hangs for {args.hang_seconds:.0f} s (fault)", flush=True)
+                time.sleep(args.hang_seconds)
+            if shadow is not None:  # a slower rank: real extra compute outside DDP
+                n = max(1, int(round(args.straggler_extra * len(x))))
+                reps, rest = divmod(n, len(x))
+                for chunk in [x] * reps + ([x[:rest]] if rest else []):
+                    shadow(chunk).sum().backward()
+                shadow.zero_grad(set_to_none=True)
+
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            loss_sum += loss.item()
+
+            if rank == 0 and args.checkpoint_every and step % args.checkpoint_every == 0:
+                save_checkpoint(ckpt_dir / "last.pt", {
+                    "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
+                    "sampler": {"epoch": epoch, "seed": args.seed}, "rng": torch.get_rng_state(),
+                    "extra": pad}, sync=args.checkpoint_sync)
+
+            stop = bool(args.steps) and step >= args.steps  # the same on every rank
+            if step % 10 == 0:  # every rank takes part: average loss and the shared "time is up" flag
+                elapsed = time.monotonic() - start
+                t = torch.tensor([loss_sum / 10, float(bool(args.duration) and elapsed >= args.duration)])
+                dist.all_reduce(t)
+                loss_sum, stop = 0.0, stop or bool(t[1] > 0)
+                if rank == 0 and args.log_every and (step % args.log_every == 0 or stop):
+                    print(f"train_ddp: step {step} loss {t[0].item() / world:.4f} "
+                          f"({step / elapsed:.1f} steps/s)", flush=True)
+            if stop:
+                break
+        epoch += 1
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
