@@ -37,6 +37,8 @@ from . import config, triage
 from .triage import Entry
 
 WALK_KINDS = ("signal", "cause", "symptom")  # what can be "the cause"; lints and health are notes
+# Symptoms of waiting on peers in collectives: a cause on any node of the job explains them (see Walk._explain).
+JOB_WIDE_SYMPTOMS = frozenset(("RanksightCommBound", "RanksightRankBlocked"))
 _DURATION = re.compile(r"(\d+(ms|s|m|h|d))+")
 _SHOWN_LABELS = ("job", "node", "rank", "gpu", "device", "path", "instance", "collector", "lint", "xid")
 
@@ -266,7 +268,7 @@ class Walk:
         walk = sorted((e for e in table if e.kind in WALK_KINDS),
                       key=lambda e: (rank[e.kind], e.order))  # stable: table order within a kind
         checks = [self.check(e, firing) for e in walk]
-        self._explain([f for c in checks for f in c.findings])
+        self._explain([f for c in checks for f in c.findings], jobs)
         causes = [f for c in checks for f in c.findings if not f.explained_by]
         for e in table:
             if e.kind in ("lint", "health"):
@@ -277,15 +279,26 @@ class Walk:
         return Report(self.prom.url, self.job, self.since, self.at, checks, causes[0] if causes else None, causes, notes)
 
     @staticmethod
-    def _explain(findings: List[Finding]) -> None:
-        """Mark each finding with the abnormal findings that would mute its alert in Alertmanager."""
+    def _explain(findings: List[Finding], jobs: Mapping[str, set]) -> None:
+        """Mark each finding with the abnormal findings that would mute its alert in Alertmanager.
+
+        One widening beyond Alertmanager's label equality: a collective symptom (comm share,
+        blocked in a collective) is job-wide, since every rank of a job waits on the same
+        collectives. A node-scoped cause (retransmits, a slow NIC) on any node hosting a rank
+        of the job explains it, not only on the symptom's own node: loss on host A's link
+        slows the all-reduce of the rank on host B just as much.
+        """
         for f in findings:
             for g in findings:
                 if g.entry.alert == f.entry.alert:
                     continue
                 for inh in g.entry.inhibits:
-                    if f.entry.alert in inh.targets and all(
-                            f.labels.get(l, "") == g.labels.get(l, "") for l in inh.equal):
+                    if f.entry.alert not in inh.targets:
+                        continue
+                    if all(f.labels.get(l, "") == g.labels.get(l, "") for l in inh.equal) or (
+                            f.entry.alert in JOB_WIDE_SYMPTOMS and inh.equal == ("node",)
+                            and "rank" not in g.entry.scope
+                            and g.labels.get("node", "") in jobs.get(f.labels.get("job", ""), ())):
                         f.explained_by.append(g)
                         break
         # A cycle (A explains B explains A) would leave nothing to name: keep the earlier one as a cause.
