@@ -1,0 +1,365 @@
+"""Dashboards: schema, dashboard-linter rules, triage order, freshness, promtool, CLI.
+
+Budget: a few seconds (one render per module, one promtool run, three CLI runs).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, List, Tuple
+
+import jsonschema
+import pytest
+import yaml
+
+from ranksight import catalog as C
+from ranksight import config, triage
+from ranksight.dashboards import build, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMAS = Path(__file__).resolve().parent / "data" / "grafana-schemas"
+DS_UIDS = {"$datasource", "${datasource}"}
+
+# Grafana unit ids (packages/grafana-data/src/valueFormats/categories.ts), the categories a
+# training dashboard can use; the dashboard-linter's panel-units-rule checks against this list.
+VALID_UNITS = {
+    "none", "string", "short", "percent", "percentunit", "locale", "sci",
+    "bytes", "decbytes", "bits", "decbits", "kbytes", "mbytes", "gbytes",
+    "pps", "binBps", "Bps", "binbps", "bps", "KiBs", "MiBs", "GiBs", "KBs", "MBs", "GBs", "Gbits", "Mbits",
+    "hertz", "ns", "µs", "ms", "s", "m", "h", "d", "dtdurationms", "dtdurations", "dthms", "dtdhms",
+    "cps", "ops", "reqps", "rps", "wps", "iops", "cpm", "opm", "rpm", "wpm",
+    "celsius", "fahrenheit", "kelvin", "watt", "kwatt", "mwatt", "joule",
+    "bool", "bool_yes_no", "bool_on_off",
+}
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return config.load(env={})
+
+
+@pytest.fixture(scope="module")
+def boards(cfg) -> Dict[str, dict]:
+    return generate.render(cfg)
+
+
+def _panels(model) -> List[dict]:
+    return list(generate.panels(model))
+
+
+def _exprs(model) -> Iterator[Tuple[str, str]]:
+    for p in _panels(model):
+        for t in p.get("targets", []):
+            yield p["title"], t["expr"]
+
+
+def _schema(name: str) -> dict:
+    return json.loads((SCHEMAS / f"{name}.jsonschema.json").read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- JSON schema
+def _dashboard_schema() -> dict:
+    """The SDK's dashboard schema, with one documented correction.
+
+    The schemas are generated from Grafana's CUE kinds, where a matcher's ``options`` and an
+    override property's ``value`` are ``_`` (any value). The generator writes ``_`` as
+    ``{"type": "object"}``, which would reject every real override (a byName matcher's
+    options is the field name, a unit override's value is a string). Those two fields are
+    relaxed to "any"; the assertion fails if a newer copy of the schemas changes them."""
+    s = _schema("dashboard")
+    d = s["definitions"]
+    for defn, prop in (("MatcherConfig", "options"), ("DynamicConfigValue", "value")):
+        assert d[defn]["properties"][prop].get("type") == "object", (defn, prop)
+        d[defn]["properties"][prop] = {}
+    return s
+
+
+def _sub_validator(file: str, definition: str) -> jsonschema.Draft7Validator:
+    s = _schema(file)
+    return jsonschema.Draft7Validator({"$ref": f"#/definitions/{definition}", "definitions": s["definitions"]})
+
+
+def _schema_errors(model: dict) -> List[str]:
+    errors = [f"dashboard {list(e.absolute_path)}: {e.message[:200]}"
+              for e in jsonschema.Draft7Validator(_dashboard_schema()).iter_errors(model)]
+    query = jsonschema.Draft7Validator(_schema("prometheus"))
+    for p in _panels(model):
+        plugin = p["type"].replace("-", "")  # state-timeline -> statetimeline.jsonschema.json
+        defs = _schema(plugin)["definitions"]
+        checks = [("Options", p.get("options")), ("FieldConfig", p["fieldConfig"]["defaults"].get("custom"))]
+        for definition, data in checks:
+            if data is None:
+                continue
+            if definition not in defs:
+                if data:
+                    errors.append(f"{p['title']}: {plugin} has no {definition} schema but the panel sets {data}")
+                continue
+            for e in _sub_validator(plugin, definition).iter_errors(data):
+                errors.append(f"{p['title']} {definition} {list(e.absolute_path)}: {e.message[:200]}")
+        for t in p["targets"]:
+            errors += [f"{p['title']} target: {e.message[:200]}" for e in query.iter_errors(t)]
+    return errors
+
+
+def test_dashboards_validate_against_sdk_schemas(boards):
+    assert set(boards) == set(generate.FILES)
+    for name, model in boards.items():
+        assert _schema_errors(model) == [], name
+
+
+def test_schema_check_can_fail(boards):
+    bad = copy.deepcopy(boards["ranksight-triage.json"])
+    p = next(p for p in _panels(bad) if p["type"] == "timeseries")
+    p["options"]["legend"]["displayMode"] = "sideways"
+    p["targets"][0]["format"] = "csv"
+    bad["templating"]["list"][1]["refresh"] = 7
+    errors = _schema_errors(bad)
+    assert any("sideways" in e for e in errors) and any("csv" in e for e in errors)
+    assert any("templating" in e for e in errors)
+
+
+# ---------------------------------------------------------------- freshness
+def test_committed_dashboards_equal_a_fresh_render(boards):
+    for name, model in boards.items():
+        path = ROOT / "dashboards" / name
+        assert path.exists(), f"{path} is missing: run `ranksight dashboards`"
+        assert path.read_text(encoding="utf-8") == generate.dumps(model), \
+            f"{path} differs from a fresh render: run `ranksight dashboards` and commit the result"
+
+
+def test_generator_writes_no_metric_name_literal():
+    for f in ("build.py", "generate.py"):
+        text = (ROOT / "dashboards" / f).read_text(encoding="utf-8")
+        assert C.PREFIX not in text.replace("ranksight_dashboard", ""), f"{f} spells a metric name"
+
+
+# ---------------------------------------------------------------- dashboard-linter rules
+def test_template_datasource_rule(boards):
+    for name, model in boards.items():
+        ds = [v for v in model["templating"]["list"] if v["type"] == "datasource"]
+        assert len(ds) == 1, name
+        assert ds[0]["name"] == "datasource" and ds[0]["label"] == "Data source" and ds[0]["query"] == "prometheus"
+
+
+def test_panel_datasource_rule(boards):
+    for name, model in boards.items():
+        for p in _panels(model):
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, (name, p["title"])
+            for t in p["targets"]:
+                assert t.get("datasource", p["datasource"])["uid"] in DS_UIDS, (name, p["title"])
+
+
+def test_panel_units_and_descriptions(boards):
+    for name, model in boards.items():
+        for p in _panels(model):
+            where = (name, p["title"])
+            assert p["fieldConfig"]["defaults"].get("unit") in VALID_UNITS, where
+            for o in p["fieldConfig"]["overrides"]:
+                for prop in o["properties"]:
+                    if prop["id"] == "unit":
+                        assert prop["value"] in VALID_UNITS, where
+            assert len(p.get("description", "")) > 40, where
+            assert p["targets"], where
+            if p["type"] == "heatmap":
+                assert p["options"]["cellValues"].get("unit") in VALID_UNITS, where
+
+
+def test_panel_ids_unique_and_grid_within_24_columns(boards):
+    for name, model in boards.items():
+        ids = [p["id"] for p in model["panels"]]
+        assert len(ids) == len(set(ids)), name
+        for p in model["panels"]:
+            g = p["gridPos"]
+            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, (name, p["title"])
+
+
+_RANGE = re.compile(r"\[([^\]]*)\]")
+
+
+def test_rate_interval_rule(boards):
+    """Every range selector (so every rate/irate/increase) uses $__rate_interval."""
+    for name, model in boards.items():
+        for title, expr in _exprs(model):
+            for window in _RANGE.findall(expr):
+                assert window == "$__rate_interval", (name, title, expr)
+            for fn in ("rate(", "irate(", "increase("):
+                for m in re.finditer(re.escape(fn), expr):
+                    if m.start() and (expr[m.start() - 1].isalnum() or expr[m.start() - 1] == "_"):
+                        continue  # e.g. "irate(" inside "rate(" search
+                    tail = expr[m.end():]
+                    assert re.match(r"[\w:]+(\{[^}]*\})?\[\$__rate_interval\]\)", tail), (name, title, expr)
+
+
+_SERIES = re.compile(r'"(?:[^"\\]|\\.)*"|(?<![\w:])([A-Za-z_:][\w:]*)(\{[^}]*\})?(\[[^\]]*\])?')
+
+
+def _counter_names() -> set:
+    names = {m.name for m in C.CATALOG.values() if m.type == "counter"}
+    for m in C.CATALOG.values():
+        if m.type == "histogram":
+            names |= {m.bucket, m.sum, m.count}
+    return names
+
+
+def test_counters_only_inside_rate_or_increase(boards):
+    counters = _counter_names()
+    for name, model in boards.items():
+        for title, expr in _exprs(model):
+            for mo in _SERIES.finditer(expr):
+                if mo.group(1) not in counters:
+                    continue
+                before = expr[:mo.start()]
+                assert re.search(r"(?<![\w])(rate|irate|increase)\(\s*$", before) and mo.group(3), \
+                    (name, title, f"counter {mo.group(1)} outside rate/increase: {expr}")
+
+
+def test_job_node_rank_variables(boards):
+    """job/node/rank: multi-select query variables with All, refreshed on time change, and every
+    selector of a series that carries one of those labels filters on the variable."""
+    known = build._known_series()
+    for name, model in boards.items():
+        variables = {v["name"]: v for v in model["templating"]["list"]}
+        for var, label in (("job", "Job"), ("node", "Node"), ("rank", "Rank")):
+            v = variables[var]
+            assert v["type"] == "query" and v["label"] == label, (name, var)
+            assert v["multi"] and v["includeAll"] and v["refresh"] == 2, (name, var)
+            assert v["datasource"]["uid"] in DS_UIDS, (name, var)
+            assert f"${var}" in json.dumps([e for _, e in _exprs(model)]), f"{name}: ${var} unused"
+        for title, expr in _exprs(model):
+            for mo in _SERIES.finditer(expr):
+                series = mo.group(1)
+                if series not in known:
+                    continue
+                matchers = mo.group(2) or ""
+                for lab in ("job", "node", "rank"):
+                    if lab in known[series]:
+                        assert f'{lab}=~"${lab}"' in matchers, (name, title, series, lab)
+
+
+# ---------------------------------------------------------------- triage order
+def test_triage_rows_follow_the_triage_table(boards, cfg):
+    model = boards["ranksight-triage.json"]
+    rows = [p["title"] for p in model["panels"] if p["type"] == "row"]
+    expected: List[str] = []
+    by_order: Dict[int, List[triage.Entry]] = {}
+    for e in triage.signals(cfg):
+        by_order.setdefault(e.order, []).append(e)
+    expected = [f"{order}. {entries[0].title}" for order, entries in by_order.items()]
+    assert [order for order in by_order] == sorted(by_order) == [1, 2, 3, 4, 5, 6]
+    assert rows == ["Overview"] + expected
+
+    # Each signal entry has a panel in its own row that names its alert and draws its threshold.
+    current, in_row = None, {}
+    for p in model["panels"]:
+        if p["type"] == "row":
+            current = p["title"]
+            in_row[current] = []
+        else:
+            in_row[current].append(p)
+    for order, entries in by_order.items():
+        panels = in_row[f"{order}. {entries[0].title}"]
+        for e in entries:
+            mine = [p for p in panels if f"Alert: {e.alert};" in p["description"]]
+            assert len(mine) == 1, e.alert
+            p = mine[0]
+            assert "look at" in p["description"] and e.next_check in p["description"]
+            steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
+            drawn = 1.0 if e.unit == "bool" else e.threshold
+            assert [s["value"] for s in steps] == [None, drawn], e.alert
+            assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "off"
+
+
+def test_triage_top_row(boards):
+    model = boards["ranksight-triage.json"]
+    top = []
+    for p in model["panels"][1:]:
+        if p["type"] == "row":
+            break
+        top.append(p)
+    exprs = " ".join(t["expr"] for p in top for t in p["targets"])
+    for rec in (triage.REC["job_p50"], triage.REC["job_p99"], triage.REC["job_steps"]):
+        assert rec in exprs
+    assert C.RANK_UP.name in exprs
+    assert 'ALERTS{alertname=~"Ranksight.*", alertstate="firing"' in exprs
+
+
+def test_thresholds_follow_the_config(tmp_path):
+    p = tmp_path / "c.yml"
+    p.write_text("thresholds: {dataloader_wait_share: 0.25, straggler_ratio: 1.5}\n")
+    models = generate.render(config.load(str(p), env={}))
+    triage_steps = [pp["fieldConfig"]["defaults"]["thresholds"]["steps"] for pp in _panels(models["ranksight-triage.json"])
+                    if "RanksightDataloaderBound;" in pp["description"]]
+    assert triage_steps[0][1]["value"] == 0.25
+    ranks = {pp["title"]: pp for pp in _panels(models["ranksight-ranks.json"])}
+    assert ranks["Straggler ratio"]["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 1.5
+
+
+# ---------------------------------------------------------------- PromQL
+def _promtool() -> str:
+    exe = shutil.which("promtool") or "/usr/bin/promtool"
+    assert Path(exe).exists(), "promtool missing: apt-get install prometheus (scripts/setup does)"
+    return exe
+
+
+def _check_rules(tmp_path: Path, exprs: List[str]) -> subprocess.CompletedProcess:
+    rules = [{"record": f"ranksight_dashboard:query_{i}:check", "expr": e} for i, e in enumerate(exprs)]
+    f = tmp_path / "dashboard-queries.yml"
+    f.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}), encoding="utf-8")
+    return subprocess.run([_promtool(), "check", "rules", str(f)], capture_output=True, text=True, timeout=60)
+
+
+def test_every_panel_expression_parses_in_promtool(cfg, tmp_path):
+    qs = generate.queries(cfg)
+    assert len(qs) > 60
+    exprs = [generate.substitute(e) for _, _, e in qs]
+    exprs += [generate.substitute(e, job=["demo.job", "b"], node=["n-1"], rank=["0", "1"]) for _, _, e in qs]
+    r = _check_rules(tmp_path, exprs)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in r.stdout
+    # and the check can fail
+    r = _check_rules(tmp_path, [generate.substitute(qs[0][2]) + " by (job"])
+    assert r.returncode != 0
+
+
+def test_substitute_like_grafana():
+    e = 'rate(x{job=~"$job", node=~"${node}", rank=~"[[rank]]"}[$__rate_interval]) [$__interval] $__range_s'
+    assert generate.substitute(e) == 'rate(x{job=~".*", node=~".*", rank=~".*"}[1m]) [1m] 3600'
+    out = generate.substitute(e, job=["a.b", "c"], node=["n1"], rank=["3"], rate_interval="2m", interval="30s")
+    assert out == 'rate(x{job=~"(a\\\\.b|c)", node=~"n1", rank=~"3"}[2m]) [30s] 3600'
+    with pytest.raises(ValueError):
+        generate.substitute("x[$__nope]")
+
+
+def test_dashboard_expr_adds_matchers_and_rate_interval():
+    e = f'increase({C.HEARTBEAT_MISSES}[5m]) > 0 and {C.RANK_STALLED}{{reason="no_progress"}} == 1'
+    out = build.dashboard_expr(e)
+    assert out == (f'increase({C.HEARTBEAT_MISSES}{{job=~"$job", node=~"$node", rank=~"$rank"}}[$__rate_interval]) > 0'
+                   f' and {C.RANK_STALLED}{{reason="no_progress", job=~"$job", node=~"$node", rank=~"$rank"}} == 1')
+    assert build.dashboard_expr(f'{triage.REC["retrans"]} > 0.01') == f'{triage.REC["retrans"]}{{node=~"$node"}} > 0.01'
+
+
+# ---------------------------------------------------------------- CLI
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ranksight.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+
+
+def test_cli_writes_checks_and_rejects_bad_input(tmp_path, boards):
+    out = tmp_path / "d"
+    r = _cli("dashboards", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    for name, model in boards.items():
+        assert (out / name).read_text(encoding="utf-8") == generate.dumps(model)
+    assert _cli("dashboards", "--out", str(out), "--check").returncode == 0
+    (out / generate.FILES[0]).write_text("{}\n")
+    r = _cli("dashboards", "--out", str(out), "--check")
+    assert r.returncode == 1 and "run `ranksight dashboards`" in r.stdout
+    bad = tmp_path / "bad.yml"
+    bad.write_text("thresholds: {comm_share: 7}\n")
+    r = _cli("dashboards", "--config", str(bad), "--out", str(out))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "comm_share" in r.stderr
