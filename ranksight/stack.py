@@ -1,0 +1,712 @@
+"""`ranksight stack up|down|status`: a local Prometheus + Alertmanager without Docker.
+
+It runs Debian's ``/usr/bin/prometheus`` and ``/usr/bin/prometheus-alertmanager`` on
+loopback with their data in a run directory (default ``./run/stack``). Prometheus
+gets a copy of ``deploy/prometheus.yml`` rendered with the local targets, ports and
+rules path; the rules and ``alertmanager.yml`` are rendered from the triage table
+(``ranksight.alerts.generate.render``) for the chosen profile. ``up`` daemonizes
+(pid files in the run dir), waits for both ``/-/ready`` and prints the URLs;
+``down`` stops them (TERM, then KILL after 10 s); ``status`` says what runs
+(exit 0 all running, 1 partly, 3 nothing).
+
+Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; torch-free):
+
+``free_port(udp=False) -> int``
+    A port free on 127.0.0.1 right now (bind port 0).
+``find_binary(name) -> str``
+    Path of "prometheus" / "alertmanager" / "promtool" / "amtool"; raises
+    ``MissingBinary`` whose message names the Debian package to install.
+    ``$RANKSIGHT_PROMETHEUS_BIN`` / ``$RANKSIGHT_ALERTMANAGER_BIN`` override.
+``render_prometheus_config(template, targets, alertmanager, rule_glob, scrape_interval, evaluation_interval) -> str``
+    deploy/prometheus.yml with local targets, Alertmanager address and rules path.
+``LocalStack(run_dir, targets=[...], cfg=None, files=None, prometheus_port=0, alertmanager_port=0,
+             scrape_interval="5s", evaluation_interval=None, daemon=False)``
+    ``files`` maps names to text like ``render(cfg)``: every top-level ``*.yml`` but
+    ``alertmanager.yml`` is a rule file; missing parts are rendered from ``cfg``
+    (default: the default profile). Port 0 picks a free port.
+    ``start(timeout=30)`` (starts both and waits ready; ``StackError`` with one line if
+    not), ``stop()``, ``wait_ready(timeout)``, ``prom_url``, ``am_url``, ``prom``
+    (``PrometheusAPI``), ``am`` (``AlertmanagerAPI``), ``pids()``, context manager.
+    With ``daemon=False`` (tests, demo) the processes die with their parent (PDEATHSIG).
+``AgentProcess(log_dir, listen_port=0, ingest_port=0, collectors=None, env=None, args=())``
+    A real ``ranksight exporter`` subprocess on loopback (config through
+    ``RANKSIGHT__agent__*`` env overrides). ``start(timeout)``, ``stop()``, ``target``
+    ("127.0.0.1:PORT", to scrape), ``url``, ``ingest`` ("udp://127.0.0.1:PORT", for the
+    hooks' ``RANKSIGHT_AGENT``), ``metrics_text()``, ``pid``.
+``PrometheusAPI(url)``
+    ``query(expr)`` -> instant vector/scalar result list, ``value(expr)`` -> first sample
+    as float or None, ``rules()`` -> rule groups, ``rule_names()``, ``alerts()`` ->
+    /api/v1/alerts, ``targets()`` -> active targets, ``ready()``.
+``AlertmanagerAPI(url)``
+    ``alerts()`` -> /api/v2/alerts (each has ``labels`` and ``status`` with ``state``
+    and ``inhibitedBy`` fingerprints), ``inhibited_names()``, ``ready()``.
+``wait_until(predicate, timeout, interval)`` -> the predicate's last truthy value or None.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
+
+import yaml
+
+from . import config, triage
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# binary -> (names looked up on PATH, env override, Debian package)
+BINARIES: Dict[str, tuple] = {
+    "prometheus": (("prometheus",), "RANKSIGHT_PROMETHEUS_BIN", "prometheus"),
+    "alertmanager": (("prometheus-alertmanager", "alertmanager"), "RANKSIGHT_ALERTMANAGER_BIN",
+                     "prometheus-alertmanager"),
+    "promtool": (("promtool",), "RANKSIGHT_PROMTOOL_BIN", "prometheus"),
+    "amtool": (("amtool",), "RANKSIGHT_AMTOOL_BIN", "prometheus-alertmanager"),
+}
+RULES_FILE = "ranksight-rules.yml"
+ALERTMANAGER_FILE = "alertmanager.yml"
+DEFAULT_TARGET = "127.0.0.1:9945"
+DEFAULT_PROMETHEUS_PORT = 9090
+DEFAULT_ALERTMANAGER_PORT = 9093
+STOP_GRACE_SECONDS = 10.0
+
+
+class StackError(RuntimeError):
+    """One clear line for the user; the CLI prints it and exits 2."""
+
+
+class MissingBinary(StackError):
+    pass
+
+
+# ------------------------------------------------------------------ small helpers
+def free_port(udp: bool = False) -> int:
+    """A port free on 127.0.0.1 now (the kernel picks it). Another process may take it
+    before you bind it; callers that start servers retry or report the clash."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM if udp else socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a TCP listener could not bind host:port (SO_REUSEADDR like Go's net.Listen)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def find_binary(name: str) -> str:
+    names, env_var, package = BINARIES[name]
+    override = os.environ.get(env_var)
+    if override:
+        if os.path.isfile(override) and os.access(override, os.X_OK):
+            return override
+        raise MissingBinary(f"{env_var}={override} is not an executable file "
+                            f"(install the Debian package: apt-get install {package})")
+    for n in names:
+        path = shutil.which(n)
+        if path:
+            return path
+    raise MissingBinary(f"{names[0]} not found on PATH: install the Debian package "
+                        f"'{package}' (apt-get install {package})")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.2) -> Optional[T]:
+    """Poll predicate until it returns something truthy (returned) or timeout (None).
+    Exceptions from the predicate count as 'not yet'."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            v = predicate()
+            if v:
+                return v
+        except Exception:  # noqa: BLE001 - not ready yet (connection refused, bad JSON...)
+            pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
+
+
+def _http_get(url: str, timeout: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback URLs we built
+        return r.read()
+
+
+def _proc_state(pid: int) -> Optional[str]:
+    """Process state letter from /proc (R, S, D, Z, ...), None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while pid is a running (non-zombie) process."""
+    st = _proc_state(pid)
+    return st is not None and st not in ("Z", "X")
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort: non-Linux libc
+        pass
+
+
+def last_line(path: Path, default: str = "") -> str:
+    """Last non-empty line of a log file (for one-line error reports)."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return default
+    return lines[-1] if lines else default
+
+
+def _error_line(path: Path) -> str:
+    """The most telling line of a server log: the last error-level line, else the last line."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    for ln in reversed(lines):
+        if "level=error" in ln or "level=ERROR" in ln or "err=" in ln:
+            return ln
+    return lines[-1] if lines else ""
+
+
+def parse_targets(text: str) -> List[str]:
+    """'host:port,host:port' -> list; StackError (one line) on a bad entry."""
+    out = []
+    for t in (p.strip() for p in text.split(",")):
+        if not t:
+            continue
+        m = re.fullmatch(r"(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})", t)
+        if not m or not 0 < int(m.group(2)) < 65536:
+            raise StackError(f"bad target {t!r}: expected host:port")
+        out.append(t)
+    if not out:
+        raise StackError("no scrape targets given")
+    return out
+
+
+# ------------------------------------------------------------------ config rendering
+def deploy_dir() -> Path:
+    """deploy/ of this checkout (next to the ranksight/ package), else ./deploy."""
+    here = Path(__file__).resolve().parent.parent / "deploy"
+    for d in (here, Path.cwd() / "deploy"):
+        if (d / "prometheus.yml").is_file():
+            return d
+    raise StackError("deploy/prometheus.yml not found: run from a ranksight checkout "
+                     "(pip install -e . keeps deploy/ next to the package)")
+
+
+def render_prometheus_config(template: str, targets: Sequence[str], alertmanager: str, rule_glob: str,
+                             scrape_interval: Optional[str] = None,
+                             evaluation_interval: Optional[str] = None) -> str:
+    """deploy/prometheus.yml with the ranksight-agent targets, the Alertmanager address and
+    the rules path replaced; everything else (honor_labels, timeouts) is kept."""
+    try:
+        doc = yaml.safe_load(template)
+    except yaml.YAMLError as e:
+        raise StackError(f"deploy/prometheus.yml: invalid YAML ({e.__class__.__name__})") from None
+    jobs = [j for j in doc.get("scrape_configs") or [] if j.get("job_name") == triage.SCRAPE_JOB]
+    if len(jobs) != 1:
+        raise StackError(f"deploy/prometheus.yml: expected one scrape job named {triage.SCRAPE_JOB!r}")
+    jobs[0]["static_configs"] = [{"targets": list(targets)}]
+    doc["rule_files"] = [rule_glob]
+    doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
+    g = doc.setdefault("global", {})
+    if scrape_interval:
+        g["scrape_interval"] = scrape_interval
+        if config.duration_seconds(g.get("scrape_timeout", "10s")) > config.duration_seconds(scrape_interval):
+            g["scrape_timeout"] = scrape_interval
+    if evaluation_interval:
+        g["evaluation_interval"] = evaluation_interval
+    head = "# Rendered by `ranksight stack` from deploy/prometheus.yml. Do not edit: edit that file.\n"
+    return head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def render_alert_files(cfg: Mapping[str, Any]) -> Dict[str, str]:
+    """Rules and alertmanager.yml for cfg, from ranksight.alerts.generate.render."""
+    try:
+        from ranksight.alerts import generate
+    except ImportError as e:
+        raise StackError(f"cannot render the rules: ranksight.alerts.generate is not importable ({e})") from None
+    return {k: v for k, v in generate.render(cfg).items() if "/" not in k}
+
+
+# ------------------------------------------------------------------ HTTP APIs
+class ApiError(RuntimeError):
+    pass
+
+
+@dataclass
+class PrometheusAPI:
+    url: str
+    timeout: float = 5.0
+
+    def _get(self, path: str, **params: Any) -> Any:
+        q = ("?" + urllib.parse.urlencode(params)) if params else ""
+        try:
+            body = json.loads(_http_get(f"{self.url}{path}{q}", self.timeout))
+        except urllib.error.HTTPError as e:
+            try:
+                body = json.loads(e.read())
+            except ValueError:
+                raise ApiError(f"{path}: HTTP {e.code}") from None
+        if body.get("status") != "success":
+            raise ApiError(f"{path}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def ready(self) -> bool:
+        try:
+            return b"Ready" in _http_get(f"{self.url}/-/ready", 2.0)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def query(self, expr: str, at: Optional[float] = None) -> List[Dict[str, Any]]:
+        """Instant query; vector results as [{"metric": {...}, "value": [t, "v"]}]."""
+        params: Dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = at
+        data = self._get("/api/v1/query", **params)
+        if data["resultType"] in ("scalar", "string"):
+            return [{"metric": {}, "value": data["result"]}]
+        return data["result"]
+
+    def value(self, expr: str) -> Optional[float]:
+        res = self.query(expr)
+        return float(res[0]["value"][1]) if res else None
+
+    def rules(self, type: Optional[str] = None) -> List[Dict[str, Any]]:
+        return self._get("/api/v1/rules", **({"type": type} if type else {}))["groups"]
+
+    def rule_names(self) -> List[str]:
+        return [r["name"] for g in self.rules() for r in g["rules"]]
+
+    def alerts(self) -> List[Dict[str, Any]]:
+        """Pending and firing alerts: [{"labels", "annotations", "state", "activeAt", "value"}]."""
+        return self._get("/api/v1/alerts")["alerts"]
+
+    def targets(self) -> List[Dict[str, Any]]:
+        return self._get("/api/v1/targets", state="active")["activeTargets"]
+
+
+@dataclass
+class AlertmanagerAPI:
+    url: str
+    timeout: float = 5.0
+
+    def ready(self) -> bool:
+        try:
+            _http_get(f"{self.url}/-/ready", 2.0)
+            return True
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def alerts(self) -> List[Dict[str, Any]]:
+        """/api/v2/alerts incl. inhibited and silenced ones: each has labels, fingerprint and
+        status {state: active|suppressed, inhibitedBy: [fingerprints], silencedBy: [...]}."""
+        q = urllib.parse.urlencode({"active": "true", "inhibited": "true", "silenced": "true",
+                                    "unprocessed": "true"})
+        return json.loads(_http_get(f"{self.url}/api/v2/alerts?{q}", self.timeout))
+
+    def inhibited_names(self) -> List[str]:
+        return sorted({a["labels"].get("alertname", "") for a in self.alerts() if a["status"].get("inhibitedBy")})
+
+
+# ------------------------------------------------------------------ processes
+@dataclass
+class Proc:
+    """One server process with a pid file and a log in the run dir."""
+    name: str
+    argv: List[str]
+    pid_file: Path
+    log_file: Path
+    marker: str  # a string its cmdline must contain (guards against pid reuse)
+    env: Optional[Dict[str, str]] = None
+    popen: Optional[subprocess.Popen] = field(default=None, repr=False)
+
+    def start(self, daemon: bool) -> None:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as logf:
+            self.popen = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                start_new_session=True, env=self.env, close_fds=True,
+                preexec_fn=None if daemon else _set_pdeathsig)
+        self.pid_file.write_text(f"{self.popen.pid}\n")
+
+    def pid(self) -> Optional[int]:
+        """The live pid of this process (from Popen or the pid file), None when not running."""
+        if self.popen is not None:
+            return self.popen.pid if self.popen.poll() is None else None
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if pid_alive(pid) and self.marker in _cmdline(pid):
+            return pid
+        return None
+
+    def exited(self) -> Optional[int]:
+        """Exit code when the process we started has exited, else None."""
+        return None if self.popen is None else self.popen.poll()
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        pid = self.pid()
+        if pid is not None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+                if self.popen is not None:
+                    try:
+                        self.popen.wait(grace)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
+                if wait_until(lambda: not pid_alive(pid), grace, 0.05):
+                    break
+                log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", self.name, pid, grace)
+        elif self.popen is not None:
+            self.popen.wait()
+        try:
+            self.pid_file.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class LocalStack:
+    """Prometheus + Alertmanager on loopback with everything under run_dir. See the module doc."""
+
+    def __init__(self, run_dir: os.PathLike, targets: Iterable[str] = (DEFAULT_TARGET,),
+                 cfg: Optional[Mapping[str, Any]] = None, files: Optional[Mapping[str, str]] = None,
+                 prometheus_port: int = 0, alertmanager_port: int = 0, scrape_interval: str = "5s",
+                 evaluation_interval: Optional[str] = None, daemon: bool = False):
+        self.run_dir = Path(run_dir).resolve()
+        self.targets = list(targets)
+        self.cfg = cfg
+        self.files = dict(files) if files is not None else None
+        self.prometheus_port = prometheus_port or free_port()
+        self.alertmanager_port = alertmanager_port or free_port()
+        if self.prometheus_port == self.alertmanager_port:
+            raise StackError(f"Prometheus and Alertmanager cannot share port {self.prometheus_port}")
+        self.scrape_interval = scrape_interval
+        self.evaluation_interval = evaluation_interval or scrape_interval
+        self.daemon = daemon
+        d = self.run_dir
+        self.prometheus = Proc("prometheus", [], d / "prometheus.pid", d / "prometheus.log", str(d / "prometheus.yml"))
+        self.alertmanager = Proc("alertmanager", [], d / "alertmanager.pid", d / "alertmanager.log",
+                                 str(d / ALERTMANAGER_FILE))
+
+    # -------------------------------------------------------------- URLs and clients
+    @property
+    def prom_url(self) -> str:
+        return f"http://127.0.0.1:{self.prometheus_port}"
+
+    @property
+    def am_url(self) -> str:
+        return f"http://127.0.0.1:{self.alertmanager_port}"
+
+    @property
+    def prom(self) -> PrometheusAPI:
+        return PrometheusAPI(self.prom_url)
+
+    @property
+    def am(self) -> AlertmanagerAPI:
+        return AlertmanagerAPI(self.am_url)
+
+    def pids(self) -> Dict[str, Optional[int]]:
+        return {"prometheus": self.prometheus.pid(), "alertmanager": self.alertmanager.pid()}
+
+    # -------------------------------------------------------------- lifecycle
+    def write_files(self) -> None:
+        """Render prometheus.yml, rules/*.yml and alertmanager.yml into the run dir."""
+        files = dict(self.files) if self.files is not None else {}
+        if self.files is None or ALERTMANAGER_FILE not in files:
+            rendered = render_alert_files(self.cfg if self.cfg is not None else config.load())
+            files = rendered if self.files is None else {**files, ALERTMANAGER_FILE: rendered[ALERTMANAGER_FILE]}
+        rules_dir = self.run_dir / "rules"
+        rules_dir.mkdir(parents=True, exist_ok=True)
+        for old in rules_dir.glob("*.yml"):
+            old.unlink()
+        for name, text in files.items():
+            if self._is_rule_file(name):
+                (rules_dir / name).write_text(text)
+        (self.run_dir / ALERTMANAGER_FILE).write_text(files[ALERTMANAGER_FILE])
+        template = (deploy_dir() / "prometheus.yml").read_text()
+        (self.run_dir / "prometheus.yml").write_text(render_prometheus_config(
+            template, self.targets, f"127.0.0.1:{self.alertmanager_port}", str(rules_dir / "*.yml"),
+            self.scrape_interval, self.evaluation_interval))
+
+    @staticmethod
+    def _is_rule_file(name: str) -> bool:
+        return "/" not in name and name.endswith((".yml", ".yaml")) and name != ALERTMANAGER_FILE
+
+    def start(self, timeout: float = 30.0) -> "LocalStack":
+        prom_bin, am_bin = find_binary("prometheus"), find_binary("alertmanager")
+        for what, port, flag in (("Prometheus", self.prometheus_port, "--prometheus-port"),
+                                 ("Alertmanager", self.alertmanager_port, "--alertmanager-port")):
+            if port_in_use(port):
+                raise StackError(f"port 127.0.0.1:{port} for {what} is in use (pick another with {flag})")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.write_files()
+        d = self.run_dir
+        self.alertmanager.argv = [
+            am_bin, f"--config.file={d / ALERTMANAGER_FILE}", f"--storage.path={d / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{self.alertmanager_port}", "--cluster.listen-address=",
+            f"--web.external-url={self.am_url}/"]
+        self.prometheus.argv = [
+            prom_bin, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{self.prometheus_port}", f"--web.external-url={self.prom_url}/",
+            "--web.enable-lifecycle"]
+        self.alertmanager.start(self.daemon)
+        self.prometheus.start(self.daemon)
+        (d / "stack.json").write_text(json.dumps({
+            "prometheus": {"port": self.prometheus_port, "url": self.prom_url},
+            "alertmanager": {"port": self.alertmanager_port, "url": self.am_url},
+            "targets": self.targets, "scrape_interval": self.scrape_interval}, indent=1) + "\n")
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until both answer /-/ready; StackError naming the failing one (and its log line)."""
+        deadline = time.monotonic() + timeout
+        pending = {"prometheus": (self.prometheus, self.prom), "alertmanager": (self.alertmanager, self.am)}
+        while pending:
+            for name, (proc, api) in list(pending.items()):
+                code = proc.exited()
+                if code is not None:
+                    raise StackError(f"{name} exited with code {code}: {_error_line(proc.log_file)} "
+                                     f"(log: {proc.log_file})")
+                if api.ready():
+                    del pending[name]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                name, (proc, _) = next(iter(pending.items()))
+                raise StackError(f"{name} not ready after {timeout:.0f} s: {_error_line(proc.log_file)} "
+                                 f"(log: {proc.log_file})")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.prometheus.stop()
+        self.alertmanager.stop()
+
+    def __enter__(self) -> "LocalStack":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @classmethod
+    def attach(cls, run_dir: os.PathLike) -> "LocalStack":
+        """The stack a previous `stack up` left in run_dir (for status/down)."""
+        d = Path(run_dir).resolve()
+        try:
+            state = json.loads((d / "stack.json").read_text())
+        except (OSError, ValueError):
+            state = {"prometheus": {"port": 1}, "alertmanager": {"port": 2}, "targets": []}
+        return cls(d, state.get("targets", []), files={}, prometheus_port=state["prometheus"]["port"],
+                   alertmanager_port=state["alertmanager"]["port"], scrape_interval=state.get("scrape_interval", "15s"),
+                   daemon=True)
+
+
+# ------------------------------------------------------------------ the agent
+class AgentProcess:
+    """A real `ranksight exporter` on loopback, configured through RANKSIGHT__agent__* env."""
+
+    def __init__(self, log_dir: os.PathLike, listen_port: int = 0, ingest_port: int = 0,
+                 collectors: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+                 args: Sequence[str] = (), name: str = "agent"):
+        self.log_dir = Path(log_dir)
+        self.listen_port = listen_port or free_port()
+        self.ingest_port = ingest_port or free_port(udp=True)
+        self.log_file = self.log_dir / f"{name}.log"
+        e = dict(os.environ)
+        e.update({"RANKSIGHT__agent__listen": f"127.0.0.1:{self.listen_port}",
+                  "RANKSIGHT__agent__ingest": self.ingest, "PYTHONUNBUFFERED": "1"})
+        if collectors is not None:
+            e["RANKSIGHT__agent__collectors"] = collectors
+        e.update(env or {})
+        self.proc = Proc(name, [sys.executable, "-m", "ranksight", "exporter", *args],
+                         self.log_dir / f"{name}.pid", self.log_file, "ranksight", env=e)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.listen_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.target}"
+
+    @property
+    def ingest(self) -> str:
+        return f"udp://127.0.0.1:{self.ingest_port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid()
+
+    def metrics_text(self) -> str:
+        return _http_get(f"{self.url}/metrics").decode()
+
+    def start(self, timeout: float = 20.0) -> "AgentProcess":
+        if port_in_use(self.listen_port):
+            raise StackError(f"port 127.0.0.1:{self.listen_port} for the agent is in use")
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.proc.start(daemon=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self.proc.exited()
+            if code is not None:
+                raise StackError(f"ranksight exporter exited with code {code}: {last_line(self.log_file)} "
+                                 f"(log: {self.log_file})")
+            try:
+                _http_get(f"{self.url}/metrics", 2.0)
+                return self
+            except (OSError, urllib.error.URLError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise StackError(f"ranksight exporter not serving {self.url}/metrics after {timeout:.0f} s "
+                                 f"(log: {self.log_file})")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+    def __enter__(self) -> "AgentProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# ------------------------------------------------------------------ CLI
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("up", "down", "status"),
+                   help="up: start and wait until ready; down: stop; status: say what runs")
+    p.add_argument("--run-dir", default="run/stack", metavar="DIR",
+                   help="configs, data, logs and pid files (default ./run/stack)")
+    p.add_argument("--config", metavar="FILE", help="YAML config file for the rules (default: $RANKSIGHT_CONFIG)")
+    p.add_argument("--profile", default="default", choices=sorted(config.PROFILES),
+                   help="rules profile: default, or test (short `for:` and windows; scrapes every 5 s)")
+    p.add_argument("--targets", default=DEFAULT_TARGET, metavar="HOST:PORT,...",
+                   help=f"ranksight agents to scrape (default {DEFAULT_TARGET})")
+    p.add_argument("--prometheus-port", type=int, default=DEFAULT_PROMETHEUS_PORT, metavar="N",
+                   help=f"Prometheus port on 127.0.0.1 (default {DEFAULT_PROMETHEUS_PORT})")
+    p.add_argument("--alertmanager-port", type=int, default=DEFAULT_ALERTMANAGER_PORT, metavar="N",
+                   help=f"Alertmanager port on 127.0.0.1 (default {DEFAULT_ALERTMANAGER_PORT})")
+    p.add_argument("--scrape-interval", metavar="DUR",
+                   help="scrape and rule evaluation interval (default 15s; 5s with --profile test)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="up: seconds to wait for ready")
+
+
+def _status_lines(stack: LocalStack) -> List[str]:
+    lines = []
+    pids = stack.pids()
+    for name, url, api in (("prometheus", stack.prom_url, stack.prom), ("alertmanager", stack.am_url, stack.am)):
+        pid = pids[name]
+        if pid is None:
+            lines.append(f"{name:<13} stopped")
+        else:
+            lines.append(f"{name:<13} running  pid {pid:<7} {url}  {'ready' if api.ready() else 'not ready'}")
+    if pids["prometheus"] is not None:
+        try:
+            for t in stack.prom.targets():
+                err = f"  ({t['lastError']})" if t.get("lastError") else ""
+                lines.append(f"target        {t['labels'].get('instance', t['scrapeUrl']):<21} {t['health']}{err}")
+            groups = stack.prom.rules()
+            n = sum(len(g["rules"]) for g in groups)
+            lines.append(f"rules         {n} in {len(groups)} groups")
+        except (ApiError, OSError, urllib.error.URLError, ValueError) as e:
+            lines.append(f"prometheus API: {e}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except StackError as e:
+        print(f"ranksight: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if args.action in ("down", "status"):
+        stack = LocalStack.attach(run_dir)
+        pids = stack.pids()
+        if args.action == "down":
+            if not any(pids.values()):
+                print(f"ranksight stack: not running ({run_dir})")
+                return 0
+            stack.stop()
+            left = {k: v for k, v in stack.pids().items() if v}
+            if left:
+                raise StackError(f"still running after stop: {left}")
+            print(f"ranksight stack: stopped ({', '.join(k for k, v in pids.items() if v)})")
+            return 0
+        for line in _status_lines(stack):
+            print(line)
+        running = sum(1 for v in pids.values() if v)
+        return 0 if running == 2 else (3 if running == 0 else 1)
+
+    for port, flag in ((args.prometheus_port, "--prometheus-port"), (args.alertmanager_port, "--alertmanager-port")):
+        if not 0 < port < 65536:
+            raise StackError(f"{flag} {port}: expected a port in 1..65535")
+    targets = parse_targets(args.targets)
+    interval = args.scrape_interval or ("5s" if args.profile == "test" else "15s")
+    if not re.fullmatch(r"(\d+(ms|s|m|h))+", interval):
+        raise StackError(f"--scrape-interval {interval!r}: expected a duration like 5s or 1m")
+    previous = LocalStack.attach(run_dir)
+    if any(previous.pids().values()):
+        print(f"ranksight stack: already running in {run_dir} (ranksight stack down --run-dir {run_dir} first)")
+        for line in _status_lines(previous):
+            print(line)
+        return 0
+    find_binary("prometheus"), find_binary("alertmanager")  # fail before rendering anything
+    cfg = config.load(args.config, args.profile)
+    stack = LocalStack(run_dir, targets, cfg=cfg, prometheus_port=args.prometheus_port,
+                       alertmanager_port=args.alertmanager_port, scrape_interval=interval, daemon=True)
+    stack.start(timeout=args.timeout)
+    print(f"prometheus    {stack.prom_url}   (pid {stack.pids()['prometheus']}, rules: profile {args.profile})")
+    print(f"alertmanager  {stack.am_url}   (pid {stack.pids()['alertmanager']})")
+    print(f"scraping      {', '.join(targets)} every {interval}; data and logs in {stack.run_dir}")
+    print(f"stop with     ranksight stack down --run-dir {args.run_dir}")
+    return 0
