@@ -18,7 +18,7 @@ from typing import Dict, List, Set, Tuple
 import pytest
 import yaml
 
-from ranksight import triage
+from ranksight import cli, triage
 from ranksight.dashboards import generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,23 +100,37 @@ def _agents(services) -> Dict[str, dict]:
     return {n: s for n, s in services.items() if s.get("build", {}).get("dockerfile") == "Dockerfile"}
 
 
+def _flags(svc: dict) -> Dict[str, str]:
+    """`ranksight exporter` flags of an agent service (--key=value form)."""
+    out = {}
+    for arg in svc.get("command", []):
+        key, _, value = arg.partition("=")
+        assert key.startswith("--") and value, f"write agent flags as --key=value: {arg}"
+        out[key[2:]] = value
+    return out
+
+
 def test_agent_sees_the_host(services):
     agents = _agents(services)
     assert agents
     for name, svc in agents.items():
-        env = svc["environment"]
+        flags = _flags(svc)
         binds = {target: (src, mode) for src, target, mode in _binds(svc)}
         # network counters of the host: its network namespace, or its PIDs with /proc and --procfs
         host_net = svc.get("network_mode") == "host"
-        procfs = env.get("RANKSIGHT__AGENT__PROCFS", "/proc")
+        procfs = flags.get("procfs", "/proc")
         host_proc = svc.get("pid") == "host" and binds.get(procfs) == ("/proc", "ro")
         assert host_net or host_proc, name
         if procfs != "/proc":
             assert binds.get(procfs) == ("/proc", "ro"), f"{name}: procfs {procfs} is not the host's /proc, read-only"
-        sysfs = env.get("RANKSIGHT__AGENT__SYSFS", "/sys")
+        sysfs = flags.get("sysfs", "/sys")
         assert binds.get(sysfs) == ("/sys", "ro"), f"{name}: sysfs {sysfs} is not the host's /sys, read-only"
         # every bind mount into the agent is read-only
         assert all(mode == "ro" for _, mode in binds.values()), name
+        # and `ranksight exporter` takes these flags (the image's entrypoint)
+        argv = ["exporter", *svc["command"]]
+        args = cli.build_parser(argv).parse_args(argv)
+        assert (args.procfs, args.sysfs) == (procfs, sysfs)
 
 
 def test_gpus_only_in_a_profile(services):
@@ -130,12 +144,12 @@ def test_gpus_only_in_a_profile(services):
             gpu.append(name)
             assert svc.get("profiles"), f"{name} reserves GPUs outside a profile: a CPU-only host could not start"
             assert not set(svc["profiles"]) & set(default), f"{name} runs in the default profiles"
-            assert "gpu" in svc["environment"]["RANKSIGHT__AGENT__COLLECTORS"].split(",")
+            assert "gpu" in _flags(svc)["collectors"].split(",")
     assert gpu, "no service gets the GPUs"
     # the default profiles start one agent (without the GPU collector), the trainer and the stack
     started = [n for n, s in raw["services"].items() if not s.get("profiles") or set(s["profiles"]) & set(default)]
     agents = [n for n in started if n in _agents(services)]
-    assert len(agents) == 1 and "gpu" not in services[agents[0]]["environment"]["RANKSIGHT__AGENT__COLLECTORS"]
+    assert len(agents) == 1 and "gpu" not in _flags(services[agents[0]])["collectors"].split(",")
     assert {"prometheus", "alertmanager", "grafana", "trainer"} <= set(started)
     # and so do the gpu profiles, with the GPU agent instead
     started_gpu = [n for n, s in raw["services"].items() if not s.get("profiles") or "gpu" in s["profiles"]]
@@ -193,7 +207,7 @@ def test_prometheus_config_matches_the_services(services):
     job = next(j for j in cfg["scrape_configs"] if j["job_name"] == triage.SCRAPE_JOB)
     assert job.get("honor_labels") is True
     targets = [t for s in job["static_configs"] for t in s["targets"]]
-    ports = {a["environment"]["RANKSIGHT__AGENT__LISTEN"].rsplit(":", 1)[1] for a in _agents(services).values()}
+    ports = {_flags(a)["listen"].rsplit(":", 1)[1] for a in _agents(services).values()}
     for t in targets:
         host, port = t.rsplit(":", 1)
         assert port in ports, t
@@ -247,5 +261,4 @@ def test_trainer_runs_the_instrumented_example_on_two_ranks(services):
     assert "download.pytorch.org/whl/cpu" in (ROOT / "Dockerfile.trainer").read_text()
     # the trainer shares the agent's network namespace: its datagrams reach 127.0.0.1:9946
     assert t.get("network_mode") == "host"
-    assert t["environment"]["RANKSIGHT_AGENT"] in {a["environment"]["RANKSIGHT__AGENT__INGEST"]
-                                                   for a in _agents(services).values()}
+    assert t["environment"]["RANKSIGHT_AGENT"] in {_flags(a)["ingest"] for a in _agents(services).values()}
