@@ -164,11 +164,11 @@ def _over(expr: str, since: Optional[str], fn: str) -> str:
     return expr if not since else f"{fn}(({expr})[{since}:])"
 
 
-def _fmt_value(v: Optional[float], unit: str) -> str:
+def _fmt_value(v: Optional[float], unit: str, multiple: bool = False) -> str:
     if v is None:
         return "-"
     if unit == "ratio":
-        return f"{v:.1%}" if abs(v) < 10 else f"{v:.2f}x"
+        return f"{v:.2f}x" if multiple else f"{v:.1%}"
     if unit == "seconds":
         return f"{v:.3g} s" if v < 120 else f"{v / 60:.1f} min"
     if unit == "bytes":
@@ -186,13 +186,22 @@ def _fmt_threshold(e: Entry) -> str:
         return "below max"
     if e.unit == "bool":
         return "== 0" if e.op == "<" else "== 1"
-    if e.unit == "ratio" and e.threshold >= 1:  # a multiple, e.g. the straggler's 1.2x the job median
-        return f"{e.op} {e.threshold:g}x"
-    return f"{e.op} {_fmt_value(e.threshold, e.unit)}"
+    return f"{e.op} {_fmt_value(e.threshold, e.unit, _multiple(e))}"
+
+
+def _multiple(e: Entry) -> bool:
+    """A ratio to a reference (the straggler's 1.2x the job median), not a share of 1."""
+    return e.unit == "ratio" and e.threshold is not None and e.threshold >= 1
 
 
 def _fmt_labels(labels: Mapping[str, str]) -> str:
     return " ".join(f"{k}={labels[k]}" for k in _SHOWN_LABELS if labels.get(k, "") != "")
+
+
+def _where(e: Entry, labels: Mapping[str, str], show_job: bool = True) -> str:
+    """The labels that say where: the entry's scope (job only when not triaging one job)."""
+    keep = [k for k in e.scope if show_job or k != "job"]
+    return _fmt_labels({k: v for k, v in labels.items() if k in keep})
 
 
 class Walk:
@@ -309,7 +318,7 @@ class Walk:
 
 # ------------------------------------------------------------------ output
 def _finding_line(f: Finding) -> str:
-    return f"{f.entry.alert} ({_fmt_labels(f.labels)})"
+    return f"{f.entry.alert} ({_where(f.entry, f.labels)})"
 
 
 def render_text(r: Report) -> str:
@@ -339,12 +348,18 @@ def render_text(r: Report) -> str:
                 verdict += f", {len(ex)} explained"
             if c.verdict == "explained":
                 g = shown.explained_by[0]
-                verdict += f" by {g.entry.alert} ({_fmt_labels(g.where)})"
+                verdict += f" by {g.entry.alert} ({_where(g.entry, g.labels, show_job=r.job is None)})"
         if c.firing:
             verdict += f"  [{len(c.firing)} firing]"
-        where = _fmt_labels({k: v for k, v in labels.items() if k != "job" or r.job is None})
+        where = _where(e, labels, show_job=r.job is None)
         num = str(e.order) if e.order else ""
-        val = "no data" if c.verdict == "no data" else _fmt_value(value, e.unit)
+        if c.verdict == "no data":
+            val = "no data"
+        elif e.unit == "bool":  # how many of the series are in the bad state
+            val = f"{len(c.findings)}/{c.series}"
+            where = where if c.findings else ""
+        else:
+            val = _fmt_value(value, e.unit, _multiple(e))
         lines.append(f"{num:>2}  {e.title[:40]:<40} {val:<12} {where[:34]:<34} {_fmt_threshold(e):<11} {verdict}")
     lines.append("")
     if r.cause is None:
@@ -354,7 +369,7 @@ def render_text(r: Report) -> str:
         e = f.entry
         explains = [g for c in r.checks for g in c.findings if f in g.explained_by]
         lines += [
-            f"cause: {e.alert}: {e.title} on {_fmt_labels(f.labels)}: {_fmt_value(f.value, e.unit)} "
+            f"cause: {e.alert}: {e.title} on {_where(e, f.labels)}: {_fmt_value(f.value, e.unit, _multiple(e))} "
             f"(threshold {_fmt_threshold(e)})",
             f"  meaning:  {e.meaning}",
             f"  runbook:  {e.runbook}",

@@ -1,0 +1,323 @@
+"""Real processes for the end-to-end suite and the triage test: Prometheus and
+Alertmanager (Debian binaries) with the test-profile rules and 1 s intervals,
+node agents (`ranksight exporter`), and 2-rank gloo DDP jobs (examples/train_ddp.py).
+
+Every process starts in its own session and is killed with its process group on
+stop; stop() is idempotent and runs from fixture finalizers, so nothing is left
+behind when a test fails.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+
+import yaml
+
+from ranksight import config, triage
+
+log = logging.getLogger("tests.e2e")
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+PROMETHEUS = "/usr/bin/prometheus"
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+TRAIN = REPO / "examples" / "train_ddp.py"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(url: str, data: Optional[bytes] = None, timeout: float = 5.0) -> Any:
+    req = urllib.request.Request(url, data=data)
+    if data is not None:
+        req.add_header("Content-Type", "application/x-www-form-urlencoded")
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.load(r)
+
+
+def wait_until(what: str, fn: Callable[[], Any], timeout: float, every: float = 0.2) -> Any:
+    """Poll ``fn`` until it returns something truthy; AssertionError naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    last_exc: Optional[BaseException] = None
+    while True:
+        try:
+            v = fn()
+            if v:
+                return v
+        except (OSError, urllib.error.URLError, ValueError) as e:
+            last_exc = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                                 + (f" (last error: {last_exc})" if last_exc else ""))
+        time.sleep(every)
+
+
+class Proc:
+    """A child process in its own session, output to a log file."""
+
+    def __init__(self, argv: Sequence[str], log_path: Path, env: Optional[Mapping[str, str]] = None,
+                 cwd: Optional[Path] = None) -> None:
+        self.argv = list(argv)
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.p = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, grace: float = 3.0) -> None:
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.p.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # the whole group: DataLoader workers, torch helper processes
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.p.wait(5)
+        except subprocess.TimeoutExpired:
+            log.error("process %d did not die", self.p.pid)
+        self._log.close()
+
+
+# ------------------------------------------------------------------ Prometheus + Alertmanager
+class Stack:
+    """Prometheus + Alertmanager on free loopback ports, with the generated rules of ``cfg``.
+
+    Targets come from a file_sd file (``set_targets``), so agents can join and leave
+    while the stack runs (Prometheus applies target changes within about 5 s).
+    """
+
+    def __init__(self, workdir: Path, cfg: Mapping[str, Any], interval: str = "1s") -> None:
+        from ranksight.alerts.generate import render
+
+        self.dir = workdir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cfg = cfg
+        self.interval = interval
+        self.files = render(cfg)
+        self.prom_port = free_port()
+        self.am_port = free_port()
+        self.prom_url = f"http://127.0.0.1:{self.prom_port}"
+        self.am_url = f"http://127.0.0.1:{self.am_port}"
+        self.targets_file = self.dir / "targets.json"
+        self.procs: List[Proc] = []
+        self._targets: Dict[str, Dict[str, str]] = {}
+
+    def start(self) -> "Stack":
+        (self.dir / "rules.yml").write_text(self.files["ranksight-rules.yml"])
+        (self.dir / "alertmanager.yml").write_text(self.files["alertmanager.yml"])
+        self._write_targets()
+        prom_cfg = {
+            "global": {"scrape_interval": self.interval, "evaluation_interval": self.interval,
+                       "scrape_timeout": self.interval},
+            "rule_files": [str(self.dir / "rules.yml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]},
+            "scrape_configs": [{
+                "job_name": triage.SCRAPE_JOB, "honor_labels": True,
+                "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "1s"}],
+            }],
+        }
+        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg, sort_keys=False))
+        for tool, args in (("promtool", ["check", "config", str(self.dir / "prometheus.yml")]),
+                           ("amtool", ["check-config", str(self.dir / "alertmanager.yml")])):
+            r = subprocess.run([tool, *args], capture_output=True, text=True, timeout=30)
+            if r.returncode:
+                raise RuntimeError(f"{tool} rejects the generated config:\n{r.stdout}{r.stderr}")
+        self.procs.append(Proc([
+            ALERTMANAGER, f"--config.file={self.dir / 'alertmanager.yml'}", f"--storage.path={self.dir / 'am'}",
+            f"--web.listen-address=127.0.0.1:{self.am_port}", "--cluster.listen-address=", "--log.level=warn",
+        ], self.dir / "alertmanager.log"))
+        self.procs.append(Proc([
+            PROMETHEUS, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{self.prom_port}", "--log.level=warn",
+            "--rules.alert.resend-delay=1s",  # Alertmanager sees state changes within a second
+        ], self.dir / "prometheus.log"))
+        try:
+            wait_until("Alertmanager ready", lambda: self._ok(f"{self.am_url}/-/ready"), 30)
+            wait_until("Prometheus ready", lambda: self._ok(f"{self.prom_url}/-/ready"), 30)
+        except AssertionError:
+            self.stop()
+            raise
+        return self
+
+    @staticmethod
+    def _ok(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _write_targets(self) -> None:
+        groups = [{"targets": [t], "labels": labels} for t, labels in sorted(self._targets.items())]
+        tmp = self.targets_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, self.targets_file)
+
+    def add_target(self, hostport: str, labels: Optional[Dict[str, str]] = None) -> None:
+        self._targets[hostport] = dict(labels or {})
+        self._write_targets()
+
+    def remove_target(self, hostport: str) -> None:
+        self._targets.pop(hostport, None)
+        self._write_targets()
+
+    def wait_scraped(self, hostport: str, timeout: float = 20.0) -> None:
+        wait_until(f"Prometheus scraping {hostport}",
+                   lambda: any(s["value"][1] == "1" for s in self.query(f'up{{instance="{hostport}"}}')), timeout)
+
+    # -- Prometheus API
+    def query(self, expr: str) -> List[Dict[str, Any]]:
+        doc = http_json(f"{self.prom_url}/api/v1/query", urllib.parse.urlencode({"query": expr}).encode())
+        if doc.get("status") != "success":
+            raise AssertionError(f"query failed: {doc}")
+        return doc["data"]["result"]
+
+    def firing(self, **match: str) -> List[Dict[str, str]]:
+        """Firing ALERTS series (labels) in Prometheus matching the given labels."""
+        sel = ",".join([f'alertstate="firing"'] + [f"{k}={json.dumps(v)}" for k, v in match.items()])
+        return [s["metric"] for s in self.query(f"ALERTS{{{sel}}}")]
+
+    # -- Alertmanager API
+    def am_alerts(self) -> List[Dict[str, Any]]:
+        return http_json(f"{self.am_url}/api/v2/alerts?active=true&silenced=true&inhibited=true&unprocessed=true")
+
+    def am_find(self, alertname: str, **match: str) -> List[Dict[str, Any]]:
+        return [a for a in self.am_alerts() if a["labels"].get("alertname") == alertname
+                and all(a["labels"].get(k) == v for k, v in match.items())]
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.stop()
+        self.procs = []
+
+
+# ------------------------------------------------------------------ node agent
+class Agent:
+    """`ranksight exporter` on a free port, ingest on a free UDP port (or given addresses)."""
+
+    def __init__(self, workdir: Path, name: str, argv_prefix: Sequence[str] = (), listen_host: str = "127.0.0.1",
+                 scrape_host: str = "127.0.0.1", env: Optional[Mapping[str, str]] = None,
+                 collectors: str = "network,disk,ranks") -> None:
+        self.dir = workdir
+        self.name = name
+        self.port = free_port()
+        self.ingest_port = free_port()
+        self.ingest = f"udp://127.0.0.1:{self.ingest_port}"
+        self.listen = f"{listen_host}:{self.port}"
+        self.target = f"{scrape_host}:{self.port}"
+        e = dict(os.environ)
+        e.update({
+            "RANKSIGHT__agent__listen": self.listen,
+            "RANKSIGHT__agent__ingest": self.ingest,
+            "RANKSIGHT__agent__collectors": collectors,  # no NVML / RDMA on a CPU machine
+            # the fault suite's hangs last seconds, not minutes: the default 30 s floor is for production
+            "RANKSIGHT__agent__stall_min_seconds": "3",
+        })
+        e.update(env or {})
+        self.proc = Proc([*argv_prefix, PYTHON, "-m", "ranksight", "exporter"], self.dir / f"agent-{name}.log", env=e,
+                         cwd=REPO)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://{self.target}/metrics", timeout=3) as r:
+            return r.read().decode()
+
+    def wait_ready(self, timeout: float = 20.0) -> "Agent":
+        def ready() -> bool:
+            if not self.proc.alive():
+                raise AssertionError(f"agent {self.name} exited:\n{self.proc.tail()}")
+            try:
+                return "ranksight_build_info" in self.metrics()
+            except (urllib.error.URLError, OSError):
+                return False
+        wait_until(f"agent {self.name} serving /metrics", ready, timeout)
+        return self
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+# ------------------------------------------------------------------ training job
+@dataclass
+class Job:
+    """A 2-rank gloo DDP run of examples/train_ddp.py, one process per rank (env:// rendezvous)."""
+
+    name: str
+    workdir: Path
+    args: Sequence[str] = ()
+    agent_ingest: Sequence[str] = ("udp://127.0.0.1:9946",)  # per rank (one per host in the netns case)
+    master_addr: str = "127.0.0.1"
+    argv_prefix: Sequence[Sequence[str]] = ((), ())  # per rank: e.g. `ip netns exec ...`
+    local_ranks: Sequence[int] = (0, 1)  # (0, 0) when each rank is on its own host
+    env: Mapping[str, str] = field(default_factory=dict)
+    procs: List[Proc] = field(default_factory=list)
+    started: float = 0.0
+
+    def start(self) -> "Job":
+        port = free_port()
+        ckdir = self.workdir / f"ckpt-{self.name}"
+        self.started = time.monotonic()
+        for rank in range(2):
+            e = dict(os.environ)
+            e.update({
+                "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(self.local_ranks[rank]),
+                "RANKSIGHT_JOB": self.name,
+                "RANKSIGHT_AGENT": self.agent_ingest[rank % len(self.agent_ingest)],
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            })
+            e.update(self.env)
+            argv = [*self.argv_prefix[rank], PYTHON, str(TRAIN), "--checkpoint-dir", str(ckdir), "--log-every", "0",
+                    *self.args]
+            self.procs.append(Proc(argv, self.workdir / f"job-{self.name}-rank{rank}.log", env=e, cwd=REPO))
+        return self
+
+    def logs(self) -> str:
+        return "\n".join(f"--- rank {i} ---\n{p.tail()}" for i, p in enumerate(self.procs))
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop(grace=1.0)
+
+
+def triage_cli(prom_url: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """`ranksight triage` as the on-call engineer runs it (a real subprocess)."""
+    return subprocess.run([PYTHON, "-m", "ranksight", "triage", "--prometheus", prom_url, *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def test_profile() -> config.Config:
+    return config.load(profile="test", env={})
