@@ -221,7 +221,10 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     on_node = Inhibit(("RanksightGpuSawtooth",), ("node",))
     retries = f"rate({C.CUDA_ALLOC_RETRIES}[{rate_w}]) * 60"
     ckpt_recent = duration_seconds(rate_w)
-    xid_new = f"(({C.GPU_XID_ERRORS} > 0) unless ({C.GPU_XID_ERRORS} offset {rate_w}))"
+    # An xid series that appeared within the window, on an agent Prometheus already scraped then
+    # (so a fresh Prometheus, or a first scrape, does not report an agent's old errors as new).
+    xid_new = (f"((({C.GPU_XID_ERRORS} > 0) unless ({C.GPU_XID_ERRORS} offset {rate_w}))"
+               f" and on (instance) (up{{job=\"{SCRAPE_JOB}\"}} offset {rate_w}))")
     throttled = f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
     drop_ratio = (f"sum by (node) (rate({C.INGEST_DATAGRAMS}{{result!=\"ok\"}}[{rate_w}])) / "
                   f"(sum by (node) (rate({C.INGEST_DATAGRAMS}[{rate_w}])) > 0)")
