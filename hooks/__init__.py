@@ -1,0 +1,16 @@
+"""ranksight.hooks: in-process timing for distributed PyTorch training.
+
+    import ranksight
+    loader = ranksight.watch(model, optimizer, loader)   # the loop stays unchanged
+
+``watch`` returns the loader to iterate (a ``WatchedLoader``; also a context manager
+that unwatches on exit). ``unwatch()`` removes every hook and patch. ``checkpoint_timer``
+and ``atomic_save`` record checkpoint writes. ``current()`` is the active ``Watcher``
+(extension points for lints: see ``Watcher``). Importing this package imports torch.
+"""
+from __future__ import annotations
+
+from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, unwatch, watch
+from .watcher import active as current
+
+__all__ = ["watch", "unwatch", "checkpoint_timer", "atomic_save", "current", "Watcher", "WatchedLoader"]

@@ -40,6 +40,7 @@ identity (all records)
   phase   str   "data"|"forward"|"backward"|"optimizer"|"checkpoint"|"other"|"idle"
   coll    float seconds since the oldest in-flight collective was launched; -1 = none in flight
   probe   float seconds since the main thread last made visible progress (liveness probe)
+  pdur    float seconds the rank has been in its current phase (optional, default 0)
   herr    int   cumulative hook errors
 
 "ckpt"  one per checkpoint write
@@ -156,6 +157,7 @@ def decode(data: bytes) -> Dict[str, Any]:
         out["phase"] = _str(rec, "phase", choices=PHASES) if "phase" in rec else "other"
         out["coll"] = _secs(rec, "coll", -1.0, MAX_SECONDS, default=-1.0)
         out["probe"] = _secs(rec, "probe", 0.0, MAX_SECONDS, default=0.0)
+        out["pdur"] = _secs(rec, "pdur", 0.0, MAX_SECONDS, default=0.0)
         out["herr"] = _int(rec, "herr", 0, MAX_COUNT) if "herr" in rec else 0
     elif t == "ckpt":
         out["dur"] = _secs(rec, "dur", default=None)

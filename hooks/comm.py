@@ -1,0 +1,392 @@
+"""Communication timing: DDP comm hook, wrapped ``torch.distributed`` collectives, ``Work.wait``,
+and the NCCL Flight Recorder.
+
+Definitions (per optimizer step):
+
+comm   collective time: the union of [launch, completion] of every collective the hooks
+       see (DDP buckets through our comm hook, wrapped collectives, async work until
+       its future completes, time blocked in ``Work.wait()``), clipped to the step. On the
+       host (gloo, CPU) from ``perf_counter``; on CUDA from events recorded at launch and
+       in the future's ``then`` callback (the stream that waits on the work), or from the
+       NCCL Flight Recorder's ``duration_ms`` when ``TORCH_NCCL_ENABLE_TIMING=1``.
+
+xcomm  exposed (non-overlapped) communication: time the training thread could not
+       compute because it waited for communication. It is the sum of
+         * the backward tail: from the moment autograd finished computing gradients
+           (our first final callback) to the moment ``backward()`` returns (our second
+           final callback, queued behind DDP's / FSDP's own final callback that waits
+           for the outstanding gradient reductions);
+         * time inside synchronous wrapped collectives (``async_op=False``);
+         * time blocked in ``Work.wait()``;
+       each counted only on the training thread (the main thread, or an autograd thread
+       while a backward runs) and never twice (nested calls and waits inside the tail are
+       skipped). On CUDA the same spans are measured with events on the compute stream,
+       so they show how long the compute stream stood waiting for communication.
+       A rank that waits for a slow peer therefore shows the wait as xcomm, and its
+       busy time (step - data - xcomm - ckpt) stays low; the slow rank's stays high.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+from .patch import Patcher
+from .timing import COMM, XCOMM, CudaTimeline, drain, union_seconds
+
+log = logging.getLogger("ranksight.hooks")
+
+# torch.distributed functions that are wrapped (each only if this torch has it).
+COLLECTIVES = (
+    "broadcast", "all_reduce", "all_reduce_coalesced", "reduce", "all_gather", "all_gather_single",
+    "all_gather_into_tensor", "all_gather_coalesced", "gather", "scatter", "reduce_scatter",
+    "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "barrier",
+    "monitored_barrier", "all_gather_object", "gather_object", "broadcast_object_list",
+    "scatter_object_list", "send_object_list", "recv_object_list", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv", "_broadcast_coalesced",
+)
+
+
+class CommTracker:
+    """Collective intervals and exposed-wait time, fed from any thread, drained once per step."""
+
+    def __init__(self, on_error: Callable[[str, BaseException], None], main_tid: int,
+                 timeline: Optional[CudaTimeline] = None, comm_events: bool = True):
+        import torch
+
+        self._on_error = on_error
+        self._main_tid = main_tid
+        self.timeline = timeline
+        self.comm_events = comm_events and timeline is not None  # False: comm from the Flight Recorder
+        self.active = True
+        self.in_tail = False  # set by the watcher between backward compute end and backward() return
+        self.xcomm = 0.0  # host exposed seconds since the last take()
+        self._intervals: Deque[Tuple[float, float]] = deque()
+        self._extra: Deque[float] = deque()  # durations without a time axis (Flight Recorder)
+        self._inflight: Dict[int, float] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._tls = threading.local()
+        self._graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+        self.ddp_hooked = False
+        self.works_without_future = 0
+
+    # ---------------------------------------------------------------- bookkeeping
+    def _depth(self) -> int:
+        return getattr(self._tls, "depth", 0)
+
+    def _counting_thread(self) -> bool:
+        if threading.get_ident() == self._main_tid:
+            return True
+        f = self._graph_task_id
+        return f is not None and f() != -1
+
+    def launch(self) -> Tuple[int, float, Any]:
+        t0 = time.perf_counter()
+        tok = next(self._ids)
+        with self._lock:
+            self._inflight[tok] = t0
+        ev = self.timeline.mark() if self.comm_events else None
+        return tok, t0, ev
+
+    def complete(self, tok: int, t0: float, ev0: Any) -> None:
+        t1 = time.perf_counter()
+        with self._lock:
+            self._inflight.pop(tok, None)
+        self._intervals.append((t0, t1))
+        if ev0 is not None:
+            self.timeline.push(COMM, ev0, self.timeline.mark())
+
+    def add_flight_recorder(self, seconds: List[float]) -> None:
+        self._extra.extend(seconds)
+
+    def oldest_inflight(self, now: float) -> float:
+        """Seconds since the oldest in-flight collective was launched, or -1."""
+        with self._lock:
+            if not self._inflight:
+                return -1.0
+            oldest = min(self._inflight.values())
+        return max(0.0, now - oldest)
+
+    def take(self, lo: float, hi: float) -> Tuple[float, float, float]:
+        """(host comm union within [lo, hi], Flight Recorder seconds, host xcomm); resets them."""
+        comm = union_seconds(drain(self._intervals), lo, hi)
+        extra = drain(self._extra)
+        x, self.xcomm = self.xcomm, 0.0
+        return comm, (sum(extra) if extra else 0.0), x
+
+    # ---------------------------------------------------------------- wrappers
+    def wrap_collective(self, name: str, orig: Callable) -> Callable:
+        tracker = self
+        is_compiling = _is_compiling_fn()
+
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if not tracker.active or getattr(tracker._tls, "depth", 0) or is_compiling():
+                return orig(*args, **kwargs)
+            try:
+                tok, t0, ev0 = tracker.launch()
+                x0 = tracker.timeline.mark() if tracker.timeline is not None else None
+                tracker._tls.depth = 1
+            except Exception as e:  # our bookkeeping only; the collective still runs
+                tracker._on_error(f"collective {name}", e)
+                return orig(*args, **kwargs)
+            try:
+                ret = orig(*args, **kwargs)
+            except BaseException:
+                tracker._tls.depth = 0
+                try:
+                    tracker.complete(tok, t0, ev0)
+                except Exception as e:
+                    tracker._on_error(f"collective {name}", e)
+                raise
+            tracker._tls.depth = 0
+            try:
+                tracker._after_call(ret, tok, t0, ev0, x0)
+            except Exception as e:
+                tracker._on_error(f"collective {name}", e)
+            return ret
+
+        collective.__wrapped__ = orig  # type: ignore[attr-defined]
+        collective.__name__ = getattr(orig, "__name__", name)
+        collective.__qualname__ = getattr(orig, "__qualname__", name)
+        collective.__doc__ = getattr(orig, "__doc__", None)
+        return collective
+
+    def _after_call(self, ret: Any, tok: int, t0: float, ev0: Any, x0: Any) -> None:
+        works = _works(ret)
+        if not works:  # synchronous: the call itself was the wait
+            t1 = time.perf_counter()
+            self.complete(tok, t0, ev0)
+            if not self.in_tail and self._counting_thread():
+                if self.timeline is not None:
+                    self.timeline.push(XCOMM, x0, self.timeline.mark())
+                else:
+                    self.xcomm += t1 - t0
+            return
+        # async_op=True: in flight until the (last) work's future completes
+        work = works[-1]
+        try:
+            fut = work.get_future()
+        except Exception:  # e.g. gloo send/recv has no future: Work.wait() time is what we see
+            self.works_without_future += 1
+            self.complete(tok, t0, None)
+            return
+
+        def done(_f: Any, tok: int = tok, t0: float = t0, ev0: Any = ev0) -> None:
+            try:
+                self.complete(tok, t0, ev0)
+            except Exception as e:
+                self._on_error("collective completion", e)
+
+        fut.then(done)
+
+    def wrap_wait(self, orig: Callable) -> Callable:
+        tracker = self
+
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tracker.active or getattr(tracker._tls, "depth", 0) or tracker.in_tail:
+                return orig(work, *args, **kwargs)
+            try:
+                counting = tracker._counting_thread()
+                x0 = tracker.timeline.mark() if (counting and tracker.timeline is not None) else None
+                t0 = time.perf_counter()
+                tracker._tls.depth = 1
+            except Exception as e:
+                tracker._on_error("Work.wait", e)
+                return orig(work, *args, **kwargs)
+            try:
+                return orig(work, *args, **kwargs)
+            finally:
+                tracker._tls.depth = 0
+                try:
+                    t1 = time.perf_counter()
+                    tracker._intervals.append((t0, t1))
+                    if counting:
+                        if tracker.timeline is not None:
+                            tracker.timeline.push(XCOMM, x0, tracker.timeline.mark())
+                        else:
+                            tracker.xcomm += t1 - t0
+                except Exception as e:
+                    tracker._on_error("Work.wait", e)
+
+        wait.__wrapped__ = orig  # type: ignore[attr-defined]
+        wait.__name__ = "wait"
+        wait.__doc__ = getattr(orig, "__doc__", None)
+        return wait
+
+    def install(self, patcher: Patcher) -> int:
+        """Wrap the torch.distributed collectives and Work.wait. Returns how many were wrapped."""
+        import torch.distributed as dist
+
+        n = 0
+        for name in COLLECTIVES:
+            orig = getattr(dist, name, None)
+            if orig is None or not callable(orig):
+                continue
+            if patcher.set(dist, name, self.wrap_collective(name, orig)):
+                n += 1
+        work_cls = getattr(dist, "Work", None) or getattr(torch_c10d(), "Work", None)
+        if work_cls is not None and getattr(work_cls, "wait", None) is not None:
+            patcher.set(work_cls, "wait", self.wrap_wait(work_cls.wait))
+        return n
+
+    # ---------------------------------------------------------------- DDP
+    def ddp_hook(self) -> Callable:
+        """A DDP comm hook: the default all-reduce (divide by world size, sum), timed."""
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        all_reduce = c10d.all_reduce  # the module global, never our namespace wrapper
+        tracker = self
+
+        def ranksight_allreduce_hook(state: Any, bucket: Any) -> Any:
+            group = state if state is not None else dist.group.WORLD
+            tensor = bucket.buffer()
+            tensor.div_(group.size())
+            tok = None
+            if tracker.active:
+                try:
+                    tok, t0, ev0 = tracker.launch()
+                except Exception as e:
+                    tracker._on_error("DDP comm hook", e)
+                    tok = None
+            fut = all_reduce(tensor, group=group, async_op=True).get_future()
+            if tok is None:
+                return fut.then(lambda f: f.value()[0])
+
+            def done(f: Any) -> Any:
+                try:
+                    tracker.complete(tok, t0, ev0)
+                except Exception as e:
+                    tracker._on_error("DDP comm hook", e)
+                return f.value()[0]
+
+            return fut.then(done)
+
+        return ranksight_allreduce_hook
+
+    def attach_ddp(self, ddp: Any) -> bool:
+        """Register our comm hook on a DDP module once (it cannot be removed: after unwatch it
+        stays as the plain default all-reduce). Returns False, logged once, when the user
+        already registered a comm hook: then the wrapped collectives time that hook's calls."""
+        existing = getattr(ddp, "_ranksight_comm_hook", None)
+        if existing is not None:
+            existing.__self_tracker__[0] = self  # re-watch: point our old hook at this tracker
+            self.ddp_hooked = True
+            return True
+        if getattr(ddp, "_comm_hooks", None):
+            log.info("ranksight: this DDP model already has a comm hook; timing its collectives "
+                     "through the wrapped torch.distributed calls instead")
+            return False
+        cell: List["CommTracker"] = [self]
+        inner_hooks: Dict[int, Callable] = {}
+
+        def hook(state: Any, bucket: Any) -> Any:
+            tr = cell[0]
+            h = inner_hooks.get(id(tr))
+            if h is None:
+                h = inner_hooks.setdefault(id(tr), tr.ddp_hook())
+            return h(state, bucket)
+
+        hook.__self_tracker__ = cell  # type: ignore[attr-defined]
+        hook.__qualname__ = "ranksight_allreduce_hook"
+        try:
+            ddp.register_comm_hook(ddp.process_group, hook)
+        except RuntimeError as e:
+            log.info("ranksight: cannot register a DDP comm hook (%s); timing DDP's collectives "
+                     "through the wrapped torch.distributed calls instead", str(e).splitlines()[0])
+            return False
+        try:
+            ddp.__dict__["_ranksight_comm_hook"] = hook
+        except Exception:
+            pass
+        self.ddp_hooked = True
+        return True
+
+
+def torch_c10d() -> Any:
+    import torch
+
+    return torch._C._distributed_c10d
+
+
+def _is_compiling_fn() -> Callable[[], bool]:
+    try:
+        import torch
+
+        f = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+        if f is not None:
+            return f
+    except Exception:
+        pass
+    return lambda: False
+
+
+def _works(ret: Any) -> List[Any]:
+    """The Work objects a collective returned (none for a synchronous call)."""
+    if ret is None:
+        return []
+    W = getattr(torch_c10d(), "Work", None)
+    if W is None:
+        return []
+    if isinstance(ret, W):
+        if type(ret).__name__ == "_IllegalWork":  # inside a coalescing manager
+            return []
+        return [ret]
+    if isinstance(ret, (list, tuple)) and ret and all(isinstance(w, W) for w in ret):
+        return [w for w in ret if type(w).__name__ != "_IllegalWork"]
+    return []
+
+
+class FlightRecorder:
+    """NCCL Flight Recorder durations (``TORCH_NCCL_ENABLE_TIMING=1``), read off the step path.
+
+    ``poll()`` returns (durations in seconds of collectives completed since the last poll,
+    seconds since the oldest still-running collective started or -1).
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+        self._seen: set = set()
+        self.errors = 0
+
+    @staticmethod
+    def wanted(backend: str) -> bool:
+        return "nccl" in (backend or "") and os.environ.get("TORCH_NCCL_ENABLE_TIMING", "").lower() in ("1", "true")
+
+    @property
+    def available(self) -> bool:
+        return self._dump is not None
+
+    def poll(self) -> Tuple[List[float], float]:
+        raw = self._dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        entries = pickle.loads(raw).get("entries", []) if raw else []
+        out: List[float] = []
+        seen = set()
+        oldest_ns = None
+        for e in entries:
+            key = (e.get("pg_id"), e.get("record_id"))
+            state = e.get("state")
+            if state == "completed":
+                seen.add(key)
+                d = e.get("duration_ms")
+                if key not in self._seen and d is not None and d >= 0:
+                    out.append(d / 1e3)
+            elif state in ("started", "scheduled"):
+                t = e.get("time_created_ns")
+                if t and (oldest_ns is None or t < oldest_ns):
+                    oldest_ns = t
+        self._seen = seen
+        age = -1.0
+        if oldest_ns is not None:
+            age = (time.time_ns() - oldest_ns) / 1e9
+            if not (0 <= age <= 7 * 86400):
+                age = -1.0
+        return out, age

@@ -1,0 +1,113 @@
+"""Timing primitives: interval unions on the host, CUDA events resolved late on the GPU.
+
+Rules for the GPU path (checked on an H200 under ``torch.cuda.set_sync_debug_mode("error")``):
+the hooks only ``record()`` events on the current stream and later ``query()`` them;
+``elapsed_time()`` is called only on events whose ``query()`` returned True. Nothing
+synchronizes the device, nothing calls ``.item()``. The pending queue is bounded:
+when it is full, a new interval is dropped and counted (``dropped``, sent as ``hdrop``).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable, Deque, Iterable, List, Optional, Tuple
+
+
+def union_seconds(intervals: Iterable[Tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of [a, b] intervals, clipped to [lo, hi]."""
+    spans: List[Tuple[float, float]] = []
+    for a, b in intervals:
+        a = lo if a < lo else a
+        b = hi if b > hi else b
+        if b > a:
+            spans.append((a, b))
+    if not spans:
+        return 0.0
+    spans.sort()
+    total = 0.0
+    cur_a, cur_b = spans[0]
+    for a, b in spans[1:]:
+        if a > cur_b:
+            total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        elif b > cur_b:
+            cur_b = b
+    return total + (cur_b - cur_a)
+
+
+def drain(q: Deque[Any]) -> List[Any]:
+    """Pop everything currently in a deque that other threads append to (append/popleft are atomic)."""
+    out = []
+    pop = q.popleft
+    try:
+        while True:
+            out.append(pop())
+    except IndexError:
+        return out
+
+
+# Interval kinds the GPU timeline resolves.
+FWD, BWD, OPT, XCOMM, COMM = "fwd", "bwd", "opt", "xcomm", "comm"
+
+
+class CudaTimeline:
+    """CUDA events recorded on the current stream, resolved on later steps with ``query()``.
+
+    ``mark()`` records one event (about 7 us of host time) and returns it, or None when the
+    pending queue is full. ``push(kind, start, end)`` queues an interval; ``resolve(add)`` pops
+    finished intervals in order and calls ``add(kind, seconds)``. Communication intervals
+    are placed on one GPU time axis (offsets from an anchor event) so overlapping
+    collectives are counted once (their union).
+    """
+
+    def __init__(self, torch_mod: Any, device: Any, max_pending: int):
+        self._torch = torch_mod
+        self._cuda = torch_mod.cuda
+        self.device = device
+        self.max_pending = int(max_pending)
+        self.dropped = 0
+        self._pending: Deque[Tuple[str, Any, Any]] = deque()
+        self._comm_until = 0.0  # GPU-axis seconds up to which comm time is already counted
+        self._anchor = self._cuda.Event(enable_timing=True)
+        self._anchor.record(self._cuda.current_stream(device))
+
+    def mark(self) -> Optional[Any]:
+        if len(self._pending) >= self.max_pending:
+            self.dropped += 1
+            return None
+        ev = self._cuda.Event(enable_timing=True)
+        ev.record(self._cuda.current_stream(self.device))
+        return ev
+
+    def push(self, kind: str, start: Optional[Any], end: Optional[Any]) -> None:
+        if start is None or end is None:
+            return  # already counted as dropped by mark()
+        self._pending.append((kind, start, end))
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def resolve(self, add: Callable[[str, float], None], limit: int = 1 << 30) -> int:
+        """Resolve finished intervals from the head of the queue. Never waits."""
+        n = 0
+        q = self._pending
+        anchor = self._anchor
+        while q and n < limit:
+            kind, s, e = q[0]
+            if not (e.query() and s.query() and anchor.query()):
+                break
+            q.popleft()
+            n += 1
+            if kind == COMM:
+                a = anchor.elapsed_time(s) / 1e3
+                b = anchor.elapsed_time(e) / 1e3
+                if a < self._comm_until:
+                    a = self._comm_until
+                if b > a:
+                    add(COMM, b - a)
+                    self._comm_until = b
+            else:
+                dt = s.elapsed_time(e) / 1e3
+                if dt > 0:
+                    add(kind, dt)
+        return n

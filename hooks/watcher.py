@@ -1,0 +1,895 @@
+"""The Watcher: PyTorch hooks that time each optimizer step, and the background thread that
+sends what they measure.
+
+Step path (main thread, a few microseconds per hook):
+  loader ``__next__``   data wait (time inside ``next()`` on the returned loader's iterator)
+  forward pre/post      forward time; counts micro-batches (forwards with grad enabled);
+                        arms a grad hook on the model output to see backward start
+  output grad hook      backward start; queues autograd final callback #1
+  final callback #1     backward compute end (all gradients computed); queues #2, which lands
+                        behind DDP's / FSDP's final callback that waits for gradient reductions
+  final callback #2     ``backward()`` returns: the gap #1 -> #2 is exposed communication
+  optimizer pre/post    optimizer time; the post-hook closes the step (step boundary)
+See ``comm.py`` for the communication definitions and ``checkpoint.py`` for checkpoints.
+
+On CUDA the forward/backward/optimizer/exposed-comm spans are CUDA events recorded on the
+current stream and resolved on later steps with ``query()`` (``timing.CudaTimeline``);
+data wait, checkpoint and step duration are host times. Nothing here synchronizes the
+device.
+
+The step path only appends a tuple to a deque. The background thread ("ranksight-hb")
+turns tuples into datagrams, sends a heartbeat every ``hooks.heartbeat_seconds`` with the
+current phase, the age of the oldest in-flight collective and the main-thread liveness
+probe, prints the rank-0 console table, reads CUDA allocator stats and the NCCL Flight
+Recorder. Every hook body catches its exceptions: they are counted (``herr``), logged once,
+and never reach the training loop.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+import torch
+
+from ranksight import config as rs_config
+from ranksight import protocol
+
+from . import selfcheck
+from .checkpoint import CheckpointTimer, Recorder, atomic_write
+from .comm import CommTracker, FlightRecorder
+from .identity import Identity
+from .patch import Patcher
+from .table import make_table
+from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline, drain
+from .transport import Address, Transport, parse_address
+
+log = logging.getLogger("ranksight.hooks")
+
+QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they are dropped and counted
+MAX_OUTPUT_TENSORS = 8  # output tensors that get a backward-start hook
+_perf = time.perf_counter
+
+
+# ------------------------------------------------------------------------------ settings
+@dataclass(frozen=True)
+class Settings:
+    agent: Address
+    heartbeat_seconds: float
+    table_every_steps: int
+    table_every_seconds: float
+    max_pending_events: int
+    patch_torch_save: bool
+    checkpoint_dir: str
+    log_dir: str
+
+
+def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
+    """The hooks section of the config (``RANKSIGHT_CONFIG``, ``RANKSIGHT__hooks__*``) and
+    ``RANKSIGHT_AGENT``. A bad value never reaches the training loop: one log line, defaults."""
+    defaults = rs_config.defaults()["hooks"]
+    if isinstance(config, dict):
+        hooks = dict(defaults)
+        hooks.update(config.get("hooks", {}))
+    else:
+        try:
+            hooks = rs_config.load(config)["hooks"]
+        except rs_config.ConfigError as e:
+            log.warning("ranksight: %s; the hooks use the built-in defaults", e)
+            hooks = defaults
+        except Exception as e:  # never let config trouble stop training
+            log.warning("ranksight: cannot load the config (%s); the hooks use the built-in defaults", e)
+            hooks = defaults
+    checked: Dict[str, Any] = {}
+    for k, d in defaults.items():
+        try:
+            checked[k] = rs_config._check("hooks", k, hooks.get(k, d))
+        except rs_config.ConfigError as e:
+            log.warning("ranksight: %s; using the default %r", e, d)
+            checked[k] = d
+    spec = agent if agent is not None else os.environ.get("RANKSIGHT_AGENT") or checked["agent"]
+    try:
+        addr = parse_address(spec)
+    except ValueError as e:
+        log.warning("ranksight: %s; sending to the default %s", e, defaults["agent"])
+        addr = parse_address(defaults["agent"])
+    return Settings(agent=addr, heartbeat_seconds=float(checked["heartbeat_seconds"]),
+                    table_every_steps=int(checked["table_every_steps"]),
+                    table_every_seconds=float(checked["table_every_seconds"]),
+                    max_pending_events=int(checked["max_pending_events"]),
+                    patch_torch_save=bool(checked["patch_torch_save"]),
+                    checkpoint_dir=str(checked["checkpoint_dir"]), log_dir=str(checked["log_dir"]))
+
+
+# ------------------------------------------------------------------------------ loader
+class _TimedIter:
+    """Iterator over the user's loader that times each ``next()`` (data wait)."""
+
+    __slots__ = ("_it", "_w")
+
+    def __init__(self, it: Any, w: "Watcher"):
+        self._it = it
+        self._w = w
+
+    def __iter__(self) -> "_TimedIter":
+        return self
+
+    def __next__(self) -> Any:
+        w = self._w
+        if not w._active:
+            return next(self._it)
+        t0 = _perf()
+        if w._t0 is None:
+            w._t0 = t0
+        w._phase = "data"
+        w._phase_t = t0
+        try:
+            return next(self._it)
+        finally:
+            t1 = _perf()
+            w._data += t1 - t0
+            w._phase = "other"
+            w._phase_t = t1
+
+
+class WatchedLoader:
+    """What ``watch()`` returns: iterate it instead of the loader (``len()`` and every
+    attribute pass through to the wrapped loader), or use it as a context manager
+    (``with ranksight.watch(...) as loader:``); leaving the block calls ``unwatch()``."""
+
+    def __init__(self, loader: Any, watcher: Optional["Watcher"]):
+        self.__dict__["_loader"] = loader
+        self.__dict__["watcher"] = watcher
+        self.__dict__["_cur"] = None
+
+    def __iter__(self) -> Any:
+        loader = self._loader
+        if loader is None:
+            raise TypeError("ranksight.watch() was given no loader to iterate")
+        it = iter(loader)
+        w = self.watcher
+        if w is None or not w._active:
+            return it
+        w._epoch_start(loader)
+        return _TimedIter(it, w)
+
+    def __next__(self) -> Any:  # the user passed an iterator (e.g. a generator) and calls next() on us
+        cur = self._cur
+        if cur is None:
+            cur = self.__dict__["_cur"] = self.__iter__()
+        return next(cur)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        loader = self.__dict__["_loader"]
+        if loader is None:
+            raise AttributeError(name)
+        return getattr(loader, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._loader, name, value)
+
+    def __enter__(self) -> "WatchedLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        w = self.watcher
+        if w is not None:
+            w.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"WatchedLoader({self._loader!r})"
+
+
+def _grad_tensors(out: Any, limit: int = MAX_OUTPUT_TENSORS) -> List[torch.Tensor]:
+    """Output tensors that require grad, two levels deep (tensor, sequence, mapping, dataclass)."""
+    found: List[torch.Tensor] = []
+
+    def visit(x: Any, depth: int) -> None:
+        if len(found) >= limit:
+            return
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:
+                found.append(x)
+            return
+        if depth >= 2:
+            return
+        if isinstance(x, (list, tuple)):
+            for y in x:
+                visit(y, depth + 1)
+        elif isinstance(x, dict):
+            for y in x.values():
+                visit(y, depth + 1)
+        elif hasattr(x, "__dataclass_fields__"):
+            for k in x.__dataclass_fields__:
+                visit(getattr(x, k, None), depth + 1)
+
+    visit(out, 0)
+    return found
+
+
+def _first_param_device(model: Any) -> Optional[torch.device]:
+    try:
+        for p in model.parameters():
+            return p.device
+    except Exception:
+        pass
+    return None
+
+
+def _unwrap(model: Any) -> Any:
+    return getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
+
+
+# ------------------------------------------------------------------------------ watcher
+class Watcher:
+    """One active watch. Public for extensions (lints) and tests:
+
+    ``model``, ``optimizer``, ``loader`` (the user's objects), ``process_group`` (the default
+    group or None), ``identity``, ``settings``, ``stats()``, ``send_lint(id, active, msg)``,
+    ``add_checkpoint_observer(fn)`` (``fn(src, obj, path)``), ``add_epoch_observer(fn)``
+    (``fn(loader)`` when an iteration over the loader starts), ``add_periodic(fn, seconds)``
+    (runs on the background thread), ``close()``.
+    """
+
+    def __init__(self, model: Any, optimizer: Any, loader: Any, settings: Settings):
+        self.model = model
+        self.optimizer = optimizer
+        self.loader = loader
+        self.settings = settings
+        self.identity = Identity.detect()
+        self._main_tid = threading.main_thread().ident or threading.get_ident()
+        self._active = True
+        self._closed = False
+        self._lock = threading.Lock()
+        # counters
+        self.herr = 0
+        self.qdrop = 0
+        self._err_logged: set = set()
+        # step-path state (main thread)
+        self._t_start = _perf()
+        self._t0: Optional[float] = None
+        self._data = self._fwd = self._bwd = self._opt = self._xcomm = self._ckpt = self._b2o = 0.0
+        self._micro = 0
+        self._seq = 0
+        self._t_fwd: Optional[float] = None
+        self._t_bwd: Optional[float] = None
+        self._t_bwd_end = 0.0
+        self._t_opt: Optional[float] = None
+        self._gen = 0
+        self._armed = -1
+        self._phase = "idle"
+        self._phase_t = self._t_start
+        self._ev_fwd = self._ev_bwd = self._ev_bwd_end = self._ev_opt = None
+        self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0}
+        self._queue: Deque[tuple] = deque()
+        self._queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+        # extension points
+        self._epoch_observers: List[Callable[[Any], None]] = []
+        self._periodic: List[List[Any]] = []  # [fn, every, next_due]
+        # GPU timing
+        self.backend = self._backend()
+        self._tl: Optional[CudaTimeline] = None
+        dev = self._cuda_device(model)
+        if dev is not None:
+            self._tl = CudaTimeline(torch, dev, settings.max_pending_events)
+        self._fr: Optional[FlightRecorder] = None
+        if FlightRecorder.wanted(self.backend):
+            fr = FlightRecorder()
+            if fr.available:
+                self._fr = fr
+        # patches and hooks
+        self._patcher = Patcher()
+        self._handles: List[Any] = []
+        self.comm = CommTracker(self._hook_error, self._main_tid, self._tl, comm_events=self._fr is None)
+        self.ckpt = Recorder(self._emit_ckpt, self._add_ckpt, self._set_phase, self._hook_error, self._main_tid)
+        self._dcp_patched = False
+        self._install()
+        # background thread
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ranksight-hb", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+        try:  # forked multiprocessing children skip atexit but run these finalizers
+            import multiprocessing.util as mpu
+
+            self._finalizer = mpu.Finalize(self, Watcher._final_close, args=(self,), exitpriority=10)
+        except Exception:
+            self._finalizer = None
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _backend() -> str:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return str(dist.get_backend())
+        except Exception:
+            pass
+        return ""
+
+    def _cuda_device(self, model: Any) -> Optional[torch.device]:
+        try:
+            if not torch.cuda.is_available():
+                return None
+            dev = _first_param_device(model) if model is not None else None
+            if dev is not None:
+                return dev if dev.type == "cuda" else None
+            if torch.cuda.is_initialized() and "nccl" in self.backend:
+                return torch.device("cuda", torch.cuda.current_device())
+        except Exception as e:
+            self._hook_error("CUDA detection", e)
+        return None
+
+    def _install(self) -> None:
+        model, opt = self.model, self.optimizer
+        if model is not None:
+            if not hasattr(model, "register_forward_pre_hook"):
+                log.warning("ranksight: the model is not an nn.Module; forward/backward are not timed")
+            else:
+                self._handles.append(model.register_forward_pre_hook(self._fwd_pre, prepend=True))
+                self._handles.append(model.register_forward_hook(self._fwd_post, prepend=True))
+        if opt is not None:
+            if not hasattr(opt, "register_step_post_hook"):
+                log.warning("ranksight: the optimizer has no step hooks (torch >= 2.0 needed); no step records")
+            else:
+                self._handles.append(opt.register_step_pre_hook(self._opt_pre))
+                self._handles.append(opt.register_step_post_hook(self._opt_post))
+        else:
+            log.warning("ranksight: watch() got no optimizer; a step is one optimizer step, so no step records")
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available():
+                self.comm.install(self._patcher)
+                from torch.nn.parallel import DistributedDataParallel as DDP
+
+                inner = _unwrap(model)
+                if isinstance(inner, DDP):
+                    self.comm.attach_ddp(inner)
+        except Exception as e:
+            self._hook_error("communication setup", e)
+        if self.settings.patch_torch_save:
+            try:
+                self.ckpt.install(self._patcher)
+                self._dcp_patched = self._patcher.patched(sys.modules.get("torch.distributed.checkpoint"), "save")
+            except Exception as e:
+                self._hook_error("checkpoint setup", e)
+
+    # ------------------------------------------------------------------ errors, phase
+    def _hook_error(self, where: str, exc: BaseException) -> None:
+        self.herr += 1
+        if where not in self._err_logged:
+            self._err_logged.add(where)
+            log.warning("ranksight: %s raised %s: %s (counted as a hook error; training continues)",
+                        where, type(exc).__name__, exc)
+            log.debug("ranksight: %s traceback", where, exc_info=exc)
+
+    def _set_phase(self, phase: str) -> str:
+        old = self._phase
+        self._phase = phase
+        self._phase_t = _perf()
+        return old
+
+    # ------------------------------------------------------------------ hooks (step path)
+    def _epoch_start(self, loader: Any) -> None:
+        for fn in self._epoch_observers:
+            try:
+                fn(loader)
+            except Exception as e:
+                self._hook_error(f"epoch observer {getattr(fn, '__name__', fn)}", e)
+
+    def _fwd_pre(self, module: Any, args: Any) -> None:
+        if not self._active or not torch.is_grad_enabled():
+            return None
+        try:
+            t = _perf()
+            if self._t0 is None:
+                self._t0 = t
+            self._micro += 1
+            self._t_fwd = t
+            self._phase = "forward"
+            self._phase_t = t
+            if self.comm.in_tail:
+                self.comm.in_tail = False
+            if self._tl is not None:
+                self._ev_fwd = self._tl.mark()
+        except Exception as e:
+            self._hook_error("forward pre-hook", e)
+        return None
+
+    def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._t_fwd is None:
+            return None
+        try:
+            t = _perf()
+            self._fwd += t - self._t_fwd
+            self._t_fwd = None
+            self._phase = "other"
+            self._phase_t = t
+            if self._tl is not None:
+                self._tl.push(FWD, self._ev_fwd, self._tl.mark())
+            self._arm_backward(output)
+        except Exception as e:
+            self._hook_error("forward hook", e)
+        return None
+
+    def _arm_backward(self, output: Any) -> None:
+        tensors = _grad_tensors(output)
+        if not tensors:
+            return
+        self._gen += 1
+        self._armed = self._gen
+        hook = functools.partial(self._bwd_start, self._gen)
+        for t in tensors:
+            t.register_hook(hook)
+
+    def _bwd_start(self, gen: int, grad: Any) -> None:
+        if self._armed != gen or not self._active:
+            return None
+        try:
+            self._armed = -1
+            t = _perf()
+            self._t_bwd = t
+            self._phase = "backward"
+            self._phase_t = t
+            if self._tl is not None:
+                self._ev_bwd = self._tl.mark()
+            self._queue_callback(self._bwd_compute_end)
+        except Exception as e:
+            self._hook_error("backward-start hook", e)
+        return None
+
+    def _bwd_compute_end(self) -> None:
+        try:
+            t = _perf()
+            if self._t_bwd is not None:
+                self._bwd += t - self._t_bwd
+            self._t_bwd_end = t
+            self.comm.in_tail = True
+            if self._tl is not None:
+                ev = self._tl.mark()
+                self._tl.push(BWD, self._ev_bwd, ev)
+                self._ev_bwd_end = ev
+            self._queue_callback(self._bwd_return)
+        except Exception as e:
+            self.comm.in_tail = False
+            self._hook_error("backward-end callback", e)
+
+    def _bwd_return(self) -> None:
+        try:
+            t = _perf()
+            self.comm.in_tail = False
+            self._xcomm += t - self._t_bwd_end
+            self._phase = "other"
+            self._phase_t = t
+            if self._tl is not None:
+                self._tl.push(XCOMM, self._ev_bwd_end, self._tl.mark())
+        except Exception as e:
+            self._hook_error("backward-return callback", e)
+
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._active:
+            return None
+        try:
+            t = _perf()
+            if self._t0 is None:
+                self._t0 = t
+            self._t_opt = t
+            if self._t_bwd is not None:
+                self._b2o = t - self._t_bwd
+            self.comm.in_tail = False
+            self._phase = "optimizer"
+            self._phase_t = t
+            if self._tl is not None:
+                self._ev_opt = self._tl.mark()
+        except Exception as e:
+            self._hook_error("optimizer pre-hook", e)
+        return None
+
+    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._active:
+            return None
+        try:
+            t = _perf()
+            if self._t_opt is not None:
+                self._opt += t - self._t_opt
+                self._t_opt = None
+                if self._tl is not None:
+                    self._tl.push(OPT, self._ev_opt, self._tl.mark())
+            self._step_end(t)
+        except Exception as e:
+            self._hook_error("optimizer post-hook", e)
+            self._reset_step(_perf())
+        return None
+
+    def _step_end(self, t: float) -> None:
+        t0 = self._t0 if self._t0 is not None else self._t_start
+        dur = t - t0
+        comm, extra, hx = self.comm.take(t0, t)
+        if self._tl is None:
+            fwd, bwd, opt, xcomm = self._fwd, self._bwd, self._opt, self._xcomm + hx
+        else:  # GPU spans, resolved from earlier steps' events: they may belong to an earlier step
+            g = self._gacc
+            self._tl.resolve(self._gpu_add)
+            fwd, bwd, opt, xcomm = g[FWD], g[BWD], g[OPT], g[XCOMM]
+            comm = g[COMM] if self.comm.comm_events else 0.0
+            g[FWD] = g[BWD] = g[OPT] = g[XCOMM] = g[COMM] = 0.0
+        comm += extra
+        self._seq += 1
+        rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
+               xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1)
+        if len(self._queue) < QUEUE_CAP:
+            self._queue.append(rec)
+        else:
+            self.qdrop += 1
+        self._reset_step(t)
+
+    def _reset_step(self, t: float) -> None:
+        self._data = self._fwd = self._bwd = self._opt = self._xcomm = self._ckpt = self._b2o = 0.0
+        self._micro = 0
+        self._t0 = t
+        self._t_bwd = None
+        self._phase = "other"
+        self._phase_t = t
+
+    def _gpu_add(self, kind: str, secs: float) -> None:
+        self._gacc[kind] += secs
+
+    # ------------------------------------------------------------------ checkpoint callbacks
+    def _add_ckpt(self, secs: float) -> None:
+        self._ckpt += secs
+
+    def _emit_ckpt(self, dur: float, nbytes: int, ok: bool, src: str) -> None:
+        self._enqueue(("ckpt", time.time(), {"t": "ckpt", "dur": min(dur, protocol.MAX_SECONDS),
+                                             "bytes": min(nbytes, protocol.MAX_BYTES), "ok": ok, "src": src}))
+
+    def _enqueue(self, item: tuple) -> None:
+        if len(self._queue) < QUEUE_CAP:
+            self._queue.append(item)
+        else:
+            self.qdrop += 1
+
+    # ------------------------------------------------------------------ extension points
+    @property
+    def process_group(self) -> Any:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return dist.group.WORLD
+        except Exception:
+            pass
+        return None
+
+    def send_lint(self, lint_id: str, active: bool, msg: str = "") -> None:
+        """Queue a "lint" record (sent by the background thread). Never raises."""
+        try:
+            self._enqueue(("lint", time.time(), {"t": "lint", "lint": str(lint_id)[:64], "active": bool(active),
+                                                 "msg": str(msg)[: protocol.MAX_MSG]}))
+        except Exception as e:
+            self._hook_error("send_lint", e)
+
+    def add_checkpoint_observer(self, fn: Callable[[str, Any, Optional[str]], None]) -> None:
+        self.ckpt.observers.append(fn)
+
+    def add_epoch_observer(self, fn: Callable[[Any], None]) -> None:
+        self._epoch_observers.append(fn)
+
+    def add_periodic(self, fn: Callable[[], None], every_seconds: float) -> None:
+        self._periodic.append([fn, float(every_seconds), 0.0])
+
+    def checkpoint_timer(self, path: Any = None, nbytes: Optional[int] = None, obj: Any = None) -> CheckpointTimer:
+        return CheckpointTimer(self.ckpt if self._active else None, path, nbytes, obj)
+
+    def stats(self) -> Dict[str, Any]:
+        tr = getattr(self, "_transport", None)
+        return {"steps": self._seq, "herr": self.herr, "hdrop": self._tl.dropped if self._tl else 0,
+                "qdrop": self.qdrop, "sent": tr.sent if tr else 0, "send_errors": tr.errors if tr else 0,
+                "ddp_comm_hook": self.comm.ddp_hooked, "gpu": self._tl is not None,
+                "flight_recorder": self._fr is not None, "phase": self._phase}
+
+    # ------------------------------------------------------------------ background thread
+    def _run(self) -> None:
+        try:
+            self._transport = Transport(self.settings.agent)
+            self._bg_start()
+            tick = min(0.1, self.settings.heartbeat_seconds / 2)
+            while not self._stop.wait(tick):
+                try:
+                    self._tick()
+                except Exception as e:
+                    self._hook_error("heartbeat thread", e)
+        except Exception as e:
+            self._hook_error("heartbeat thread start", e)
+
+    def _bg_start(self) -> None:
+        self._wall0, self._pc0 = time.time(), _perf()
+        self._hb_seq = 0
+        self._next_hb = _perf()
+        self._last_sig: Tuple[Any, ...] = ()
+        self._last_progress = _perf()
+        self._mem = (0, 0, 0, 0)  # retries, ooms, reserved, allocated
+        self._wrss = 0
+        self._next_wrss = 0.0
+        now = _perf()
+        self._table = make_table(self.settings.table_every_steps, self.settings.table_every_seconds, now) \
+            if self.identity.rank == 0 else None
+        self._base = self.identity.base()
+        d = selfcheck.dirs(self.settings.log_dir, self.settings.checkpoint_dir)
+        info = selfcheck.collect(d, self.backend)
+        self.selfcheck = info
+        line = "ranksight: self-check rank %d: %s; agent %s" % (self.identity.rank, selfcheck.describe(info),
+                                                               self.settings.agent)
+        if self.identity.local_rank == 0:
+            if logging.getLogger().hasHandlers():
+                log.info(line)
+            else:
+                sys.stderr.write(line + "\n")
+        rec = dict(self._base, t="hello", ts=time.time(), info=info, dirs=d)
+        self._transport.send(selfcheck.fit(rec))
+
+    def _tick(self) -> None:
+        now = _perf()
+        self._probe(now)
+        self._flush()
+        if now >= self._next_hb:
+            self._next_hb = now + self.settings.heartbeat_seconds
+            self._heartbeat(now)
+        if self._table is not None and self._table.due(now):
+            self._print_table()
+        for p in self._periodic:
+            if now >= p[2]:
+                p[2] = now + p[1]
+                try:
+                    p[0]()
+                except Exception as e:
+                    self._hook_error(f"periodic {getattr(p[0], '__name__', p[0])}", e)
+
+    def _print_table(self) -> None:
+        now = _perf()
+        sys.stderr.write(self._table.render(self.identity.job, now))  # type: ignore[union-attr]
+        sys.stderr.flush()
+        self._table.reset(now)  # type: ignore[union-attr]
+
+    def _probe(self, now: float) -> None:
+        f = sys._current_frames().get(self._main_tid)
+        sig = (id(f), f.f_lineno if f is not None else -1, f.f_lasti if f is not None else -1,
+               self._seq, self._phase_t)
+        del f
+        if sig != self._last_sig:
+            self._last_sig = sig
+            self._last_progress = now
+
+    def _flush(self) -> None:
+        items = drain(self._queue)
+        if not items:
+            return
+        base, send, enc = self._base, self._transport.send, protocol.encode
+        w0, p0 = self._wall0, self._pc0
+        retries, ooms, mres, malloc = self._mem
+        hdrop = self._tl.dropped if self._tl is not None else 0
+        for it in items:
+            kind = it[0]
+            if kind == "step":
+                _, seq, t, dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt, micro = it
+                rec = dict(base)
+                rec.update(t="step", ts=w0 + (t - p0), seq=seq, dur=dur, data=data, fwd=fwd, bwd=bwd, opt=opt,
+                           b2o=b2o, comm=comm, xcomm=xcomm, ckpt=ckpt, micro=micro, retries=retries, ooms=ooms,
+                           mres=mres, malloc=malloc, herr=self.herr, hdrop=hdrop, wrss=self._wrss,
+                           restart=self.identity.restart)
+                if self._table is not None:
+                    self._table.add(seq, dur, data, comm, xcomm, ckpt)
+                    if self._table.due(_perf()):
+                        self._print_table()
+            else:
+                rec = dict(base, ts=it[1])
+                rec.update(it[2])
+            try:
+                send(enc(rec))
+            except (ValueError, TypeError) as e:  # a NaN or a bad type: our bug, count it
+                self._hook_error("record encoding", e)
+
+    def _heartbeat(self, now: float) -> None:
+        if not self.identity.from_pg:
+            self._refresh_identity()
+        if self._tl is not None:
+            self._read_cuda_memory()
+        if self.settings.patch_torch_save and not self._dcp_patched and self._active:
+            self._dcp_patched = self.ckpt.install_dcp(self._patcher)
+        if now >= self._next_wrss:
+            self._next_wrss = now + 5.0
+            self._read_worker_rss()
+        coll = self.comm.oldest_inflight(now)
+        if self._fr is not None:
+            try:
+                durs, age = self._fr.poll()
+                if durs:
+                    self.comm.add_flight_recorder(durs)
+                coll = max(coll, age)
+            except Exception as e:
+                self._hook_error("NCCL Flight Recorder", e)
+        self._hb_seq += 1
+        rec = dict(self._base, t="hb", ts=time.time(), seq=self._hb_seq, every=self.settings.heartbeat_seconds,
+                   step=self._seq, phase=self._phase, coll=round(coll, 6),
+                   probe=round(max(0.0, now - self._last_progress), 6), herr=self.herr,
+                   pdur=round(max(0.0, now - self._phase_t), 6))
+        self._transport.send(protocol.encode(rec))
+
+    def _refresh_identity(self) -> None:
+        ident = Identity.detect()
+        if ident.from_pg:
+            self.identity = ident
+            self._base = ident.base()
+            self.backend = self._backend()
+
+    def _read_cuda_memory(self) -> None:
+        try:
+            s = torch.cuda.memory_stats(self._tl.device)  # type: ignore[union-attr]
+            self._mem = (int(s.get("num_alloc_retries", 0)), int(s.get("num_ooms", 0)),
+                         int(s.get("reserved_bytes.all.current", 0)), int(s.get("allocated_bytes.all.current", 0)))
+        except Exception as e:
+            self._hook_error("CUDA memory stats", e)
+
+    def _read_worker_rss(self) -> None:
+        if int(getattr(self.loader, "num_workers", 0) or 0) <= 0:
+            return
+        try:
+            import psutil
+
+            total = 0
+            for c in psutil.Process().children(recursive=False):
+                try:
+                    total += c.memory_info().rss
+                except psutil.Error:
+                    pass
+            self._wrss = total
+        except Exception as e:
+            self._hook_error("worker RSS", e)
+
+    # ------------------------------------------------------------------ close
+    @staticmethod
+    def _final_close(w: "Watcher") -> None:
+        w.close()
+
+    def close(self) -> None:
+        """Remove every hook and patch, flush, send "bye", stop the background thread. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._active = False
+        self.comm.active = False
+        self.ckpt.active = False
+        for h in self._handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._handles.clear()
+        self._patcher.restore()
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
+        tr = getattr(self, "_transport", None)
+        if tr is not None:
+            try:
+                if getattr(self, "_base", None) is not None:
+                    if self._tl is not None:
+                        self._tl.resolve(self._gpu_add)
+                    self._flush()
+                    if self._table is not None and self._table.durs:
+                        self._print_table()
+                    tr.send(protocol.encode(dict(self._base, t="bye", ts=time.time())))
+            except Exception as e:
+                self._hook_error("close", e)
+            tr.close()
+        try:
+            atexit.unregister(self.close)
+        except Exception:
+            pass
+        if self._finalizer is not None:
+            try:
+                self._finalizer.cancel()
+            except Exception:
+                pass
+        _forget(self)
+
+
+# ------------------------------------------------------------------------------ the active watch
+_ACTIVE: List[Watcher] = []  # at most one; a list so that nothing rebinds a module global
+
+
+def active() -> Optional[Watcher]:
+    return _ACTIVE[0] if _ACTIVE else None
+
+
+def _forget(w: Watcher) -> None:
+    if _ACTIVE and _ACTIVE[0] is w:
+        _ACTIVE.clear()
+
+
+def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
+          agent: Optional[str] = None) -> WatchedLoader:
+    """Start timing ``model``/``optimizer``/``loader``; returns the loader to iterate.
+
+    ``config``: a config path (default ``RANKSIGHT_CONFIG``) or a dict with a "hooks" section.
+    ``agent``: overrides ``RANKSIGHT_AGENT`` / ``hooks.agent`` (``udp://host:port``,
+    ``unix:///path`` or ``off``). A second ``watch()`` replaces the first.
+    """
+    prev = active()
+    if prev is not None:
+        log.info("ranksight: watch() called again; replacing the previous watch")
+        prev.close()
+    try:
+        settings = load_settings(config, agent)
+        w = Watcher(model, optimizer, loader, settings)
+    except Exception as e:  # never stop training because the hooks could not start
+        log.warning("ranksight: cannot start the hooks (%s: %s); training continues unwatched",
+                    type(e).__name__, e)
+        log.debug("ranksight: watch() traceback", exc_info=e)
+        return WatchedLoader(loader, None)
+    _ACTIVE.append(w)
+    _attach_extensions(w)
+    return WatchedLoader(loader, w)
+
+
+def _attach_extensions(w: Watcher) -> None:
+    """Extension point: a ``ranksight.hooks.lints`` module with ``attach(watcher)`` is called here."""
+    import importlib
+    import importlib.util
+
+    name = __name__.rsplit(".", 1)[0] + ".lints"
+    try:
+        if importlib.util.find_spec(name) is None:
+            return
+        mod = importlib.import_module(name)
+        attach = getattr(mod, "attach", None)
+        if attach is not None:
+            attach(w)
+    except Exception as e:
+        w._hook_error("lints attach", e)
+
+
+def unwatch() -> None:
+    """Remove every hook and patch of the active watch (no-op when none)."""
+    w = active()
+    if w is not None:
+        w.close()
+
+
+def checkpoint_timer(path: Any = None, nbytes: Optional[int] = None, obj: Any = None) -> CheckpointTimer:
+    """``with ranksight.checkpoint_timer(path):`` records one checkpoint write (works unwatched too)."""
+    w = active()
+    return CheckpointTimer(w.ckpt if w is not None and w._active else None, path, nbytes, obj)
+
+
+def atomic_save(obj: Any, path: Any, **kwargs: Any) -> int:
+    """``torch.save(obj, path)`` done atomically: temporary file in the same directory, fsync,
+    ``os.replace``, fsync of the directory. Recorded as a checkpoint write ("atomic_save") while
+    watched. Returns the bytes written; errors reach the caller unchanged."""
+    save = torch.save
+    save = getattr(save, "__wrapped__", save) if getattr(save, "__ranksight__", False) else save
+    w = active()
+    rec = w.ckpt if w is not None and w._active else None
+    tok = rec.begin("atomic_save", obj, os.fspath(path)) if rec is not None else None
+    try:
+        n = atomic_write(save, obj, path, **kwargs)
+    except BaseException:
+        if rec is not None:
+            rec.end(tok, False, 0)
+        raise
+    if rec is not None:
+        rec.end(tok, True, n)
+    return n
