@@ -489,7 +489,10 @@ class LocalStack:
         self.prometheus.argv = [
             prom_bin, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'prometheus-data'}",
             f"--web.listen-address=127.0.0.1:{self.prometheus_port}", f"--web.external-url={self.prom_url}/",
-            "--web.enable-lifecycle"]
+            "--web.enable-lifecycle",
+            # Prometheus drops the alerts it evaluates before it has discovered Alertmanager (about 5 s
+            # after start) and resends only every resend-delay (default 1m): keep it at one evaluation.
+            f"--rules.alert.resend-delay={self._resend_delay()}"]
         self.alertmanager.start(self.daemon)
         self.prometheus.start(self.daemon)
         (d / "stack.json").write_text(json.dumps({
@@ -502,6 +505,9 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def _resend_delay(self) -> str:
+        return self.evaluation_interval if config.duration_seconds(self.evaluation_interval) < 60 else "1m"
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until both answer /-/ready; StackError naming the failing one (and its log line)."""
