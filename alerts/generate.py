@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
@@ -257,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         written = write(cfg, args.out)
     except OSError as e:
-        print(f"ranksight: error: cannot write to {args.out}: {e.strerror or e}")
+        print(f"ranksight: error: cannot write to {args.out}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"wrote {len(written)} files to {args.out} (profile {args.profile})")
     return 0
