@@ -1,0 +1,297 @@
+"""The node agent: wires ingest, the rank table, the collectors and the HTTP server.
+
+Threads: one ingest receiver, one checker (heartbeat misses, stalls, TTL; it
+runs four times per heartbeat interval), the GPU sampler and XID threads, and
+the HTTP server (one thread per connection, so a slow client cannot block
+Prometheus). A scrape runs every enabled collector in turn; the GPU collector
+only reads what its sampler stored.
+"""
+from __future__ import annotations
+
+import errno
+import gzip
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+from urllib.parse import urlsplit
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from .collectors import CollectorError, Family, PartialError
+from .collectors.disk import DiskCollector
+from .collectors.gpu import GpuCollector
+from .collectors.network import NetworkCollector
+from .collectors.rdma import RdmaCollector
+from .collectors.self import SelfCollector
+from .exposition import TextWriter
+from .ingest import Ingest, IngestError, Receiver, parse_address
+from .ranks import RankSettings, RanksCollector, RankTable
+
+log = logging.getLogger("ranksight.exporter")
+
+COLLECTORS = ("gpu", "network", "rdma", "disk", "ranks")
+CHECK_MIN_PERIOD = 0.02
+CHECK_MAX_PERIOD = 1.0
+
+
+class AgentError(Exception):
+    """The agent cannot start (port in use, bad address); the message is the one line."""
+
+
+@dataclass
+class AgentSettings:
+    node: str
+    listen: str = "0.0.0.0:9945"
+    ingest: str = "udp://127.0.0.1:9946"
+    procfs: str = "/proc"
+    sysfs: str = "/sys"
+    collectors: Tuple[str, ...] = COLLECTORS
+    watch_paths: List[str] = field(default_factory=list)
+    ranks: RankSettings = field(default_factory=RankSettings)
+    gpu_poll_seconds: float = 1.0
+    gpu_window_seconds: float = 15.0
+    gpu_swing_high: float = 0.8
+    gpu_swing_low: float = 0.5
+    nic_include: str = ""
+    nic_exclude: str = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
+
+
+def parse_listen(s: str) -> Tuple[str, int]:
+    """'host:port', '[v6]:port' or ':port' (all interfaces)."""
+    host, sep, port = s.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"listen address {s!r}: expected host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", int(port)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _RegistryBridge:
+    """The one custom prometheus_client collector: runs the agent's collectors at scrape time."""
+
+    def __init__(self, agent: "Agent"):
+        self.agent = agent
+
+    def collect(self) -> Iterator[Family]:
+        yield from self.agent.collect_all()
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings, nvml: Any = None):
+        self.s = settings
+        self.nvml = nvml
+        self.table = RankTable(settings.ranks)
+        self.ingest = Ingest(self.table)
+        self.receiver: Optional[Receiver] = None
+        self.http: Optional[ThreadingHTTPServer] = None
+        self.collectors: List[Any] = []
+        self.gpu: Optional[GpuCollector] = None
+        self.runs: Dict[str, Tuple[bool, float]] = {}
+        self._errors: Dict[str, str] = {}
+        self._runs_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.listen_address = ""
+        self.started = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Bind the sockets and start every thread. Raises AgentError with one line on failure."""
+        s = self.s
+        enabled = set(s.collectors)
+        try:
+            if "ranks" in enabled:
+                self.receiver = Receiver(parse_address(s.ingest), self.ingest)
+                self.receiver.bind()
+            self._bind_http()
+        except (IngestError, ValueError) as e:
+            self._close_sockets()
+            raise AgentError(str(e)) from None
+        if "gpu" in enabled:
+            self.gpu = GpuCollector(s.node, s.gpu_poll_seconds, s.gpu_window_seconds, s.gpu_swing_high,
+                                    s.gpu_swing_low, nvml=self.nvml)
+            self.gpu.start()
+            self.collectors.append(self.gpu)
+        if "network" in enabled:
+            self.collectors.append(NetworkCollector(s.node, s.procfs, s.sysfs, s.nic_include, s.nic_exclude))
+        if "rdma" in enabled:
+            self.collectors.append(RdmaCollector(s.node, s.sysfs))
+        if "disk" in enabled:
+            reported = self.table.watched_dirs if "ranks" in enabled else set
+            self.collectors.append(DiskCollector(s.node, s.watch_paths, reported))
+        if "ranks" in enabled:
+            self.collectors.append(RanksCollector(self.table))
+        self.self_collector = SelfCollector(
+            s.node, self._runs_snapshot,
+            self.ingest.snapshot if self.receiver else None,
+            self.table.__len__ if "ranks" in enabled else None,
+        )
+        self.registry.register(_RegistryBridge(self))
+        list(self.collect_all())  # a first pass logs what cannot run, before the first scrape
+        if self.receiver is not None:
+            self.receiver.start()
+            self._spawn(self._check_loop, "rank-checker")
+        assert self.http is not None
+        self._spawn(self.http.serve_forever, "http")
+        self.started = True
+        log.info("serving http://%s/metrics", self.listen_address)
+        if self.receiver is not None:
+            log.info("ingest on %s (SO_RCVBUF %d bytes)", self.receiver.bound, self.receiver.rcvbuf)
+
+    def _bind_http(self) -> None:
+        host, port = parse_listen(self.s.listen)
+        cls = _Server6 if ":" in host else _Server
+        handler = _make_handler(self)
+        try:
+            self.http = cls((host, port), handler)
+        except OSError as e:
+            why = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+            raise AgentError(f"cannot listen on {self.s.listen}: {why}") from None
+        h, p = self.http.server_address[:2]
+        self.listen_address = f"[{h}]:{p}" if ":" in str(h) else f"{h}:{p}"
+
+    def _spawn(self, target, name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.http is not None and self.started:
+            self.http.shutdown()
+        if self.receiver is not None:
+            self.receiver.stop()
+        if self.gpu is not None:
+            self.gpu.stop()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._close_sockets()
+        self.started = False
+
+    def _close_sockets(self) -> None:
+        if self.http is not None:
+            self.http.server_close()
+        if self.receiver is not None and self.receiver.sock is not None:
+            self.receiver.stop()
+
+    def _check_loop(self) -> None:
+        table = self.table
+        while True:
+            table.check(time.monotonic())
+            period = min(CHECK_MAX_PERIOD, max(CHECK_MIN_PERIOD, table.min_interval() / 4.0))
+            if self._stop.wait(period):
+                return
+
+    def healthy(self) -> Tuple[bool, str]:
+        if self.receiver is not None and not self.receiver.alive():
+            return False, "ingest thread is not running"
+        return True, "ok"
+
+    # ------------------------------------------------------------------ scrape
+    def _runs_snapshot(self) -> Dict[str, Tuple[bool, float]]:
+        with self._runs_lock:
+            return dict(self.runs)
+
+    def collect_all(self) -> Iterator[Family]:
+        for c in self.collectors:
+            t0 = time.perf_counter()
+            ok = True
+            fams: List[Family] = []
+            try:
+                fams = c.collect()
+            except PartialError as e:
+                ok, fams = False, e.families
+                self._note(c.name, str(e))
+            except CollectorError as e:
+                ok = False
+                self._note(c.name, str(e))
+            except Exception as e:  # a collector bug must not take the scrape down
+                ok = False
+                if self._note(c.name, f"failed: {type(e).__name__}: {e}"):
+                    log.exception("collector %s raised", c.name)
+            else:
+                self._note(c.name, "")
+            dur = time.perf_counter() - t0
+            if c is self.gpu:
+                dur = c.poll_duration  # its real work runs on the sampler thread
+            with self._runs_lock:
+                self.runs[c.name] = (ok, dur)
+            yield from fams
+        yield from self.self_collector.collect()
+
+    def _note(self, name: str, error: str) -> bool:
+        """Log a collector's failure once per distinct message (and its recovery); True when logged."""
+        prev = self._errors.get(name, "")
+        if error == prev:
+            return False
+        self._errors[name] = error
+        if error:
+            log.warning("collector %s down: %s", name, error)
+        else:
+            log.info("collector %s up", name)
+        return True
+
+
+def _make_handler(agent: Agent):
+    registry = agent.registry
+    writer = TextWriter()
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "ranksight-agent"
+        protocol_version = "HTTP/1.1"
+        timeout = 30  # a client that stalls mid-request holds only its own thread, and not for long
+
+        def setup(self) -> None:
+            super().setup()
+            # headers and body are two writes: without NODELAY, Nagle + delayed ACK add 40 ms
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+            path = urlsplit(self.path).path
+            if path == "/metrics":
+                # Always the classic text format (as node_exporter serves by default): nothing here needs
+                # OpenMetrics (no exemplars, no _created), and its encoder costs ~4x the time.
+                ctype = CONTENT_TYPE_PLAIN_0_0_4
+                body = writer.render(registry.collect())
+                enc = None
+                if "gzip" in self.headers.get("Accept-Encoding", ""):
+                    body = gzip.compress(body, compresslevel=1)
+                    enc = "gzip"
+                self._send(200, body, ctype, enc)
+            elif path == "/healthz":
+                ok, why = agent.healthy()
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+            elif path == "/":
+                self._send(200, b'<html><body><h1>ranksight agent</h1><a href="/metrics">/metrics</a> '
+                                b'<a href="/healthz">/healthz</a></body></html>\n', "text/html")
+            else:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+        def _send(self, code: int, body: bytes, ctype: str, encoding: Optional[str] = None) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            if encoding:
+                self.send_header("Content-Encoding", encoding)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            log.debug("http %s - %s", self.address_string(), format % args)
+
+    return Handler

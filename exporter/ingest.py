@@ -1,0 +1,243 @@
+"""Datagram ingest: one receiver thread per socket (UDP or unix datagram).
+
+Every datagram is validated by ``ranksight.protocol.decode`` and applied to the
+rank table, or dropped and counted:
+``ranksight_ingest_datagrams_total{result=ok|malformed|oversize|rejected|overflow}``.
+
+The receive loop drains the socket in a tight non-blocking loop, then sleeps a
+few milliseconds before looking again, so that at a few hundred datagrams per
+second the thread wakes up tens of times per second instead of once per
+datagram; a large SO_RCVBUF absorbs what arrives meanwhile.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import socket
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+from urllib.parse import urlsplit
+
+from ranksight.protocol import MAX_DATAGRAM, ProtocolError, decode
+
+from .ranks import RankTable
+
+log = logging.getLogger("ranksight.exporter.ingest")
+
+RESULTS = ("ok", "malformed", "oversize", "rejected", "overflow")
+RCVBUF_BYTES = 32 << 20
+IDLE_SLEEP = 0.005  # after draining the socket, before looking again
+STOP_POLL = 0.2  # how often a waiting receiver checks for stop
+
+
+class IngestError(Exception):
+    """Cannot bind the ingest socket; the message is the one line for the user."""
+
+
+@dataclass(frozen=True)
+class Address:
+    kind: str  # "udp" | "unix"
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.kind == "unix":
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"udp://{host}:{self.port}"
+
+
+def parse_address(s: str) -> Address:
+    """'udp://host:port' or 'unix:///abs/path'; raises ValueError with a clear message."""
+    u = urlsplit(s)
+    if u.scheme == "unix":
+        path = u.path if not u.netloc else "/" + u.netloc + u.path
+        if not path or not path.startswith("/"):
+            raise ValueError(f"ingest address {s!r}: expected unix:///absolute/path")
+        return Address("unix", path=path)
+    if u.scheme == "udp":
+        try:
+            port = u.port
+        except ValueError:
+            port = None
+        if not u.hostname or port is None:
+            raise ValueError(f"ingest address {s!r}: expected udp://host:port")
+        return Address("udp", host=u.hostname, port=port)
+    raise ValueError(f"ingest address {s!r}: expected udp://host:port or unix:///path")
+
+
+class Ingest:
+    """Validates and applies datagrams; counts every one under exactly one result."""
+
+    def __init__(self, table: RankTable, clock: Callable[[], float] = time.monotonic):
+        self.table = table
+        self.clock = clock
+        self.counts: Dict[str, int] = dict.fromkeys(RESULTS, 0)
+        self.bugs = 0  # exceptions other than ProtocolError (must stay 0; counted as rejected)
+        self._bug_logged = False
+
+    def handle(self, data: bytes, now: float) -> str:
+        """Validate and apply one datagram; returns its result label."""
+        try:
+            rec = decode(data)
+        except ProtocolError as e:
+            res = e.result
+        else:
+            try:
+                res = self.table.apply(rec, now)
+            except Exception:  # an agent bug must cost a datagram, never the agent
+                self.bugs += 1
+                if not self._bug_logged:
+                    self._bug_logged = True
+                    log.exception("datagram handling failed (dropped, counted as rejected; logged once)")
+                res = "rejected"
+        self.counts[res] += 1
+        return res
+
+    def snapshot(self) -> Dict[str, int]:
+        return dict(self.counts)
+
+
+class Receiver:
+    """Owns one bound datagram socket and its receive thread."""
+
+    def __init__(self, address: Address, ingest: Ingest):
+        self.address = address
+        self.ingest = ingest
+        self.sock: Optional[socket.socket] = None
+        self.bound: Address = address
+        self.rcvbuf = 0
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def bind(self) -> None:
+        a = self.address
+        try:
+            if a.kind == "udp":
+                fam = socket.AF_INET6 if ":" in a.host else socket.AF_INET
+                sock = socket.socket(fam, socket.SOCK_DGRAM)
+                try:
+                    sock.bind((a.host, a.port))
+                except BaseException:
+                    sock.close()
+                    raise
+                host, port = sock.getsockname()[:2]
+                self.bound = Address("udp", host=host, port=port)
+            else:
+                self._clear_stale_unix(a.path)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                try:
+                    sock.bind(a.path)
+                except BaseException:
+                    sock.close()
+                    raise
+        except socket.gaierror as e:
+            raise IngestError(f"cannot bind ingest {a}: {e.strerror or e}") from None
+        except OSError as e:
+            why = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+            raise IngestError(f"cannot bind ingest {a}: {why}") from None
+        self.rcvbuf = _big_rcvbuf(sock)
+        sock.setblocking(False)
+        self.sock = sock
+
+    @staticmethod
+    def _clear_stale_unix(path: str) -> None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise IngestError(f"cannot bind ingest unix://{path}: a file that is not a socket is in the way")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            os.unlink(path)  # stale socket of a dead agent
+            return
+        except OSError:
+            return  # let bind() report it
+        finally:
+            probe.close()
+        raise IngestError(f"cannot bind ingest unix://{path}: address already in use")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"ingest-{self.address.kind}", daemon=True)
+        self._thread.start()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.address.kind == "unix":
+            try:
+                os.unlink(self.address.path)
+            except OSError:
+                pass
+
+    def _loop(self) -> None:
+        sock = self.sock
+        assert sock is not None
+        recv = sock.recv
+        handle = self.ingest.handle
+        clock = self.ingest.clock
+        bufsize = MAX_DATAGRAM + 1  # one byte more tells an oversize datagram (the rest is truncated)
+        stop = self._stop
+        while not stop.is_set():
+            try:
+                ready, _, _ = select.select([sock], [], [], STOP_POLL)
+            except (OSError, ValueError):
+                return  # socket closed under us: stopping
+            if not ready:
+                continue
+            now = clock()
+            n = 0
+            while True:
+                try:
+                    data = recv(bufsize)
+                except BlockingIOError:
+                    break
+                except OSError as e:  # e.g. ECONNREFUSED echoes on UDP: not a datagram
+                    log.debug("recv: %s", e)
+                    break
+                handle(data, now)
+                n += 1
+                if n & 1023 == 0:
+                    now = clock()
+            time.sleep(IDLE_SLEEP)
+
+
+def _big_rcvbuf(sock: socket.socket) -> int:
+    """Ask for a large receive buffer (SO_RCVBUFFORCE as root passes net.core.rmem_max)."""
+    force = getattr(socket, "SO_RCVBUFFORCE", None)
+    if force is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, force, RCVBUF_BYTES)
+            return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        except OSError:
+            pass
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF_BYTES)
+    except OSError:
+        pass
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+
+def free_port(kind: int = socket.SOCK_DGRAM) -> Tuple[str, int]:  # used by tests and the bench
+    s = socket.socket(socket.AF_INET, kind)
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()
+    finally:
+        s.close()

@@ -1,0 +1,119 @@
+"""`ranksight exporter`: the node agent.
+
+Serves /metrics and /healthz, receives the hooks' datagrams (rank ingest,
+heartbeats, stalls) and runs the gpu, network, rdma and disk collectors.
+Every flag overrides the matching key of the config's ``agent`` section.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+from typing import List, Optional
+
+from ranksight import config as cfgmod
+from ranksight.config import ConfigError
+
+from .agent import COLLECTORS, Agent, AgentError, AgentSettings, parse_listen
+from .ingest import parse_address
+from .ranks import RankSettings
+
+log = logging.getLogger("ranksight.exporter")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = cfgmod.SCHEMA["agent"]
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help=f"address of the HTTP server for /metrics and /healthz (agent.listen; default {d['listen'].default})")
+    p.add_argument("--ingest", metavar="URL",
+                   help="where the hooks' datagrams arrive: udp://HOST:PORT or unix:///PATH "
+                        f"(agent.ingest; default {d['ingest'].default})")
+    p.add_argument("--procfs", metavar="DIR", help="procfs root the collectors read (agent.procfs; default /proc)")
+    p.add_argument("--sysfs", metavar="DIR", help="sysfs root the collectors read (agent.sysfs; default /sys)")
+    p.add_argument("--watch-path", metavar="PATH", action="append", default=None, dest="watch_path",
+                   help="also report free/total bytes of the filesystem under PATH; repeatable "
+                        "(added to agent.watch_paths; the temp dir and the dirs ranks report are always watched)")
+    p.add_argument("--collectors", metavar="LIST",
+                   help=f"comma-separated collectors to enable, from {','.join(COLLECTORS)} "
+                        f"(agent.collectors; default all). 'ranks' is the datagram ingest")
+    p.add_argument("--config", metavar="FILE", help="YAML config file (else $RANKSIGHT_CONFIG; env RANKSIGHT__agent__KEY overrides)")
+    p.add_argument("--profile", default="default", choices=sorted(cfgmod.PROFILES),
+                   help="config profile (test shortens alert durations and windows; default: default)")
+    p.add_argument("--node", metavar="NAME", help="value of the node label on node and GPU series (default: the hostname)")
+
+
+def settings_from(args: argparse.Namespace) -> AgentSettings:
+    """Config file + profile + env, then flags. Raises ConfigError with one line."""
+    cfg = cfgmod.load(args.config, args.profile)
+    a = dict(cfg["agent"])
+    for key in ("listen", "ingest", "procfs", "sysfs", "collectors"):
+        v = getattr(args, key, None)
+        if v is not None:
+            a[key] = v
+    try:
+        parse_listen(a["listen"])
+        parse_address(a["ingest"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    for key in ("procfs", "sysfs"):
+        if not os.path.isdir(a[key]):
+            raise ConfigError(f"{key} root {a[key]!r} is not a directory")
+    names = [c.strip() for c in a["collectors"].split(",") if c.strip()]
+    unknown = [c for c in names if c not in COLLECTORS]
+    if unknown or not names:
+        raise ConfigError(f"collectors {a['collectors']!r}: expected a comma-separated list from {','.join(COLLECTORS)}")
+    for key in ("nic_include", "nic_exclude"):
+        try:
+            re.compile(a[key])
+        except re.error as e:
+            raise ConfigError(f"config agent.{key}: bad regular expression: {e}") from None
+    watch: List[str] = list(a["watch_paths"]) + list(args.watch_path or [])
+    t = cfg["thresholds"]
+    if t["gpu_swing_low"] >= t["gpu_swing_high"]:
+        raise ConfigError("config thresholds.gpu_swing_low must be below thresholds.gpu_swing_high")
+    return AgentSettings(
+        node=args.node or socket.gethostname(),
+        listen=a["listen"],
+        ingest=a["ingest"],
+        procfs=a["procfs"],
+        sysfs=a["sysfs"],
+        collectors=tuple(dict.fromkeys(names)),
+        watch_paths=watch,
+        ranks=RankSettings.from_config(a),
+        gpu_poll_seconds=a["gpu_poll_seconds"],
+        gpu_window_seconds=a["gpu_window_seconds"],
+        gpu_swing_high=t["gpu_swing_high"],
+        gpu_swing_low=t["gpu_swing_low"],
+        nic_include=a["nic_include"],
+        nic_exclude=a["nic_exclude"],
+    )
+
+
+def serve(settings: AgentSettings, nvml: Optional[object] = None, stop: Optional[threading.Event] = None) -> int:
+    """Run the agent until SIGTERM/SIGINT (or ``stop``). Returns the exit code."""
+    agent = Agent(settings, nvml=nvml)
+    try:
+        agent.start()
+    except AgentError as e:
+        print(f"ranksight: error: {e}", file=sys.stderr)
+        return 2
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        log.info("stopping")
+        agent.stop()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return serve(settings_from(args))

@@ -1,0 +1,522 @@
+"""Per-rank state of the node agent: counters, histograms, a sliding-window
+step-time quantile, heartbeats, stalls and lints. Plain objects; the
+:class:`RanksCollector` turns them into metric families at scrape time.
+
+Threads: the ingest thread calls :meth:`RankTable.apply`, the agent's checker
+thread calls :meth:`RankTable.check` (heartbeat misses, stalls, TTL) and the
+scrape thread calls :meth:`RanksCollector.collect`. One lock guards the table;
+each holder keeps it for microseconds (one datagram, one rank snapshot).
+
+Counters across restarts: durations arrive as per-step deltas and are summed,
+so a rank process that restarts (new pid, same job and rank) continues its
+counters. Fields the hooks send as cumulative per-process values (allocator
+retries, OOMs, hook errors, dropped events) are turned into deltas per pid, so
+they stay monotone too. An agent restart starts every counter at 0 again,
+which Prometheus' rate() reads as an ordinary counter reset.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set, Tuple
+
+from ranksight import catalog as C
+from ranksight import triage
+
+from .collectors import Family, Labels, add, add_histogram, bucket_labels, family
+
+log = logging.getLogger("ranksight.exporter.ranks")
+
+OK = "ok"
+REJECTED = "rejected"
+OVERFLOW = "overflow"
+
+NO_PROGRESS = "no_progress"
+WAITING = "waiting_in_collective"
+STALL_REASONS = (NO_PROGRESS, WAITING)
+
+# A heartbeat is late by up to this share of its interval before a miss counts
+# (sender jitter and the checker's own period).
+MISS_GRACE = 0.5
+MAX_WATCHED_DIRS = 64
+P99_REFRESH_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class RankSettings:
+    max_ranks: int = 4096
+    max_jobs: int = 64
+    quantile_window_seconds: float = 300.0
+    rank_ttl_seconds: float = 900.0
+    down_after_misses: int = 3
+    stall_min_seconds: float = 30.0
+    stall_p99_factor: float = 5.0
+
+    @classmethod
+    def from_config(cls, agent: Dict[str, object]) -> "RankSettings":
+        return cls(**{k: agent[k] for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
+
+
+class Hist:
+    """Prometheus-style histogram: non-cumulative bucket counts, +Inf last."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.sum += v
+
+
+class WindowQuantile:
+    """Quantiles of the values observed in the last ``window`` seconds.
+
+    Values go into log-spaced buckets (ratio GAMMA, so any reported quantile is
+    within (GAMMA-1)/(GAMMA+1) = 0.5% of a real observation's value) kept per
+    time slot; a slot older than the window is subtracted from the running
+    total. Observing is O(1); a quantile walks the few distinct buckets, not
+    the samples (a rank at 100 steps/s holds 30,000 samples in 5 minutes).
+    """
+
+    GAMMA = 1.01
+    _INV_LN = 1.0 / math.log(GAMMA)
+    ZERO_KEY = -(1 << 30)  # durations below 1 ns
+
+    __slots__ = ("slot_len", "nslots", "slots", "cur_id", "cur", "total", "n")
+
+    def __init__(self, window: float, nslots: int = 30):
+        self.slot_len = window / nslots
+        self.nslots = nslots
+        self.slots: List[Tuple[int, Dict[int, int]]] = []
+        self.cur_id = -1
+        self.cur: Dict[int, int] = {}
+        self.total: Dict[int, int] = {}
+        self.n = 0
+
+    def observe(self, v: float, now: float) -> None:
+        sid = int(now / self.slot_len)
+        if sid != self.cur_id:
+            self._advance(sid)
+        k = int(math.floor(math.log(v) * self._INV_LN)) if v > 1e-9 else self.ZERO_KEY
+        cur = self.cur
+        cur[k] = cur.get(k, 0) + 1
+        tot = self.total
+        tot[k] = tot.get(k, 0) + 1
+        self.n += 1
+
+    def _advance(self, sid: int) -> None:
+        self.cur = {}
+        self.cur_id = sid
+        self.slots.append((sid, self.cur))
+        self._expire(sid)
+
+    def _expire(self, sid: int) -> None:
+        oldest = sid - self.nslots + 1
+        slots = self.slots
+        tot = self.total
+        while slots and slots[0][0] < oldest:
+            _, d = slots.pop(0)
+            for k, c in d.items():
+                left = tot[k] - c
+                if left:
+                    tot[k] = left
+                else:
+                    del tot[k]
+                self.n -= c
+
+    def quantiles(self, qs: Tuple[float, ...], now: float) -> Optional[List[float]]:
+        self._expire(int(now / self.slot_len))
+        if self.n <= 0:
+            return None
+        keys = sorted(self.total)
+        out: List[float] = []
+        for q in qs:
+            target = max(1, math.ceil(q * self.n))
+            acc = 0
+            for k in keys:
+                acc += self.total[k]
+                if acc >= target:
+                    out.append(self._value(k))
+                    break
+        return out
+
+    def _value(self, k: int) -> float:
+        if k == self.ZERO_KEY:
+            return 0.0
+        g = self.GAMMA
+        return 2.0 * g ** (k + 1) / (g + 1.0)  # bucket [g^k, g^(k+1)): minimal relative error
+
+
+class Rank:
+    """State of one (job, rank)."""
+
+    __slots__ = (
+        "job", "rank", "node", "lr", "ws", "labels", "pid", "first_seen", "last_seen",
+        # step counters
+        "steps", "micro", "step_s", "data_s", "fwd_s", "bwd_s", "opt_s", "comm_s", "xcomm_s",
+        "h_step", "h_data", "h_b2o", "win",
+        "last_step_ts", "last_progress", "seq",
+        # cumulative-per-process fields turned into counters: name -> [total, last]
+        "cum",
+        "mres", "malloc", "wrss", "restart",
+        # checkpoints
+        "ckpt_s", "ckpt_bytes", "ckpt_fail", "h_ckpt", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
+        # heartbeats
+        "last_hb", "every", "missed_gap", "misses", "up", "phase", "coll", "probe", "hb_step",
+        "stalled", "p99", "p99_at",
+        "lints", "dirs", "expo",
+    )
+
+    def __init__(self, job: str, rank: int, window: float, now: float):
+        self.job = job
+        self.rank = rank
+        self.node = ""
+        self.lr = -1
+        self.ws = 0
+        self.labels: List[str] = []
+        self.pid = -1
+        self.first_seen = now
+        self.last_seen = now
+        self.steps = 0
+        self.micro = 0
+        self.step_s = self.data_s = self.fwd_s = self.bwd_s = self.opt_s = self.comm_s = self.xcomm_s = 0.0
+        self.h_step = Hist(C.STEP_DURATION.buckets)
+        self.h_data = Hist(C.DATALOADER_WAIT_HIST.buckets)
+        self.h_b2o = Hist(C.BACKWARD_TO_OPTIMIZER.buckets)
+        self.win = WindowQuantile(window)
+        self.last_step_ts: Optional[float] = None
+        self.last_progress = now
+        self.seq = 0
+        self.cum: Dict[str, List[int]] = {k: [0, 0] for k in ("retries", "ooms", "herr", "hdrop")}
+        self.mres = self.malloc = self.wrss = self.restart = 0
+        self.ckpt_s = 0.0
+        self.ckpt_bytes = 0
+        self.ckpt_fail = 0
+        self.h_ckpt = Hist(C.CHECKPOINT_WRITE.buckets)
+        self.last_ckpt_ts: Optional[float] = None
+        self.last_ckpt_dur: Optional[float] = None
+        self.ckpt_since: Optional[float] = None
+        self.last_hb: Optional[float] = None
+        self.every = 1.0
+        self.missed_gap = 0
+        self.misses = 0
+        self.up = True
+        self.phase = "other"
+        self.coll = -1.0
+        self.probe = 0.0
+        self.hb_step = 0
+        self.stalled: Optional[str] = None
+        self.p99 = 0.0
+        self.p99_at = -1e18
+        self.lints: Dict[str, bool] = {}
+        self.dirs: Dict[str, str] = {}
+        self.expo: Optional["_RankLabels"] = None  # label sets for exposition, rebuilt when labels change
+
+    # -- identity
+    def identify(self, rec: dict, now: float) -> None:
+        node, lr = rec["node"], rec["lr"]
+        if node != self.node or lr != self.lr:
+            self.node, self.lr = node, lr
+            self.labels = [self.job, node, str(self.rank), str(lr)]
+            self.expo = None
+        self.ws = rec["ws"]
+        pid = rec["pid"]
+        if pid != self.pid:
+            if self.pid != -1:
+                log.info("job %s rank %d: new process (pid %d -> %d); counters continue", self.job, self.rank, self.pid, pid)
+            self.pid = pid
+            for c in self.cum.values():
+                c[1] = 0  # the new process counts from 0
+            self.seq = 0
+            self.hb_step = 0
+            self.last_hb = None
+            self.missed_gap = 0
+            self.up = True
+            self.last_progress = now
+            self.ckpt_since = None
+        self.last_seen = now
+
+    def _cum(self, k: str, v: int) -> None:
+        c = self.cum[k]
+        if v > c[1]:
+            c[0] += v - c[1]
+            c[1] = v
+
+    # -- records
+    def step(self, rec: dict, now: float) -> None:
+        self.steps += 1
+        self.micro += rec["micro"]
+        dur = rec["dur"]
+        data = rec["data"]
+        self.step_s += dur
+        self.data_s += data
+        self.fwd_s += rec["fwd"]
+        self.bwd_s += rec["bwd"]
+        self.opt_s += rec["opt"]
+        self.comm_s += rec["comm"]
+        self.xcomm_s += rec["xcomm"]
+        self.h_step.observe(dur)
+        self.h_data.observe(data)
+        self.h_b2o.observe(rec["b2o"])
+        self.win.observe(dur, now)
+        self.last_step_ts = rec["ts"]
+        self.last_progress = now
+        if rec["seq"] > self.seq:
+            self.seq = rec["seq"]
+        cum = self.cum
+        for k in ("retries", "ooms", "herr", "hdrop"):
+            v = rec[k]
+            c = cum[k]
+            if v > c[1]:
+                c[0] += v - c[1]
+                c[1] = v
+        self.mres = rec["mres"]
+        self.malloc = rec["malloc"]
+        self.wrss = rec["wrss"]
+        self.restart = rec["restart"]
+
+    def heartbeat(self, rec: dict, now: float) -> None:
+        self.last_hb = now
+        self.every = rec["every"]
+        self.missed_gap = 0
+        self.up = True
+        phase = rec["phase"]
+        if phase == "checkpoint":
+            if self.ckpt_since is None:
+                self.ckpt_since = now
+        else:
+            self.ckpt_since = None
+        self.phase = phase
+        self.coll = rec["coll"]
+        self.probe = rec["probe"]
+        if rec["step"] > self.hb_step:
+            if rec["step"] > self.seq:  # a step the agent did not see (lost datagram) is still progress
+                self.last_progress = now
+            self.hb_step = rec["step"]
+        self._cum("herr", rec["herr"])
+
+    def checkpoint(self, rec: dict) -> None:
+        dur = rec["dur"]
+        self.ckpt_s += dur
+        self.h_ckpt.observe(dur)
+        self.last_ckpt_dur = dur
+        if rec["ok"]:
+            self.ckpt_bytes += rec["bytes"]
+            self.last_ckpt_ts = rec["ts"]
+        else:
+            self.ckpt_fail += 1
+
+    # -- checker
+    def check(self, now: float, s: RankSettings) -> None:
+        if self.last_hb is not None:
+            n = int((now - self.last_hb) / self.every - MISS_GRACE)
+            if n > self.missed_gap:
+                self.misses += n - self.missed_gap
+                self.missed_gap = n
+            self.up = self.missed_gap < s.down_after_misses
+        # stall: alive (heartbeats arrive), no progress for longer than the limit, not checkpointing
+        stalled = None
+        if self.last_hb is not None and self.up and self.phase != "checkpoint":
+            if now - self.p99_at >= P99_REFRESH_SECONDS:
+                q = self.win.quantiles((0.99,), now)
+                self.p99 = q[0] if q else 0.0
+                self.p99_at = now
+            limit = max(s.stall_min_seconds, s.stall_p99_factor * self.p99)
+            if now - self.last_progress > limit or self.probe > limit:
+                stalled = WAITING if self.coll >= 0 else NO_PROGRESS
+        if stalled != self.stalled:
+            if stalled:
+                log.warning("job %s rank %d stalled (%s)", self.job, self.rank, stalled)
+            self.stalled = stalled
+
+
+class RankTable:
+    """All tracked ranks, capped by max_ranks and max_jobs."""
+
+    def __init__(self, settings: RankSettings):
+        self.s = settings
+        self.lock = threading.Lock()
+        self.ranks: Dict[Tuple[str, int], Rank] = {}
+        self.jobs: Dict[str, int] = {}
+
+    def apply(self, rec: dict, now: float) -> str:
+        """Apply one decoded datagram; returns the ingest result label."""
+        key = (rec["job"], rec["rank"])
+        t = rec["t"]
+        with self.lock:
+            r = self.ranks.get(key)
+            if r is None:
+                if t == "bye":
+                    return OK
+                job = rec["job"]
+                if len(self.ranks) >= self.s.max_ranks or (job not in self.jobs and len(self.jobs) >= self.s.max_jobs):
+                    return OVERFLOW
+                r = Rank(job, rec["rank"], self.s.quantile_window_seconds, now)
+                self.ranks[key] = r
+                self.jobs[job] = self.jobs.get(job, 0) + 1
+            r.identify(rec, now)
+            if t == "step":
+                r.step(rec, now)
+            elif t == "hb":
+                r.heartbeat(rec, now)
+            elif t == "ckpt":
+                r.checkpoint(rec)
+            elif t == "bye":
+                self._remove(key)
+            elif t == "lint":
+                lint = rec["lint"]
+                if lint not in triage.LINTS:
+                    return REJECTED
+                r.lints[lint] = rec["active"]
+            elif t == "hello":
+                r.dirs = {k: os.path.normpath(v) for k, v in rec["dirs"].items() if v and os.path.isabs(v)}
+        return OK
+
+    def _remove(self, key: Tuple[str, int]) -> None:
+        r = self.ranks.pop(key, None)
+        if r is not None:
+            left = self.jobs[r.job] - 1
+            if left:
+                self.jobs[r.job] = left
+            else:
+                del self.jobs[r.job]
+
+    def check(self, now: float) -> None:
+        """Heartbeat misses, rank_up, stalls and the TTL; called a few times per heartbeat interval."""
+        ttl = self.s.rank_ttl_seconds
+        with self.lock:
+            expired = [k for k, r in self.ranks.items() if now - r.last_seen > ttl]
+            for k in expired:
+                log.info("job %s rank %d silent for %.0f s: forgotten", k[0], k[1], ttl)
+                self._remove(k)
+            for r in self.ranks.values():
+                r.check(now, self.s)
+
+    def min_interval(self) -> float:
+        with self.lock:
+            return min((r.every for r in self.ranks.values() if r.last_hb is not None), default=1.0)
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def watched_dirs(self) -> Set[str]:
+        """Absolute tmp/log/checkpoint dirs the ranks reported in their hello (capped)."""
+        out: Set[str] = set()
+        with self.lock:
+            for r in self.ranks.values():
+                out.update(r.dirs.values())
+                if len(out) >= MAX_WATCHED_DIRS:
+                    break
+        return set(sorted(out)[:MAX_WATCHED_DIRS])
+
+
+# (catalog metric, Rank attribute) for plain per-rank values
+_COUNTERS = (
+    (C.STEPS, "steps"), (C.MICROBATCHES, "micro"), (C.STEP_SECONDS, "step_s"), (C.DATALOADER_WAIT, "data_s"),
+    (C.FORWARD_SECONDS, "fwd_s"), (C.BACKWARD_SECONDS, "bwd_s"), (C.OPTIMIZER_SECONDS, "opt_s"),
+    (C.COMM_SECONDS, "comm_s"), (C.EXPOSED_COMM_SECONDS, "xcomm_s"), (C.CHECKPOINT_SECONDS, "ckpt_s"),
+    (C.CHECKPOINT_BYTES, "ckpt_bytes"), (C.CHECKPOINT_FAILURES, "ckpt_fail"), (C.HEARTBEAT_MISSES, "misses"),
+)
+_CUMS = ((C.CUDA_ALLOC_RETRIES, "retries"), (C.CUDA_OOMS, "ooms"), (C.HOOK_ERRORS, "herr"), (C.HOOK_DROPPED_EVENTS, "hdrop"))
+_GAUGES = ((C.CUDA_RESERVED, "mres"), (C.CUDA_ALLOCATED, "malloc"), (C.DATALOADER_WORKERS_RSS, "wrss"),
+           (C.RANK_RESTARTS, "restart"))
+_OPTIONAL = ((C.LAST_STEP, "last_step_ts"), (C.LAST_CHECKPOINT, "last_ckpt_ts"),
+             (C.LAST_CHECKPOINT_DURATION, "last_ckpt_dur"))
+_HISTS = ((C.STEP_DURATION, "h_step"), (C.DATALOADER_WAIT_HIST, "h_data"), (C.BACKWARD_TO_OPTIMIZER, "h_b2o"),
+          (C.CHECKPOINT_WRITE, "h_ckpt"))
+QUANTILES = (0.5, 0.99)
+_QLABELS = ("0.5", "0.99")
+
+
+class _RankLabels:
+    """Every label set one rank's series use, built once per label change."""
+
+    __slots__ = ("base", "q", "stall", "hist", "lint")
+
+    def __init__(self, r: Rank):
+        base = self.base = Labels(zip(C.RANK_LABELS, r.labels))
+        self.q = [base.plus("quantile", q) for q in _QLABELS]
+        self.stall = [base.plus("reason", reason) for reason in STALL_REASONS]
+        self.hist = [bucket_labels(base, m.buckets) for m, _ in _HISTS]
+        self.lint: Dict[str, Labels] = {}
+
+    def for_lint(self, lint: str) -> Labels:
+        got = self.lint.get(lint)
+        if got is None:
+            got = self.lint[lint] = self.base.plus("lint", lint)
+        return got
+
+
+class RanksCollector:
+    """Exposes the rank table (collector name "ranks")."""
+
+    name = "ranks"
+
+    def __init__(self, table: RankTable, clock=time.monotonic):
+        self.table = table
+        self.clock = clock
+
+    def collect(self) -> List[Family]:
+        now = self.clock()
+        counters = [(family(m), a) for m, a in _COUNTERS]
+        cums = [(family(m), a) for m, a in _CUMS]
+        gauges = [(family(m), a) for m, a in _GAUGES]
+        optional = [(family(m), a) for m, a in _OPTIONAL]
+        hists = [(family(m), a) for m, a in _HISTS]
+        f_q = family(C.STEP_QUANTILE)
+        f_up = family(C.RANK_UP)
+        f_stall = family(C.RANK_STALLED)
+        f_ckpt_now = family(C.CHECKPOINT_IN_PROGRESS)
+        f_lint = family(C.LINT_ACTIVE)
+        table = self.table
+        with table.lock:
+            ranks = list(table.ranks.values())
+        for r in ranks:
+            with table.lock:  # one rank at a time: ingest waits microseconds, not a whole scrape
+                if r.pid == -1 or not r.labels:
+                    continue
+                L = r.expo
+                if L is None:
+                    L = r.expo = _RankLabels(r)
+                vals = [getattr(r, a) for _, a in counters]
+                cvals = [r.cum[a][0] for _, a in cums]
+                gvals = [getattr(r, a) for _, a in gauges]
+                ovals = [getattr(r, a) for _, a in optional]
+                hvals = [(list(h.counts), h.sum) for h in (getattr(r, a) for _, a in hists)]
+                qs = r.win.quantiles(QUANTILES, now)
+                up = r.up
+                stalled = r.stalled
+                ckpt_now = now - r.ckpt_since if r.ckpt_since is not None else 0.0
+                lints = list(r.lints.items())
+            base = L.base
+            for (f, _), v in zip(counters, vals):
+                add(f, base, v)
+            for (f, _), v in zip(cums, cvals):
+                add(f, base, v)
+            for (f, _), v in zip(gauges, gvals):
+                add(f, base, v)
+            for (f, _), v in zip(optional, ovals):
+                if v is not None:
+                    add(f, base, v)
+            for (f, _), les, (counts, total) in zip(hists, L.hist, hvals):
+                add_histogram(f, base, les, counts, total)
+            if qs is not None:
+                for lab, v in zip(L.q, qs):
+                    add(f_q, lab, v)
+            add(f_up, base, 1.0 if up else 0.0)
+            for lab, reason in zip(L.stall, STALL_REASONS):
+                add(f_stall, lab, 1.0 if stalled == reason else 0.0)
+            add(f_ckpt_now, base, ckpt_now)
+            for lint, active in lints:
+                add(f_lint, L.for_lint(lint), 1.0 if active else 0.0)
+        return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint])
