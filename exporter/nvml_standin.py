@@ -14,7 +14,9 @@ What it serves (``tests/fixtures/nvml/h200_nvml_trace.json``, recorded with
 
 - utilization samples: GPU i plays trace ``traces[i % len(traces)]`` ("idle",
   "steady" or "sawtooth"), looped, at the recorded timestamps (about 5 Hz),
-  shifted to the stand-in's clock. As on the real driver, a buffer holds the
+  shifted to the stand-in's clock. The steady recording opens with samples
+  taken before the load started (0%, then the ramp); those are left out, so
+  that the loop is the steady load it recorded. As on the real driver, a buffer holds the
   last ~14 s: draining from timestamp 0 returns the recent history, and a
   call with no new sample raises NVML_ERROR_NOT_FOUND;
 - PCIe gen/width current and max, temperature, power, SM clock,
@@ -39,6 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import pynvml as _real  # constants, ctypes structures and NVMLError only; its functions are never called here
 
 DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "nvml" / "h200_nvml_trace.json"
+LEAD_IN = {"steady": 2}  # samples recorded before the load began: 0% and an 88% ramp
 BUFFER_US = 14_200_000  # the driver kept ~71 samples (~14 s) in the recording
 
 
@@ -75,7 +78,8 @@ class _Support:
 class _Trace:
     """One recorded sample list, looped on a period of its own length plus one sample interval."""
 
-    def __init__(self, samples: List[List[int]]):
+    def __init__(self, samples: List[List[int]], skip: int = 0):
+        samples = samples[skip:]
         t0 = samples[0][0]
         self.offsets = [int(ts - t0) for ts, _ in samples]
         self.values = [int(v) for _, v in samples]
@@ -108,7 +112,7 @@ class NvmlStandin:
         self.gpu_name: str = data["gpu"]
         self.count = count
         self.trace_names = [traces[i % len(traces)] for i in range(count)]
-        self._traces = {name: _Trace(data[name]) for name in set(self.trace_names)}
+        self._traces = {name: _Trace(data[name], LEAD_IN.get(name, 0)) for name in set(self.trace_names)}
         self.clock = clock
         self.memory_used = memory_used
         self._start_us: Optional[int] = None

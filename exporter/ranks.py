@@ -291,7 +291,10 @@ class Rank:
         self.up = True
         phase = rec["phase"]
         if phase == "checkpoint":
-            if self.ckpt_since is None:
+            pdur = rec.get("pdur", 0.0)  # seconds in the current phase (hooks >= 0.1); else count from here
+            if pdur > 0:
+                self.ckpt_since = now - pdur
+            elif self.ckpt_since is None:
                 self.ckpt_since = now
         else:
             self.ckpt_since = None

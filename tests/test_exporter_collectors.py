@@ -1,0 +1,449 @@
+"""Collectors on fixture trees (node_exporter's real-world /proc and /sys, this machine's
+/proc/net), on the live /proc, and the GPU collector on the NVML stand-in fed with real H200
+traces. Every exposed value is checked against the file it came from, parsed here
+independently of the collector's parser."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+import pytest
+
+from ranksight import catalog as C
+from ranksight.exporter.agent import Agent, AgentSettings
+from ranksight.exporter.collectors import CollectorError, PartialError
+from ranksight.exporter.collectors.disk import DiskCollector
+from ranksight.exporter.collectors.gpu import GpuCollector
+from ranksight.exporter.collectors.network import NetworkCollector
+from ranksight.exporter.collectors.rdma import RdmaCollector
+from ranksight.exporter.exposition import TextWriter
+from ranksight.exporter.nvml_standin import NvmlStandin
+from ranksight.triage import CLOCK_EVENT_REASONS
+
+from test_exporter_helpers import LOCAL, NE, one, parse, scrape, series, trace
+
+NODE = "n1"
+
+
+def exposed(fams) -> Dict:
+    """Render families with the agent's writer, parse them back with prometheus_client's parser."""
+    return parse(TextWriter().render(fams).decode())
+
+
+def collect(c) -> Tuple[Dict, bool]:
+    try:
+        return exposed(c.collect()), True
+    except PartialError as e:
+        return exposed(e.families), False
+
+
+# ---------------------------------------------------------------- independent parsers
+def table_file(path: Path) -> Dict[str, Dict[str, int]]:
+    """'Sec: names' / 'Sec: values' line pairs, parsed with a regex (not the collector's code)."""
+    out: Dict[str, Dict[str, int]] = {}
+    lines = path.read_text().split("\n")
+    for i in range(0, len(lines) - 1, 2):
+        m1 = re.match(r"(\w+): (.*)", lines[i])
+        m2 = re.match(r"(\w+): (.*)", lines[i + 1])
+        if m1 and m2:
+            out[m1.group(1)] = dict(zip(m1.group(2).split(" "), map(int, m2.group(2).split(" "))))
+    return out
+
+
+def dev_file(path: Path) -> Dict[str, List[int]]:
+    out = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"\s*([^:\s]+):\s*(.*)", line)
+        if m and not line.startswith("Inter") and "|" not in line:
+            out[m.group(1)] = [int(x) for x in m.group(2).split()]
+    return out
+
+
+def sys_net(sysfs: Path) -> Dict[str, Dict[str, str]]:
+    out = {}
+    base = sysfs / "class" / "net"
+    for entry in sorted(base.iterdir()):
+        real = Path(os.path.realpath(entry))
+        if not real.is_dir():
+            continue
+        vals = {}
+        for f in ("speed", "operstate", "carrier_changes"):
+            try:
+                vals[f] = (real / f).read_text().strip()
+            except OSError:
+                pass
+        out[entry.name] = vals
+    return out
+
+
+def expected_network(procfs: Path, sysfs: Path, exclude=re.compile(r"^(lo|veth.*|docker.*|br-.*|virbr.*)$")):
+    exp: Dict = {}
+    nl = ("node", NODE)
+    snmp = table_file(procfs / "net" / "snmp")["Tcp"]
+    exp[(C.NET_TCP_RETRANS.name, frozenset([nl]))] = snmp["RetransSegs"]
+    exp[(C.NET_TCP_SENT.name, frozenset([nl]))] = snmp["OutSegs"]
+    exp[(C.NET_TCP_IN_ERRORS.name, frozenset([nl]))] = snmp["InErrs"]
+    ext = table_file(procfs / "net" / "netstat")["TcpExt"]
+    for k in ("TCPLostRetransmit", "TCPTimeouts", "TCPSynRetrans"):
+        if k in ext:
+            exp[(C.NET_TCP_EXT.name, frozenset([nl, ("counter", k)]))] = ext[k]
+    if (procfs / "net" / "dev").exists():
+        for dev, v in dev_file(procfs / "net" / "dev").items():
+            if exclude.match(dev):
+                continue
+            for direction, (b, err, drop) in (("receive", (0, 2, 3)), ("transmit", (8, 10, 11))):
+                lab = frozenset([nl, ("device", dev), ("direction", direction)])
+                exp[(C.NET_IF_BYTES.name, lab)] = v[b]
+                exp[(C.NET_IF_ERRORS.name, lab)] = v[err]
+                exp[(C.NET_IF_DROPS.name, lab)] = v[drop]
+    for dev, v in sys_net(sysfs).items():
+        if exclude.match(dev):
+            continue
+        lab = frozenset([nl, ("device", dev)])
+        if "speed" in v and int(v["speed"]) > 0:
+            exp[(C.NET_IF_SPEED.name, lab)] = int(v["speed"]) * 1_000_000 / 8
+        if "operstate" in v:
+            exp[(C.NET_IF_UP.name, lab)] = 1.0 if v["operstate"] == "up" else 0.0
+        if "carrier_changes" in v:
+            exp[(C.NET_IF_CARRIER_CHANGES.name, lab)] = int(v["carrier_changes"])
+    return exp
+
+
+# ---------------------------------------------------------------- network
+def test_network_local_proc_and_node_exporter_sys_every_value_matches():
+    c = NetworkCollector(NODE, str(LOCAL / "proc"), str(NE / "sys"))
+    got, up = collect(c)
+    assert up
+    exp = expected_network(LOCAL / "proc", NE / "sys")
+    assert got == exp
+    # spot checks against literal values (tests/fixtures/local/proc/net/snmp "Tcp:" line, and
+    # tests/fixtures/node_exporter/sys/class/net/*): eth0 is a symlink into sys/devices, bond0 says -1
+    assert got[(C.NET_TCP_RETRANS.name, frozenset([("node", NODE)]))] == 21
+    assert got[(C.NET_TCP_SENT.name, frozenset([("node", NODE)]))] == 9601
+    assert one(got, C.NET_IF_SPEED.name, device="eth0") == 125_000_000
+    assert not series(got, C.NET_IF_SPEED.name, device="bond0"), "speed -1 must be absent, not 0"
+    assert not series(got, C.NET_IF_ERRORS.name, device="lo"), "lo is excluded by default"
+
+
+def test_network_node_exporter_tree_without_net_dev_is_partial():
+    c = NetworkCollector(NODE, str(NE / "proc"), str(NE / "sys"))
+    got, up = collect(c)
+    assert not up, "node_exporter's fixture has no proc/net/dev: the collector must say it is not whole"
+    assert got == expected_network(NE / "proc", NE / "sys")
+    # literal values: tests/fixtures/node_exporter/proc/net/snmp Tcp RetransSegs 227, OutSegs 54915039, InErrs 5;
+    # proc/net/netstat TcpExt TCPLostRetransmit 0, TCPTimeouts 115, no TCPSynRetrans column
+    assert one(got, C.NET_TCP_RETRANS.name) == 227
+    assert one(got, C.NET_TCP_SENT.name) == 54915039
+    assert one(got, C.NET_TCP_IN_ERRORS.name) == 5
+    assert one(got, C.NET_TCP_EXT.name, counter="TCPTimeouts") == 115
+    assert one(got, C.NET_TCP_EXT.name, counter="TCPLostRetransmit") == 0
+    assert not series(got, C.NET_TCP_EXT.name, counter="TCPSynRetrans")
+    assert set(dict(k)["device"] for k in series(got, C.NET_IF_UP.name)) == {"bond0", "dmz", "eth0", "int"}
+
+
+def test_network_interface_filter_from_config():
+    got, _ = collect(NetworkCollector(NODE, str(LOCAL / "proc"), str(NE / "sys"), include=r"^(eth|dmz)", exclude=r"^dmz$"))
+    devices = {dict(k)["device"] for n, k in got if n in (C.NET_IF_UP.name, C.NET_IF_ERRORS.name)}
+    assert devices == {"eth0"}
+
+
+def test_network_on_live_proc():
+    """The live /proc: counters only grow, so the exposed value lies between two reads of the file."""
+    proc = Path("/proc")
+    before = table_file(proc / "net" / "snmp")["Tcp"]
+    got, up = collect(NetworkCollector(NODE, "/proc", "/sys"))
+    after = table_file(proc / "net" / "snmp")["Tcp"]
+    assert up
+    for m, k in ((C.NET_TCP_SENT, "OutSegs"), (C.NET_TCP_RETRANS, "RetransSegs")):
+        assert before[k] <= one(got, m.name) <= after[k]
+    for dev in dev_file(proc / "net" / "dev"):
+        if dev != "lo":
+            assert series(got, C.NET_IF_BYTES.name, device=dev, direction="receive")
+    assert not series(got, C.NET_IF_BYTES.name, device="lo")
+
+
+def test_network_missing_everything_is_down_not_a_crash(tmp_path):
+    got, up = collect(NetworkCollector(NODE, str(tmp_path), str(tmp_path)))
+    assert not up
+    assert not [k for k in got if k[0] != C.NET_TCP_EXT.name]
+
+
+# ---------------------------------------------------------------- rdma
+def test_rdma_node_exporter_tree_every_value_matches():
+    got, up = collect(RdmaCollector(NODE, str(NE / "sys")))
+    assert up
+    base = NE / "sys" / "class" / "infiniband"
+    exp = {}
+    for dev in base.iterdir():
+        for port in (dev / "ports").iterdir():
+            lab = [("node", NODE), ("device", dev.name), ("port", port.name)]
+            for sub in ("counters", "hw_counters"):
+                if (port / sub).is_dir():
+                    for f in (port / sub).iterdir():
+                        text = f.read_text().strip()
+                        if text.isdigit():  # "N/A (no PMA)" files are skipped
+                            exp[(C.RDMA_PORT_COUNTER.name, frozenset(lab + [("counter", f.name)]))] = int(text)
+            m = re.match(r"(\d+) Gb/sec", (port / "rate").read_text())
+            exp[(C.RDMA_PORT_RATE.name, frozenset(lab))] = int(m.group(1)) * 1e9 / 8
+            exp[(C.RDMA_PORT_UP.name, frozenset(lab))] = 1.0 if "ACTIVE" in (port / "state").read_text() else 0.0
+    assert got == exp
+    # literal values from tests/fixtures/node_exporter/sys/class/infiniband/mlx4_0/ports/1/{rate,counters/...}
+    assert one(got, C.RDMA_PORT_RATE.name, device="mlx4_0", port="1") == 5e9  # "40 Gb/sec (4X QDR)"
+    assert one(got, C.RDMA_PORT_COUNTER.name, device="mlx4_0", port="1", counter="port_xmit_wait") == 4294967295
+    assert one(got, C.RDMA_PORT_RATE.name, device="i40iw0", port="1") == 1.25e9  # "10 Gb/sec (4X)"
+    assert not series(got, C.RDMA_PORT_COUNTER.name, counter="port_rcv_data_64"), "counters_ext is not read"
+
+
+def test_rdma_hw_counters_and_odd_files(tmp_path):
+    """A tree written from the kernel's documented layout (Documentation/ABI/stable/sysfs-class-infiniband)."""
+    port = tmp_path / "class" / "infiniband" / "mlx5_0" / "ports" / "1"
+    (port / "counters").mkdir(parents=True)
+    (port / "hw_counters").mkdir()
+    (port / "rate").write_text("100 Gb/sec (4X EDR)\n")
+    (port / "state").write_text("1: DOWN\n")
+    (port / "counters" / "symbol_error").write_text("7\n")
+    (port / "counters" / "link_downed").write_text("3\n")
+    (port / "counters" / "unsupported").write_text("N/A\n")
+    (port / "hw_counters" / "out_of_buffer").write_text("11\n")
+    (port / "hw_counters" / "link_downed").write_text("4\n")  # collides with counters/link_downed
+    got, up = collect(RdmaCollector(NODE, str(tmp_path)))
+    assert up
+    counters = {dict(k)["counter"]: v for k, v in series(got, C.RDMA_PORT_COUNTER.name).items()}
+    assert counters == {"symbol_error": 7, "link_downed": 3, "out_of_buffer": 11, "hw_link_downed": 4}
+    assert one(got, C.RDMA_PORT_RATE.name) == 12.5e9
+    assert one(got, C.RDMA_PORT_UP.name) == 0.0
+
+
+def test_rdma_absent_is_collector_down(tmp_path):
+    with pytest.raises(CollectorError, match="no RDMA devices"):
+        RdmaCollector(NODE, str(tmp_path)).collect()
+
+
+# ---------------------------------------------------------------- disk
+def test_disk_watched_paths_reported_dirs_and_missing_ones(tmp_path):
+    ck = tmp_path / "ckpt" / "not-yet"
+    c = DiskCollector(NODE, [str(tmp_path)], reported=lambda: {str(ck)})
+    got, up = collect(c)
+    assert up
+    st = os.statvfs(tmp_path)
+    for path in (str(tmp_path), str(ck)):  # ck does not exist yet: measured on its nearest parent
+        assert one(got, C.DISK_TOTAL.name, path=path) == st.f_blocks * st.f_frsize
+        free = one(got, C.DISK_FREE.name, path=path)
+        assert abs(free - st.f_bavail * st.f_frsize) < 64 << 20  # other tests write meanwhile
+    import tempfile
+
+    assert series(got, C.DISK_FREE.name, path=tempfile.gettempdir())
+
+
+# ---------------------------------------------------------------- gpu on the NVML stand-in
+class FakeClock:
+    def __init__(self, t: float = 1_800_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Spy:
+    """Wraps the stand-in and records every utilization sample it returned to the collector."""
+
+    def __init__(self, nv: NvmlStandin):
+        self.nv = nv
+        self.returned: Dict[int, List[Tuple[int, int]]] = {}
+
+    def __getattr__(self, name):
+        return getattr(self.nv, name)
+
+    def nvmlDeviceGetSamples(self, h, kind, ts):
+        vt, samples = self.nv.nvmlDeviceGetSamples(h, kind, ts)
+        self.returned.setdefault(h.index, []).extend((s.timeStamp, s.sampleValue.uiVal) for s in samples)
+        return vt, samples
+
+
+def run_gpu(seconds: int, traces=("steady", "sawtooth", "idle")):
+    clock = FakeClock()
+    spy = Spy(NvmlStandin(count=len(traces), traces=traces, clock=clock))
+    gc = GpuCollector(NODE, poll_seconds=1.0, window_seconds=15.0, swing_high=0.8, swing_low=0.5, nvml=spy)
+    gc.start(threads=False)
+    for _ in range(seconds):
+        clock.t += 1.0
+        gc.poll()
+    return gc, spy, clock
+
+
+def test_gpu_waveform_matches_the_samples_nvml_returned():
+    gc, spy, clock = run_gpu(40)
+    got = exposed(gc.collect())
+    for i in range(3):
+        samples = spy.returned[i]
+        ts = [t for t, _ in samples]
+        assert ts == sorted(set(ts)), "each sample once, in order"
+        utils = [v / 100 for _, v in samples]
+        lab = {"gpu": str(i)}
+        # histogram of every raw sample
+        counts = series(got, C.GPU_UTILIZATION_SAMPLES.name + "_bucket", **lab)
+        for labels, v in counts.items():
+            le = float(dict(labels)["le"])
+            assert v == sum(1 for u in utils if u <= le)
+        assert one(got, C.GPU_UTILIZATION_SAMPLES.name + "_count", **lab) == len(utils)
+        assert one(got, C.GPU_UTILIZATION_SAMPLES.name + "_sum", **lab) == pytest.approx(sum(utils))
+        # busy seconds: each sample's utilization times the time since the previous one
+        busy = sum(u * (t2 - t1) / 1e6 for (t1, _), (t2, u) in zip(samples, [(t, v / 100) for t, v in samples][1:]))
+        assert one(got, C.GPU_BUSY_SECONDS.name, **lab) == pytest.approx(busy)
+        # window: the samples within 15 s of the newest
+        last = ts[-1]
+        win = [v / 100 for t, v in samples if t > last - 15_000_000]
+        assert one(got, C.GPU_UTILIZATION.name, stat="mean", **lab) == pytest.approx(sum(win) / len(win))
+        assert one(got, C.GPU_UTILIZATION.name, stat="min", **lab) == min(win)
+        assert one(got, C.GPU_UTILIZATION.name, stat="max", **lab) == max(win)
+        # swings: >= 0.8 arms, a later <= 0.5 counts
+        swings, armed = 0, False
+        for u in utils:
+            if u >= 0.8:
+                armed = True
+            elif armed and u <= 0.5:
+                swings, armed = swings + 1, False
+        assert one(got, C.GPU_SWINGS.name, **lab) == swings
+
+
+def test_gpu_steady_and_sawtooth_tell_apart():
+    """The recorded H200 loads, judged with the triage thresholds: sawtooth = mean < 0.8 and
+    >= 6 swings/min; steady has neither."""
+    gc, spy, clock = run_gpu(60)
+    got = exposed(gc.collect())
+    span = {i: (spy.returned[i][-1][0] - spy.returned[i][0][0]) / 60e6 for i in range(3)}  # minutes
+    steady_rate = one(got, C.GPU_BUSY_SECONDS.name, gpu="0") / (span[0] * 60)
+    saw_rate = one(got, C.GPU_BUSY_SECONDS.name, gpu="1") / (span[1] * 60)
+    assert steady_rate > 0.95
+    assert saw_rate < 0.8
+    assert one(got, C.GPU_SWINGS.name, gpu="0") == 0
+    assert one(got, C.GPU_SWINGS.name, gpu="1") / span[1] >= 6
+    assert one(got, C.GPU_SWINGS.name, gpu="2") == 0
+    assert one(got, C.GPU_UTILIZATION.name, gpu="2", stat="max") <= 0.01
+
+
+def test_gpu_device_state_matches_the_trace():
+    gc, spy, clock = run_gpu(3)
+    got = exposed(gc.collect())
+    st = trace()["static"]
+    for i in range(3):
+        lab = {"gpu": str(i)}
+        assert one(got, C.GPU_UP.name, **lab) == 1
+        assert one(got, C.GPU_MEMORY_TOTAL.name, **lab) == st["memory_total_bytes"]
+        assert one(got, C.GPU_TEMPERATURE.name, **lab) == st["temperature_c"]
+        assert one(got, C.GPU_POWER.name, **lab) == st["power_mw"] / 1000
+        assert one(got, C.GPU_SM_CLOCK.name, **lab) == st["sm_clock_mhz"] * 1e6
+        assert one(got, C.GPU_PCIE_GEN.name, state="current", **lab) == st["pcie_gen_current"]
+        assert one(got, C.GPU_PCIE_GEN.name, state="max", **lab) == st["pcie_gen_max"]
+        assert one(got, C.GPU_PCIE_WIDTH.name, state="current", **lab) == st["pcie_width_current"]
+        assert one(got, C.GPU_PCIE_WIDTH.name, state="max", **lab) == st["pcie_width_max"]
+        reasons = series(got, C.GPU_CLOCKS_EVENT.name, **lab)
+        assert {dict(k)["reason"]: v for k, v in reasons.items()} == {
+            r: float(bool(st["clocks_event_reasons"] & bit)) for bit, r in CLOCK_EVENT_REASONS.items()}
+        info = series(got, C.GPU_INFO.name, **lab)
+        assert {dict(k)["name"] for k in info} == {trace()["gpu"]}
+        assert {dict(k)["driver"] for k in info} == {trace()["driver"]}
+    # GPM: recorded under the steady load only (GPU 0 plays "steady"); absent elsewhere
+    assert one(got, C.GPU_SM_ACTIVE.name, gpu="0") == pytest.approx(st["gpm_steady"]["sm_util"] / 100)
+    assert one(got, C.GPU_TENSOR_ACTIVE.name, gpu="0") == pytest.approx(st["gpm_steady"]["tensor_util"] / 100)
+    assert not series(got, C.GPU_SM_ACTIVE.name, gpu="1")
+
+
+def test_gpu_lost_marks_only_that_gpu():
+    gc, spy, clock = run_gpu(2)
+    spy.nv.lose(1)
+    clock.t += 1
+    gc.poll()
+    got = exposed(gc.collect())
+    assert one(got, C.GPU_UP.name, gpu="1") == 0
+    assert not series(got, C.GPU_TEMPERATURE.name, gpu="1")
+    assert series(got, C.GPU_BUSY_SECONDS.name, gpu="1"), "counters stay"
+    assert one(got, C.GPU_UP.name, gpu="0") == 1 and one(got, C.GPU_UP.name, gpu="2") == 1
+    spy.nv.restore(1)
+    clock.t += 1
+    gc.poll()
+    assert one(exposed(gc.collect()), C.GPU_UP.name, gpu="1") == 1
+
+
+def test_gpu_xid_thread_counts_and_stops_cleanly():
+    nv = NvmlStandin(count=2)
+    gc = GpuCollector(NODE, poll_seconds=0.2, nvml=nv)
+    gc.start()
+    try:
+        nv.inject_xid(1, 79)
+        nv.inject_xid(1, 79)
+        nv.inject_xid(0, 48)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            got = exposed(gc.collect())
+            if series(got, C.GPU_XID_ERRORS.name, gpu="0"):
+                break
+            time.sleep(0.05)
+        assert one(got, C.GPU_XID_ERRORS.name, gpu="1", xid="79") == 2
+        assert one(got, C.GPU_XID_ERRORS.name, gpu="0", xid="48") == 1
+    finally:
+        threads = list(gc._threads)
+        gc.stop()
+    assert not any(t.is_alive() for t in threads)
+    assert nv.calls.get("nvmlEventSetFree") == 1 and nv.calls.get("nvmlShutdown") == 1
+
+
+def test_gpu_scrapes_never_call_nvml():
+    gc, spy, clock = run_gpu(2)
+    before = dict(spy.nv.calls)
+    for _ in range(20):
+        gc.collect()
+    assert spy.nv.calls == before
+
+
+def test_no_nvml_is_collector_down_and_the_rest_works(caplog, tmp_path):
+    """The real pynvml on this GPU-less machine: nvmlInit fails; one log line, collector_up 0."""
+    s = AgentSettings(node=NODE, listen="127.0.0.1:0", ingest="udp://127.0.0.1:0", procfs=str(LOCAL / "proc"),
+                      sysfs=str(NE / "sys"), collectors=("gpu", "network", "ranks"))
+    a = Agent(s)  # no nvml given: the real library
+    with caplog.at_level(logging.INFO, logger="ranksight"):
+        a.start()
+        try:
+            for _ in range(3):
+                got = scrape(a)
+        finally:
+            a.stop()
+    assert one(got, C.COLLECTOR_UP.name, collector="gpu") == 0
+    assert one(got, C.COLLECTOR_UP.name, collector="network") == 1
+    assert series(got, C.NET_TCP_SENT.name)
+    assert not series(got, C.GPU_UP.name)
+    lines = [r for r in caplog.records if "gpu" in r.getMessage() and "NVML" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+def test_writer_is_byte_identical_to_prometheus_client():
+    from prometheus_client import generate_latest
+
+    s = AgentSettings(node=NODE, listen="127.0.0.1:0", ingest="udp://127.0.0.1:0", procfs=str(LOCAL / "proc"),
+                      sysfs=str(NE / "sys"))
+    a = Agent(s, nvml=NvmlStandin(count=2))
+    a.start()
+    try:
+        from test_exporter_helpers import dgram, hb, ident, step
+
+        now = time.monotonic()
+        for r in range(2):
+            i = ident(job='we"ird\\job\nname', rank=r)
+            a.ingest.handle(dgram(i, hb()), now)
+            a.ingest.handle(dgram(i, step(seq=1, dur=1234567.5)), now)
+        fams = list(a.collect_all())
+    finally:
+        a.stop()
+
+    class Reg:
+        def collect(self):
+            return fams
+
+    assert TextWriter().render(fams) == generate_latest(Reg())
+    w = TextWriter()
+    assert w.render(fams) == w.render(fams)  # cached label sets render the same
