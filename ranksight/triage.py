@@ -15,8 +15,11 @@ Labels, as Prometheus stores them (the scrape config sets ``honor_labels: true``
   Prometheus attaches the scrape job's: ``job="ranksight-agent"`` (SCRAPE_JOB).
 
 So an inhibition between a node-level alert and a rank-level one can only match
-on ``node``; ``equal: [job]`` is only meaningful between two rank-level alerts.
-``tests/test_alerts.py`` checks this for every rule.
+on ``node``; ``equal: [job]`` is only meaningful between two rank-level alerts, or
+with a node alert that joins the training job of its node's ranks onto itself
+(``Entry.joined``: the TCP retransmit alert, so that loss on one host mutes the comm
+share of every rank of the jobs it carries). ``tests/test_alerts.py`` checks this
+for every rule.
 
 PromQL is written for Prometheus 2.42 and 3.x alike. Where a choice was made for
 that, a comment says ``compat:``. In short: no ``holt_winters`` (renamed in 3.x),
@@ -128,6 +131,10 @@ class Entry:
     next_check: str
     inhibits: Tuple[Inhibit, ...] = field(default=())
     runbook_base: str = RUNBOOK_BASE  # from config alerting.runbook_base_url
+    # Labels the alert takes from the rank series of its node, beyond scope (the training `job` of
+    # the ranks on a node, for a node cause that must mute symptoms job-wide). The indicator keeps
+    # the plain scope labels.
+    joined: Tuple[str, ...] = ()
 
     @property
     def runbook(self) -> str:
@@ -220,6 +227,8 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     stuck_job_targets = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked")
     on_node = Inhibit(("RanksightGpuSawtooth",), ("node",))
     retries = f"rate({C.CUDA_ALLOC_RETRIES}[{rate_w}]) * 60"
+    retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
+                   f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
     ckpt_recent = duration_seconds(rate_w)
     # An xid series that appeared within the window, on an agent Prometheus already scraped then
     # (so a fresh Prometheus, or a first scrape, does not report an agent's old errors as new).
@@ -288,10 +297,13 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="tcp-retransmits", alert="RanksightTcpRetransmits", kind="signal", order=4,
             title="Network retransmits", severity="warning",
-            expr=f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
-                 f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})",
+            # One alert per (node, training job with a rank on the node), so that it can mute the comm
+            # share of every rank of those jobs, on any node: loss on one host's link slows the whole
+            # job's collectives. A node without ranks alerts with job="ranksight-agent".
+            expr=f"(max by (node) ({retrans_bad}) * on (node) group_right () group by (node, job) ({C.RANK_UP}))"
+                 f" or max by (node, job) ({retrans_bad} unless on (node) group by (node) ({C.RANK_UP}))",
             for_=d["tcp_retransmits"], threshold=t["retransmit_ratio"], unit="ratio",
-            indicator=REC["retrans"], op=">", scope=("node",),
+            indicator=REC["retrans"], op=">", scope=("node",), joined=("job",),
             summary="TCP retransmits above {:.0%} of sent segments".format(t["retransmit_ratio"]),
             description=f"{NODE_DESC} retransmits {VAL} of its TCP segments.",
             meaning="Packets are lost on the node's links: bad cable or port, a congested or misconfigured switch, a NIC at the wrong speed.",
@@ -299,7 +311,8 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             diagnosis="Check ranksight_net_interface_errors_total / drops by device, the negotiated link speed, and the switch port counters.",
             mitigation="Reseat or replace the cable/transceiver, move the node off the bad port, fix MTU/flow control, drain the node.",
             next_check="checkpoint write duration",
-            inhibits=(Inhibit(comm, ("node",)),),
+            # on its own node whatever the job, and job-wide through the joined training job
+            inhibits=(Inhibit(comm, ("node",)), Inhibit(comm, ("job",))),
         ),
         # ------------------------------------------------------------ 5. checkpoint
         Entry(
