@@ -289,7 +289,8 @@ def _run(args: argparse.Namespace, started: List[object]) -> int:
     codes = job.returncodes()
 
     if stack is None:
-        print("alerts: not evaluated (no local stack: install prometheus and prometheus-alertmanager)", file=out)
+        print(f"\njob exit codes: {codes}", file=out)
+        print("alerts: not evaluated (Prometheus and Alertmanager did not run)", file=out)
         return 0 if args.fault == "none" else 1
     if args.fault != "none" and not alerts.named(args.fault, args.rank_to_fault, primary_only=True):
         print(f"ranksight demo: waiting up to {args.settle:g} s for the alerts to settle", file=out, flush=True)
