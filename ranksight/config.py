@@ -88,6 +88,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "heartbeat": Opt("5m", "RanksightHeartbeatMissed: window for increase() of misses"),
         "disk_predict": Opt("1h", "RanksightDiskFilling: predict_linear() lookback"),
         "creep_offset": Opt("1h", "RanksightCudaAllocRetries: step-time creep compared with this long ago"),
+        "checkpoint_share": Opt("1h", "RanksightCheckpointSlow: window of the checkpoint share of wall time "
+                                      "(longer than the checkpoint interval, or every write looks like a big share)"),
     },
     "agent": {
         "listen": Opt("0.0.0.0:9945", "HTTP listen address for /metrics and /healthz"),
@@ -142,7 +144,8 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
     "default": {},
     "test": {
         "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
-        "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m"},
+        "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m",
+                    "checkpoint_share": "30s"},
     },
 }
 
