@@ -20,7 +20,7 @@ picks the rank, default 1):
 
   slow-data        that rank's dataset sleeps per sample (slow storage): data-loader bound
   straggler        that rank runs extra real compute every step (--straggler-extra of a step)
-  comm-heavy       all ranks: a wide model on a tiny batch, so gradients dominate the step
+  comm-heavy       all ranks: a wide model (1024) on a tiny batch (8 tokens): gradients dominate the step
   kill-rank        that rank SIGKILLs itself --fault-after seconds in
   hang             that rank sleeps inside a step --fault-after seconds in (its peer blocks in all-reduce)
   slow-checkpoint  rank 0 checkpoints a large state every few steps to a file opened with
@@ -56,7 +56,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
     p.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds (0: no limit)")
-    p.add_argument("--batch-seqs", type=int, default=16, help="sequences per rank per step (256 tokens each)")
+    p.add_argument("--batch-seqs", type=int, default=16, help="sequences per rank per step")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     p.add_argument("--hidden", type=int, default=256, help="MLP hidden width")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     p.add_argument("--log-every", type=int, default=100, help="rank 0 prints the loss every N steps (0: never)")
@@ -79,7 +80,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                    help="open checkpoint files with O_DSYNC (slow-checkpoint turns it on)")
     args = p.parse_args(argv)
     if args.fault == "comm-heavy":  # large gradients, tiny compute
-        args.hidden, args.batch_seqs = 1536, 1
+        args.hidden, args.batch_seqs, args.seq_len = 1024, 1, 8
     if args.fault == "slow-checkpoint":
         args.checkpoint_every = min(args.checkpoint_every, 10)
         args.checkpoint_mb = args.checkpoint_mb or 48.0
@@ -88,8 +89,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
 
 
 class TokenSequences(Dataset):
-    """Synthetic token classification: each item is a (256, 64) sequence of token features
-    and 256 labels given by a fixed random linear map, so the loss really goes down."""
+    """Synthetic token classification: each item is a (seq_len, 64) sequence of token features
+    and seq_len labels given by a fixed random linear map, so the loss really goes down."""
 
     def __init__(self, n: int, seq_len: int = 256, dim: int = 64, classes: int = 8, seed: int = 0,
                  read_delay: float = 0.0):
@@ -130,7 +131,7 @@ def main(argv: Optional[list] = None) -> int:
     faulty = args.fault != "none" and rank == args.rank_to_fault % world
     torch.manual_seed(args.seed)  # same initial weights on every rank
 
-    data = TokenSequences(n=16 * world * args.batch_seqs, seed=args.seed,
+    data = TokenSequences(n=16 * world * args.batch_seqs, seq_len=args.seq_len, seed=args.seed,
                           read_delay=args.slow_data_seconds if faulty and args.fault == "slow-data" else 0.0)
     sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_seqs, sampler=sampler, drop_last=True)
@@ -147,7 +148,7 @@ def main(argv: Optional[list] = None) -> int:
     pad = torch.zeros(int(args.checkpoint_mb * 2**20 / 4))  # e.g. EMA weights of a bigger model
     if rank == 0:
         print(f"train_ddp: {world} ranks, fault={args.fault} (rank {args.rank_to_fault % world}), "
-              f"global batch {world * args.batch_seqs * 256} tokens, lr {args.lr}", flush=True)
+              f"global batch {world * args.batch_seqs * args.seq_len} tokens, lr {args.lr}", flush=True)
 
     step, epoch, loss_sum, start, stop = 0, 0, 0.0, None, False
     while not stop:

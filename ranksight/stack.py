@@ -175,7 +175,8 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+def set_pdeathsig() -> None:
+    """preexec_fn: the child gets SIGTERM when its parent dies (Linux). Runs between fork and exec."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001 - best effort: non-Linux libc
@@ -362,7 +363,7 @@ class Proc:
             self.popen = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 start_new_session=True, env=self.env, close_fds=True,
-                preexec_fn=None if daemon else _set_pdeathsig)
+                preexec_fn=None if daemon else set_pdeathsig)
         self.pid_file.write_text(f"{self.popen.pid}\n")
 
     def pid(self) -> Optional[int]:
