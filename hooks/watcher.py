@@ -158,6 +158,12 @@ class WatchedLoader:
         if w is None or not w._active:
             return it
         w._epoch_start(loader)
+        lint_iter = getattr(w, "lint_iter", None)  # ranksight.hooks.lints: first batch, worker pids
+        if lint_iter is not None:
+            try:
+                it = lint_iter(it)
+            except Exception as e:
+                w._hook_error("lints iterator", e)
         return _TimedIter(it, w)
 
     def __next__(self) -> Any:  # the user passed an iterator (e.g. a generator) and calls next() on us
@@ -835,6 +841,7 @@ def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
     try:
         settings = load_settings(config, agent)
         w = Watcher(model, optimizer, loader, settings)
+        w.config_source = config  # the lints (ranksight.hooks.lints) read their section from the same config
     except Exception as e:  # never stop training because the hooks could not start
         log.warning("ranksight: cannot start the hooks (%s: %s); training continues unwatched",
                     type(e).__name__, e)

@@ -1,0 +1,137 @@
+"""Plumbing for tests/test_lints.py: a UDP receiver that decodes every datagram with
+ranksight.protocol.decode, and a launcher for real 2-rank gloo jobs on a free port."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from ranksight import protocol
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+WORKER = os.path.join(HERE, "lint_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Receiver:
+    """A real agent stand-in for the datagram side: binds a free UDP port on loopback and keeps
+    every datagram decoded by protocol.decode (invalid ones are kept apart)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.port = self.sock.getsockname()[1]
+        self.records: List[Dict[str, Any]] = []
+        self.invalid: List[str] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    @property
+    def url(self) -> str:
+        return f"udp://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                self.records.append(protocol.decode(data))
+            except protocol.ProtocolError as e:
+                self.invalid.append(f"{e.result}: {e} in {data[:300]!r}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(timeout=2)
+        self.sock.close()
+
+
+@dataclass
+class Job:
+    """One finished 2-rank job: per-rank exit code, stderr, RESULT, and its lint datagrams."""
+    args: List[str]
+    ranks: List[Dict[str, Any]]
+    records: List[Dict[str, Any]]
+    invalid: List[str]
+    seconds: float
+    env: Dict[str, str] = field(default_factory=dict)
+
+    def lints(self, lint: str, rank: Optional[int] = None) -> List[Dict[str, Any]]:
+        return [r for r in self.records if r["t"] == "lint" and r["lint"] == lint
+                and (rank is None or r["rank"] == rank)]
+
+    def last(self, lint: str, rank: int) -> Optional[Dict[str, Any]]:
+        got = self.lints(lint, rank)
+        return got[-1] if got else None
+
+    def lines(self, lint: str, rank: int) -> List[str]:
+        tag = f"ranksight lint {lint} on rank {rank}:"
+        return [ln for ln in self.ranks[rank]["err"].splitlines() if tag in ln]
+
+    def describe(self) -> str:
+        out = [f"args {self.args} env {self.env} ({self.seconds:.1f} s)"]
+        for r in self.ranks:
+            out.append(f"--- rank rc={r['rc']} result={r['result']}\n{r['err'][-3000:]}")
+        out.append("lint datagrams: " + json.dumps([(r["rank"], r["lint"], r["active"]) for r in self.records
+                                                     if r["t"] == "lint"]))
+        return "\n".join(out)
+
+
+def run_job(args: Sequence[str], world: int = 2, env: Optional[Dict[str, str]] = None,
+            timeout: float = 60.0) -> Job:
+    """Run ``world`` ranks of lint_worker.py with gloo on a free port, sending to a fresh receiver."""
+    rx = Receiver()
+    port = free_port()
+    t0 = time.monotonic()
+    procs = []
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RANKSIGHT")}
+    base.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", RANKSIGHT_AGENT=rx.url, RANKSIGHT_JOB="lints-test",
+                RANKSIGHT__hooks__table_every_steps="0", RANKSIGHT__hooks__table_every_seconds="0",
+                PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    base.update(env or {})
+    try:
+        for r in range(world):
+            e = dict(base, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen([sys.executable, WORKER, *args], env=e, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        ranks = []
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            try:
+                so, se = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                so, se = p.communicate()
+                se += "\n[killed: timeout]"
+            res = None
+            for line in so.splitlines():
+                if line.startswith("RESULT "):
+                    res = json.loads(line[len("RESULT "):])
+            ranks.append({"rc": p.returncode, "out": so, "err": se, "result": res})
+        time.sleep(0.2)  # the last datagrams of "bye"
+    finally:
+        for p in procs:  # no leftovers
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        rx.close()
+    return Job(list(args), ranks, list(rx.records), list(rx.invalid), time.monotonic() - t0, dict(env or {}))
