@@ -1,0 +1,328 @@
+"""One GPU scenario per process: the hooks on a real bf16 transformer step, checked against
+``torch.profiler`` and ``torch.cuda.set_sync_debug_mode("error")``.
+
+    python bench/gpu/scenarios.py NAME [--steps N] [--out result.json] [--trace-dir DIR]
+
+Scenarios (each in a fresh process: NCCL reads its environment at process-group creation,
+and the sync debug mode is process-wide):
+
+  nccl_ws1        one process, NCCL group of world size 1, plain model; after backward an
+                  explicit synchronous all_reduce and an async all_gather_into_tensor + wait
+                  (the hooks' wrapped collectives and Work.wait)
+  ddp_ws1         DistributedDataParallel, world size 1 (the hooks' DDP comm hook)
+  comm_fr         DDP ws1 + large out-of-place collectives, TORCH_NCCL_ENABLE_TIMING=1 and
+                  TORCH_NCCL_TRACE_BUFFER_SIZE=2000: collective time from the Flight Recorder
+  comm_events     the same workload without the Flight Recorder: collective time from the
+                  hooks' CUDA events (launch -> completion callback)
+  fr_timing_only  as comm_fr but only TORCH_NCCL_ENABLE_TIMING=1 (no buffer size set)
+
+Procedure (every scenario): watch() before the first step (as a user would), W warm-up steps
+(DDP synchronizes once while it rebuilds its buckets in the 2nd step), a device synchronize and
+a *flush step* (``optimizer.step()`` with no gradients: no GPU work, so its record takes every
+interval still pending), then the profiler starts, sync debug mode "error" is set, N measured
+steps run, the mode is reset, the profiler stops, a synchronize and a second flush step close
+the window. The hooks' sums over the records of the N steps plus the second flush step are
+exactly the intervals of the N steps; the profiler's are the GPU spans of the
+``rs_fwd``/``rs_bwd``/``rs_comm``/``rs_opt`` ranges of the same N steps (``ktrace``).
+
+Prints one JSON line (the summary) and writes the full result with ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import pickle
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import ktrace  # noqa: E402
+import workload as W  # noqa: E402
+
+SCENARIOS = ("nccl_ws1", "ddp_ws1", "comm_fr", "comm_events", "fr_timing_only")
+FR_ENV = ("TORCH_NCCL_ENABLE_TIMING", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")
+
+
+def set_env(name: str) -> None:
+    for k in FR_ENV:
+        os.environ.pop(k, None)
+    if name == "comm_fr":
+        os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"
+        os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+    elif name == "fr_timing_only":
+        os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+
+def fr_dump() -> Optional[Dict[str, Any]]:
+    import torch
+
+    f = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+    if f is None:
+        return None
+    raw = f(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    return pickle.loads(raw) if raw else {}
+
+
+def fr_window(dump: Optional[Dict[str, Any]], t0_ns: int, t1_ns: int) -> Dict[str, Any]:
+    if dump is None:
+        return {"available": False}
+    entries = dump.get("entries", [])
+    sel = [e for e in entries if t0_ns <= int(e.get("time_created_ns") or 0) <= t1_ns]
+    durs = [e["duration_ms"] / 1e3 for e in sel if e.get("duration_ms") is not None]
+    names: Dict[str, int] = {}
+    for e in sel:
+        names[e.get("profiling_name", "?")] = names.get(e.get("profiling_name", "?"), 0) + 1
+    return {"available": True, "entries_total": len(entries), "entries_window": len(sel),
+            "with_duration": len(durs), "sum_s": sum(durs), "by_name": names,
+            "states": sorted({str(e.get("state")) for e in sel})}
+
+
+def profiler_figures(trace: "ktrace.Trace") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, rng in (("fwd", "rs_fwd"), ("bwd", "rs_bwd"), ("comm_range", "rs_comm"), ("opt", "rs_opt")):
+        total, n = trace.span_total(rng)
+        out[key] = total
+        out[key + "_ranges"] = n
+    # the compute stream: where most forward work runs
+    fwd_ops = [o for r in trace.ranges_named("rs_fwd") for o in trace.ops_launched_in(r.start, r.end)]
+    streams: Dict[int, int] = {}
+    for o in fwd_ops:
+        streams[o.stream] = streams.get(o.stream, 0) + 1
+    compute = max(streams, key=streams.get) if streams else -1
+    rs = [r for name in ("rs_fwd", "rs_bwd", "rs_comm", "rs_opt") for r in trace.ranges_named(name)]
+    if rs:
+        lo, hi = min(r.start for r in rs), max(r.end for r in rs)
+        ops = trace.ops_launched_in(lo, hi)
+        side = ktrace.merge((o.start, o.end) for o in ops if o.stream != compute)
+        out["collective_gpu_s"] = ktrace.union_length(side) / 1e6  # union of work on non-compute streams
+        ov = trace.comm_overlap(min(o.start for o in ops) if ops else None, max(o.end for o in ops) if ops else None)
+        out["hta_comm_s"] = ov.comm_s
+        out["hta_exposed_s"] = ov.exposed_s
+        out["hta_overlap_ratio"] = ov.overlap_ratio
+        out["nccl_kernels"] = ov.comm_kernels
+        out["side_stream_ops"] = sum(1 for o in ops if o.stream != compute)
+        names: Dict[str, int] = {}
+        for o in ops:
+            if o.stream != compute:
+                k = o.name[:60]
+                names[k] = names.get(k, 0) + 1
+        out["side_stream_op_names"] = names
+    out["compute_stream"] = compute
+    return out
+
+
+def trimmed_trace(path: Path, dest: Path, keep_ranges: int = 2) -> None:
+    """A small copy of the profiler trace (GPU activities, their launches, the rs_* ranges) of the
+    first ``keep_ranges`` measured steps: the CPU tests check ``ktrace`` on it."""
+    data = json.loads(path.read_text())
+    ev = data["traceEvents"]
+    fwd = sorted((e for e in ev if e.get("cat") == ktrace.RANGE_CAT and e.get("name") == "rs_fwd"),
+                 key=lambda e: e["ts"])
+    if len(fwd) <= keep_ranges:
+        return
+    t_end = fwd[keep_ranges]["ts"]
+    t_start = fwd[0]["ts"]
+    keep_cats = set(ktrace.GPU_CATS) | set(ktrace.LAUNCH_CATS) | {ktrace.RANGE_CAT}
+    launch_ok = set()
+    out = []
+    for e in ev:
+        cat = e.get("cat")
+        if cat in ktrace.LAUNCH_CATS or cat == ktrace.RANGE_CAT:
+            if t_start <= e.get("ts", 0) < t_end:
+                if cat in ktrace.LAUNCH_CATS:
+                    launch_ok.add((e.get("args") or {}).get("correlation"))
+                out.append({k: e[k] for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args") if k in e})
+    for e in ev:
+        if e.get("cat") in ktrace.GPU_CATS and (e.get("args") or {}).get("correlation") in launch_ok:
+            a = e.get("args") or {}
+            out.append({"ph": "X", "cat": e["cat"], "name": e["name"], "pid": e.get("pid"), "tid": e.get("tid"),
+                        "ts": e["ts"], "dur": e.get("dur", 0),
+                        "args": {k: a[k] for k in ("stream", "correlation", "device") if k in a}})
+    for e in out:
+        if e["cat"] in ktrace.LAUNCH_CATS:
+            e["args"] = {"correlation": (e.get("args") or {}).get("correlation")}
+        elif e["cat"] == ktrace.RANGE_CAT:
+            e["args"] = {}
+    assert all(e.get("cat") in keep_cats for e in out)
+    with gzip.open(dest, "wt") as f:
+        json.dump({"traceEvents": out, "note": "trimmed torch.profiler trace, H200, ranksight bench/gpu/scenarios.py"}, f)
+
+
+def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False) -> Dict[str, Any]:
+    """``smoke``: the same control flow on CPU with gloo and a tiny model (no CUDA events, no NCCL,
+    no sync debug mode): a check of this script, not of the GPU paths."""
+    set_env(name)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ranksight
+    from ranksight import hooks as rs_hooks
+
+    fr_mode = name in ("comm_fr", "fr_timing_only") and not smoke
+    if smoke:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{W.free_port()}", rank=0, world_size=1)
+        spec = W.ModelSpec.tiny()
+        sync = lambda: None  # noqa: E731
+        debug = lambda mode: None  # noqa: E731
+        big_n = small_n = 1 << 12
+    else:
+        dev = torch.device("cuda", 0)
+        torch.cuda.set_device(dev)
+        W.init_nccl_world1(dev)
+        spec = W.ModelSpec()
+        sync = torch.cuda.synchronize
+        debug = torch.cuda.set_sync_debug_mode
+        small_n, big_n = 16 << 20, 128 << 20  # bf16: 32 MiB, 256 MiB
+    model, opt, x = W.build(spec, dev)
+    result: Dict[str, Any] = {"scenario": name, "versions": W.versions(), "spec": W.spec_dict(spec),
+                              "params": W.n_params(model), "steps": steps, "warmup": warmup}
+    if name != "nccl_ws1":
+        model = DDP(model, device_ids=None if smoke else [0])
+    between = None
+    if name == "nccl_ws1":
+        buf = torch.randn(small_n, device=dev, dtype=torch.bfloat16)
+        ag_out = torch.empty_like(buf)
+
+        def between() -> None:
+            dist.all_reduce(buf)  # synchronous: exposed time
+            work = dist.all_gather_into_tensor(ag_out, buf, async_op=True)
+            work.wait()
+    elif name != "ddp_ws1":
+        big = torch.randn(big_n, device=dev, dtype=torch.bfloat16)
+        big_out = torch.empty_like(big)
+        rs_out = torch.empty_like(big)
+
+        def between() -> None:
+            work = dist.all_gather_into_tensor(big_out, big, async_op=True)
+            dist.reduce_scatter_tensor(rs_out, big)
+            work.wait()
+
+    rec = W.Receiver()
+    loader = ranksight.watch(model, opt, W.batches(x, max(steps, warmup)), agent=rec.url, config=W.QUIET_HOOKS)
+    w = rs_hooks.current()
+    result["watch_stats_start"] = w.stats() if w is not None else None
+    settle = 0.4 if fr_mode else 0.0  # let the heartbeat thread read the Flight Recorder
+
+    for i, xb in enumerate(loader):
+        W.train_step(model, opt, xb, between=between)
+        if i + 1 == warmup:
+            break
+    sync()
+    time.sleep(settle)
+    W.flush_step(opt)
+    seq_f1 = warmup + 1
+    t0_ns = time.time_ns()
+
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU] if smoke else [ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof.__enter__()
+    errors: List[str] = []
+    t_meas0 = time.perf_counter()
+    debug("error")
+    try:
+        for i, xb in enumerate(loader):
+            W.train_step(model, opt, xb, ranges=True, between=between)
+            if i + 1 == steps:
+                break
+    except Exception:
+        errors.append(traceback.format_exc(limit=20))
+    finally:
+        debug(0)
+    t_host = time.perf_counter() - t_meas0
+    prof.__exit__(None, None, None)
+    sync()
+    t1_ns = time.time_ns()
+    time.sleep(settle)
+    W.flush_step(opt)
+    seq_f2 = seq_f1 + steps + 1
+    got = rec.wait_step(seq_f2, timeout=10)
+    stats = w.stats() if w is not None else None
+    dump = fr_dump() if dist.is_initialized() else None
+    ranksight.unwatch()
+    time.sleep(0.2)
+    recs = rec.steps()
+    rec.close()
+
+    hooks = W.sum_fields(recs, seq_f1 + 1, seq_f2)
+    result.update(sync_debug_errors=errors, host_seconds_measured=t_host, records_complete=got,
+                  stats_end=stats, invalid_datagrams=rec.invalid[:5], hooks=hooks,
+                  hook_errors=max((r.get("herr", 0) for r in recs), default=0),
+                  hdrop=max((r.get("hdrop", 0) for r in recs), default=0),
+                  seqs=[r["seq"] for r in recs][-3:], flight_recorder=fr_window(dump, t0_ns, t1_ns))
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    tpath = trace_dir / f"{name}.trace.json"
+    prof.export_chrome_trace(str(tpath))
+    tr = ktrace.Trace.load(tpath)
+    pf = profiler_figures(tr)
+    result["profiler"] = pf
+    if name == "ddp_ws1":
+        trimmed_trace(tpath, trace_dir / "h200_ddp_ws1_2steps.trace.json.gz")
+    tpath.unlink()  # big; the trimmed copy is kept
+    h = hooks
+    cmp = {
+        "fwd": (h["fwd"], pf["fwd"]),
+        "opt": (h["opt"], pf["opt"]),
+        "bwd": (h["bwd"], pf["bwd"]),
+        "bwd_plus_tail": (h["bwd"] + h["xcomm"], pf["bwd"]),
+        "comm_vs_collective_gpu": (h["comm"], pf.get("collective_gpu_s", 0.0)),
+    }
+    result["compare"] = {k: {"hooks_s": a, "profiler_s": b, "rel_diff": ktrace.rel_diff(a, b)} for k, (a, b) in cmp.items()}
+    W.destroy_pg()
+    return result
+
+
+def summary(r: Dict[str, Any]) -> Dict[str, Any]:
+    s = {"scenario": r.get("scenario"), "errors": len(r.get("sync_debug_errors", [])),
+         "herr": r.get("hook_errors"), "hdrop": r.get("hdrop")}
+    for k, v in (r.get("compare") or {}).items():
+        s[k] = f"hooks {v['hooks_s'] * 1e3:.2f} ms vs profiler {v['profiler_s'] * 1e3:.2f} ms ({v['rel_diff']:.1%})"
+    fr = r.get("flight_recorder") or {}
+    if fr.get("available"):
+        s["flight_recorder"] = f"{fr['entries_window']} entries, {fr['sum_s'] * 1e3:.2f} ms"
+    return s
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("name", choices=SCENARIOS)
+    p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up steps before the sync debug mode (default 3)")
+    p.add_argument("--out", help="write the full result JSON here")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="run the same control flow on CPU (gloo, tiny model): checks this script, not the GPU")
+    p.add_argument("--trace-dir", default="/tmp/ranksight-gpu-traces", help="where profiler traces go")
+    a = p.parse_args(argv)
+    if a.steps < 1 or a.warmup < 3:
+        p.error("--steps must be >= 1 and --warmup >= 3 (DDP synchronizes in its 2nd step)")
+    if not W.cuda_available() and not a.cpu_smoke:
+        r = {"scenario": a.name, "skipped": "CUDA is not available on this machine"}
+        W.write_json(a.out, r)
+        print(json.dumps(r))
+        return 0
+    try:
+        r = run(a.name, a.steps, a.warmup, Path(a.trace_dir), smoke=a.cpu_smoke)
+    except Exception:
+        r = {"scenario": a.name, "crashed": traceback.format_exc(limit=30)}
+        W.write_json(a.out, r)
+        print(json.dumps({"scenario": a.name, "crashed": r["crashed"].strip().splitlines()[-1]}))
+        sys.stderr.write(r["crashed"])
+        return 1
+    W.write_json(a.out, r)
+    print(json.dumps(summary(r)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""The GPU workload shared by tests/gpu, bench/gpu and bench/multigpu.
+
+A real bf16 training step: ``nn.TransformerEncoder`` (pre-norm, no dropout), 8 layers,
+1024 wide, 16 heads, FFN 4096, batch 8 x 512 tokens, AdamW (PyTorch's default
+implementation for CUDA tensors). Roughly 100 M parameters, a step of about 21 ms on
+one H200.
+
+Also here: a UDP receiver that decodes the hooks' datagrams with ``ranksight.protocol``,
+process-group helpers (NCCL world size 1 on a free loopback port) and the version block
+that every result file carries.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    layers: int = 8
+    width: int = 1024
+    heads: int = 16
+    ffn: int = 4096
+    batch: int = 8
+    seq: int = 512
+
+    @classmethod
+    def tiny(cls) -> "ModelSpec":
+        """A host-bound step: the GPU work is negligible, so wall time is host time."""
+        return cls(layers=1, width=64, heads=2, ffn=128, batch=1, seq=8)
+
+
+def build(spec: ModelSpec, device: Any, seed: int = 0, fused: Optional[bool] = None):
+    """(model, optimizer, batch) for ``spec`` on ``device``, parameters in bfloat16."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    layer = nn.TransformerEncoderLayer(spec.width, spec.heads, spec.ffn, dropout=0.0, batch_first=True,
+                                       norm_first=True)
+    model = nn.TransformerEncoder(layer, spec.layers, enable_nested_tensor=False)
+    model = model.to(device=device, dtype=torch.bfloat16)
+    kw = {} if fused is None else {"fused": fused}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **kw)
+    x = torch.randn(spec.batch, spec.seq, spec.width, device=device, dtype=torch.bfloat16)
+    return model, opt, x
+
+
+def n_params(model: Any) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _null() -> contextlib.AbstractContextManager:
+    return contextlib.nullcontext()
+
+
+def train_step(model: Any, opt: Any, x: Any, ranges: bool = False,
+               between: Optional[Callable[[], None]] = None) -> Any:
+    """One optimizer step. ``ranges``: wrap forward/backward/comm/optimizer in ``record_function``
+    ranges ``rs_fwd``/``rs_bwd``/``rs_comm``/``rs_opt`` for the profiler comparison. ``between``
+    runs after backward and before the optimizer (explicit collectives). Returns the loss
+    tensor (never read here: reading it would synchronize)."""
+    if ranges:
+        from torch.profiler import record_function as rf
+    else:
+        rf = None  # type: ignore[assignment]
+    with (rf("rs_fwd") if rf else _null()):
+        out = model(x)
+    loss = out.float().square().mean()
+    with (rf("rs_bwd") if rf else _null()):
+        loss.backward()
+    if between is not None:
+        with (rf("rs_comm") if rf else _null()):
+            between()
+    with (rf("rs_opt") if rf else _null()):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def flush_step(opt: Any) -> None:
+    """An optimizer step with no gradients (no GPU work): closes a step for the hooks, so its
+    record carries every interval that finished before it. Call after a device synchronize."""
+    opt.zero_grad(set_to_none=True)
+    opt.step()
+
+
+# ---------------------------------------------------------------------- hooks datagrams
+class Receiver:
+    """A UDP socket on a free loopback port; every datagram must pass ``protocol.decode``."""
+
+    def __init__(self) -> None:
+        from ranksight import protocol
+
+        self._decode = protocol.decode
+        self._perr = protocol.ProtocolError
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.records: List[Dict[str, Any]] = []
+        self.invalid: List[str] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="test-receiver", daemon=True)
+        self._t.start()
+
+    @property
+    def url(self) -> str:
+        return f"udp://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            try:
+                self.records.append(self._decode(data))
+            except self._perr as e:
+                self.invalid.append(f"{e}: {data[:200]!r}")
+
+    def steps(self) -> List[Dict[str, Any]]:
+        return sorted((r for r in self.records if r["t"] == "step"), key=lambda r: r["seq"])
+
+    def wait_step(self, seq: int, timeout: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(r["t"] == "step" and r["seq"] >= seq for r in self.records):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._t.join(timeout=2)
+        self.sock.close()
+
+
+def sum_fields(records: List[Dict[str, Any]], lo: int, hi: int,
+               fields=("dur", "fwd", "bwd", "opt", "xcomm", "comm", "data")) -> Dict[str, float]:
+    """Sums of the step records with lo <= seq <= hi."""
+    sel = [r for r in records if lo <= r["seq"] <= hi]
+    out = {f: float(sum(r.get(f, 0.0) for r in sel)) for f in fields}
+    out["records"] = len(sel)
+    return out
+
+
+QUIET_HOOKS = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
+
+
+# ---------------------------------------------------------------------- process groups
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_nccl_world1(device: Any) -> None:
+    """A one-rank NCCL process group on a free loopback TCP port (eager NCCL init)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            device_id=device)
+
+
+def destroy_pg() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------- environment
+def versions() -> Dict[str, Any]:
+    """torch / CUDA / NCCL / driver / GPU, for every result file."""
+    out: Dict[str, Any] = {"python": platform.python_version(), "host": platform.node(),
+                           "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda_runtime"] = torch.version.cuda
+        if torch.cuda.is_available():
+            out["gpu"] = torch.cuda.get_device_name(0)
+            out["gpu_count"] = torch.cuda.device_count()
+            try:
+                v = torch.cuda.nccl.version()
+                out["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+            except Exception as e:  # no NCCL in this build
+                out["nccl"] = f"unavailable ({e})"
+    except ImportError:
+        out["torch"] = None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        d = pynvml.nvmlSystemGetDriverVersion()
+        out["driver"] = d.decode() if isinstance(d, bytes) else str(d)
+        pynvml.nvmlShutdown()
+    except Exception as e:
+        out["driver"] = f"unavailable ({type(e).__name__})"
+    for k in ("NCCL_NVLS_ENABLE", "TORCH_NCCL_ENABLE_TIMING", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"):
+        if k in os.environ:
+            out.setdefault("env", {})[k] = os.environ[k]
+    return out
+
+
+NO_CUDA = ("needs CUDA: torch.cuda.is_available() is False on this machine; the GPU tests run on the "
+           "GPU machine (bash bench/gpu/run_all.sh)")
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def write_json(path: Optional[str], obj: Any) -> None:
+    if not path:
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def spec_dict(spec: ModelSpec) -> Dict[str, int]:
+    return asdict(spec)
+
+
+def median(xs: List[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        return float("nan")
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def quantile(xs: List[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q
+    f = int(k)
+    c = min(f + 1, len(s) - 1)
+    return s[f] + (s[c] - s[f]) * (k - f)
+
+
+def batches(x: Any, n: int) -> List[Any]:
+    """A loader of ``n`` steps over one pre-made device batch (no input pipeline in these runs)."""
+    return [x] * n
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {msg}\n")
+    sys.stderr.flush()

@@ -1,0 +1,71 @@
+"""tests/gpu: the real GPU paths (CUDA events under sync debug mode, NCCL, NVML/GPM).
+
+They run where CUDA exists (the project's H200 machine: ``bash bench/gpu/run_all.sh``) and
+are skipped elsewhere, each with the reason. ``test_ktrace.py`` and ``test_nvml_fixture.py``
+need no GPU and run everywhere.
+
+Figures measured by the GPU tests are collected in ``gpu_results`` and written to
+``$RANKSIGHT_GPU_OUT/pytest_gpu_results.json`` when that variable is set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH_GPU = REPO / "bench" / "gpu"
+if str(BENCH_GPU) not in sys.path:
+    sys.path.insert(0, str(BENCH_GPU))
+
+
+@pytest.fixture(scope="session")
+def gpu_results() -> Iterator[Dict[str, Any]]:
+    results: Dict[str, Any] = {}
+    yield results
+    out = os.environ.get("RANKSIGHT_GPU_OUT")
+    if out and results:
+        p = Path(out)
+        p.mkdir(parents=True, exist_ok=True)
+        (p / "pytest_gpu_results.json").write_text(json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
+
+
+SCENARIO_TIMEOUT = 300
+
+
+@pytest.fixture(scope="session")
+def scenario(tmp_path_factory: pytest.TempPathFactory, gpu_results: Dict[str, Any]):
+    """``scenario(name) -> result dict``: runs ``bench/gpu/scenarios.py NAME`` once per session in
+    its own process (NCCL environment and sync debug mode are per process) and caches the result."""
+    import subprocess
+
+    cache: Dict[str, Dict[str, Any]] = {}
+    d = tmp_path_factory.mktemp("scenarios")
+    trace_dir = Path(os.environ.get("RANKSIGHT_GPU_OUT") or d) / "traces"
+
+    def run(name: str) -> Dict[str, Any]:
+        if name in cache:
+            return cache[name]
+        out = d / f"{name}.json"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
+        try:
+            proc = subprocess.run([sys.executable, str(BENCH_GPU / "scenarios.py"), name, "--out", str(out),
+                                   "--trace-dir", str(trace_dir)], env=env, capture_output=True, text=True,
+                                  timeout=SCENARIO_TIMEOUT)
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"scenario {name} did not finish in {SCENARIO_TIMEOUT} s: {str(e.stderr)[-2000:]}")
+        if not out.exists():
+            pytest.fail(f"scenario {name} exited {proc.returncode} without a result:\n{proc.stderr[-4000:]}")
+        r = json.loads(out.read_text())
+        r["stderr_tail"] = proc.stderr[-3000:]
+        cache[name] = r
+        gpu_results[f"scenario_{name}"] = r
+        if "crashed" in r:
+            pytest.fail(f"scenario {name} crashed:\n{r['crashed']}")
+        return r
+
+    return run

@@ -1,0 +1,65 @@
+"""NCCL Flight Recorder durations through the hooks (issue 8, run 4).
+
+``comm_fr``: DDP world size 1 plus a 256 MiB all_gather_into_tensor (async + wait) and a
+256 MiB reduce_scatter_tensor per step, with ``TORCH_NCCL_ENABLE_TIMING=1`` and
+``TORCH_NCCL_TRACE_BUFFER_SIZE=2000``: the hooks take collective time from the Flight
+Recorder. ``comm_events``: the same workload without them: collective time from the hooks'
+own CUDA events (launch -> completion callback).
+"""
+from __future__ import annotations
+
+import pytest
+
+import ktrace
+import workload as W
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
+
+AGREE = 0.10
+
+
+def test_flight_recorder_path_runs_clean(scenario):
+    r = scenario("comm_fr")
+    assert r["sync_debug_errors"] == [], r["sync_debug_errors"][:1]
+    assert r["hook_errors"] == 0, r["stderr_tail"]
+    assert r["stats_end"]["flight_recorder"] is True, "TORCH_NCCL_ENABLE_TIMING=1 but the hooks did not use the Flight Recorder"
+    fr = r["flight_recorder"]
+    assert fr["available"]
+    # per step: DDP's bucket all-reduces, one all_gather, one reduce_scatter
+    assert fr["entries_window"] >= 3 * r["steps"], fr
+    assert fr["with_duration"] == fr["entries_window"], f"entries without duration_ms: {fr}"
+
+
+def test_hooks_report_every_flight_recorder_duration(scenario):
+    r = scenario("comm_fr")
+    fr = r["flight_recorder"]
+    assert fr["sum_s"] > 0
+    got = r["hooks"]["comm"]
+    assert ktrace.rel_diff(got, fr["sum_s"]) <= 0.02, (
+        f"hooks comm {got * 1e3:.3f} ms vs Flight Recorder {fr['sum_s'] * 1e3:.3f} ms over the same steps")
+
+
+def test_flight_recorder_agrees_with_event_timing(scenario):
+    fr = scenario("comm_fr")
+    ev = scenario("comm_events")
+    assert ev["sync_debug_errors"] == [] and ev["hook_errors"] == 0
+    a = fr["hooks"]["comm"] / fr["steps"]
+    b = ev["hooks"]["comm"] / ev["steps"]
+    assert b > 0
+    assert ktrace.rel_diff(a, b) <= AGREE, f"per step: Flight Recorder {a * 1e3:.3f} ms vs events {b * 1e3:.3f} ms"
+
+
+def test_event_timing_agrees_with_profiler(scenario):
+    ev = scenario("comm_events")
+    c = ev["compare"]["comm_vs_collective_gpu"]
+    assert c["profiler_s"] > 0, ev["profiler"]
+    assert c["rel_diff"] <= AGREE, c
+
+
+def test_enable_timing_alone_still_reports_comm(scenario):
+    """A user who sets only TORCH_NCCL_ENABLE_TIMING=1 (no trace buffer size) must still see comm time."""
+    r = scenario("fr_timing_only")
+    assert r["sync_debug_errors"] == [] and r["hook_errors"] == 0
+    assert r["hooks"]["comm"] > 0, (
+        f"comm is 0 with TORCH_NCCL_ENABLE_TIMING=1 alone: Flight Recorder {r['flight_recorder']}, "
+        f"hooks use it: {r['stats_end']['flight_recorder']}")
