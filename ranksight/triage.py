@@ -149,6 +149,7 @@ class Entry:
 def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     """Evaluated in this order in one group: later rules read earlier ones of the same evaluation."""
     w = cfg["windows"]["rate"]
+    ckpt_w = cfg["windows"].get("checkpoint_share", w)
 
     def rate(m: Any) -> str:
         return f"rate({m}[{w}])"
@@ -169,8 +170,10 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["data_share"], share(C.DATALOADER_WAIT)),
         Recording(REC["comm_share"], share(C.COMM_SECONDS)),
         Recording(REC["xcomm_share"], share(C.EXPOSED_COMM_SECONDS)),
-        # checkpoint seconds per wall second = share of wall time spent checkpointing
-        Recording(REC["ckpt_share"], rate(C.CHECKPOINT_SECONDS)),
+        # Checkpoint seconds per wall second = the share of wall time spent checkpointing, over a
+        # window longer than the checkpoint interval (1 h): over the 5 min rate window, every write
+        # longer than 15 s would read as a 5% share.
+        Recording(REC["ckpt_share"], f"rate({C.CHECKPOINT_SECONDS}[{ckpt_w}])"),
         Recording(REC["step_mean"], f"{rate(C.STEP_SECONDS)} / ({rate(C.STEPS)} > 0)"),
         # Busy time per step: the step minus the time the rank only waited (data, exposed comm,
         # checkpoint). Under synchronous data parallel all step times are equal, so the step itself
