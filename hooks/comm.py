@@ -280,13 +280,13 @@ class CommTracker:
             self.ddp_hooked = True
             return True
         if getattr(ddp, "_comm_hooks", None):
-            log.info("ranksight: this DDP model already has a comm hook; timing its collectives "
+            log.warning("ranksight: this DDP model already has a comm hook; timing its collectives "
                      "through the wrapped torch.distributed calls instead")
             return False
         cell: List["CommTracker"] = [self]
         inner_hooks: Dict[int, Callable] = {}
 
-        def hook(state: Any, bucket: Any) -> Any:
+        def hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket / Future
             tr = cell[0]
             h = inner_hooks.get(id(tr))
             if h is None:
@@ -297,8 +297,8 @@ class CommTracker:
         hook.__qualname__ = "ranksight_allreduce_hook"
         try:
             ddp.register_comm_hook(ddp.process_group, hook)
-        except RuntimeError as e:
-            log.info("ranksight: cannot register a DDP comm hook (%s); timing DDP's collectives "
+        except Exception as e:
+            log.warning("ranksight: cannot register a DDP comm hook (%s); timing DDP's collectives "
                      "through the wrapped torch.distributed calls instead", str(e).splitlines()[0])
             return False
         try:

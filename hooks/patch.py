@@ -21,7 +21,8 @@ class Patcher:
     def set(self, obj: Any, name: str, new: Any) -> bool:
         had = name in getattr(obj, "__dict__", {})
         try:
-            old = getattr(obj, name)
+            # a class keeps its raw descriptor (e.g. pybind's instancemethod), which is what must go back
+            old = obj.__dict__[name] if (had and isinstance(obj, type)) else getattr(obj, name)
             setattr(obj, name, new)
         except (AttributeError, TypeError) as e:
             log.debug("ranksight: cannot patch %r.%s: %s", obj, name, e)

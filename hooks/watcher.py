@@ -125,18 +125,25 @@ class _TimedIter:
         w = self._w
         if not w._active:
             return next(self._it)
-        t0 = _perf()
-        if w._t0 is None:
-            w._t0 = t0
-        w._phase = "data"
-        w._phase_t = t0
+        try:
+            t0 = _perf()
+            if w._t0 is None:
+                w._t0 = t0
+            w._phase = "data"
+            w._phase_t = t0
+        except Exception as e:
+            w._hook_error("loader next()", e)
+            return next(self._it)
         try:
             return next(self._it)
         finally:
-            t1 = _perf()
-            w._data += t1 - t0
-            w._phase = "other"
-            w._phase_t = t1
+            try:
+                t1 = _perf()
+                w._data += t1 - t0
+                w._phase = "other"
+                w._phase_t = t1
+            except Exception as e:
+                w._hook_error("loader next()", e)
 
 
 class WatchedLoader:
@@ -517,7 +524,10 @@ class Watcher:
             self._step_end(t)
         except Exception as e:
             self._hook_error("optimizer post-hook", e)
-            self._reset_step(_perf())
+            try:  # start the next step clean; the error above is already counted and logged
+                self._reset_step(time.perf_counter())
+            except Exception:
+                pass
         return None
 
     def _step_end(self, t: float) -> None:
@@ -643,8 +653,11 @@ class Watcher:
                 log.info(line)
             else:
                 sys.stderr.write(line + "\n")
-        rec = dict(self._base, t="hello", ts=time.time(), info=info, dirs=d)
-        self._transport.send(selfcheck.fit(rec))
+        try:
+            rec = dict(self._base, t="hello", ts=time.time(), info=info, dirs=d)
+            self._transport.send(selfcheck.fit(rec))
+        except Exception as e:
+            self._hook_error("hello record", e)
 
     def _tick(self) -> None:
         now = _perf()
@@ -731,7 +744,10 @@ class Watcher:
                    step=self._seq, phase=self._phase, coll=round(coll, 6),
                    probe=round(max(0.0, now - self._last_progress), 6), herr=self.herr,
                    pdur=round(max(0.0, now - self._phase_t), 6))
-        self._transport.send(protocol.encode(rec))
+        try:
+            self._transport.send(protocol.encode(rec))
+        except (ValueError, TypeError) as e:
+            self._hook_error("heartbeat encoding", e)
 
     def _refresh_identity(self) -> None:
         ident = Identity.detect()

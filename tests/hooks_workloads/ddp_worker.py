@@ -1,0 +1,134 @@
+"""One rank of a small gloo training job instrumented with ranksight.watch (run by tests/test_hooks*.py).
+
+Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (world size 1 without them),
+RANKSIGHT_AGENT. Prints one JSON line "RESULT {...}" on success.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import ranksight
+
+
+class SleepyMLP(nn.Module):
+    def __init__(self, width: int, sleep: float):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 4))
+        self.sleep = sleep
+
+    def forward(self, x):
+        if self.sleep:
+            time.sleep(self.sleep)  # extra "compute" on the slow rank
+        return self.net(x)
+
+
+class SleepyLoader:
+    """A map-style dataset behind a loader that sleeps per batch (an input-bound rank)."""
+
+    def __init__(self, n: int, batch: int, sleep: float):
+        self.n, self.batch, self.sleep = n, batch, sleep
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, batch, 32, generator=g)
+        self.y = torch.randn(n, batch, 4, generator=g)
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            if self.sleep:
+                time.sleep(self.sleep)
+            yield self.x[i], self.y[i]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--slow-data-rank", type=int, default=-1)
+    p.add_argument("--data-sleep", type=float, default=0.0)
+    p.add_argument("--slow-compute-rank", type=int, default=-1)
+    p.add_argument("--compute-sleep", type=float, default=0.0)
+    p.add_argument("--manual", action="store_true", help="a sync and an async all_reduce per step")
+    p.add_argument("--wrap", default="ddp", choices=["ddp", "none", "fsdp2"])
+    p.add_argument("--ckpt-dir", default="")
+    p.add_argument("--hang-rank", type=int, default=-1, help="at --hang-step this rank sleeps before an all_reduce")
+    p.add_argument("--hang-step", type=int, default=3)
+    p.add_argument("--hang-secs", type=float, default=0.0)
+    p.add_argument("--user-comm-hook", action="store_true", help="register the default all-reduce hook first")
+    args = p.parse_args()
+
+    torch.set_num_threads(1)
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if ws > 1 or args.wrap != "none":
+        dist.init_process_group("gloo", rank=rank, world_size=ws)
+    torch.manual_seed(0)
+    model: nn.Module = SleepyMLP(args.width, args.compute_sleep if rank == args.slow_compute_rank else 0.0)
+    if args.wrap == "ddp":
+        model = nn.parallel.DistributedDataParallel(model)
+        if args.user_comm_hook:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            model.register_comm_hook(None, allreduce_hook)
+    elif args.wrap == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    n_batches = args.steps * args.accum
+    data = SleepyLoader(n_batches, args.batch, args.data_sleep if rank == args.slow_data_rank else 0.0)
+    loader = ranksight.watch(model, opt, data)
+    w = ranksight.hooks.current()
+    extra = torch.ones(4)
+    for i, (x, y) in enumerate(loader):
+        last = (i + 1) % args.accum == 0
+        ctx = model.no_sync() if (args.wrap == "ddp" and not last) else _null()
+        with ctx:
+            loss = ((model(x) - y) ** 2).mean() / args.accum
+            loss.backward()
+        if last:
+            if args.hang_secs and i // args.accum == args.hang_step:
+                if rank == args.hang_rank:
+                    time.sleep(args.hang_secs)  # "stuck" outside any collective
+                dist.all_reduce(extra)  # the other ranks wait here for it
+            if args.manual:
+                dist.all_reduce(extra)  # sync: comm and exposed comm
+                work = dist.all_reduce(extra, async_op=True)
+                work.wait()
+            opt.step()
+            opt.zero_grad()
+        if args.ckpt_dir and i == n_batches // 2 and rank == 0:
+            torch.save(model.state_dict(), os.path.join(args.ckpt_dir, "mid.pt"))
+    stats = w.stats() if w is not None else {}
+    ranksight.unwatch()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    print("RESULT " + json.dumps({"rank": rank, "stats": stats}), flush=True)
+    return 0
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

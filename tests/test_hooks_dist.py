@@ -1,0 +1,123 @@
+"""ranksight.hooks across real rank processes: 2-rank gloo DDP and FSDP2 on this CPU machine.
+
+Each job runs tests/hooks_workloads/ddp_worker.py in two processes (free TCP port for the
+gloo rendezvous, one thread per rank) against a UDP receiver on a free port; every
+datagram must pass protocol.decode.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hooks_workloads.harness import Receiver, run_ranks  # noqa: E402
+
+
+def job(args, env=None, timeout=120):
+    rx = Receiver()
+    try:
+        res = run_ranks("ddp_worker.py", args, 2, rx.url, timeout=timeout, env=env)
+        for r in res:
+            assert r["rc"] == 0 and r["result"], r["err"][-3000:]
+        rx.wait_for(lambda: len(rx.of("bye")) >= 2, 3)
+    finally:
+        rx.close()
+    assert not rx.invalid, f"hooks sent datagrams that fail validation: {rx.invalid[:3]}"
+    return rx, res
+
+
+def med(steps, f):
+    return statistics.median(f(s) for s in steps)
+
+
+def busy(s):
+    """The straggler rule's busy time: step - data wait - exposed comm - checkpoint."""
+    return s["dur"] - s["data"] - s["xcomm"] - s["ckpt"]
+
+
+@pytest.fixture(scope="module")
+def slow_data_job(tmp_path_factory):
+    """Rank 1's loader sleeps 20 ms per batch; manual sync+async all_reduce each step; rank 0
+    saves a checkpoint mid-run; the console table is on every 5 steps."""
+    d = tmp_path_factory.mktemp("ckpt")
+    return job(["--steps", "16", "--slow-data-rank", "1", "--data-sleep", "0.02", "--manual", "--ckpt-dir", str(d)],
+               env={"RANKSIGHT__hooks__table_every_steps": "5"})
+
+
+def test_ddp_dataloader_wait_on_the_slow_loader_rank_only(slow_data_job):
+    rx, _ = slow_data_job
+    s0, s1 = rx.of("step", 0)[1:], rx.of("step", 1)[1:]
+    assert len(s0) == len(s1) == 15
+    assert 0.019 <= med(s1, lambda s: s["data"]) <= 0.06
+    assert med(s0, lambda s: s["data"]) < 0.003
+    share1 = sum(s["data"] for s in s1) / sum(s["dur"] for s in s1)
+    share0 = sum(s["data"] for s in s0) / sum(s["dur"] for s in s0)
+    assert share1 > 0.3 and share0 < 0.1, (share0, share1)
+    # the fast-loader rank waits for the slow one inside the gradient all-reduce: exposed comm
+    assert med(s0, lambda s: s["xcomm"]) > 0.01
+
+
+def test_ddp_comm_time_counted_and_bounded(slow_data_job):
+    rx, res = slow_data_job
+    for r in res:
+        assert r["result"]["stats"]["ddp_comm_hook"] is True and r["result"]["stats"]["herr"] == 0
+    for rank in (0, 1):
+        for s in rx.of("step", rank):
+            assert 0 < s["comm"] <= s["dur"] and 0 <= s["xcomm"] <= s["dur"]
+            assert s["fwd"] > 0 and s["bwd"] > 0 and s["opt"] > 0 and s["micro"] == 1
+
+
+def test_ddp_checkpoint_and_console_table(slow_data_job):
+    rx, res = slow_data_job
+    ck = rx.of("ckpt")
+    assert len(ck) == 1 and ck[0]["rank"] == 0 and ck[0]["src"] == "torch.save" and ck[0]["ok"] and ck[0]["bytes"] > 0
+    with_ckpt = [s for s in rx.of("step", 0) if s["ckpt"] > 0]
+    assert len(with_ckpt) == 1 and with_ckpt[0]["ckpt"] >= ck[0]["dur"] * 0.99
+    assert res[0]["err"].count("ranksight step time") >= 3  # rank 0 prints the table
+    assert "ranksight step time" not in res[1]["err"]
+    assert {r["rank"] for r in rx.of("hello")} == {0, 1} and {r["ws"] for r in rx.of("hello")} == {2}
+
+
+def test_ddp_straggler_busy_time_and_gradient_accumulation():
+    """Rank 1 computes 15 ms longer per micro-batch; 4 micro-batches per optimizer step."""
+    rx, _ = job(["--steps", "8", "--accum", "4", "--slow-compute-rank", "1", "--compute-sleep", "0.015"])
+    s0, s1 = rx.of("step", 0), rx.of("step", 1)
+    assert [s["seq"] for s in s0] == [s["seq"] for s in s1] == list(range(1, 9))  # steps = optimizer steps
+    assert all(s["micro"] == 4 for s in s0 + s1)
+    fast, slow = med(s0[1:], busy), med(s1[1:], busy)
+    # step times match (synchronous DDP) but the fast rank shows its wait as exposed comm
+    assert slow >= 0.055 and slow > 2 * fast and slow - fast > 0.03, (fast, slow)
+    assert med(s0[1:], lambda s: s["xcomm"]) > 0.03
+
+
+def test_hang_heartbeats_tell_the_stuck_rank_from_the_waiting_one():
+    """Rank 1 sleeps 2.5 s outside any collective; rank 0 waits in all_reduce. A user comm hook
+    is registered, so ours steps aside (said once) and the wrapped collectives time DDP."""
+    rx, res = job(["--steps", "6", "--hang-rank", "1", "--hang-step", "3", "--hang-secs", "2.5", "--user-comm-hook"],
+                  env={"RANKSIGHT__hooks__heartbeat_seconds": "0.2"})
+    waiting = [h for h in rx.of("hb", 0) if h["probe"] >= 1.0]
+    stuck = [h for h in rx.of("hb", 1) if h["probe"] >= 1.0]
+    assert waiting and stuck
+    assert all(h["coll"] >= 1.0 for h in waiting)  # blocked in a collective, in flight since the launch
+    assert all(h["coll"] == -1 for h in stuck)  # not in any collective
+    assert all(h["step"] == 3 for h in waiting + stuck)
+    for r in res:
+        assert r["result"]["stats"]["ddp_comm_hook"] is False
+        assert r["err"].count("already has a comm hook") == 1
+    for rank in (0, 1):
+        assert all(0 < s["comm"] <= s["dur"] for s in rx.of("step", rank))
+
+
+def test_fsdp2_fully_shard_on_gloo():
+    rx, res = job(["--steps", "6", "--wrap", "fsdp2"])
+    for rank in (0, 1):
+        steps = rx.of("step", rank)
+        assert [s["seq"] for s in steps] == list(range(1, 7))
+        for s in steps:
+            assert 0 < s["comm"] <= s["dur"] and 0 < s["xcomm"] <= s["dur"] and s["fwd"] > 0 and s["bwd"] > 0
+    assert all(r["result"]["stats"]["herr"] == 0 for r in res)
