@@ -128,6 +128,18 @@ class Trace:
             return 0.0
         return (max(o.end for o in ops) - min(o.start for o in ops)) / 1e6
 
+    def event_span(self, r: HostRange) -> float:
+        """What a CUDA event pair around ``r`` measures (seconds): from the moment the stream of
+        the range's first GPU activity had finished the work queued before it, or the range's
+        host start if that is later (the device waited for the host), to the last end."""
+        ops = self.ops_launched_in(r.start, r.end)
+        if not ops:
+            return 0.0
+        first = min(ops, key=lambda o: o.start)
+        prev_end = max((o.end for o in self.ops if o.stream == first.stream and o.end <= first.start), default=r.start)
+        start = min(max(prev_end, r.start), first.start)
+        return (max(o.end for o in ops) - start) / 1e6
+
     def busy(self, r: HostRange, kinds: Optional[Sequence[str]] = None) -> float:
         """Union (seconds) of the activities launched inside host range ``r``."""
         ops = [o for o in self.ops_launched_in(r.start, r.end) if kinds is None or o.kind in kinds]
@@ -137,6 +149,9 @@ class Trace:
         """(sum of the spans of every range called ``name``, how many ranges)."""
         rs = self.ranges_named(name)
         return sum(self.span(r, kinds) for r in rs), len(rs)
+
+    def event_span_total(self, name: str) -> float:
+        return sum(self.event_span(r) for r in self.ranges_named(name))
 
     # ------------------------------------------------------------------ HTA communication
     def comm_overlap(self, start: Optional[float] = None, end: Optional[float] = None) -> "CommOverlap":

@@ -91,6 +91,8 @@ def profiler_figures(trace: "ktrace.Trace") -> Dict[str, Any]:
         total, n = trace.span_total(rng)
         out[key] = total
         out[key + "_ranges"] = n
+        out[key + "_event_span"] = trace.event_span_total(rng)
+        out[key + "_busy"] = sum(trace.busy(r) for r in trace.ranges_named(rng))
     # the compute stream: where most forward work runs
     fwd_ops = [o for r in trace.ranges_named("rs_fwd") for o in trace.ops_launched_in(r.start, r.end)]
     streams: Dict[int, int] = {}

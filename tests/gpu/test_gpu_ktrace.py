@@ -79,3 +79,12 @@ def test_load_gz(tmp_path):
     with gzip.open(p, "wt") as f:
         json.dump(_trace(), f)
     assert ktrace.Trace.load(p).span_total("rs_opt")[1] == 1
+
+
+def test_event_span_includes_the_wait_for_the_host():
+    t = ktrace.Trace(_trace())
+    # rs_opt: host range starts at 400, but stream 7 is busy until 490 (the memcpy queued
+    # before it); its kernel runs 500..530: an event pair sees 490..530
+    assert t.event_span_total("rs_opt") == pytest.approx(40e-6)
+    # rs_fwd: nothing before on stream 7, range starts at 0: 0..200
+    assert t.event_span_total("rs_fwd") == pytest.approx(200e-6)
