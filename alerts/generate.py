@@ -124,6 +124,14 @@ def render_alertmanager(cfg: Mapping[str, Any]) -> str:
     return HEADER.format(profile=getattr(cfg, "profile", "default")) + _dump(am)
 
 
+def _threshold(e: triage.Entry) -> str:
+    if e.threshold is None:
+        return "see the expression"
+    if e.unit == "bool":
+        return "the condition holds"
+    return f"{e.threshold:g} ({e.unit})"
+
+
 def _para(text: str) -> str:
     return text.strip() + "\n"
 
@@ -131,7 +139,6 @@ def _para(text: str) -> str:
 def render_runbook(e: triage.Entry, entries: Sequence[triage.Entry]) -> str:
     mutes = [(t, inh.equal) for inh in e.inhibits for t in inh.targets]
     muted_by = [(s.alert, inh.equal) for s in entries for inh in s.inhibits if e.alert in inh.targets]
-    threshold = "none (see the expression)" if e.threshold is None else f"{e.threshold:g} ({e.unit})"
     lines = [
         f"# {e.alert}",
         "",
@@ -141,9 +148,10 @@ def render_runbook(e: triage.Entry, entries: Sequence[triage.Entry]) -> str:
         "",
         f"- Severity: `{e.severity}`",
         f"- Triage position: {triage_order(e)}",
-        f"- Threshold: {threshold}; abnormal when the indicator is `{e.op}` the threshold",
+        f"- Threshold: {_threshold(e)}" + ("" if e.unit == "bool" or e.threshold is None
+                                            else f"; abnormal when the indicator is `{e.op}` it"),
         f"- Fires after: `{e.for_}` (`for:`)",
-        f"- Labels: {', '.join(f'`{label}`' for label in e.scope)}",
+        f"- Labels: {', '.join(f'`{label}`' for label in e.scope + e.joined)}",
         "",
         "## Meaning",
         "",
@@ -192,8 +200,9 @@ def render_index(cfg: Mapping[str, Any], entries: Sequence[triage.Entry]) -> str
         "ranksight walks one fixed triage order. A symptom is only reported once its usual causes are ruled "
         "out: in Alertmanager, a firing cause mutes its symptoms on the same job (or node).",
         "",
-        "Walk: GPU sawtooth, then dataloader wait; fine, then comm share; fine, then retransmits and links, "
-        "checkpoints, heartbeats.",
+        "Walk: a GPU sawtooth? Check the dataloader wait. Fine? Check the comm share. Fine? Check the heartbeats "
+        "(an all-reduce waiting on an offline rank). Retransmits and slow links explain a high comm share; a slow "
+        "checkpoint explains a periodic utilization gap; a straggler shows as collective wait on every other rank.",
         "",
     ]
     for kind, title in _KIND_TITLES.items():
@@ -205,7 +214,7 @@ def render_index(cfg: Mapping[str, Any], entries: Sequence[triage.Entry]) -> str
         lines += [f"## {title}", "", "| # | alert | severity | threshold | for | next check |",
                   "|---|---|---|---|---|---|"]
         for e in group:
-            thr = "" if e.threshold is None else f"{e.threshold:g} {e.unit}"
+            thr = _threshold(e)
             num = str(e.order) if e.order else ""
             lines.append(f"| {num} | [{e.alert}]({e.id}.md) | {e.severity} | {thr} | {e.for_} | {e.next_check} |")
         lines.append("")
