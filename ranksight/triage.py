@@ -27,7 +27,9 @@ no regex that relies on ``.`` (it matches newlines in 3.x), no selector on a ``l
 or ``quantile`` label value (3.x normalises "1" to "1.0"; ``histogram_quantile``
 merges equal bounds, so aggregating ``by (le)`` is safe), no range-selector
 arithmetic that depends on whether the left edge is included (3.x makes it open),
-no 3.x-only rule-group fields (``query_offset``).
+no 3.x-only rule-group fields (``query_offset``). Under 3.x's left-open ranges a
+window holds one sample fewer: keep the scrape interval at most a third of the
+shortest window (the test profile's 30s windows assume scrapes every 10 s or less).
 """
 from __future__ import annotations
 
