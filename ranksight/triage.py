@@ -33,7 +33,7 @@ shortest window (the test profile's 30s windows assume scrapes every 10 s or les
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from . import catalog as C
@@ -606,8 +606,6 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
 
 
 def _with_base(e: Entry, base: str) -> Entry:
-    from dataclasses import replace
-
     return replace(e, runbook_base=base)
 
 
