@@ -51,9 +51,17 @@ POLL_SECONDS = 2.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fault", choices=FAULTS, default="none", help="fault to inject into the job (default none)")
+    p.description = ("Run the agent, a local Prometheus + Alertmanager (test-profile rules) and an instrumented "
+                     "2-rank CPU DDP job with an optional injected fault; print the alerts that fired and "
+                     "whether they name the injected cause.")
+    p.epilog = ("exit status: 0 the injected cause was named (--fault none: no alert fired), 1 it was not, "
+                "2 bad usage or a port/binary problem, 130 interrupted")
+    p.add_argument("--fault", choices=FAULTS, default="none",
+                   help="fault to inject (default none): slow-data, straggler, comm-heavy: one rank slow or a "
+                        "comm-bound model; kill-rank, hang: one rank dies or hangs --fault-after s in; "
+                        "slow-checkpoint: large synchronous checkpoints on rank 0")
     p.add_argument("--duration", type=float, default=120.0, metavar="S",
-                   help="seconds of training (default 120); the job starts a few seconds after the stack")
+                   help="seconds of training, counted from the first step (default 120; startup adds ~10-20 s)")
     p.add_argument("--run-dir", default="run/demo", metavar="DIR",
                    help="logs, configs, data and checkpoints (default ./run/demo; emptied first)")
     p.add_argument("--rank-to-fault", type=int, default=1, choices=(0, 1), help="the misbehaving rank (default 1)")

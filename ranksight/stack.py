@@ -626,6 +626,10 @@ class AgentProcess:
 
 # ------------------------------------------------------------------ CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Run Debian's prometheus and prometheus-alertmanager on 127.0.0.1 with deploy/prometheus.yml "
+                     "(rendered into the run dir with these targets and ports) and the ranksight rules and "
+                     "Alertmanager config rendered for --profile.")
+    p.epilog = "exit status: 0 ok (status: both running), 1 status: one running, 3 status: none running, 2 error"
     p.add_argument("action", choices=("up", "down", "status"),
                    help="up: start and wait until ready; down: stop; status: say what runs")
     p.add_argument("--run-dir", default="run/stack", metavar="DIR",
