@@ -34,6 +34,7 @@ import concurrent.futures
 import json
 import logging
 import math
+import multiprocessing
 import os
 import random
 import re
@@ -926,9 +927,11 @@ class Prometheus:
         return rss, hwm
 
 
-def run_checked(cmd: Sequence[str], what: str, timeout: float, log_path: Optional[Path] = None) -> str:
+def run_checked(cmd: Sequence[str], what: str, timeout: float, log_path: Optional[Path] = None,
+                env: Optional[Mapping[str, str]] = None) -> str:
     try:
-        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, **env} if env else None)
     except subprocess.TimeoutExpired:
         raise BenchError(f"{what} did not finish in {timeout:.0f} s") from None
     except OSError as e:
@@ -1031,6 +1034,57 @@ def dashboard_queries(cfg: Mapping[str, Any]) -> Tuple[List[Tuple[str, str, str]
     return rows, "ranksight.triage indicators (fallback)", substitute
 
 
+def load_queries_file(path: str) -> Tuple[List[Tuple[str, str, str]], str, Callable[..., str]]:
+    """A JSON list of [dashboard, panel, expr] whose variables are already substituted
+    (``ranksight bench scale --dump-queries`` writes one)."""
+    try:
+        rows = json.loads(Path(path).read_text())
+        out = [(str(d), str(t), str(e)) for d, t, e in rows]
+    except (OSError, ValueError, TypeError) as e:
+        raise BenchError(f"--queries {path}: expected a JSON list of [dashboard, panel, expr]: {e}") from None
+
+    def substitute(expr: str, **_: Any) -> str:
+        return expr
+
+    return out, path, substitute
+
+
+def substituted_queries(cfg: Mapping[str, Any], job: str, step: int, hours: float) -> List[Tuple[str, str, str]]:
+    """Every dashboard query with the variables Grafana would send: All nodes and ranks
+    of the job, $__rate_interval = max(4 x scrape interval, 1m)."""
+    rows, _, substitute = dashboard_queries(cfg)
+    rate_interval = f"{max(4 * step, 60)}s"
+    out = []
+    for dash, title, expr in rows:
+        try:
+            e = substitute(expr, job=[job], node=".*", rank=".*", rate_interval=rate_interval,
+                           interval=f"{step}s", range_=f"{int(hours * 3600)}s")
+        except TypeError:
+            e = substitute(expr, job=[job], node=".*", rank=".*", rate_interval=rate_interval)
+        out.append((dash, title, e))
+    return out
+
+
+def _backfill_slice(promtool: str, scn: Scenario, nodes: Sequence[int], om_path: str, out_dir: str, block: str,
+                    logs: str) -> Tuple[Counts, float]:
+    """Worker: write one node slice's OpenMetrics, backfill it, delete it. (counts, generation seconds)"""
+    t0 = time.monotonic()
+    try:
+        with open(om_path, "w", buffering=1 << 22) as fh:
+            c = Generator(scn).write(fh, nodes)
+        gen_s = time.monotonic() - t0
+        run_checked([promtool, "tsdb", "create-blocks-from", "openmetrics", f"--max-block-duration={block}",
+                     "--quiet", om_path, out_dir],
+                    "promtool tsdb create-blocks-from openmetrics", timeout=3600,
+                    log_path=Path(logs) / f"promtool-{Path(om_path).stem}.log",
+                    # its live heap is small (one slice's head); parsing makes the garbage:
+                    # a lazier GC saves ~20% CPU here
+                    env={"GOGC": "400"})
+    finally:
+        Path(om_path).unlink(missing_ok=True)
+    return c, gen_s
+
+
 # ------------------------------------------------------------------------------ the run
 @dataclass
 class Options:
@@ -1047,6 +1101,11 @@ class Options:
     keep: Optional[str] = None
     config: Optional[str] = None
     rule_evals: int = 4
+    wait_compaction: bool = True
+    rules_file: Optional[str] = None
+    queries_file: Optional[str] = None
+    prometheus: str = PROMETHEUS
+    promtool: str = PROMTOOL
     seed: int = 9
 
 
@@ -1098,9 +1157,9 @@ class Bench:
 
     def run(self) -> Dict[str, Any]:
         o = self.o
-        for b in (PROMETHEUS, PROMTOOL):
+        for b in (o.prometheus, o.promtool):
             if not os.access(b, os.X_OK):
-                raise BenchError(f"{b} not found (apt-get install prometheus)")
+                raise BenchError(f"{b} not found or not executable (apt-get install prometheus)")
         if o.nodes < 1 or o.gpus < 1 or o.ranks_per_node < 1:
             raise BenchError("--nodes, --gpus and --ranks-per-node must be at least 1")
         if o.ranks_per_node > o.gpus:
@@ -1128,7 +1187,7 @@ class Bench:
                          "samples_per_series": samples, "job": scn.job, "stragglers": list(scn.stragglers),
                          "dataloader_node": node_name(dl_node), "design": o.design,
                          "data_start": t0, "data_end": scn.t_end, "query_start": q_start, "query_end": q_end},
-            "versions": {"prometheus": tool_version(PROMETHEUS), "promtool": tool_version(PROMTOOL),
+            "versions": {"prometheus": tool_version(o.prometheus), "promtool": tool_version(o.promtool),
                          "python": sys.version.split()[0], "ranksight": __version__},
             "targets": {"query_seconds": TARGET_QUERY_S, "rule_group_seconds": TARGET_RULE_GROUP_S,
                         "series_per_node": TARGET_SERIES_PER_NODE},
@@ -1154,39 +1213,35 @@ class Bench:
 
         # 1. generate and backfill, node slices in parallel
         self._phase("generate + backfill")
-        gen = Generator(scn)
         per_node = series_per_node(scn.shape)
-        parts = o.parts or max(1, math.ceil(o.nodes / 64))
-        parts = min(parts, o.nodes)
+        est_total = per_node["total"] * scn.samples * 110 * o.nodes
+        # slices of at most ~2 GB of text, at least one per promtool process
+        parts = o.parts or max(o.jobs, math.ceil(est_total / 2e9))
+        parts = max(1, min(parts, o.nodes))
         slices = [list(range(i * o.nodes // parts, (i + 1) * o.nodes // parts)) for i in range(parts)]
-        est_part = per_node["total"] * scn.samples * 110 * max(len(s) for s in slices)
-        om_dir = Path(self._shm_dir(est_part * (o.jobs + 1)) or base)
-        om_dir = Path(tempfile.mkdtemp(prefix="ranksight-scale-om-", dir=om_dir))
+        est_part = est_total // parts
+        om_root = self._shm_dir(est_part * (o.jobs + 1)) or str(base)
+        om_dir = Path(tempfile.mkdtemp(prefix="ranksight-scale-om-", dir=om_root))
         totals = Counts()
         gen_s = 0.0
         t_bf = time.monotonic()
         try:
-            with concurrent.futures.ThreadPoolExecutor(max_workers=o.jobs) as pool:
-                futs: List[concurrent.futures.Future] = []
-                for i, sl in enumerate(slices):
-                    while sum(1 for f in futs if not f.done()) >= o.jobs:
-                        concurrent.futures.wait(futs, return_when=concurrent.futures.FIRST_COMPLETED)
-                    for f in futs:
-                        if f.done() and f.exception():
-                            raise f.exception()  # type: ignore[misc]
-                    path = om_dir / f"part{i:03d}.om"
-                    g0 = time.monotonic()
-                    with open(path, "w", buffering=1 << 22) as fh:
-                        c = gen.write(fh, sl)
-                    gen_s += time.monotonic() - g0
+            # each worker process writes one slice and backfills it (generation is Python, promtool
+            # is one core: J workers keep J cores busy and at most J slices on tmpfs)
+            ctx = multiprocessing.get_context("fork")
+            with concurrent.futures.ProcessPoolExecutor(max_workers=o.jobs, mp_context=ctx) as pool:
+                futs = [pool.submit(_backfill_slice, o.promtool, scn, sl, str(om_dir / f"part{i:03d}.om"),
+                                    str(data / f"part{i:03d}"), block, str(logs))
+                        for i, sl in enumerate(slices)]
+                for f in concurrent.futures.as_completed(futs):
+                    c, g = f.result()
                     totals.series += c.series
                     totals.samples += c.samples
                     totals.bytes += c.bytes
-                    futs.append(pool.submit(self._promtool_openmetrics, path, data / f"part{i:03d}", block, logs))
-                for f in concurrent.futures.as_completed(futs):
-                    f.result()
+                    gen_s += g
         finally:
             shutil.rmtree(om_dir, ignore_errors=True)
+        not_modelled = Generator(scn).not_modelled
         backfill_s = time.monotonic() - t_bf
         for d in sorted(data.glob("part*")):  # promtool writes blocks into its output dir
             for blk in d.iterdir():
@@ -1195,7 +1250,7 @@ class Bench:
         self.result["generate"] = {"series": totals.series, "samples": totals.samples,
                                    "openmetrics_bytes": totals.bytes, "seconds": round(gen_s, 1),
                                    "parts": parts, "promtool_jobs": o.jobs, "block_duration": block,
-                                   "not_modelled": gen.not_modelled}
+                                   "not_modelled": not_modelled}
         self.result["series"] = {
             "per_node": per_node["total"] - per_node.get("scrape", 0),
             "per_node_with_scrape_series": per_node["total"],
@@ -1206,7 +1261,13 @@ class Bench:
         }
 
         # 2. a Prometheus on the raw blocks: backfill the recording rules against it
-        rules, rules_src = rules_text(self.cfg)
+        if self.o.rules_file:
+            try:
+                rules, rules_src = Path(self.o.rules_file).read_text(), self.o.rules_file
+            except OSError as e:
+                raise BenchError(f"--rules {self.o.rules_file}: {e.strerror or e}") from None
+        else:
+            rules, rules_src = rules_text(self.cfg)
         rules_path = base / "ranksight-rules.yml"
         rules_path.write_text(rules)
         expanded, skipped = expand_recording_rules(rules)
@@ -1229,13 +1290,13 @@ class Bench:
         raw_view.mkdir()
         for blk in data.iterdir():
             shutil.copytree(blk, raw_view / blk.name, copy_function=os.link)
-        p1 = Prometheus(PROMETHEUS, raw_view, bare_cfg, logs / "prometheus-backfill.log")
+        p1 = Prometheus(o.prometheus, raw_view, bare_cfg, logs / "prometheus-backfill.log")
         self.procs.append(p1)
         p1.start()
         t_rules = time.monotonic()
         rules_out = base / "rules-blocks"
         eval_interval = f"{o.step}s"
-        run_checked([PROMTOOL, "tsdb", "create-blocks-from", "rules", f"--start={q_start - 4 * o.step}",
+        run_checked([o.promtool, "tsdb", "create-blocks-from", "rules", f"--start={q_start - 4 * o.step}",
                      f"--end={q_end + 1}", f"--url={p1.url}", f"--output-dir={rules_out}",
                      f"--eval-interval={eval_interval}", str(exp_path)],
                     "promtool tsdb create-blocks-from rules", timeout=3600, log_path=logs / "promtool.log")
@@ -1259,10 +1320,10 @@ class Bench:
 
         # 3. the measured Prometheus: all blocks, rules evaluating live
         self._phase("start prometheus, wait for compaction")
-        p = Prometheus(PROMETHEUS, data, cfg_path, logs / "prometheus.log")
+        p = Prometheus(o.prometheus, data, cfg_path, logs / "prometheus.log")
         self.procs.append(p)
         start_s = p.start()
-        comp_s = self._wait_compaction(p, data)
+        comp_s = self._wait_compaction(p, data) if self.o.wait_compaction else 0.0
         self.result["prometheus"] = {"startup_seconds": round(start_s, 1), "compaction_seconds": round(comp_s, 1),
                                      "blocks": sum(1 for b in data.iterdir() if (b / "meta.json").exists())}
         if time.time() > scn.t_end - 2 * o.step:
@@ -1271,6 +1332,8 @@ class Bench:
 
         self._phase("series in prometheus")
         self._count_series(p, scn, q_end)
+
+        self._checks(p, scn, q_end)
 
         self._phase("dashboard queries")
         self._time_queries(p, scn, q_start, q_end)
@@ -1284,14 +1347,6 @@ class Bench:
             "go_heap_inuse_bytes": int(pm.get("go_memstats_heap_inuse_bytes", 0)),
             "head_series": int(pm.get("prometheus_tsdb_head_series", 0)),
         })
-
-    def _promtool_openmetrics(self, path: Path, out: Path, block: str, logs: Path) -> None:
-        try:
-            run_checked([PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", f"--max-block-duration={block}",
-                         "--quiet", str(path), str(out)],
-                        "promtool tsdb create-blocks-from openmetrics", timeout=3600, log_path=logs / "promtool.log")
-        finally:
-            path.unlink(missing_ok=True)
 
     def _wait_compaction(self, p: Prometheus, data: Path, timeout: float = 1800.0) -> float:
         """Overlapping blocks (node slices, rule blocks) are merged by Prometheus' first
@@ -1327,18 +1382,30 @@ class Bench:
             "recorded_total": int(rec_total or 0), "probe_node": nn,
         })
 
+    def _checks(self, p: Prometheus, scn: Scenario, at: int) -> None:
+        """The scenario as the rules see it: which ranks the straggler rule flags, which
+        nodes wait on data (the triage table's own thresholds)."""
+        t = self.cfg["thresholds"]
+        strag = p.instant(f'{triage.REC["straggler"]} > {t["straggler_ratio"]:g}', at)
+        data = p.instant(f'max by (node) ({triage.REC["data_share"]}) > {t["dataloader_wait_share"]:g}', at)
+        self.result["checks"] = {
+            "stragglers_flagged": sorted((s["metric"].get("rank", "") for s in strag), key=lambda x: int(x or -1)),
+            "straggler_ratio_max": round(max((float(s["value"][1]) for s in strag), default=0.0), 3),
+            "dataloader_bound_nodes": sorted(s["metric"].get("node", "") for s in data),
+            "dataloader_share_max": round(max((float(s["value"][1]) for s in data), default=0.0), 3),
+        }
+
     def _time_queries(self, p: Prometheus, scn: Scenario, q_start: int, q_end: int) -> None:
         o = self.o
-        rows, src, substitute = dashboard_queries(self.cfg)
+        if o.queries_file:
+            rows, src, substitute = load_queries_file(o.queries_file)
+        else:
+            rows, src, substitute = dashboard_queries(self.cfg)
         rate_interval = f"{max(4 * o.step, 60)}s"
-        exprs = []
-        for dash, title, expr in rows:
-            try:
-                e = substitute(expr, job=[scn.job], node=".*", rank=".*", rate_interval=rate_interval,
-                               interval=f"{o.step}s", range_=f"{int(o.hours * 3600)}s")
-            except TypeError:
-                e = substitute(expr, job=[scn.job], node=".*", rank=".*", rate_interval=rate_interval)
-            exprs.append((dash, title, e))
+        if o.queries_file:
+            exprs = rows
+        else:
+            exprs = substituted_queries(self.cfg, scn.job, o.step, o.hours)
         times: List[List[float]] = [[] for _ in exprs]
         infos: List[Dict[str, Any]] = [{} for _ in exprs]
         for _ in range(max(1, o.repeat)):  # interleaved: every query once per round
@@ -1402,7 +1469,10 @@ class Bench:
                            "last_duration_seconds_metric": round(pm[key], 4) if key else None,
                            "iterations_missed": int(missed)})
         worst = max((g["evaluation_seconds_max"] or 0.0 for g in groups), default=0.0)
-        self.result["rules"] = {"groups": groups, "max_group_seconds": round(worst, 4)}
+        alerts = p.instant("ALERTS")
+        self.result["rules"] = {"groups": groups, "max_group_seconds": round(worst, 4),
+                                "alerts": sorted({f'{a["metric"].get("alertname")} ({a["metric"].get("alertstate")})'
+                                                  for a in alerts})}
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -1448,9 +1518,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", type=int, default=0, help="node slices backfilled as separate blocks (default: 64 nodes each)")
     p.add_argument("--jobs", type=_pos_int, default=2, help="promtool processes at once (default 2)")
     p.add_argument("--rule-evals", type=_pos_int, default=4, help="live evaluations of every rule group to read (default 4)")
+    p.add_argument("--no-compaction-wait", dest="wait_compaction", action="store_false",
+                   help="measure right away instead of after Prometheus has merged the backfilled blocks "
+                        "(its first compaction runs a minute after start; for quick runs)")
     p.add_argument("--config", metavar="FILE", default=None, help="ranksight config YAML (rules and dashboards from it)")
+    p.add_argument("--rules", metavar="FILE", default=None,
+                   help="rule file to backfill and evaluate (default: `ranksight rules` output for --config)")
+    p.add_argument("--queries", metavar="FILE", default=None,
+                   help="JSON list of [dashboard, panel, expr] to time (default: every query of the generated "
+                        "dashboards, variables set to All)")
+    p.add_argument("--dump-queries", metavar="FILE", default=None,
+                   help="write the substituted dashboard queries (the --queries format) and exit")
     p.add_argument("--workdir", metavar="DIR", default=None, help="where the temporary TSDB goes (default: $TMPDIR)")
     p.add_argument("--keep", metavar="DIR", default=None, help="keep the TSDB, rules and logs in DIR (new or empty)")
+    p.add_argument("--prometheus", metavar="PATH", default=PROMETHEUS, help=f"Prometheus binary (default {PROMETHEUS})")
+    p.add_argument("--promtool", metavar="PATH", default=PROMTOOL, help=f"promtool binary (default {PROMTOOL})")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -1493,10 +1575,21 @@ def report(r: Mapping[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dump_queries:
+        try:
+            rows = substituted_queries(rconfig.load(args.config), Scenario.job, args.step, args.hours)
+            Path(args.dump_queries).write_text(json.dumps(rows, indent=1) + "\n")
+        except OSError as e:
+            print(f"ranksight: error: cannot write {args.dump_queries}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        print(f"wrote {len(rows)} queries to {args.dump_queries}")
+        return 0
     opts = Options(nodes=args.nodes, gpus=args.gpus, ranks_per_node=args.ranks_per_node, hours=args.hours,
                    step=args.step, design=args.design, repeat=args.repeat, parts=max(0, args.parts),
                    jobs=args.jobs, workdir=args.workdir, keep=args.keep, config=args.config,
-                   rule_evals=args.rule_evals)
+                   rule_evals=args.rule_evals, wait_compaction=args.wait_compaction,
+                   rules_file=args.rules, queries_file=args.queries, prometheus=args.prometheus,
+                   promtool=args.promtool)
     try:
         result = Bench(opts).run()
     except BenchError as e:
