@@ -155,8 +155,9 @@ class Report:
         return not self.causes
 
 
-def _promql_str(s: str) -> str:
-    return json.dumps(s)  # a valid PromQL double-quoted string (Go escapes)
+def _joined(e: Entry) -> Tuple[str, ...]:
+    """Labels a node-scoped alert takes from the ranks on its node (e.g. the training job)."""
+    return tuple(getattr(e, "joined", ()) or ())
 
 
 def _over(expr: str, since: Optional[str], fn: str) -> str:
@@ -224,6 +225,8 @@ class Walk:
             return True
         if "rank" in e.scope or "job" in e.scope:
             return labels.get("job") == self.job
+        if "job" in _joined(e) and labels.get("job", "") not in ("", triage.SCRAPE_JOB):
+            return labels["job"] == self.job  # a node alert that carries the training jobs of its node's ranks
         if "node" in e.scope and self.nodes is not None:
             return labels.get("node") in self.nodes
         return True
@@ -255,6 +258,7 @@ class Walk:
         for s in bad:
             i = by_scope.get(s.key(e.scope))
             labels = dict(i.labels if i else s.labels)
+            labels.update({k: s.labels[k] for k in _joined(e) if k in s.labels})  # e.g. the node's training job
             findings.append(Finding(e, labels, i.value if i else None))
         findings.sort(key=lambda f: (f.value is None, -(f.value or 0) if e.op == ">" else (f.value or 0)))
         fired = [l for l in firing.get(e.alert, []) if self._keep(e, l)]

@@ -26,7 +26,7 @@ from typing import Dict, Iterator, List, Optional
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
-from harness import Agent, Stack, triage_cli, wait_until  # noqa: E402
+from harness import Agent, start_stack, set_targets, triage_cli, wait_until  # noqa: E402
 from harness import test_profile as profile_cfg  # noqa: E402
 
 from ranksight import protocol  # noqa: E402
@@ -117,11 +117,11 @@ class Sender(threading.Thread):
 def world(tmp_path_factory) -> Iterator[dict]:
     """Stack + agent + sender; every scenario runs at once (distinct job names), then the tests read it."""
     d = tmp_path_factory.mktemp("triage")
-    stack = Stack(d, profile_cfg()).start()
+    stack = start_stack(d / "stack", profile_cfg())
     agent = sender = None
     try:
         agent = Agent(d, "tri").wait_ready()
-        stack.add_target(agent.target)
+        set_targets(stack, [agent.target])
         sender = Sender(agent.ingest, node="tri-node")
         t0 = time.time()
         sender.set("tri-data", 0, RankPlay(dur=0.1, data=0.005, comm=0.055, xcomm=0.05))
@@ -135,9 +135,8 @@ def world(tmp_path_factory) -> Iterator[dict]:
         sender.set("tri-ended", 0, RankPlay(dur=0.1, data=0.004, comm=0.055, xcomm=0.05))
         sender.set("tri-ended", 1, RankPlay(dur=0.1, data=0.05, comm=0.006, xcomm=0.002))
         sender.start()
-        stack.wait_scraped(agent.target)
         # a few scrapes of steady state, then the hang: rank 1 stuck outside any collective, rank 0 blocked in one
-        wait_until("rates of every job", lambda: len(stack.query(
+        wait_until("rates of every job", lambda: len(stack.prom.query(
             'count by (job) (rank:ranksight_comm_share:ratio_rate{job=~"tri-.*"})')) == 5, 30)
         now = time.time()
         sender.set("tri-hang", 1, RankPlay(stepping=False, hang_since=now))
@@ -148,11 +147,11 @@ def world(tmp_path_factory) -> Iterator[dict]:
                 sender.plays[("tri-hang", 0)].coll = time.time() - now
                 time.sleep(0.2)
         threading.Thread(target=blocked_clock, daemon=True).start()
-        wait_until("the hang to show in the agent", lambda: stack.query(
+        wait_until("the hang to show in the agent", lambda: stack.prom.query(
             'ranksight_rank_stalled{job="tri-hang",reason="no_progress"} == 1')
-            and stack.query('ranksight_rank_stalled{job="tri-hang",reason="waiting_in_collective"} == 1'), 30)
+            and stack.prom.query('ranksight_rank_stalled{job="tri-hang",reason="waiting_in_collective"} == 1'), 30)
         sender.bye("tri-ended")
-        wait_until("tri-ended to leave the agent", lambda: not stack.query('ranksight_rank_up{job="tri-ended"}'), 15)
+        wait_until("tri-ended to leave the agent", lambda: not stack.prom.query('ranksight_rank_up{job="tri-ended"}'), 15)
         yield {"stack": stack, "agent": agent, "t0": t0}
     finally:
         if sender is not None:
@@ -198,7 +197,7 @@ def test_straggler_is_named_not_the_waiting_rank(world):
     assert doc["cause"]["labels"]["rank"] == "1"
     # busy per step: rank 1 0.1 - 0.002 - 0.001 = 0.097, rank 0 0.1 - 0.002 - 0.04 = 0.058; the value is the
     # recorded straggler ratio, whatever the job median's definition
-    recorded = world["stack"].query('rank:ranksight_straggler:ratio{job="tri-straggler",rank="1"}')
+    recorded = world["stack"].prom.query('rank:ranksight_straggler:ratio{job="tri-straggler",rank="1"}')
     assert doc["cause"]["value"] == pytest.approx(float(recorded[0]["value"][1]), rel=0.02)
     assert doc["cause"]["value"] > 1.2
     comm = check(doc, "RanksightCommBound")
@@ -280,7 +279,7 @@ def test_since_sees_a_job_that_has_ended(world):
 
 
 def test_unreachable_prometheus_is_one_line_exit_2(world):
-    port = world["stack"].prom_port
+    port = world["stack"].prometheus_port
     r = triage_cli("http://127.0.0.1:1", "--job", "x")
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == ["ranksight triage: error: cannot reach Prometheus at http://127.0.0.1:1: "

@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import yaml
 
 from ranksight import config, triage
+from ranksight.stack import LocalStack
 
 log = logging.getLogger("tests.e2e")
 
@@ -113,116 +114,40 @@ class Proc:
 
 
 # ------------------------------------------------------------------ Prometheus + Alertmanager
-class Stack:
-    """Prometheus + Alertmanager on free loopback ports, with the generated rules of ``cfg``.
+def start_stack(workdir: Path, cfg: Mapping[str, Any], targets: Sequence[str] = ()) -> LocalStack:
+    """ranksight's LocalStack (deploy/prometheus.yml rendered, generated rules of ``cfg``),
+    scraping and evaluating every second."""
+    return LocalStack(workdir, targets=list(targets), cfg=cfg, scrape_interval="1s").start()
 
-    Targets come from a file_sd file (``set_targets``), so agents can join and leave
-    while the stack runs (Prometheus applies target changes within about 5 s).
-    """
 
-    def __init__(self, workdir: Path, cfg: Mapping[str, Any], interval: str = "1s") -> None:
-        from ranksight.alerts.generate import render
+def set_targets(stack: LocalStack, targets: Sequence[str], timeout: float = 20.0) -> None:
+    """Replace the agents Prometheus scrapes (re-render its config, POST /-/reload) and wait
+    until Prometheus has applied it."""
+    stack.targets = list(targets)
+    stack.write_files()
+    req = urllib.request.Request(f"{stack.prom_url}/-/reload", data=b"", method="POST")
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+    want = set(targets)
+    wait_until(f"Prometheus to scrape exactly {sorted(want)}",
+               lambda: {t["labels"].get("instance") for t in stack.prom.targets()} == want, timeout)
 
-        self.dir = workdir
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.cfg = cfg
-        self.interval = interval
-        self.files = render(cfg)
-        self.prom_port = free_port()
-        self.am_port = free_port()
-        self.prom_url = f"http://127.0.0.1:{self.prom_port}"
-        self.am_url = f"http://127.0.0.1:{self.am_port}"
-        self.targets_file = self.dir / "targets.json"
-        self.procs: List[Proc] = []
-        self._targets: Dict[str, Dict[str, str]] = {}
 
-    def start(self) -> "Stack":
-        (self.dir / "rules.yml").write_text(self.files["ranksight-rules.yml"])
-        (self.dir / "alertmanager.yml").write_text(self.files["alertmanager.yml"])
-        self._write_targets()
-        prom_cfg = {
-            "global": {"scrape_interval": self.interval, "evaluation_interval": self.interval,
-                       "scrape_timeout": self.interval},
-            "rule_files": [str(self.dir / "rules.yml")],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{self.am_port}"]}]}]},
-            "scrape_configs": [{
-                "job_name": triage.SCRAPE_JOB, "honor_labels": True,
-                "file_sd_configs": [{"files": [str(self.targets_file)], "refresh_interval": "1s"}],
-            }],
-        }
-        (self.dir / "prometheus.yml").write_text(yaml.safe_dump(prom_cfg, sort_keys=False))
-        for tool, args in (("promtool", ["check", "config", str(self.dir / "prometheus.yml")]),
-                           ("amtool", ["check-config", str(self.dir / "alertmanager.yml")])):
-            r = subprocess.run([tool, *args], capture_output=True, text=True, timeout=30)
-            if r.returncode:
-                raise RuntimeError(f"{tool} rejects the generated config:\n{r.stdout}{r.stderr}")
-        self.procs.append(Proc([
-            ALERTMANAGER, f"--config.file={self.dir / 'alertmanager.yml'}", f"--storage.path={self.dir / 'am'}",
-            f"--web.listen-address=127.0.0.1:{self.am_port}", "--cluster.listen-address=", "--log.level=warn",
-        ], self.dir / "alertmanager.log"))
-        self.procs.append(Proc([
-            PROMETHEUS, f"--config.file={self.dir / 'prometheus.yml'}", f"--storage.tsdb.path={self.dir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{self.prom_port}", "--log.level=warn",
-            "--rules.alert.resend-delay=1s",  # Alertmanager sees state changes within a second
-        ], self.dir / "prometheus.log"))
-        try:
-            wait_until("Alertmanager ready", lambda: self._ok(f"{self.am_url}/-/ready"), 30)
-            wait_until("Prometheus ready", lambda: self._ok(f"{self.prom_url}/-/ready"), 30)
-        except AssertionError:
-            self.stop()
-            raise
-        return self
+def wait_scraped(stack: LocalStack, target: str, timeout: float = 20.0) -> None:
+    wait_until(f"Prometheus scraping {target}",
+               lambda: stack.prom.value(f'up{{instance="{target}"}}') == 1.0, timeout)
 
-    @staticmethod
-    def _ok(url: str) -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
 
-    def _write_targets(self) -> None:
-        groups = [{"targets": [t], "labels": labels} for t, labels in sorted(self._targets.items())]
-        tmp = self.targets_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(groups))
-        os.replace(tmp, self.targets_file)
+def firing(stack: LocalStack, **match: str) -> List[Dict[str, str]]:
+    """Firing ALERTS series (their labels) in Prometheus, matching the given labels."""
+    sel = ",".join(['alertstate="firing"'] + [f"{k}={json.dumps(v)}" for k, v in match.items()])
+    return [s["metric"] for s in stack.prom.query(f"ALERTS{{{sel}}}")]
 
-    def add_target(self, hostport: str, labels: Optional[Dict[str, str]] = None) -> None:
-        self._targets[hostport] = dict(labels or {})
-        self._write_targets()
 
-    def remove_target(self, hostport: str) -> None:
-        self._targets.pop(hostport, None)
-        self._write_targets()
-
-    def wait_scraped(self, hostport: str, timeout: float = 20.0) -> None:
-        wait_until(f"Prometheus scraping {hostport}",
-                   lambda: any(s["value"][1] == "1" for s in self.query(f'up{{instance="{hostport}"}}')), timeout)
-
-    # -- Prometheus API
-    def query(self, expr: str) -> List[Dict[str, Any]]:
-        doc = http_json(f"{self.prom_url}/api/v1/query", urllib.parse.urlencode({"query": expr}).encode())
-        if doc.get("status") != "success":
-            raise AssertionError(f"query failed: {doc}")
-        return doc["data"]["result"]
-
-    def firing(self, **match: str) -> List[Dict[str, str]]:
-        """Firing ALERTS series (labels) in Prometheus matching the given labels."""
-        sel = ",".join([f'alertstate="firing"'] + [f"{k}={json.dumps(v)}" for k, v in match.items()])
-        return [s["metric"] for s in self.query(f"ALERTS{{{sel}}}")]
-
-    # -- Alertmanager API
-    def am_alerts(self) -> List[Dict[str, Any]]:
-        return http_json(f"{self.am_url}/api/v2/alerts?active=true&silenced=true&inhibited=true&unprocessed=true")
-
-    def am_find(self, alertname: str, **match: str) -> List[Dict[str, Any]]:
-        return [a for a in self.am_alerts() if a["labels"].get("alertname") == alertname
-                and all(a["labels"].get(k) == v for k, v in match.items())]
-
-    def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.stop()
-        self.procs = []
+def am_find(stack: LocalStack, alertname: str, **match: str) -> List[Dict[str, Any]]:
+    """Alerts Alertmanager holds (active or inhibited) with that name and labels."""
+    return [a for a in stack.am.alerts() if a["labels"].get("alertname") == alertname
+            and all(a["labels"].get(k) == v for k, v in match.items())]
 
 
 # ------------------------------------------------------------------ node agent
@@ -273,7 +198,8 @@ class Agent:
 # ------------------------------------------------------------------ training job
 @dataclass
 class Job:
-    """A 2-rank gloo DDP run of examples/train_ddp.py, one process per rank (env:// rendezvous)."""
+    """A 2-rank gloo DDP run of examples/train_ddp.py, one process per rank (env:// rendezvous,
+    no torchrun: two processes instead of three on a 2-core machine)."""
 
     name: str
     workdir: Path
@@ -282,14 +208,16 @@ class Job:
     master_addr: str = "127.0.0.1"
     argv_prefix: Sequence[Sequence[str]] = ((), ())  # per rank: e.g. `ip netns exec ...`
     local_ranks: Sequence[int] = (0, 1)  # (0, 0) when each rank is on its own host
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # every rank
+    rank_env: Sequence[Mapping[str, str]] = ({}, {})  # per rank
+    train: Path = TRAIN
     procs: List[Proc] = field(default_factory=list)
-    started: float = 0.0
+    launched: float = 0.0  # monotonic
 
     def start(self) -> "Job":
         port = free_port()
         ckdir = self.workdir / f"ckpt-{self.name}"
-        self.started = time.monotonic()
+        self.launched = time.monotonic()
         for rank in range(2):
             e = dict(os.environ)
             e.update({
@@ -300,13 +228,14 @@ class Job:
                 "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
             })
             e.update(self.env)
-            argv = [*self.argv_prefix[rank], PYTHON, str(TRAIN), "--checkpoint-dir", str(ckdir), "--log-every", "0",
-                    *self.args]
+            e.update(self.rank_env[rank])
+            argv = [*self.argv_prefix[rank], PYTHON, str(self.train), "--checkpoint-dir", str(ckdir),
+                    "--log-every", "0", *self.args]
             self.procs.append(Proc(argv, self.workdir / f"job-{self.name}-rank{rank}.log", env=e, cwd=REPO))
         return self
 
-    def logs(self) -> str:
-        return "\n".join(f"--- rank {i} ---\n{p.tail()}" for i, p in enumerate(self.procs))
+    def logs(self, n: int = 1500) -> str:
+        return "\n".join(f"--- {self.name} rank {i} ({p.log_path}) ---\n{p.tail(n)}" for i, p in enumerate(self.procs))
 
     def stop(self) -> None:
         for p in self.procs:

@@ -147,6 +147,10 @@ class Hosts:
                         "-m", "statistic", "--mode", "random", "--probability", f"{probability:g}", "-j", "DROP"],
                        check=True, capture_output=True, text=True, timeout=10)
 
+    def clear_drops(self, host: Host) -> None:
+        subprocess.run(["ip", "netns", "exec", host.ns, "iptables", "-F", "INPUT"],
+                       check=True, capture_output=True, text=True, timeout=10)
+
     def dropped(self, host: Host) -> int:
         out = subprocess.run(["ip", "netns", "exec", host.ns, "iptables", "-L", "INPUT", "-v", "-n", "-x"],
                              capture_output=True, text=True, timeout=10).stdout

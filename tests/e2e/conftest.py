@@ -1,0 +1,25 @@
+"""The end-to-end fault suite's shared fixture: one Suite (stack, agents) per session."""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import pytest
+
+from netns import available
+from suite import Suite
+
+
+@pytest.fixture(scope="session")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
+    why = available()
+    if why:
+        pytest.fail(f"the end-to-end suite {why} (network namespaces, veths, iptables)", pytrace=False)
+    s = Suite(tmp_path_factory.mktemp("e2e"))
+    try:
+        s.start()
+        yield s
+    finally:
+        s.close()
+        print(f"\ne2e suite: {time.monotonic() - s.t0:.0f} s wall; per case: "
+              + ", ".join(f"{n} {o.seconds:.0f} s (detect {o.detect_s:.1f} s)" for n, o in s.results.items()))

@@ -1,0 +1,325 @@
+"""The fault suite's runner: one shared Prometheus + Alertmanager (test-profile rules, 1 s
+scrape and evaluation), one node agent for the single-host cases, two network-namespace
+hosts (each with its own agent) for the two-host cases, and a real 2-rank gloo DDP job per
+case, each with its own job name.
+
+A case is watched, not just checked at the end: the runner records when the expected
+alert first shows in Alertmanager (detection time from the fault's start), the
+Alertmanager status of the symptoms, every other alert of the job, and what
+``ranksight triage`` says. The tests then assert on that record. Cases run in small
+groups; a group starts when its first test asks for it, so ``-k`` runs only what it needs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from harness import (Agent, Job, LocalStack, am_find, set_targets, start_stack, test_profile,
+                     triage_cli, wait_until)
+from netns import Hosts
+
+log = logging.getLogger("tests.e2e")
+
+HERE = Path(__file__).resolve().parent
+STARTUP_TIMEOUT = 90.0  # launch -> first step seen by Prometheus (torch import, gloo rendezvous)
+DETECT_LIMIT = 60.0  # the issue's bound: the expected alert fires within 60 s of the fault
+SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to fire (their own for:)
+HEALTHY_WATCH = 30.0  # a healthy run is watched this long after its first step (rate window + for:)
+FAULT_AFTER = 3.0  # kill-rank / hang: seconds after the first step
+POLL = 0.5
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    fault: str  # examples/train_ddp.py --fault
+    cause: str  # the alert that must fire (and that triage must name)
+    where: Mapping[str, str]  # labels the cause must carry (rank / node)
+    symptoms: Tuple[Tuple[str, Mapping[str, str]], ...] = ()  # must fire and show as inhibited
+    args: Tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    fault_after: float = 0.0
+    two_hosts: bool = False
+    drop: float = 0.0  # packet loss probability on the link (two-host cases)
+    train: Optional[Path] = None
+    healthy: bool = False
+    dashboards: bool = False  # evaluate every dashboard query for this job while it runs
+
+
+@dataclass
+class Observation:
+    case: str
+    job: str = ""
+    error: str = ""
+    logs: str = ""
+    first_step_s: float = float("nan")  # launch -> first step seen
+    detect_s: float = float("nan")  # fault start -> cause alert in Alertmanager
+    cause_alerts: List[Dict[str, Any]] = field(default_factory=list)
+    symptoms: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+    job_alerts: List[Dict[str, Any]] = field(default_factory=list)  # every Alertmanager alert of the job, at the end
+    fired: List[Dict[str, str]] = field(default_factory=list)  # healthy: any firing alert seen while watching
+    triage_rc: Optional[int] = None
+    triage: Dict[str, Any] = field(default_factory=dict)
+    triage_text: str = ""
+    triage_stderr: str = ""
+    dashboards: List[Tuple[str, str, str, int]] = field(default_factory=list)  # (file, title, expr, series)
+    seconds: float = 0.0  # wall time of the case
+
+    def explain(self) -> str:
+        return (f"case {self.case} (job {self.job}): {self.error}\n"
+                f"triage rc={self.triage_rc}\n{self.triage_text}\n{self.triage_stderr}\n{self.logs}")
+
+
+R0, R1 = {"rank": "0"}, {"rank": "1"}
+HOST_A, HOST_B = "e2e-host-a", "e2e-host-b"
+
+CASES: Dict[str, Case] = {c.name: c for c in (
+    Case("slow-data", "slow-data", "RanksightDataloaderBound", R1,
+         symptoms=(("RanksightCommBound", R0),),
+         # 6 ms per sequence read: rank 1 waits ~half its step on data, rank 0 ~half in the all-reduce
+         args=("--slow-data-seconds", "0.006")),
+    Case("straggler", "straggler", "RanksightStraggler", R1, symptoms=(("RanksightCommBound", R0),)),
+    Case("comm-heavy", "comm-heavy", "RanksightCommBound", {},
+         train=HERE / "train_variant.py", env={"E2E_SEQ_LEN": "32", "E2E_OPTIMIZER": "sgd"}),
+    Case("kill-rank", "kill-rank", "RanksightRankDown", R1, symptoms=(("RanksightHeartbeatMissed", R1),),
+         fault_after=FAULT_AFTER),
+    Case("hang", "hang", "RanksightRankStalled", R1, symptoms=(("RanksightRankBlocked", R0),),
+         fault_after=FAULT_AFTER, args=("--hang-seconds", "300")),
+    Case("slow-checkpoint", "slow-checkpoint", "RanksightCheckpointSlow", R0,
+         symptoms=(("RanksightCommBound", R1),)),
+    Case("healthy", "none", "", {}, two_hosts=True, healthy=True, dashboards=True, args=("--checkpoint-every", "40")),
+    Case("packet-loss", "none", "RanksightTcpRetransmits", {"node": HOST_A},
+         symptoms=(("RanksightCommBound", {"node": HOST_A}), ("RanksightCommBound", {"node": HOST_B})),
+         two_hosts=True, drop=0.05, dashboards=True),
+)}
+
+# Run together; groups run one after the other. kill-rank and hang go idle after 3 s, so they
+# share a group; CPU-bound cases run alone on the 2 cores so one job does not distort another.
+GROUPS: Tuple[Tuple[str, ...], ...] = (
+    ("slow-data",), ("straggler",), ("comm-heavy",), ("kill-rank", "hang"), ("slow-checkpoint",),
+    ("healthy", "packet-loss"),  # the two-host cases, one after the other on the same hosts
+)
+
+
+def _labels_match(labels: Mapping[str, str], want: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in want.items())
+
+
+class Suite:
+    """Shared stack and agents; runs case groups on demand and keeps their observations."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.cfg = test_profile()
+        self.stack: Optional[LocalStack] = None
+        self.agent: Optional[Agent] = None
+        self.results: Dict[str, Observation] = {}
+        self.lock = threading.Lock()
+        self.t0 = time.monotonic()
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self) -> "Suite":
+        self.stack = start_stack(self.dir / "stack", self.cfg)
+        self.agent = Agent(self.dir, "host", env=self._agent_env()).wait_ready()
+        set_targets(self.stack, [self.agent.target])
+        return self
+
+    @staticmethod
+    def _agent_env() -> Dict[str, str]:
+        return {"RANKSIGHT__agent__stall_min_seconds": "3"}
+
+    def close(self) -> None:
+        if self.agent is not None:
+            self.agent.stop()
+        if self.stack is not None:
+            self.stack.stop()
+
+    # -------------------------------------------------------------- entry point for tests
+    def observe(self, name: str) -> Observation:
+        with self.lock:
+            if name not in self.results:
+                group = next(g for g in GROUPS if name in g)
+                self._run_group(group)
+            return self.results[name]
+
+    def _run_group(self, group: Sequence[str]) -> None:
+        if CASES[group[0]].two_hosts:
+            self._run_two_hosts(group)
+            return
+        threads = [threading.Thread(target=self._guard, args=(n, self._run_single_host), name=n) for n in group]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _guard(self, name: str, fn: Callable[[Case, Observation], None]) -> None:
+        obs = Observation(name)
+        start = time.monotonic()
+        try:
+            fn(CASES[name], obs)
+        except BaseException as e:  # recorded; the test reports it with the logs
+            obs.error = obs.error or f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
+        obs.seconds = time.monotonic() - start
+        self.results[name] = obs
+
+    # -------------------------------------------------------------- single host
+    def _run_single_host(self, case: Case, obs: Observation) -> None:
+        assert self.agent is not None
+        job = Job(name=f"e2e-{case.name}", workdir=self.dir, args=self._args(case),
+                  agent_ingest=(self.agent.ingest,), env=dict(case.env), train=case.train or Job.train)
+        self._run_job(case, job, obs)
+
+    @staticmethod
+    def _args(case: Case) -> List[str]:
+        a = ["--duration", "150", *case.args]
+        if case.fault != "none":
+            a += ["--fault", case.fault]
+        if case.fault_after:
+            a += ["--fault-after", str(case.fault_after)]
+        return a
+
+    def _run_job(self, case: Case, job: Job, obs: Observation, nodes: Sequence[str] = ()) -> None:
+        obs.job = job.name
+        job.start()
+        try:
+            if case.healthy:
+                self._watch_healthy(case, job, obs, nodes)
+            else:
+                self._watch_fault(case, job, obs, nodes)
+        finally:
+            obs.logs = job.logs()
+            job.stop()
+
+    def _first_step(self, job: Job) -> float:
+        """Monotonic time of the job's first step, at the latest: the scrape that saw it minus one interval."""
+        assert self.stack is not None
+
+        def seen() -> bool:
+            for i, p in enumerate(job.procs):
+                if not p.alive():
+                    raise AssertionError(f"rank {i} of {job.name} exited before its first step")
+            return bool(self.stack.prom.query(f'ranksight_steps_total{{job="{job.name}"}} > 0'))
+        wait_until(f"{job.name}: first step in Prometheus", seen, STARTUP_TIMEOUT, every=POLL)
+        return time.monotonic() - 1.0
+
+    def _watch_fault(self, case: Case, job: Job, obs: Observation, nodes: Sequence[str]) -> None:
+        assert self.stack is not None
+        first = self._first_step(job)
+        obs.first_step_s = first - job.launched
+        fault_start = first + case.fault_after
+        want = {"job": job.name, **case.where}
+
+        def cause() -> List[Dict[str, Any]]:
+            return [a for a in am_find(self.stack, case.cause, **want) if not a["status"]["inhibitedBy"]]
+        try:
+            obs.cause_alerts = wait_until(f"{case.cause} {want} in Alertmanager", cause,
+                                          DETECT_LIMIT + 15 - (time.monotonic() - fault_start), every=POLL)
+            obs.detect_s = time.monotonic() - fault_start
+        except AssertionError as e:
+            obs.error = str(e)
+            obs.job_alerts = self._job_alerts(job.name)
+            return
+        deadline = time.monotonic() + SYMPTOM_WAIT
+        for alert, labels in case.symptoms:
+            sel = {"job": job.name, **labels}
+            key = f"{alert} {json.dumps(labels, sort_keys=True)}"
+            try:
+                obs.symptoms[key] = wait_until(f"symptom {alert} {sel} inhibited in Alertmanager",
+                                               lambda: [a for a in am_find(self.stack, alert, **sel)
+                                                        if a["status"]["inhibitedBy"]],
+                                               max(1.0, deadline - time.monotonic()), every=POLL)
+            except AssertionError:
+                obs.symptoms[key] = am_find(self.stack, alert, **sel)  # absent or not inhibited: the test says which
+        obs.job_alerts = self._job_alerts(job.name)
+        self._triage(job.name, obs)
+        if case.dashboards:
+            obs.dashboards = self._dashboard_queries(job.name, nodes)
+
+    def _job_alerts(self, job: str) -> List[Dict[str, Any]]:
+        assert self.stack is not None
+        return [a for a in self.stack.am.alerts() if a["labels"].get("job") == job]
+
+    def _triage(self, job: str, obs: Observation) -> None:
+        assert self.stack is not None
+        r = triage_cli(self.stack.prom_url, "--profile", "test", "--job", job, "--json")
+        obs.triage_rc = r.returncode
+        obs.triage_stderr = r.stderr
+        try:
+            obs.triage = json.loads(r.stdout) if r.stdout else {}
+        except ValueError:
+            obs.triage = {"unparsable": r.stdout[-2000:]}
+        text = triage_cli(self.stack.prom_url, "--profile", "test", "--job", job)
+        obs.triage_text = text.stdout
+        log.info("triage of %s (exit %d):\n%s", job, text.returncode, text.stdout)
+
+    # -------------------------------------------------------------- healthy
+    def _watch_healthy(self, case: Case, job: Job, obs: Observation, nodes: Sequence[str]) -> None:
+        assert self.stack is not None
+        first = self._first_step(job)
+        obs.first_step_s = first - job.launched
+        seen: Dict[Tuple, Dict[str, str]] = {}
+        end = first + HEALTHY_WATCH
+        while time.monotonic() < end:  # any alert of this job or its hosts that fires while it runs
+            for a in self.stack.prom.alerts():
+                lab = a["labels"]
+                if a["state"] == "firing" and (lab.get("job") == job.name or lab.get("node") in nodes):
+                    seen[tuple(sorted(lab.items()))] = lab
+            for i, p in enumerate(job.procs):
+                if not p.alive():
+                    raise AssertionError(f"rank {i} of the healthy job exited early")
+            time.sleep(POLL)
+        obs.fired = list(seen.values())
+        obs.job_alerts = self._job_alerts(job.name)
+        self._triage(job.name, obs)
+        if case.dashboards:
+            obs.dashboards = self._dashboard_queries(job.name, nodes)
+
+    def _dashboard_queries(self, job: str, nodes: Sequence[str]) -> List[Tuple[str, str, str, int]]:
+        from ranksight.dashboards.generate import queries, substitute
+
+        assert self.stack is not None
+        out = []
+        for fname, title, expr in queries(self.cfg):
+            q = substitute(expr, job=[job], node=list(nodes) or ".*", rank=".*", rate_interval="15s", range_="5m")
+            out.append((fname, title, expr, len(self.stack.prom.query(q))))
+        return out
+
+    # -------------------------------------------------------------- two hosts
+    def _run_two_hosts(self, group: Sequence[str]) -> None:
+        assert self.stack is not None and self.agent is not None
+        with Hosts([HOST_A, HOST_B]) as hosts:
+            agents: List[Agent] = []
+            try:
+                for h in hosts.hosts:
+                    agents.append(Agent(self.dir, h.hostname, argv_prefix=hosts.argv(h, []), listen_host="0.0.0.0",
+                                        scrape_host=h.mgmt_addr, env=self._agent_env()).wait_ready())
+                set_targets(self.stack, [self.agent.target] + [a.target for a in agents])
+                for name in group:
+                    self._guard(name, lambda case, obs: self._run_two_host_case(case, obs, hosts, agents))
+            finally:
+                try:  # before the hosts go: no scrape of a vanished agent, no RanksightExporterDown
+                    set_targets(self.stack, [self.agent.target])
+                finally:
+                    for a in agents:
+                        a.stop()
+
+    def _run_two_host_case(self, case: Case, obs: Observation, hosts: Hosts, agents: List[Agent]) -> None:
+        a, b = hosts.hosts
+        if case.drop:
+            hosts.drop_incoming(b, case.drop)  # host B loses what A sends: host A retransmits
+        try:
+            job = Job(name=f"e2e-{case.name}", workdir=self.dir, args=self._args(case),
+                      agent_ingest=tuple(ag.ingest for ag in agents), master_addr=a.link_addr,
+                      argv_prefix=(hosts.argv(a, []), hosts.argv(b, [])), local_ranks=(0, 0),
+                      rank_env=({"GLOO_SOCKET_IFNAME": a.link_if}, {"GLOO_SOCKET_IFNAME": b.link_if}),
+                      env=dict(case.env), train=case.train or Job.train)
+            self._run_job(case, job, obs, nodes=[a.hostname, b.hostname])
+        finally:
+            if case.drop:
+                hosts.clear_drops(b)

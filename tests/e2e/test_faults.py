@@ -1,0 +1,132 @@
+"""The end-to-end fault suite (issue 6): each incident injected for real into a 2-rank gloo
+DDP job, watched by the real agent, a real Prometheus and Alertmanager with the
+test-profile rules; the expected alert must fire within 60 s on the right rank or host,
+its symptoms must show as inhibited in Alertmanager, and `ranksight triage` must name
+the cause (exit 1). A healthy run on two hosts must stay quiet and be called healthy
+(exit 0), and every dashboard query must return data from it (GPU and RDMA panels
+excepted on this CPU machine, and named).
+
+Run: ``.venv/bin/python -m pytest -q -m e2e tests/e2e`` (root: network namespaces).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List
+
+import pytest
+
+from suite import CASES, GROUPS, HOST_A, HOST_B, Observation, Suite
+
+pytestmark = [pytest.mark.e2e]
+
+ORDER = [n for g in GROUPS for n in g]
+FAULTS = [n for n in ORDER if not CASES[n].healthy]
+
+# An info-severity setup lint that the hooks report as active in every run (global batch and LR,
+# "one info line"). It is not a symptom and no fault causes it; see the report's request to make
+# it stop firing as an alert. Excluded here by name, nothing else is.
+INFO_ALWAYS = {"RanksightLintGlobalBatchLr"}
+
+
+def _name(a: Dict[str, Any]) -> str:
+    return a["labels"]["alertname"]
+
+
+def _show(alerts: List[Dict[str, Any]]) -> str:
+    return "; ".join(f"{_name(a)}{{rank={a['labels'].get('rank', '')},node={a['labels'].get('node', '')}}}"
+                     f"{' inhibited' if a['status']['inhibitedBy'] else ''}" for a in alerts)
+
+
+def _check_ok(obs: Observation) -> None:
+    assert not obs.error, obs.explain()
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_fault_fires_within_60s_on_the_right_rank(suite: Suite, name: str) -> None:
+    case, obs = CASES[name], suite.observe(name)
+    _check_ok(obs)
+    assert obs.detect_s <= 60.0, obs.explain()
+    assert obs.cause_alerts, obs.explain()
+    for a in obs.cause_alerts:
+        assert a["labels"]["job"] == obs.job
+        assert all(a["labels"].get(k) == v for k, v in case.where.items()), _show(obs.cause_alerts)
+        assert not a["status"]["inhibitedBy"], "the cause itself must not be muted"
+    if name == "packet-loss":  # the host whose packets are lost retransmits; the other does not alert
+        assert not [a for a in obs.job_alerts if _name(a) == case.cause and a["labels"].get("node") == HOST_B], \
+            _show(obs.job_alerts)
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_fault_symptoms_are_inhibited(suite: Suite, name: str) -> None:
+    case, obs = CASES[name], suite.observe(name)
+    _check_ok(obs)
+    for key, alerts in obs.symptoms.items():
+        assert alerts, f"{key} never fired for {obs.job}; alerts: {_show(obs.job_alerts)}"
+        loud = [a for a in alerts if not a["status"]["inhibitedBy"]]
+        assert not loud, f"{key} fired but is not inhibited: {_show(loud)}"
+    # and nothing else about the job is left loud: every other alert is muted by a cause
+    loud = [a for a in obs.job_alerts if _name(a) != case.cause and not a["status"]["inhibitedBy"]
+            and _name(a) not in INFO_ALWAYS]
+    assert not loud, f"alerts of {obs.job} neither the cause nor inhibited: {_show(loud)}"
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_triage_names_the_cause(suite: Suite, name: str) -> None:
+    case, obs = CASES[name], suite.observe(name)
+    _check_ok(obs)
+    assert obs.triage_rc == 1, obs.explain()
+    cause = obs.triage["cause"]
+    assert cause["alert"] == case.cause, obs.triage_text
+    assert cause["labels"].get("job") == obs.job, obs.triage_text
+    for k, v in case.where.items():
+        assert cause["labels"].get(k) == v, obs.triage_text
+    assert cause["runbook"].startswith("http") and cause["next_check"]
+    assert f"cause: {case.cause}" in obs.triage_text and "runbook:" in obs.triage_text
+    # the symptoms are reported as explained by the cause, not as causes
+    causes = {c["alert"] for c in obs.triage["causes"]}
+    for alert, _ in case.symptoms:
+        assert alert not in causes or alert == case.cause, obs.triage_text
+        check = next(c for c in obs.triage["checks"] if c["alert"] == alert)
+        assert check["findings"], f"triage saw no {alert}: {obs.triage_text}"
+        assert all(f["explained_by"] for f in check["findings"]), obs.triage_text
+
+
+def test_healthy_run_stays_quiet_and_triage_says_healthy(suite: Suite) -> None:
+    obs = suite.observe("healthy")
+    _check_ok(obs)
+    fired = [a for a in obs.fired if a["alertname"] not in INFO_ALWAYS]
+    assert not fired, f"alerts fired during the healthy run: {fired}"
+    assert not [a for a in obs.job_alerts if _name(a) not in INFO_ALWAYS], _show(obs.job_alerts)
+    assert obs.triage_rc == 0, obs.explain()
+    assert obs.triage["healthy"] and obs.triage["cause"] is None
+    assert "verdict: healthy" in obs.triage_text
+    verdicts = {c["alert"]: c["verdict"] for c in obs.triage["checks"]}
+    for alert in ("RanksightDataloaderBound", "RanksightCommBound", "RanksightTcpRetransmits",
+                  "RanksightCheckpointSlow", "RanksightHeartbeatMissed", "RanksightRankDown"):
+        assert verdicts[alert] == "ok", (alert, obs.triage_text)
+
+
+# The dashboards' panels that cannot have data on a CPU machine: GPU (NVML) and RDMA metrics.
+_GPU_RDMA = re.compile(r"\b(ranksight_gpu_\w+|gpu:ranksight_\w+|ranksight_rdma_\w+)")
+# The firing-alerts panel is empty for a healthy job by definition; it must show the fault run's alerts.
+_FIRING = re.compile(r'ALERTS\{[^}]*alertstate="firing"')
+
+
+def test_every_dashboard_query_returns_data_from_the_real_runs(suite: Suite) -> None:
+    healthy = suite.observe("healthy")
+    _check_ok(healthy)
+    assert healthy.dashboards, "no dashboard queries were evaluated"
+    empty = {(f, t, e) for f, t, e, n in healthy.dashboards if n == 0}
+    cpu_impossible = {(f, t, e) for f, t, e, _ in healthy.dashboards if _GPU_RDMA.search(e)}
+    firing_panel = {(f, t, e) for f, t, e, _ in healthy.dashboards if _FIRING.search(e)}
+    assert firing_panel, "the triage dashboard has no firing-alerts panel"
+    assert empty - cpu_impossible - firing_panel == set(), \
+        "dashboard queries without data from the healthy run:\n" + "\n".join(
+            f"{f} | {t} | {e}" for f, t, e in sorted(empty - cpu_impossible - firing_panel))
+    assert cpu_impossible <= empty, "a GPU/RDMA query returned data on a CPU machine?"
+    assert firing_panel <= empty, "alerts fired for the healthy job"
+    loss = suite.observe("packet-loss")
+    _check_ok(loss)
+    loss_counts = {(f, t, e): n for f, t, e, n in loss.dashboards}
+    assert all(loss_counts[k] > 0 for k in firing_panel), "the firing-alerts panel is empty during a fault"
+    assert all(loss_counts[k] == 0 for k in cpu_impossible)
