@@ -252,7 +252,8 @@ class Watcher:
     group or None), ``identity``, ``settings``, ``stats()``, ``send_lint(id, active, msg)``,
     ``add_checkpoint_observer(fn)`` (``fn(src, obj, path)``), ``add_epoch_observer(fn)``
     (``fn(loader)`` when an iteration over the loader starts), ``add_periodic(fn, seconds)``
-    (runs on the background thread), ``close()``.
+    (runs on the background thread), ``add_close_callback(fn)`` (runs once in ``close()``),
+    ``close()``. ``watch()`` calls ``ranksight.hooks.lints.attach(watcher)`` when that module exists.
     """
 
     def __init__(self, model: Any, optimizer: Any, loader: Any, settings: Settings):
@@ -290,6 +291,7 @@ class Watcher:
         # extension points
         self._epoch_observers: List[Callable[[Any], None]] = []
         self._periodic: List[List[Any]] = []  # [fn, every, next_due]
+        self._close_callbacks: List[Callable[[], None]] = []
         # GPU timing
         self.backend = self._backend()
         self._tl: Optional[CudaTimeline] = None
@@ -304,7 +306,10 @@ class Watcher:
         # patches and hooks
         self._patcher = Patcher()
         self._handles: List[Any] = []
-        self.comm = CommTracker(self._hook_error, self._main_tid, self._tl, comm_events=self._fr is None)
+        # CUDA events time collectives until the Flight Recorder proves it records them (entries with
+        # durations: TORCH_NCCL_ENABLE_TIMING=1 and a non-zero trace buffer); then it takes over
+        self._fr_on = False
+        self.comm = CommTracker(self._hook_error, self._main_tid, self._tl, comm_events=True)
         self.ckpt = Recorder(self._emit_ckpt, self._add_ckpt, self._set_phase, self._hook_error, self._main_tid)
         self._dcp_patched = False
         self._install()
@@ -536,12 +541,20 @@ class Watcher:
         comm, extra, hx = self.comm.take(t0, t)
         if self._tl is None:
             fwd, bwd, opt, xcomm = self._fwd, self._bwd, self._opt, self._xcomm + hx
-        else:  # GPU spans, resolved from earlier steps' events: they may belong to an earlier step
+        else:
+            # GPU spans, resolved from earlier steps' events: they may belong to an earlier step. A
+            # value above this step's duration (several steps resolved at once) carries its excess
+            # to the next record, so per-step values stay <= dur and the sums stay right.
             g = self._gacc
             self._tl.resolve(self._gpu_add)
-            fwd, bwd, opt, xcomm = g[FWD], g[BWD], g[OPT], g[XCOMM]
-            comm = g[COMM] if self.comm.comm_events else 0.0
-            g[FWD] = g[BWD] = g[OPT] = g[XCOMM] = g[COMM] = 0.0
+            g[COMM] += extra  # (the host union is meaningless for NCCL: launch returns at once)
+            extra = 0.0
+            fwd, bwd, opt, xcomm, comm = (min(g[k], dur) for k in (FWD, BWD, OPT, XCOMM, COMM))
+            g[FWD] -= fwd
+            g[BWD] -= bwd
+            g[OPT] -= opt
+            g[XCOMM] -= xcomm
+            g[COMM] -= comm
         comm += extra
         self._seq += 1
         rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
@@ -606,6 +619,11 @@ class Watcher:
     def add_periodic(self, fn: Callable[[], None], every_seconds: float) -> None:
         self._periodic.append([fn, float(every_seconds), 0.0])
 
+    def add_close_callback(self, fn: Callable[[], None]) -> None:
+        """``fn()`` runs once in ``close()``, after the hooks are removed and before the final
+        flush (records it queues, e.g. ``send_lint``, still go out)."""
+        self._close_callbacks.append(fn)
+
     def checkpoint_timer(self, path: Any = None, nbytes: Optional[int] = None, obj: Any = None) -> CheckpointTimer:
         return CheckpointTimer(self.ckpt if self._active else None, path, nbytes, obj)
 
@@ -614,7 +632,7 @@ class Watcher:
         return {"steps": self._seq, "herr": self.herr, "hdrop": self._tl.dropped if self._tl else 0,
                 "qdrop": self.qdrop, "sent": tr.sent if tr else 0, "send_errors": tr.errors if tr else 0,
                 "ddp_comm_hook": self.comm.ddp_hooked, "gpu": self._tl is not None,
-                "flight_recorder": self._fr is not None, "phase": self._phase}
+                "flight_recorder": self._fr_on, "phase": self._phase}
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
@@ -734,8 +752,12 @@ class Watcher:
         if self._fr is not None:
             try:
                 durs, age = self._fr.poll()
-                if durs:
-                    self.comm.add_flight_recorder(durs)
+                if self._fr_on:
+                    if durs:
+                        self.comm.add_flight_recorder(durs)
+                elif durs:  # these collectives were timed by events; later ones come from the recorder
+                    self.comm.comm_events = False
+                    self._fr_on = True
                 coll = max(coll, age)
             except Exception as e:
                 self._hook_error("NCCL Flight Recorder", e)
@@ -801,6 +823,11 @@ class Watcher:
                 pass
         self._handles.clear()
         self._patcher.restore()
+        for fn in self._close_callbacks:
+            try:
+                fn()
+            except Exception as e:
+                self._hook_error(f"close callback {getattr(fn, '__name__', fn)}", e)
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2.0)
