@@ -147,8 +147,9 @@ def main(argv: Optional[list] = None) -> int:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     pad = torch.zeros(int(args.checkpoint_mb * 2**20 / 4))  # e.g. EMA weights of a bigger model
     if rank == 0:
-        print(f"train_ddp: {world} ranks, fault={args.fault} (rank {args.rank_to_fault % world}), "
-              f"global batch {world * args.batch_seqs * args.seq_len} tokens, lr {args.lr}", flush=True)
+        fault = "" if args.fault == "none" else f", fault {args.fault} on rank {args.rank_to_fault % world}"
+        print(f"train_ddp: {world} ranks{fault}, global batch {world * args.batch_seqs * args.seq_len} tokens, "
+              f"lr {args.lr}", flush=True)
 
     step, epoch, loss_sum, start, stop = 0, 0, 0.0, None, False
     while not stop:

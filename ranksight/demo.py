@@ -210,6 +210,12 @@ class Job:
             t.join(2.0)
 
 
+def _has_numpy() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("numpy") is not None
+
+
 def _stepping(agent: AgentProcess) -> bool:
     """True once the agent has seen a step of the demo job."""
     try:
@@ -304,6 +310,12 @@ def _run(args: argparse.Namespace, started: List[object]) -> int:
                 "--fault-after", f"{args.fault_after:g}", "--checkpoint-dir", str(run_dir / "checkpoints")]
     env = dict(os.environ, RANKSIGHT_AGENT=agent.ingest, RANKSIGHT_JOB=JOB, OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
+    if not _has_numpy():  # torch warns at import when numpy is absent; harmless for this job
+        env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"),
+                                                       "ignore:Failed to initialize NumPy:UserWarning"]))
+    what = "no fault" if args.fault == "none" else f"fault {args.fault} on rank {args.rank_to_fault}"
+    print(f"training      2 ranks for {args.duration:g} s with {what}; the alerts and the verdict follow the run",
+          file=out, flush=True)
     job = Job(script, run_dir, job_args, env)
     started.append(job)
     alerts = AlertLog()
