@@ -860,26 +860,48 @@ class Prometheus:
         return json.loads(body)
 
     def timed_query_range(self, expr: str, start: float, end: float, step: int) -> Tuple[float, Dict[str, Any]]:
-        """(wall seconds until the whole body arrived, info). Errors come back in info."""
+        """(wall seconds until the whole body arrived, info). The body is streamed and only
+        counted (a fleet-wide panel can return a gigabyte of JSON); errors come back in info."""
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step)}
         data = urllib.parse.urlencode(params).encode()
         req = urllib.request.Request(self.url + "/api/v1/query_range", data=data,
                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
         t0 = time.perf_counter()
+        head = b""
+        size = series = points = 0
+        tail = b""
         try:
-            with urllib.request.urlopen(req, timeout=600) as r:
-                body = r.read()
+            with urllib.request.urlopen(req, timeout=900) as r:
+                while True:
+                    chunk = r.read(1 << 20)
+                    if not chunk:
+                        break
+                    if len(head) < 64:
+                        head += chunk[:64]
+                    buf = tail + chunk
+                    series += buf.count(b'"metric":')
+                    points += buf.count(b'"]')
+                    tail = buf[-16:]
+                    # what `tail` overlaps was counted already; subtract matches inside it
+                    series -= tail.count(b'"metric":')
+                    points -= tail.count(b'"]')
+                    size += len(chunk)
+            series += tail.count(b'"metric":')
+            points += tail.count(b'"]')
             wall = time.perf_counter() - t0
-            doc = json.loads(body)
+            ok = head.startswith(b'{"status":"success"')
+            info = {"status": "success" if ok else "error", "error": None if ok else head.decode(errors="replace"),
+                    "series": series, "points": points, "bytes": size}
         except urllib.error.HTTPError as e:
             wall = time.perf_counter() - t0
             try:
                 doc = json.loads(e.read())
             except ValueError:
-                doc = {"status": "error", "error": f"HTTP {e.code}"}
-        res = doc.get("data", {}).get("result", []) if doc.get("status") == "success" else []
-        info = {"status": doc.get("status"), "error": doc.get("error"), "series": len(res),
-                "points": sum(len(s.get("values", [])) for s in res), "bytes": len(body) if doc.get("status") == "success" else 0}
+                doc = {"error": f"HTTP {e.code}"}
+            info = {"status": "error", "error": doc.get("error"), "series": 0, "points": 0, "bytes": 0}
+        except (urllib.error.URLError, OSError) as e:
+            wall = time.perf_counter() - t0
+            info = {"status": "error", "error": str(e), "series": 0, "points": 0, "bytes": 0}
         return wall, info
 
     def instant(self, expr: str, at: Optional[float] = None) -> List[Dict[str, Any]]:
@@ -1106,6 +1128,7 @@ class Options:
     queries_file: Optional[str] = None
     prometheus: str = PROMETHEUS
     promtool: str = PROMTOOL
+    query_timeout: int = 120
     seed: int = 9
 
 
@@ -1320,7 +1343,8 @@ class Bench:
 
         # 3. the measured Prometheus: all blocks, rules evaluating live
         self._phase("start prometheus, wait for compaction")
-        p = Prometheus(o.prometheus, data, cfg_path, logs / "prometheus.log")
+        p = Prometheus(o.prometheus, data, cfg_path, logs / "prometheus.log",
+                       extra=[f"--query.timeout={o.query_timeout}s"])
         self.procs.append(p)
         start_s = p.start()
         comp_s = self._wait_compaction(p, data) if self.o.wait_compaction else 0.0
@@ -1411,6 +1435,8 @@ class Bench:
         for _ in range(max(1, o.repeat)):  # interleaved: every query once per round
             for i, (_, _, e) in enumerate(exprs):
                 wall, info = p.timed_query_range(e, q_start, q_end, o.step)
+                log.info("scale: query %.3f s %s series %s %s / %s", wall, info.get("series"),
+                         info.get("status"), exprs[i][0], exprs[i][1])
                 times[i].append(wall)
                 infos[i] = info
         items = []
@@ -1531,6 +1557,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the substituted dashboard queries (the --queries format) and exit")
     p.add_argument("--workdir", metavar="DIR", default=None, help="where the temporary TSDB goes (default: $TMPDIR)")
     p.add_argument("--keep", metavar="DIR", default=None, help="keep the TSDB, rules and logs in DIR (new or empty)")
+    p.add_argument("--query-timeout", type=_pos_int, default=120, metavar="SECONDS",
+                   help="Prometheus --query.timeout for the measured queries (default 120, Prometheus' own)")
     p.add_argument("--prometheus", metavar="PATH", default=PROMETHEUS, help=f"Prometheus binary (default {PROMETHEUS})")
     p.add_argument("--promtool", metavar="PATH", default=PROMTOOL, help=f"promtool binary (default {PROMTOOL})")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
@@ -1584,12 +1612,16 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {len(rows)} queries to {args.dump_queries}")
         return 0
+    def _term(signum: int, frame: Any) -> None:  # stop Prometheus and clean up on kill too
+        raise SystemExit(143)
+
+    signal.signal(signal.SIGTERM, _term)
     opts = Options(nodes=args.nodes, gpus=args.gpus, ranks_per_node=args.ranks_per_node, hours=args.hours,
                    step=args.step, design=args.design, repeat=args.repeat, parts=max(0, args.parts),
                    jobs=args.jobs, workdir=args.workdir, keep=args.keep, config=args.config,
                    rule_evals=args.rule_evals, wait_compaction=args.wait_compaction,
                    rules_file=args.rules, queries_file=args.queries, prometheus=args.prometheus,
-                   promtool=args.promtool)
+                   promtool=args.promtool, query_timeout=args.query_timeout)
     try:
         result = Bench(opts).run()
     except BenchError as e:
