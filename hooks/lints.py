@@ -130,7 +130,7 @@ LINT_IDS: Tuple[str, ...] = tuple(triage.LINTS)
 TICK_SECONDS = 0.5
 RESEND_SECONDS = 30.0
 PEER_TIMEOUT = 600.0  # give up a cross-rank comparison when a peer has not published by then
-MEMORY_FIRST_SECONDS = 2.0  # first workers' memory reading after the workers appear
+MEMORY_FIRST_SECONDS = 1.0  # first workers' memory reading after the workers appear
 MEMORY_SECONDS = 10.0
 DISK_SECONDS = 60.0
 NUMA_SECONDS = 300.0
@@ -645,6 +645,7 @@ class Lints:
         self._next_numa = now
         self._next_mem: Optional[float] = None
         self._node_contrib = 0  # bytes this rank added to the node's workers' counter
+        self._mem_gap = MEMORY_FIRST_SECONDS
         self._joined = False
         self.evaluations: Dict[str, int] = {}  # lint -> times checked (tests wait on this)
 
@@ -1317,11 +1318,14 @@ class Lints:
                     self._error("dataloader_workers_rss", e)
             return
         if self._next_mem is None:
-            self._next_mem = now + MEMORY_FIRST_SECONDS
+            self._mem_gap = MEMORY_FIRST_SECONDS
+            self._next_mem = now + self._mem_gap
             return
         if now < self._next_mem:
             return
-        self._next_mem = now + MEMORY_SECONDS
+        # 1 s, 2 s, 4 s ... up to MEMORY_SECONDS: the node's sum settles once every rank has published
+        self._mem_gap = min(MEMORY_SECONDS, 2 * self._mem_gap)
+        self._next_mem = now + self._mem_gap
         try:
             self.check_workers_memory(pids)
         except StoreGone as e:

@@ -120,7 +120,8 @@ def main() -> int:
 
     step = 0
     epoch = 0
-    t_end = time.monotonic() + 20.0
+    t_end = time.monotonic() + 30.0
+    mem_base = None
     while True:
         if sampler is not None and isinstance(sampler, DistributedSampler) and not args.no_set_epoch:
             sampler.set_epoch(epoch)
@@ -142,13 +143,20 @@ def main() -> int:
         epoch += 1
         if epoch < args.epochs:
             continue
-        if not args.wait_memory:
+        if not args.wait_memory or not lints.on("dataloader_workers_rss"):
             break
-        checked = torch.tensor([1 if lints.evaluations.get("dataloader_workers_rss") else 0])
-        dist.all_reduce(checked, op=dist.ReduceOp.MIN)  # every rank runs the same number of epochs
-        if checked.item() or time.monotonic() > t_end:
+        # until every rank checked its workers once, then once more: by then every rank had
+        # published its workers' memory, so each sees the node's full sum
+        n = lints.evaluations.get("dataloader_workers_rss", 0)
+        got = torch.tensor([n - (mem_base if mem_base is not None else 0)])
+        dist.all_reduce(got, op=dist.ReduceOp.MIN)  # every rank runs the same number of epochs
+        if got.item() >= 1:
+            if mem_base is not None:
+                break
+            mem_base = n
+        if time.monotonic() > t_end:
             break
-        time.sleep(0.3)
+        time.sleep(0.2)
 
     # the cross-rank comparisons and the last checkpoint round finish on the lints thread
     deadline = time.monotonic() + 15.0
