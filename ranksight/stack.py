@@ -26,7 +26,8 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     (default: the default profile). Port 0 picks a free port.
     ``start(timeout=30)`` (starts both and waits ready; ``StackError`` with one line if
     not), ``stop()``, ``wait_ready(timeout)``, ``prom_url``, ``am_url``, ``prom``
-    (``PrometheusAPI``), ``am`` (``AlertmanagerAPI``), ``pids()``, context manager.
+    (``PrometheusAPI``), ``am`` (``AlertmanagerAPI``), ``pids()``, ``set_targets(targets)``
+    (re-render + /-/reload, waits until applied), context manager.
     With ``daemon=False`` (tests, demo) the processes die with their parent (PDEATHSIG).
 ``AgentProcess(log_dir, listen_port=0, ingest_port=0, collectors=None, env=None, args=())``
     A real ``ranksight exporter`` subprocess on loopback (config through
@@ -506,6 +507,18 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def set_targets(self, targets: Sequence[str], timeout: float = 20.0) -> None:
+        """Scrape these agents instead: re-render prometheus.yml, POST /-/reload, and wait until
+        Prometheus lists exactly these targets (StackError if it does not)."""
+        self.targets = list(targets)
+        self.write_files()
+        req = urllib.request.Request(f"{self.prom_url}/-/reload", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=10):  # noqa: S310 - our loopback server
+            pass
+        want = set(self.targets)
+        if not wait_until(lambda: {t["labels"].get("instance") for t in self.prom.targets()} == want, timeout):
+            raise StackError(f"Prometheus did not switch to targets {sorted(want)} within {timeout:.0f} s")
 
     def _resend_delay(self) -> str:
         return self.evaluation_interval if config.duration_seconds(self.evaluation_interval) < 60 else "1m"

@@ -172,8 +172,10 @@ inhibit_rules:
   target_matchers: ['alertname="Symptom"']
   equal: [job]
 """
-    s: LocalStack = local_stack(targets=[a.target], files={"t.yml": rules, "alertmanager.yml": am})
+    s: LocalStack = local_stack(targets=["127.0.0.1:9"], files={"t.yml": rules, "alertmanager.yml": am})
     assert set(s.prom.rule_names()) == {"Cause", "Symptom"}
+    s.set_targets([a.target])
+    assert wait_until(lambda: s.prom.value(f'up{{instance="{a.target}"}}') == 1.0, timeout=15)
     assert wait_until(lambda: s.am.inhibited_names() == ["Symptom"], timeout=20)
     firing = {x["labels"]["alertname"] for x in s.prom.alerts() if x["state"] == "firing"}
     assert firing == {"Cause", "Symptom"}
