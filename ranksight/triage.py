@@ -344,7 +344,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             mitigation="Use torch.distributed.checkpoint async_save, shard the save across ranks, write to local NVMe then copy, checkpoint less often.",
             next_check="heartbeat misses",
             # the ranks blocked while one rank writes are not hung; the utilization gap is the write
-            inhibits=(Inhibit(("RanksightRankStalled", "RanksightRankBlocked"), ("job",)), on_node),
+            inhibits=(Inhibit(("RanksightRankStalled", "RanksightRankBlocked", "RanksightCommBound"), ("job",)), on_node),
         ),
         Entry(
             id="checkpoint-stale", alert="RanksightCheckpointStale", kind="signal", order=5,
