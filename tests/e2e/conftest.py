@@ -21,5 +21,9 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
         yield s
     finally:
         s.close()
-        print(f"\ne2e suite: {time.monotonic() - s.t0:.0f} s wall; per case: "
-              + ", ".join(f"{n} {o.seconds:.0f} s (detect {o.detect_s:.1f} s)" for n, o in s.results.items()))
+        print(f"\ne2e suite: {time.monotonic() - s.t0:.0f} s wall")
+        for n, o in s.results.items():
+            c = (o.triage or {}).get("cause") or {}
+            print(f"  {n:16} {o.seconds:5.1f} s  first step {o.first_step_s:5.1f} s  detect {o.detect_s:5.1f} s  "
+                  f"triage exit {o.triage_rc} {c.get('alert', '-')} {c.get('labels', {}).get('rank', c.get('labels', {}).get('node', ''))} "
+                  f"value {c.get('value')}{'  ERROR ' + o.error.splitlines()[0] if o.error else ''}")

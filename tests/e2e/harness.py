@@ -68,8 +68,16 @@ def wait_until(what: str, fn: Callable[[], Any], timeout: float, every: float = 
         time.sleep(every)
 
 
+def _die_with_parent() -> None:  # between fork and exec: SIGKILL when the spawning thread dies
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class Proc:
-    """A child process in its own session, output to a log file."""
+    """A child process in its own session, output to a log file. It is killed if the thread
+    that started it dies (PR_SET_PDEATHSIG), so a killed test run leaves no agents or ranks."""
 
     def __init__(self, argv: Sequence[str], log_path: Path, env: Optional[Mapping[str, str]] = None,
                  cwd: Optional[Path] = None) -> None:
@@ -77,7 +85,8 @@ class Proc:
         self.log_path = log_path
         self._log = open(log_path, "ab")
         self.p = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+                                  env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                                  preexec_fn=_die_with_parent)
 
     @property
     def pid(self) -> int:
