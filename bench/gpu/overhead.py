@@ -40,7 +40,8 @@ DEFAULT_HOOKS = {"hooks": {}}  # the built-in defaults (heartbeat 1 s, table eve
 
 
 class Bench:
-    def __init__(self, torch: Any, device: Any, agent_url: str, steps: int, warm: int):
+    def __init__(self, torch: Any, device: Any, agent_url: str, steps: int, warm: int, settle: float = 0.0):
+        self.settle = settle
         self.torch = torch
         self.device = device
         self.agent_url = agent_url
@@ -71,6 +72,9 @@ class Bench:
                 w._tl.mark = counting_mark  # instance attribute: only this run counts
         else:
             loader = data
+        # The hooks' start-up (self-check, lints, first heartbeat) runs on background threads for a
+        # few hundred ms; both variants wait the same time so it is not billed per step.
+        time.sleep(self.settle)
         self.sync()
         t0 = c0 = 0.0
         ev0 = 0
@@ -120,6 +124,53 @@ class Bench:
         }
 
 
+HOOK_METHODS = ("_fwd_pre", "_fwd_post", "_bwd_start", "_bwd_compute_end", "_bwd_return", "_opt_pre", "_opt_post")
+
+
+def host_breakdown(b: "Bench", model: Any, opt: Any, x: Any) -> Dict[str, Any]:
+    """Host microseconds per step in each hook, from one instrumented run with perf_counter
+    wrappers around the hook methods (class attributes, patched before watch() binds them,
+    restored after). The wrappers add ~0.3 us each; nested entries (mark, resolve, _step_end)
+    are inside the hook that calls them."""
+    from ranksight.hooks import timing as tmod
+    from ranksight.hooks import watcher as wmod
+
+    targets = [(wmod.Watcher, n) for n in HOOK_METHODS + ("_step_end", "_arm_backward")]
+    targets += [(wmod._TimedIter, "__next__"), (tmod.CudaTimeline, "mark"), (tmod.CudaTimeline, "resolve")]
+    acc: Dict[str, List[float]] = {}
+    saved = []
+
+    def wrap(f: Any, key: str) -> Any:
+        cell = acc.setdefault(key, [0.0, 0])
+        pc = time.perf_counter
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = pc()
+            try:
+                return f(*a, **k)
+            finally:
+                cell[0] += pc() - t0
+                cell[1] += 1
+
+        return timed
+
+    for cls, name in targets:
+        orig = cls.__dict__.get(name)
+        if orig is None:
+            continue
+        saved.append((cls, name, orig))
+        setattr(cls, name, wrap(orig, f"{cls.__name__}.{name}"))
+    try:
+        r = b.one_run(model, opt, x, True, "async")
+    finally:
+        for cls, name, orig in saved:
+            setattr(cls, name, orig)
+    n = b.warm + b.steps
+    per = {k: {"us_per_step": v[0] / n * 1e6, "calls_per_step": v[1] / n} for k, v in sorted(acc.items())}
+    top = sum(v["us_per_step"] for k, v in per.items() if k.split(".")[1] in HOOK_METHODS)
+    return {"steps": n, "hooks_total_us_per_step": top, "by_function": per, "step_ms": r["step_s"] * 1e3}
+
+
 def event_cost_us(torch: Any, device: Any, n: int = 5000) -> Dict[str, float]:
     stream = torch.cuda.current_stream(device)
     evs = []
@@ -142,11 +193,15 @@ def event_cost_us(torch: Any, device: Any, n: int = 5000) -> Dict[str, float]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reps", type=int, default=16, help="interleaved pairs per loop style (default 16)")
-    p.add_argument("--steps", type=int, default=40, help="timed steps per run (default 40)")
+    p.add_argument("--reps", type=int, default=10, help="interleaved pairs per loop style (default 10)")
+    p.add_argument("--steps", type=int, default=50, help="timed steps per run (default 50)")
+    p.add_argument("--settle", type=float, default=0.8,
+                   help="seconds each run waits after watch() (or its plain twin) before its steps (default 0.8)")
+    p.add_argument("--gpu-bound-batch", type=int, default=32,
+                   help="also run the async loop with this batch, which makes the step GPU-bound (0: skip)")
     p.add_argument("--warm", type=int, default=5, help="untimed steps at the start of each run (default 5)")
     p.add_argument("--modes", default="async,sync", help="loop styles: async,sync (default both)")
-    p.add_argument("--tiny-reps", type=int, default=16, help="pairs for the host-bound tiny model (0: skip)")
+    p.add_argument("--tiny-reps", type=int, default=10, help="pairs for the host-bound tiny model (0: skip)")
     p.add_argument("--tiny-steps", type=int, default=200, help="timed steps per tiny run")
     p.add_argument("--agent", choices=("real", "off"), default="real",
                    help="send to a real `ranksight exporter` subprocess (default) or nowhere")
@@ -177,7 +232,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         url = agent.ingest
     out: Dict[str, Any] = {"versions": W.versions(), "agent": a.agent, "command": " ".join(sys.argv)}
     try:
-        b = Bench(torch, device, url, a.steps, a.warm)
+        b = Bench(torch, device, url, a.steps, a.warm, a.settle)
         spec = W.ModelSpec() if device.type == "cuda" else W.ModelSpec.tiny()
         model, opt, x = W.build(spec, device)
         out["spec"] = W.spec_dict(spec)
@@ -189,12 +244,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         out["events_per_step"] = counted["events_per_step"]
         if device.type == "cuda":
             out["event_cost"] = event_cost_us(torch, device)
+        out["host_breakdown"] = host_breakdown(b, model, opt, x)
         for mode in modes:
             W.log(f"overhead: {mode} loop, {a.reps} pairs x {a.steps} steps")
             out[f"step_{mode}"] = b.interleave(model, opt, x, mode, a.reps)
         del model, opt, x
+        if a.gpu_bound_batch and device.type == "cuda":
+            gspec = W.ModelSpec(batch=a.gpu_bound_batch)
+            gm, go, gx = W.build(gspec, device)
+            for _ in range(5):
+                W.train_step(gm, go, gx)
+            W.log(f"overhead: GPU-bound batch {a.gpu_bound_batch}, async loop, {a.reps} pairs x {a.steps} steps")
+            g = b.interleave(gm, go, gx, "async", a.reps)
+            g["spec"] = W.spec_dict(gspec)
+            out["gpu_bound_async"] = g
+            del gm, go, gx
         if a.tiny_reps > 0:
-            tb = Bench(torch, device, url, a.tiny_steps, a.warm)
+            tb = Bench(torch, device, url, a.tiny_steps, a.warm, a.settle)
             tspec = W.ModelSpec.tiny()
             tm, to, tx = W.build(tspec, device)
             for _ in range(5):
@@ -226,13 +292,19 @@ def render(out: Dict[str, Any]) -> str:
         lines.append(f"one event: create+record {ec['create_record_us']:.2f} us, query {ec['query_us']:.2f} us, "
                      f"elapsed_time {ec['elapsed_time_us']:.2f} us")
     lines.append(f"{'loop':<18}{'plain ms':>10}{'hooks ms':>10}{'ratio (med of pairs)':>22}{'p25..p75':>16}{'delta us':>10}")
-    for key in ("step_async", "step_sync", "host_bound_tiny"):
+    for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny"):
         r = out.get(key)
         if not r:
             continue
         lines.append(f"{key:<18}{r['plain_ms_median']:>10.3f}{r['instrumented_ms_median']:>10.3f}"
                      f"{r['ratio_median_of_pairs']:>22.4f}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
                      f"{r['delta_us_per_step_median']:>10.1f}")
+    hb = out.get("host_breakdown")
+    if hb:
+        lines.append(f"hooks' host time per step (one instrumented run, {hb['steps']} steps): "
+                     f"{hb['hooks_total_us_per_step']:.1f} us in the hook methods")
+        for k, v in hb["by_function"].items():
+            lines.append(f"  {k:<34}{v['us_per_step']:>8.1f} us/step  {v['calls_per_step']:>5.1f} calls/step")
     return "\n".join(lines)
 
 

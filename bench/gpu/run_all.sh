@@ -2,6 +2,7 @@
 # Every issue-8 run on the GPU machine, in one command (run from the repo root):
 #
 #   bash bench/gpu/run_all.sh            # results in $OUT (the device tool's folder) or /tmp/ranksight-gpu-out
+#   RANKSIGHT_STAGES="pytest overhead" bash bench/gpu/run_all.sh   # a subset (env and install always run)
 #
 # Stages (each under `timeout`, all within one deadline, the most important first):
 #   env        nvidia-smi, torch/CUDA/NCCL/driver versions
@@ -25,8 +26,10 @@ PY=${PYTHON:-python3}
 
 log() { echo "[$(date -u +%T) +${SECONDS}s] $*" | tee -a "$R/run_all.log"; }
 pack() { tar -C "$R" -czf "$OUT/gpu_results.tgz" . 2>/dev/null; cp "$R/run_all.log" "$OUT/run_all.log" 2>/dev/null; true; }
+STAGES=" ${RANKSIGHT_STAGES:-pytest nvml overhead} "
 stage() {  # stage NAME LIMIT CMD...
   local name=$1 limit=$2; shift 2
+  if [[ $name != env && $name != install && $STAGES != *" $name "* ]]; then return; fi
   local left=$((DEADLINE - SECONDS - 5))
   if (( left < 20 )); then log "== $name skipped: deadline"; echo "$name skipped" >> "$R/stages.txt"; pack; return; fi
   (( limit > left )) && limit=$left

@@ -158,7 +158,7 @@ def trimmed_trace(path: Path, dest: Path, keep_ranges: int = 2) -> None:
         json.dump({"traceEvents": out, "note": "trimmed torch.profiler trace, H200, ranksight bench/gpu/scenarios.py"}, f)
 
 
-def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False) -> Dict[str, Any]:
+def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False, batch: int = 8) -> Dict[str, Any]:
     """``smoke``: the same control flow on CPU with gloo and a tiny model (no CUDA events, no NCCL,
     no sync debug mode): a check of this script, not of the GPU paths."""
     set_env(name)
@@ -181,12 +181,12 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
         dev = torch.device("cuda", 0)
         torch.cuda.set_device(dev)
         W.init_nccl_world1(dev)
-        spec = W.ModelSpec()
+        spec = W.ModelSpec(batch=batch)
         sync = torch.cuda.synchronize
         debug = torch.cuda.set_sync_debug_mode
         small_n, big_n = 16 << 20, 128 << 20  # bf16: 32 MiB, 256 MiB
     model, opt, x = W.build(spec, dev)
-    result: Dict[str, Any] = {"scenario": name, "versions": W.versions(), "spec": W.spec_dict(spec),
+    result: Dict[str, Any] = {"scenario": name, "batch": batch, "versions": W.versions(), "spec": W.spec_dict(spec),
                               "params": W.n_params(model), "steps": steps, "warmup": warmup}
     if name != "nccl_ws1":
         model = DDP(model, device_ids=None if smoke else [0])
@@ -213,7 +213,10 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
     loader = ranksight.watch(model, opt, W.batches(x, max(steps, warmup)), agent=rec.url, config=W.QUIET_HOOKS)
     w = rs_hooks.current()
     result["watch_stats_start"] = w.stats() if w is not None else None
-    settle = 0.4 if fr_mode else 0.0  # let the heartbeat thread read the Flight Recorder
+    # Before each flush step: the heartbeat thread reads the Flight Recorder, and the flush step's
+    # duration (time since the previous step ended) exceeds anything still pending, so the hooks'
+    # carry-over (per-record values are capped at the record's duration) lands in it.
+    settle = 0.5
 
     for i, xb in enumerate(loader):
         W.train_step(model, opt, xb, between=between)
@@ -264,21 +267,25 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
                   seqs=[r["seq"] for r in recs][-3:], flight_recorder=fr_window(dump, t0_ns, t1_ns))
 
     trace_dir.mkdir(parents=True, exist_ok=True)
-    tpath = trace_dir / f"{name}.trace.json"
+    tpath = trace_dir / f"{name}_b{batch}.trace.json"
     prof.export_chrome_trace(str(tpath))
     tr = ktrace.Trace.load(tpath)
     pf = profiler_figures(tr)
     result["profiler"] = pf
-    if name == "ddp_ws1":
+    if name == "ddp_ws1" and batch == 8:
         trimmed_trace(tpath, trace_dir / "h200_ddp_ws1_2steps.trace.json.gz")
     tpath.unlink()  # big; the trimmed copy is kept
     h = hooks
-    cmp = {
+    cmp = {  # kernel spans: first GPU activity start .. last end of each range
         "fwd": (h["fwd"], pf["fwd"]),
         "opt": (h["opt"], pf["opt"]),
         "bwd": (h["bwd"], pf["bwd"]),
         "bwd_plus_tail": (h["bwd"] + h["xcomm"], pf["bwd"]),
         "comm_vs_collective_gpu": (h["comm"], pf.get("collective_gpu_s", 0.0)),
+        # event spans: what an event pair around each range sees (includes the device waiting for the host)
+        "fwd_event": (h["fwd"], pf["fwd_event_span"]),
+        "opt_event": (h["opt"], pf["opt_event_span"]),
+        "bwd_plus_tail_event": (h["bwd"] + h["xcomm"], pf["bwd_event_span"]),
     }
     result["compare"] = {k: {"hooks_s": a, "profiler_s": b, "rel_diff": ktrace.rel_diff(a, b)} for k, (a, b) in cmp.items()}
     W.destroy_pg()
@@ -286,7 +293,7 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
 
 
 def summary(r: Dict[str, Any]) -> Dict[str, Any]:
-    s = {"scenario": r.get("scenario"), "errors": len(r.get("sync_debug_errors", [])),
+    s = {"scenario": r.get("scenario"), "batch": r.get("batch"), "errors": len(r.get("sync_debug_errors", [])),
          "herr": r.get("hook_errors"), "hdrop": r.get("hdrop")}
     for k, v in (r.get("compare") or {}).items():
         s[k] = f"hooks {v['hooks_s'] * 1e3:.2f} ms vs profiler {v['profiler_s'] * 1e3:.2f} ms ({v['rel_diff']:.1%})"
@@ -300,6 +307,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("name", choices=SCENARIOS)
     p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
+    p.add_argument("--batch", type=int, default=8,
+                   help="sequences of 512 tokens per step (default 8: the issue's step, host-bound on an H200; "
+                        "32 makes it GPU-bound)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps before the sync debug mode (default 3)")
     p.add_argument("--out", help="write the full result JSON here")
     p.add_argument("--cpu-smoke", action="store_true",
@@ -314,7 +324,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(r))
         return 0
     try:
-        r = run(a.name, a.steps, a.warmup, Path(a.trace_dir), smoke=a.cpu_smoke)
+        r = run(a.name, a.steps, a.warmup, Path(a.trace_dir), smoke=a.cpu_smoke, batch=a.batch)
     except Exception:
         r = {"scenario": a.name, "crashed": traceback.format_exc(limit=30)}
         W.write_json(a.out, r)

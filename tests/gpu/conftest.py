@@ -39,7 +39,7 @@ SCENARIO_TIMEOUT = 300
 
 @pytest.fixture(scope="session")
 def scenario(tmp_path_factory: pytest.TempPathFactory, gpu_results: Dict[str, Any]):
-    """``scenario(name) -> result dict``: runs ``bench/gpu/scenarios.py NAME`` once per session in
+    """``scenario(name, batch=8) -> result dict``: runs ``bench/gpu/scenarios.py NAME --batch B`` once per session in
     its own process (NCCL environment and sync debug mode are per process) and caches the result."""
     import subprocess
 
@@ -47,25 +47,26 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, gpu_results: Dict[str, An
     d = tmp_path_factory.mktemp("scenarios")
     trace_dir = Path(os.environ.get("RANKSIGHT_GPU_OUT") or d) / "traces"
 
-    def run(name: str) -> Dict[str, Any]:
-        if name in cache:
-            return cache[name]
-        out = d / f"{name}.json"
+    def run(name: str, batch: int = 8) -> Dict[str, Any]:
+        key = f"{name}_b{batch}"
+        if key in cache:
+            return cache[key]
+        out = d / f"{key}.json"
         env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
         try:
-            proc = subprocess.run([sys.executable, str(BENCH_GPU / "scenarios.py"), name, "--out", str(out),
+            proc = subprocess.run([sys.executable, str(BENCH_GPU / "scenarios.py"), name, "--batch", str(batch), "--out", str(out),
                                    "--trace-dir", str(trace_dir)], env=env, capture_output=True, text=True,
                                   timeout=SCENARIO_TIMEOUT)
         except subprocess.TimeoutExpired as e:
-            pytest.fail(f"scenario {name} did not finish in {SCENARIO_TIMEOUT} s: {str(e.stderr)[-2000:]}")
+            pytest.fail(f"scenario {key} did not finish in {SCENARIO_TIMEOUT} s: {str(e.stderr)[-2000:]}")
         if not out.exists():
-            pytest.fail(f"scenario {name} exited {proc.returncode} without a result:\n{proc.stderr[-4000:]}")
+            pytest.fail(f"scenario {key} exited {proc.returncode} without a result:\n{proc.stderr[-4000:]}")
         r = json.loads(out.read_text())
         r["stderr_tail"] = proc.stderr[-3000:]
-        cache[name] = r
-        gpu_results[f"scenario_{name}"] = r
+        cache[key] = r
+        gpu_results[f"scenario_{key}"] = r
         if "crashed" in r:
-            pytest.fail(f"scenario {name} crashed:\n{r['crashed']}")
+            pytest.fail(f"scenario {key} crashed:\n{r['crashed']}")
         return r
 
     return run
