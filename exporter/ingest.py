@@ -31,7 +31,7 @@ log = logging.getLogger("ranksight.exporter.ingest")
 
 RESULTS = ("ok", "malformed", "oversize", "rejected", "overflow")
 RCVBUF_BYTES = 32 << 20
-IDLE_SLEEP = 0.005  # after draining the socket, before looking again
+IDLE_SLEEP = 0.02  # after draining the socket, before looking again (<= 50 wake-ups/s)
 STOP_POLL = 0.2  # how often a waiting receiver checks for stop
 
 
