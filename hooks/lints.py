@@ -73,7 +73,8 @@ lints thread ("ranksight-lints", every 0.5 s; never on the step path or the hear
   contend with or reorder the job's collectives, and a rank that never calls ``watch()`` (or
   dies) cannot hang the others: the comparison is dropped after ``PEER_TIMEOUT``. Store errors
   (the job tearing down) drop the comparison quietly.
-  dataloader_workers_rss  every ``MEMORY_SECONDS``: the USS (private memory) of this rank's
+  dataloader_workers_rss  once a second for the first 5 s after workers appear, then every
+                     ``MEMORY_SECONDS``: the USS (private memory) of this rank's
                      DataLoader worker processes (their pids from the live loader iterator). USS,
                      not RSS: a forked worker's RSS counts the parent's copy-on-write pages that
                      are shared by every worker, so a sum of RSS over workers can exceed the host's
@@ -131,6 +132,7 @@ TICK_SECONDS = 0.5
 RESEND_SECONDS = 30.0
 PEER_TIMEOUT = 600.0  # give up a cross-rank comparison when a peer has not published by then
 MEMORY_FIRST_SECONDS = 1.0  # first workers' memory reading after the workers appear
+MEMORY_FAST_CHECKS = 5
 MEMORY_SECONDS = 10.0
 DISK_SECONDS = 60.0
 NUMA_SECONDS = 300.0
@@ -645,7 +647,7 @@ class Lints:
         self._next_numa = now
         self._next_mem: Optional[float] = None
         self._node_contrib = 0  # bytes this rank added to the node's workers' counter
-        self._mem_gap = MEMORY_FIRST_SECONDS
+        self._mem_checks = 0
         self._joined = False
         self.evaluations: Dict[str, int] = {}  # lint -> times checked (tests wait on this)
 
@@ -784,7 +786,8 @@ class Lints:
         if last == 0:
             self.report("uneven_last_batch", False)
             return
-        msg = (f"drop_last=False and {per} samples per rank ({n} in the dataset, {dp} ranks) is not a multiple of "
+        msg = (f"drop_last=False and {per} samples per rank ({n} in the dataset, {dp} data-parallel "
+               f"rank{'s' if dp != 1 else ''}) is not a multiple of "
                f"batch size {b}: every epoch ends with a partial step of {last} samples (a new shape: recompiles, "
                "memory spikes, BatchNorm on tiny batches)")
         ds = f.dist_sampler
@@ -1318,14 +1321,15 @@ class Lints:
                     self._error("dataloader_workers_rss", e)
             return
         if self._next_mem is None:
-            self._mem_gap = MEMORY_FIRST_SECONDS
-            self._next_mem = now + self._mem_gap
+            self._mem_checks = 0
+            self._next_mem = now + MEMORY_FIRST_SECONDS
             return
         if now < self._next_mem:
             return
-        # 1 s, 2 s, 4 s ... up to MEMORY_SECONDS: the node's sum settles once every rank has published
-        self._mem_gap = min(MEMORY_SECONDS, 2 * self._mem_gap)
-        self._next_mem = now + self._mem_gap
+        # the first MEMORY_FAST_CHECKS a second apart (workers start, the node's sum settles once
+        # every rank has published), then every MEMORY_SECONDS
+        self._mem_checks += 1
+        self._next_mem = now + (MEMORY_FIRST_SECONDS if self._mem_checks < MEMORY_FAST_CHECKS else MEMORY_SECONDS)
         try:
             self.check_workers_memory(pids)
         except StoreGone as e:

@@ -159,7 +159,7 @@ def test_numa_binding(jobs):
 def test_uneven_last_batch(jobs):
     for rank in (0, 1):
         fired(jobs["bad"], "uneven_last_batch", rank,
-              "100 samples per rank (100 in the dataset, 1 ranks) is not a multiple of batch size 16: every epoch "
+              "100 samples per rank (100 in the dataset, 1 data-parallel rank) is not a multiple of batch size 16: every epoch "
               "ends with a partial step of 4 samples")
         quiet(jobs["good"], "uneven_last_batch", rank)
 

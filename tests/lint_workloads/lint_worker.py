@@ -145,15 +145,18 @@ def main() -> int:
             continue
         if not args.wait_memory or not lints.on("dataloader_workers_rss"):
             break
-        # until every rank checked its workers once, then once more: by then every rank had
-        # published its workers' memory, so each sees the node's full sum
+        # Batches flowed on every rank, so every worker ran its init (the allocation). Wait for a
+        # check on every rank after that (each rank published its workers' memory), then for one
+        # more (each sees the node's full sum). all_reduce: every rank runs the same epochs.
         n = lints.evaluations.get("dataloader_workers_rss", 0)
-        got = torch.tensor([n - (mem_base if mem_base is not None else 0)])
-        dist.all_reduce(got, op=dist.ReduceOp.MIN)  # every rank runs the same number of epochs
+        if mem_base is None:
+            mem_base = [n, None]
+        got = torch.tensor([n - (mem_base[1] if mem_base[1] is not None else mem_base[0])])
+        dist.all_reduce(got, op=dist.ReduceOp.MIN)
         if got.item() >= 1:
-            if mem_base is not None:
+            if mem_base[1] is not None:
                 break
-            mem_base = n
+            mem_base[1] = n
         if time.monotonic() > t_end:
             break
         time.sleep(0.2)
