@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict
 
 import pytest
 
-from ranksight import triage
+from prometheus_client.parser import text_string_to_metric_families
+
+from ranksight import catalog, triage
 from ranksight.hooks.lints import Lints, ranges
+from ranksight.stack import AgentProcess
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lint_workloads.harness import Job, run_job  # noqa: E402
@@ -75,10 +79,17 @@ def jobs(tmp_path_factory) -> Dict[str, Job]:
         "variant": (["--sampler", "random", "--scheduler", "--ckpt", "split", "--ckpt-dir", ck["variant"],
                      "--fake-free", "100"], {"RANKSIGHT__thresholds__lint_min_free_bytes": "1000"}),
     }
-    # three jobs at a time: most of a job is waiting (startup, rendezvous, the lints' periodic checks)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        futs = {name: pool.submit(run_job, a, env=e, timeout=150.0) for name, (a, e) in specs.items()}
-        out = {name: f.result() for name, f in futs.items()}
+    agent = AgentProcess(base / "agent", collectors="ranks", name="agent").start()
+    try:
+        # three jobs at a time: most of a job is waiting (startup, rendezvous, the lints' periodic checks)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            futs = {name: pool.submit(run_job, a, env=dict(e, RANKSIGHT_JOB=f"lints-{name}"), timeout=150.0,
+                                      forward=agent.ingest_port) for name, (a, e) in specs.items()}
+            out = {name: f.result() for name, f in futs.items()}
+        time.sleep(0.3)
+        out["_metrics"] = agent.metrics_text()  # type: ignore[assignment]
+    finally:
+        agent.stop()
     return out
 
 
@@ -102,8 +113,12 @@ def quiet(job: Job, lint: str, rank: int, checked: bool = True) -> None:
         assert got and got[-1]["active"] is False, f"{lint} never checked on rank {rank}\n{job.describe()}"
 
 
+def _jobs(jobs: Dict[str, Job]) -> Dict[str, Job]:
+    return {k: v for k, v in jobs.items() if not k.startswith("_")}
+
+
 def test_jobs_ran_clean(jobs):
-    for name, job in jobs.items():
+    for name, job in _jobs(jobs).items():
         assert not job.invalid, (name, job.invalid)
         for r in job.ranks:
             assert r["rc"] == 0 and r["result"] is not None, f"{name}\n{job.describe()}"
@@ -204,3 +219,20 @@ def test_each_lint_turns_off(jobs):
         for rank in (0, 1):
             assert not off.lints(lint, rank) and not off.lines(lint, rank), f"{lint}\n{off.describe()}"
     fired(off, "global_batch_lr", 0, "global batch 16")  # the one left on still runs
+
+
+def test_agent_exposes_each_lint_as_sent(jobs):
+    """The real agent, fed the same datagrams, exposes ranksight_lint_active{lint} = the rank's last state."""
+    name = str(catalog.LINT_ACTIVE)
+    got = {}
+    for fam in text_string_to_metric_families(jobs["_metrics"]):
+        for smp in fam.samples:
+            if smp.name == name:
+                got[(smp.labels["job"], smp.labels["rank"], smp.labels["lint"])] = smp.value
+    want = {}
+    for jname, job in _jobs(jobs).items():
+        for r in job.records:
+            if r["t"] == "lint":
+                want[(f"lints-{jname}", str(r["rank"]), r["lint"])] = 1.0 if r["active"] else 0.0
+    assert want and got == want
+    assert got[("lints-bad", "1", "numa_binding")] == 1.0 and got[("lints-good", "1", "numa_binding")] == 0.0

@@ -29,7 +29,8 @@ class Receiver:
     """A real agent stand-in for the datagram side: binds a free UDP port on loopback and keeps
     every datagram decoded by protocol.decode (invalid ones are kept apart)."""
 
-    def __init__(self) -> None:
+    def __init__(self, forward: Optional[int] = None) -> None:
+        self.forward = forward  # a real agent's UDP ingest port: every valid datagram but "bye" goes on
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(0.1)
@@ -53,7 +54,10 @@ class Receiver:
             except OSError:
                 return
             try:
-                self.records.append(protocol.decode(data))
+                rec = protocol.decode(data)
+                self.records.append(rec)
+                if self.forward and rec["t"] != "bye":  # "bye" would make the agent forget the rank at once
+                    self.sock.sendto(data, ("127.0.0.1", self.forward))
             except protocol.ProtocolError as e:
                 self.invalid.append(f"{e.result}: {e} in {data[:300]!r}")
 
@@ -95,9 +99,10 @@ class Job:
 
 
 def run_job(args: Sequence[str], world: int = 2, env: Optional[Dict[str, str]] = None,
-            timeout: float = 60.0) -> Job:
-    """Run ``world`` ranks of lint_worker.py with gloo on a free port, sending to a fresh receiver."""
-    rx = Receiver()
+            timeout: float = 60.0, forward: Optional[int] = None) -> Job:
+    """Run ``world`` ranks of lint_worker.py with gloo on a free port, sending to a fresh receiver
+    (which passes the datagrams on to an agent's ingest port ``forward``, if given)."""
+    rx = Receiver(forward)
     port = free_port()
     t0 = time.monotonic()
     procs = []
