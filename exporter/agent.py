@@ -236,10 +236,11 @@ class Agent:
 
     def _note(self, name: str, error: str) -> bool:
         """Log a collector's failure once per distinct message (and its recovery); True when logged."""
-        prev = self._errors.get(name, "")
-        if error == prev:
-            return False
-        self._errors[name] = error
+        with self._runs_lock:  # concurrent scrapes: log a change once
+            prev = self._errors.get(name, "")
+            if error == prev:
+                return False
+            self._errors[name] = error
         if error:
             log.warning("collector %s down: %s", name, error)
         else:

@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=8, help="stand-in GPUs (default 8)")
     p.add_argument("--ranks", type=int, default=8, help="simulated ranks (default 8)")
     p.add_argument("--steps-per-second", type=float, default=100.0, help="per rank (default 100)")
+    p.add_argument("--node-exporter", default=NODE_EXPORTER, metavar="PATH",
+                   help=f"node_exporter binary for the side-by-side scrape (default {NODE_EXPORTER}; skipped if absent)")
     p.add_argument("--nvml-trace", default=None, metavar="FILE",
                    help="NVML trace for the stand-in (default tests/fixtures/nvml/h200_nvml_trace.json)")
 
@@ -233,9 +235,9 @@ def measure(args: argparse.Namespace) -> Dict:
                               "cpus": os.cpu_count(), "python": sys.version.split()[0]}}
     try:
         _wait_http(port, "/metrics", agent)
-        if os.path.exists(NODE_EXPORTER):
+        if os.path.exists(args.node_exporter):
             ne_port = _free_port(socket.SOCK_STREAM)
-            ne = subprocess.Popen([NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{ne_port}"],
+            ne = subprocess.Popen([args.node_exporter, f"--web.listen-address=127.0.0.1:{ne_port}"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             _wait_http(ne_port, NE_QUERY, ne)
         rate = args.ranks * args.steps_per_second

@@ -215,6 +215,8 @@ class Receiver:
                 n += 1
                 if n & 1023 == 0:
                     now = clock()
+                    if stop.is_set():  # a sender faster than us must not keep us from stopping
+                        return
             time.sleep(IDLE_SLEEP)
 
 
