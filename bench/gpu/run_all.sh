@@ -50,7 +50,7 @@ install_overlay() {
   for sub in hooks exporter dashboards alerts; do ln -s "$PWD/$sub" "$root/ranksight/$sub"; done
   echo "$root"
 }
-if [[ -z "${RANKSIGHT_SKIP_INSTALL:-}" ]]; then
+if [[ -z "${RANKSIGHT_SKIP_INSTALL:-}" ]] && ! $PY -c 'import ranksight.hooks' 2>/dev/null; then
   stage install 150 $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e .
 fi
 if ! $PY -c 'import ranksight.hooks, ranksight.exporter.collectors.gpu' >> "$R/install.log" 2>&1; then
@@ -60,10 +60,12 @@ if ! $PY -c 'import ranksight.hooks, ranksight.exporter.collectors.gpu' >> "$R/i
 fi
 
 # most important first: if the deadline cuts the run short, the hooks results are in
-stage pytest 330 $PY -m pytest -v -rA -p no:cacheprovider --durations=15 tests/gpu/test_gpu_hooks.py \
+# shellcheck disable=SC2086  # RANKSIGHT_PYTEST_ARGS / RANKSIGHT_OVERHEAD_ARGS are word-split on purpose
+KARGS=(); [[ -n "${RANKSIGHT_PYTEST_K:-}" ]] && KARGS=(-k "$RANKSIGHT_PYTEST_K")
+stage pytest 330 $PY -m pytest -v -rA -p no:cacheprovider --durations=15 "${KARGS[@]}" ${RANKSIGHT_PYTEST_ARGS:-} tests/gpu/test_gpu_hooks.py \
   tests/gpu/test_gpu_nvml.py tests/gpu/test_gpu_flight_recorder.py tests/gpu/test_gpu_ktrace.py \
   tests/gpu/test_gpu_nvml_fixture.py
 stage nvml 100 $PY bench/gpu/record_nvml.py --out "$R/h200_nvml_trace_2026-11-29.json"
-stage overhead 200 $PY bench/gpu/overhead.py --out "$R/overhead.json"
+stage overhead 200 $PY bench/gpu/overhead.py --out "$R/overhead.json" ${RANKSIGHT_OVERHEAD_ARGS:-}
 log "done"
 pack
