@@ -11,17 +11,21 @@ comm   collective time: the union of [launch, completion] of every collective th
        NCCL Flight Recorder's ``duration_ms`` when ``TORCH_NCCL_ENABLE_TIMING=1``.
 
 xcomm  exposed (non-overlapped) communication: time the training thread could not
-       compute because it waited for communication. It is the sum of
-         * the backward tail: from the moment autograd finished computing gradients
-           (our first final callback) to the moment ``backward()`` returns (our second
-           final callback, queued behind DDP's / FSDP's own final callback that waits
-           for the outstanding gradient reductions);
+       compute because it waited for communication. It is the union of
+         * the backward tail: from the end of gradient computation to the moment
+           ``backward()`` returns. Gradient computation ends when the last collective
+           of the backward is launched (DDP launches a bucket's all-reduce as soon as its
+           last gradient is computed, FSDP its reduce-scatter); the remaining time is
+           DDP's / FSDP's final callback waiting for the outstanding reductions (on the
+           host it ends when the last of them completes, so DDP's copy of the reduced
+           gradients back into ``.grad`` stays compute). A backward that launches no
+           collective (no_sync, single process) has no tail;
          * time inside synchronous wrapped collectives (``async_op=False``);
          * time blocked in ``Work.wait()``;
-       each counted only on the training thread (the main thread, or an autograd thread
-       while a backward runs) and never twice (nested calls and waits inside the tail are
-       skipped). On CUDA the same spans are measured with events on the compute stream,
-       so they show how long the compute stream stood waiting for communication.
+       counted only on the training thread (the main thread, or an autograd thread while a
+       backward runs), each span clipped to its step and overlaps counted once. On CUDA the
+       same spans are CUDA events on the compute stream (so they show how long the compute
+       stream stood waiting for communication), united on the GPU time axis.
        A rank that waits for a slow peer therefore shows the wait as xcomm, and its
        busy time (step - data - xcomm - ckpt) stays low; the slow rank's stays high.
 """
@@ -53,7 +57,7 @@ COLLECTIVES = (
 
 
 class CommTracker:
-    """Collective intervals and exposed-wait time, fed from any thread, drained once per step."""
+    """Collective and exposed-wait intervals, fed from any thread, drained once per step."""
 
     def __init__(self, on_error: Callable[[str, BaseException], None], main_tid: int,
                  timeline: Optional[CudaTimeline] = None, comm_events: bool = True):
@@ -64,22 +68,22 @@ class CommTracker:
         self.timeline = timeline
         self.comm_events = comm_events and timeline is not None  # False: comm from the Flight Recorder
         self.active = True
-        self.in_tail = False  # set by the watcher between backward compute end and backward() return
-        self.xcomm = 0.0  # host exposed seconds since the last take()
-        self._intervals: Deque[Tuple[float, float]] = deque()
+        self._intervals: Deque[Tuple[float, float]] = deque()  # host [launch, completion]
+        self._exposed: Deque[Tuple[float, float]] = deque()  # host spans the training thread waited
         self._extra: Deque[float] = deque()  # durations without a time axis (Flight Recorder)
         self._inflight: Dict[int, float] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._tls = threading.local()
         self._graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+        # (host time, CUDA event or None) of the latest collective launch: the watcher takes the
+        # last launch inside a backward as the end of gradient computation
+        self.last_launch: Tuple[float, Any] = (-1.0, None)
+        self.last_complete = -1.0  # host time the latest collective completed
         self.ddp_hooked = False
         self.works_without_future = 0
 
     # ---------------------------------------------------------------- bookkeeping
-    def _depth(self) -> int:
-        return getattr(self._tls, "depth", 0)
-
     def _counting_thread(self) -> bool:
         if threading.get_ident() == self._main_tid:
             return True
@@ -91,16 +95,26 @@ class CommTracker:
         tok = next(self._ids)
         with self._lock:
             self._inflight[tok] = t0
-        ev = self.timeline.mark() if self.comm_events else None
+        ev = self.timeline.mark() if self.timeline is not None else None
+        self.last_launch = (t0, ev)
         return tok, t0, ev
 
-    def complete(self, tok: int, t0: float, ev0: Any) -> None:
+    def complete(self, tok: int, t0: float, ev0: Any, end_ev: Any = None) -> Any:
+        """The collective finished (any thread). Returns the end event (GPU) for reuse."""
         t1 = time.perf_counter()
         with self._lock:
             self._inflight.pop(tok, None)
         self._intervals.append((t0, t1))
-        if ev0 is not None:
-            self.timeline.push(COMM, ev0, self.timeline.mark())
+        if t1 > self.last_complete:
+            self.last_complete = t1
+        if ev0 is not None and self.comm_events:
+            if end_ev is None:
+                end_ev = self.timeline.mark()
+            self.timeline.push(COMM, ev0, end_ev)
+        return end_ev
+
+    def add_exposed(self, t0: float, t1: float) -> None:
+        self._exposed.append((t0, t1))
 
     def add_flight_recorder(self, seconds: List[float]) -> None:
         self._extra.extend(seconds)
@@ -114,11 +128,12 @@ class CommTracker:
         return max(0.0, now - oldest)
 
     def take(self, lo: float, hi: float) -> Tuple[float, float, float]:
-        """(host comm union within [lo, hi], Flight Recorder seconds, host xcomm); resets them."""
-        comm = union_seconds(drain(self._intervals), lo, hi)
-        extra = drain(self._extra)
-        x, self.xcomm = self.xcomm, 0.0
-        return comm, (sum(extra) if extra else 0.0), x
+        """(host comm, Flight Recorder seconds, host exposed comm) for the step [lo, hi]: unions
+        of the spans, clipped to the step. Resets them."""
+        comm = union_seconds(drain(self._intervals), lo, hi) if self._intervals else 0.0
+        x = union_seconds(drain(self._exposed), lo, hi) if self._exposed else 0.0
+        extra = sum(drain(self._extra)) if self._extra else 0.0
+        return comm, extra, x
 
     # ---------------------------------------------------------------- wrappers
     def wrap_collective(self, name: str, orig: Callable) -> Callable:
@@ -130,7 +145,6 @@ class CommTracker:
                 return orig(*args, **kwargs)
             try:
                 tok, t0, ev0 = tracker.launch()
-                x0 = tracker.timeline.mark() if tracker.timeline is not None else None
                 tracker._tls.depth = 1
             except Exception as e:  # our bookkeeping only; the collective still runs
                 tracker._on_error(f"collective {name}", e)
@@ -146,7 +160,7 @@ class CommTracker:
                 raise
             tracker._tls.depth = 0
             try:
-                tracker._after_call(ret, tok, t0, ev0, x0)
+                tracker._after_call(ret, tok, t0, ev0)
             except Exception as e:
                 tracker._on_error(f"collective {name}", e)
             return ret
@@ -157,16 +171,15 @@ class CommTracker:
         collective.__doc__ = getattr(orig, "__doc__", None)
         return collective
 
-    def _after_call(self, ret: Any, tok: int, t0: float, ev0: Any, x0: Any) -> None:
+    def _after_call(self, ret: Any, tok: int, t0: float, ev0: Any) -> None:
         works = _works(ret)
         if not works:  # synchronous: the call itself was the wait
-            t1 = time.perf_counter()
-            self.complete(tok, t0, ev0)
-            if not self.in_tail and self._counting_thread():
+            end = self.complete(tok, t0, ev0)
+            if self._counting_thread():
                 if self.timeline is not None:
-                    self.timeline.push(XCOMM, x0, self.timeline.mark())
+                    self.timeline.push(XCOMM, ev0, end if end is not None else self.timeline.mark())
                 else:
-                    self.xcomm += t1 - t0
+                    self._exposed.append((t0, time.perf_counter()))
             return
         # async_op=True: in flight until the (last) work's future completes
         work = works[-1]
@@ -189,7 +202,7 @@ class CommTracker:
         tracker = self
 
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
-            if not tracker.active or getattr(tracker._tls, "depth", 0) or tracker.in_tail:
+            if not tracker.active or getattr(tracker._tls, "depth", 0):
                 return orig(work, *args, **kwargs)
             try:
                 counting = tracker._counting_thread()
@@ -210,7 +223,7 @@ class CommTracker:
                         if tracker.timeline is not None:
                             tracker.timeline.push(XCOMM, x0, tracker.timeline.mark())
                         else:
-                            tracker.xcomm += t1 - t0
+                            tracker._exposed.append((t0, t1))
                 except Exception as e:
                     tracker._on_error("Work.wait", e)
 

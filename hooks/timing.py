@@ -45,8 +45,36 @@ def drain(q: Deque[Any]) -> List[Any]:
         return out
 
 
-# Interval kinds the GPU timeline resolves.
+class IntervalSet:
+    """Covered spans on one time axis. ``add(a, b)`` returns the part of [a, b] not covered yet,
+    in any arrival order; spans older than ``horizon`` seconds before the newest end are forgotten."""
+
+    def __init__(self, horizon: float = 300.0):
+        self._spans: List[List[float]] = []  # sorted, disjoint [a, b]
+        self.horizon = horizon
+
+    def add(self, a: float, b: float) -> float:
+        if not b > a:
+            return 0.0
+        new = b - a
+        keep: List[List[float]] = []
+        lo, hi = a, b
+        for s in self._spans:
+            if s[1] < a or s[0] > b:
+                keep.append(s)
+                continue
+            new -= min(b, s[1]) - max(a, s[0])  # existing spans are disjoint: subtract each overlap
+            lo, hi = min(lo, s[0]), max(hi, s[1])
+        keep.append([lo, hi])
+        keep.sort()
+        cut = keep[-1][1] - self.horizon
+        self._spans = [s for s in keep if s[1] >= cut]
+        return new if new > 0 else 0.0
+
+
+# Interval kinds the GPU timeline resolves. COMM and XCOMM are unions (overlaps counted once).
 FWD, BWD, OPT, XCOMM, COMM = "fwd", "bwd", "opt", "xcomm", "comm"
+UNION_KINDS = (COMM, XCOMM)
 
 
 class CudaTimeline:
@@ -54,19 +82,18 @@ class CudaTimeline:
 
     ``mark()`` records one event (about 7 us of host time) and returns it, or None when the
     pending queue is full. ``push(kind, start, end)`` queues an interval; ``resolve(add)`` pops
-    finished intervals in order and calls ``add(kind, seconds)``. Communication intervals
-    are placed on one GPU time axis (offsets from an anchor event) so overlapping
-    collectives are counted once (their union).
+    finished intervals in order and calls ``add(kind, seconds)``. Communication and exposed
+    communication intervals are placed on one GPU time axis (offsets from an anchor event)
+    so overlapping spans are counted once (their union).
     """
 
     def __init__(self, torch_mod: Any, device: Any, max_pending: int):
-        self._torch = torch_mod
         self._cuda = torch_mod.cuda
         self.device = device
         self.max_pending = int(max_pending)
         self.dropped = 0
         self._pending: Deque[Tuple[str, Any, Any]] = deque()
-        self._comm_until = 0.0  # GPU-axis seconds up to which comm time is already counted
+        self._union = {k: IntervalSet() for k in UNION_KINDS}
         self._anchor = self._cuda.Event(enable_timing=True)
         self._anchor.record(self._cuda.current_stream(device))
 
@@ -98,16 +125,11 @@ class CudaTimeline:
                 break
             q.popleft()
             n += 1
-            if kind == COMM:
-                a = anchor.elapsed_time(s) / 1e3
-                b = anchor.elapsed_time(e) / 1e3
-                if a < self._comm_until:
-                    a = self._comm_until
-                if b > a:
-                    add(COMM, b - a)
-                    self._comm_until = b
+            u = self._union.get(kind)
+            if u is not None:
+                dt = u.add(anchor.elapsed_time(s) / 1e3, anchor.elapsed_time(e) / 1e3)
             else:
                 dt = s.elapsed_time(e) / 1e3
-                if dt > 0:
-                    add(kind, dt)
+            if dt > 0:
+                add(kind, dt)
         return n

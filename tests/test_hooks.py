@@ -215,9 +215,9 @@ def test_env_config_overrides_reach_the_hooks(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------- errors in hooks
-@pytest.mark.parametrize("target", ["_step_end", "_arm_backward", "_perf", "encode", "_probe"])
+@pytest.mark.parametrize("target", ["_step_end", "_bwd_done", "_perf", "encode", "_probe"])
 def test_exception_inside_a_hook_never_reaches_the_loop(rx, monkeypatch, caplog, target):
-    """An internal that raises: in a step-path hook (_step_end, _arm_backward), in every hook at
+    """An internal that raises: in a step-path hook (_step_end, _bwd_done), in every hook at
     once (the clock), in the background thread (encode, _probe). Training runs on; each error is
     counted and each failing site is logged once."""
     caplog.set_level(logging.WARNING, logger="ranksight.hooks")
@@ -241,7 +241,7 @@ def test_exception_inside_a_hook_never_reaches_the_loop(rx, monkeypatch, caplog,
     assert calls and w.herr >= 1
     msgs = [r.getMessage() for r in caplog.records if "injected" in r.getMessage()]
     assert msgs and len(msgs) == len(set(msgs)), msgs  # each failing site logged once, not once per step
-    if target in ("_step_end", "_arm_backward"):
+    if target in ("_step_end", "_bwd_done"):
         assert w.herr >= 6 and len(msgs) == 1
         assert rx.wait_for(lambda: any(h["herr"] >= 6 for h in rx.of("hb")))
     ranksight.unwatch()
@@ -313,15 +313,17 @@ def test_unwatch_and_context_manager_restore_everything(rx):
     import torch.distributed.distributed_c10d as c10d
 
     model, opt, data = make(4)
-    before = (torch.save, dist.all_reduce, dist.barrier, dist.Work.wait, torch.serialization.save)
+    before = (torch.save, dist.all_reduce, dist.barrier, dist.Work.wait, torch.serialization.save,
+              torch.autograd.backward)
     with ranksight.watch(model, opt, data, agent=rx.url, config=FAST) as loader:
         assert torch.save is not before[0] and dist.all_reduce is not before[1]
-        assert dist.Work.wait is not before[3]
+        assert dist.Work.wait is not before[3] and torch.autograd.backward is not before[5]
         assert ours(opt._optimizer_step_pre_hooks) == 1 and ours(opt._optimizer_step_post_hooks) == 1
         assert ours(model._forward_hooks) == 1 and ours(model._forward_pre_hooks) == 1
         train(model, opt, loader)
     assert ranksight.hooks.current() is None
-    assert (torch.save, dist.all_reduce, dist.barrier, dist.Work.wait, torch.serialization.save) == before
+    assert (torch.save, dist.all_reduce, dist.barrier, dist.Work.wait, torch.serialization.save,
+            torch.autograd.backward) == before
     assert c10d.all_reduce is before[1]
     assert ours(opt._optimizer_step_pre_hooks) == 0 and ours(opt._optimizer_step_post_hooks) == 0
     assert ours(model._forward_hooks) == 0 and ours(model._forward_pre_hooks) == 0
