@@ -1040,6 +1040,21 @@ def expand_recording_rules(text: str) -> Tuple[str, List[str]]:
     return yaml.safe_dump({"groups": groups_out}, sort_keys=False), skipped
 
 
+def split_rule_file(text: str, out_dir: Path) -> List[Path]:
+    """One rule file per recording rule (same group name and interval), for parallel backfill."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for g in (yaml.safe_load(text) or {}).get("groups", []):
+        for r in g.get("rules", []):
+            ng = {"name": g["name"], "rules": [r]}
+            if g.get("interval"):
+                ng["interval"] = g["interval"]
+            path = out_dir / f"rule{len(paths):03d}.yml"
+            path.write_text(yaml.safe_dump({"groups": [ng]}, sort_keys=False))
+            paths.append(path)
+    return paths
+
+
 def dashboard_queries(cfg: Mapping[str, Any]) -> Tuple[List[Tuple[str, str, str]], str, Callable[..., str]]:
     """(queries, source, substitute): the dashboards generator's queries, or the triage
     table's indicators while it is missing."""
@@ -1126,6 +1141,7 @@ class Options:
     wait_compaction: bool = True
     rules_file: Optional[str] = None
     queries_file: Optional[str] = None
+    baseline_queries_file: Optional[str] = None
     prometheus: str = PROMETHEUS
     promtool: str = PROMTOOL
     query_timeout: int = 120
@@ -1313,26 +1329,34 @@ class Bench:
         raw_view.mkdir()
         for blk in data.iterdir():
             shutil.copytree(blk, raw_view / blk.name, copy_function=os.link)
-        p1 = Prometheus(o.prometheus, raw_view, bare_cfg, logs / "prometheus-backfill.log")
+        # the helper Prometheus is not measured: no query timeout to trip on a fleet-wide rule
+        p1 = Prometheus(o.prometheus, raw_view, bare_cfg, logs / "prometheus-backfill.log",
+                        extra=["--query.timeout=1h"])
         self.procs.append(p1)
         p1.start()
         t_rules = time.monotonic()
         rules_out = base / "rules-blocks"
-        eval_interval = f"{o.step}s"
-        run_checked([o.promtool, "tsdb", "create-blocks-from", "rules", f"--start={q_start - 4 * o.step}",
-                     f"--end={q_end + 1}", f"--url={p1.url}", f"--output-dir={rules_out}",
-                     f"--eval-interval={eval_interval}", str(exp_path)],
-                    "promtool tsdb create-blocks-from rules", timeout=3600, log_path=logs / "promtool.log")
+        # one promtool per rule, `jobs` at a time: promtool evaluates its rules one after the
+        # other and each range query runs on one core
+        one_rule_files = split_rule_file(expanded, base / "rules-split")
+        with concurrent.futures.ThreadPoolExecutor(max_workers=o.jobs) as pool:
+            futs = [pool.submit(run_checked,
+                                [o.promtool, "tsdb", "create-blocks-from", "rules", f"--start={q_start - 4 * o.step}",
+                                 f"--end={q_end + 1}", f"--url={p1.url}", f"--output-dir={rules_out / f.stem}",
+                                 f"--eval-interval={o.step}s", str(f)],
+                                f"promtool tsdb create-blocks-from rules ({f.stem})", 3600,
+                                logs / f"promtool-{f.stem}.log")
+                    for f in one_rule_files]
+            for fut in concurrent.futures.as_completed(futs):
+                fut.result()
         rules_bf_s = time.monotonic() - t_rules
         p1.stop()
         self.procs.remove(p1)
         shutil.rmtree(raw_view, ignore_errors=True)
         n_rule_blocks = 0
-        if rules_out.is_dir():
-            for blk in rules_out.iterdir():
-                if (blk / "meta.json").exists():
-                    blk.rename(data / blk.name)
-                    n_rule_blocks += 1
+        for meta in sorted(rules_out.glob("*/*/meta.json")) if rules_out.is_dir() else []:
+            meta.parent.rename(data / meta.parent.name)
+            n_rule_blocks += 1
         self.result["backfill"] = {"openmetrics_seconds": round(backfill_s, 1),
                                    "rules_seconds": round(rules_bf_s, 1),
                                    "rules_source": rules_src, "rules_not_backfilled": skipped,
@@ -1422,17 +1446,23 @@ class Bench:
     def _time_queries(self, p: Prometheus, scn: Scenario, q_start: int, q_end: int) -> None:
         o = self.o
         if o.queries_file:
-            rows, src, substitute = load_queries_file(o.queries_file)
+            exprs, src, _ = load_queries_file(o.queries_file)
         else:
-            rows, src, substitute = dashboard_queries(self.cfg)
-        rate_interval = f"{max(4 * o.step, 60)}s"
-        if o.queries_file:
-            exprs = rows
-        else:
+            src = dashboard_queries(self.cfg)[1]
             exprs = substituted_queries(self.cfg, scn.job, o.step, o.hours)
+        self.result["queries"] = self._time_set(p, exprs, src, o.repeat, q_start, q_end)
+        if o.baseline_queries_file:
+            rows, bsrc, _ = load_queries_file(o.baseline_queries_file)
+            self._phase("baseline queries")
+            self.result["baseline_queries"] = self._time_set(p, rows, bsrc, 1, q_start, q_end)
+
+    def _time_set(self, p: Prometheus, exprs: Sequence[Tuple[str, str, str]], src: str, repeat: int,
+                  q_start: int, q_end: int) -> Dict[str, Any]:
+        o = self.o
+        rate_interval = f"{max(4 * o.step, 60)}s"
         times: List[List[float]] = [[] for _ in exprs]
         infos: List[Dict[str, Any]] = [{} for _ in exprs]
-        for _ in range(max(1, o.repeat)):  # interleaved: every query once per round
+        for _ in range(max(1, repeat)):  # interleaved: every query once per round
             for i, (_, _, e) in enumerate(exprs):
                 wall, info = p.timed_query_range(e, q_start, q_end, o.step)
                 log.info("scale: query %.3f s %s series %s %s / %s", wall, info.get("series"),
@@ -1447,15 +1477,16 @@ class Bench:
                           "status": info.get("status"), "error": info.get("error")})
         meds = [it["seconds"] for it in items]
         slowest = max(items, key=lambda it: it["seconds"]) if items else None
-        self.result["queries"] = {
+        return {
             "source": src, "count": len(items), "step_seconds": o.step, "rate_interval": rate_interval,
-            "range_seconds": q_end - q_start, "repeat": o.repeat,
+            "range_seconds": q_end - q_start, "repeat": repeat,
             "p50_seconds": round(_percentile(meds, 50), 4), "p99_seconds": round(_percentile(meds, 99), 4),
             "max_seconds": round(max(meds), 4) if meds else None,
             "slowest": slowest,
             "over_target": [{"panel": it["panel"], "dashboard": it["dashboard"], "seconds": it["seconds"]}
                             for it in items if it["seconds"] > TARGET_QUERY_S],
-            "errors": [{"panel": it["panel"], "error": it["error"]} for it in items if it["status"] != "success"],
+            "errors": [{"panel": it["panel"], "dashboard": it["dashboard"], "error": it["error"]}
+                       for it in items if it["status"] != "success"],
             "items": items,
         }
 
@@ -1553,6 +1584,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queries", metavar="FILE", default=None,
                    help="JSON list of [dashboard, panel, expr] to time (default: every query of the generated "
                         "dashboards, variables set to All)")
+    p.add_argument("--baseline-queries", metavar="FILE", default=None,
+                   help="a second query list (same format), timed once after --queries and reported as "
+                        "baseline_queries: e.g. the dashboards before a change")
     p.add_argument("--dump-queries", metavar="FILE", default=None,
                    help="write the substituted dashboard queries (the --queries format) and exit")
     p.add_argument("--workdir", metavar="DIR", default=None, help="where the temporary TSDB goes (default: $TMPDIR)")
@@ -1620,7 +1654,8 @@ def run(args: argparse.Namespace) -> int:
                    step=args.step, design=args.design, repeat=args.repeat, parts=max(0, args.parts),
                    jobs=args.jobs, workdir=args.workdir, keep=args.keep, config=args.config,
                    rule_evals=args.rule_evals, wait_compaction=args.wait_compaction,
-                   rules_file=args.rules, queries_file=args.queries, prometheus=args.prometheus,
+                   rules_file=args.rules, queries_file=args.queries,
+                   baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
                    promtool=args.promtool, query_timeout=args.query_timeout)
     try:
         result = Bench(opts).run()

@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Issue 9's proposed design changes, as files the scale benchmark can measure.
+
+    .venv/bin/python bench/scale/proposed.py --out run/scale-bench
+    ranksight bench scale --design proposed --rules run/scale-bench/proposed-rules.yml \\
+        --queries run/scale-bench/proposed-queries.json --baseline-queries run/scale-bench/queries.json
+
+writes:
+- proposed-rules.yml: the generated rule file plus a "ranksight.recording.fleet" group of
+  node-level recording rules that the fleet-wide panels read instead of raw high-cardinality
+  counters (RDMA port counters, GPU utilization samples, interface counters, ingest);
+- proposed-queries.json: every dashboard query, variables set to All, with the panels that
+  would draw one series per rank, GPU, device or port rewritten to draw the k worst
+  (topk/bottomk) or only the abnormal ones (== 0, < max), or to read the fleet rules;
+- queries.json: the dashboards as they are (the baseline), same substitution.
+
+The agent-side changes (RDMA counter allowlist, lint_active only while a lint applies) are
+`--design proposed` of the benchmark itself (ranksight/scale.py: shape_for).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Tuple
+
+import yaml
+
+from ranksight import catalog as C
+from ranksight import config as rconfig
+from ranksight import scale
+
+K = 10  # series a fleet-wide panel draws
+
+RANK_SEL = 'job=~"$job", node=~"$node", rank=~"$rank"'
+NODE_SEL = 'node=~"$node"'
+
+REC = {
+    "rdma_errors": "node:ranksight_rdma_port_errors:rate",
+    "rdma_packets": "node:ranksight_rdma_port_packets:rate",
+    "util_samples": "node:ranksight_gpu_utilization_samples_bucket:rate",
+    "if_errors": "node:ranksight_net_interface_errors:rate",
+    "if_drops": "node:ranksight_net_interface_drops:rate",
+    "if_bytes": "node:ranksight_net_interface_bytes:rate",
+    "ingest": "node:ranksight_ingest_datagrams:rate",
+    "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
+}
+RDMA_TRAFFIC = "port_(rcv|xmit)_(packets|data)|(unicast|multicast)_(rcv|xmit)_packets"
+
+
+def fleet_rules(cfg: Mapping[str, Any]) -> List[Dict[str, str]]:
+    w = cfg["windows"]["rate"]
+    return [
+        {"record": REC["rdma_errors"],
+         "expr": f'sum by (node, counter) (rate({C.RDMA_PORT_COUNTER}{{counter!~"{RDMA_TRAFFIC}"}}[{w}]))'},
+        {"record": REC["rdma_packets"],
+         "expr": f'sum by (node, counter) (rate({C.RDMA_PORT_COUNTER}{{counter=~"port_(rcv|xmit)_packets"}}[{w}]))'},
+        {"record": REC["util_samples"], "expr": f"sum by (node, le) (rate({C.GPU_UTILIZATION_SAMPLES.bucket}[{w}]))"},
+        {"record": REC["if_errors"], "expr": f"sum by (node, direction) (rate({C.NET_IF_ERRORS}[{w}]))"},
+        {"record": REC["if_drops"], "expr": f"sum by (node, direction) (rate({C.NET_IF_DROPS}[{w}]))"},
+        {"record": REC["if_bytes"], "expr": f"sum by (node, direction) (rate({C.NET_IF_BYTES}[{w}]))"},
+        {"record": REC["ingest"], "expr": f"sum by (node, result) (rate({C.INGEST_DATAGRAMS}[{w}]))"},
+        {"record": REC["b2o"],
+         "expr": f"rate({C.BACKWARD_TO_OPTIMIZER.sum}[{w}]) / (rate({C.BACKWARD_TO_OPTIMIZER.count}[{w}]) > 0)"},
+    ]
+
+
+def proposed_rules_text(cfg: Mapping[str, Any]) -> str:
+    text, _ = scale.rules_text(cfg)
+    doc = yaml.safe_load(text)
+    doc["groups"].append({"name": "ranksight.recording.fleet", "rules": fleet_rules(cfg)})
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _top(e: str) -> str:
+    return f"topk({K}, {e})"
+
+
+def _bottom(e: str) -> str:
+    return f"bottomk({K}, {e})"
+
+
+def _worst_ranks(e: str) -> str:
+    """A per-rank table column, for the K ranks with the highest straggler ratio."""
+    return f"{e} and on (job, rank) topk({K}, rank:ranksight_straggler:ratio{{{RANK_SEL}}})"
+
+
+def _below_max(metric: C.Metric) -> Callable[[str], str]:
+    return lambda e: (f'{metric}{{state="current", {NODE_SEL}}} < ignoring (state) '
+                      f'{metric}{{state="max", {NODE_SEL}}}')
+
+
+# panel title -> rewrite of each of its (unsubstituted) expressions
+REWRITES: Dict[str, Callable[[str], str]] = {
+    # ranks dashboard: one series per rank
+    "Step time by rank": _top,
+    "Backward-to-optimizer time by rank": lambda e: _top(f"{REC['b2o']}{{{RANK_SEL}}}"),
+    "Per-rank step breakdown": lambda e: _worst_ranks(
+        f"max without () ({REC['b2o']}{{{RANK_SEL}}})" if "backward_to_optimizer" in e else e),
+    "Straggler ratio": _top,
+    "Busy time per step": lambda e: e if e.startswith("job:") else _top(e),
+    "Dataloader wait share": _top,
+    "Communication share": _top,
+    "Exposed communication share": _top,
+    "Checkpoint share of wall time": lambda e: e if e.startswith(("topk", "quantile")) else _top(e),
+    "CUDA allocator retries per minute": _top,
+    "CUDA memory reserved / allocated": _top,
+    "Hook errors and dropped events": _top,
+    # node dashboard: one series per GPU, device, port or path
+    "GPU busy ratio by GPU": _bottom,
+    "GPU utilization samples": lambda e: f"sum by (le) ({REC['util_samples']}{{{NODE_SEL}}})",
+    "GPU utilization swings per minute": lambda e: e if e.startswith(("topk", "quantile")) else _top(e),
+    "GPM SM and tensor activity": _bottom,
+    "Throttling reasons": lambda e: f"{e} == 1",
+    "XID errors": lambda e: f"{e} > 0",
+    "GPU temperature": _top,
+    "GPU power": _top,
+    "SM clock": _bottom,
+    "GPU memory used": _top,
+    "PCIe link generation (current / max)": _below_max(C.GPU_PCIE_GEN),
+    "PCIe link width (current / max)": _below_max(C.GPU_PCIE_WIDTH),
+    "TCP retransmit ratio": _top,
+    "TCP segments retransmitted and sent": _top,
+    "TCP loss counters": _top,
+    "Interface errors and drops": lambda e: _top(
+        f"{REC['if_errors'] if 'errors' in e else REC['if_drops']}{{{NODE_SEL}}}"),
+    "Interface throughput": lambda e: _top(f"{REC['if_bytes']}{{{NODE_SEL}}}"),
+    "NIC link speed": lambda e: e if e.startswith("bottomk") else _bottom(e),
+    "RDMA packets": lambda e: _top(f"{REC['rdma_packets']}{{{NODE_SEL}}}"),
+    "RDMA error and congestion counters": lambda e: _top(f"{REC['rdma_errors']}{{{NODE_SEL}}}"),
+    "RDMA port rate": _bottom,
+    "Disk free": _bottom,
+    "Disk free share": _bottom,
+    "Ranks on these nodes": lambda e: f"{e} == 0",
+    "Collectors up": lambda e: f"min by (collector) ({e})",
+    "Agent ingest": lambda e: f"sum by (result) ({REC['ingest']}{{{NODE_SEL}}})",
+}
+
+
+def proposed_queries(cfg: Mapping[str, Any]) -> List[Tuple[str, str, str, str]]:
+    """(dashboard, panel, proposed raw expr, as-is raw expr) for every dashboard query."""
+    rows, _, _ = scale.dashboard_queries(cfg)
+    out = []
+    for dash, title, expr in rows:
+        fn = REWRITES.get(title)
+        # the triage dashboard's fleet rows already draw topk/quantile: unchanged
+        new = fn(expr) if fn is not None and dash != "ranksight-triage.json" else expr
+        out.append((dash, title, new, expr))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="directory for the three files")
+    p.add_argument("--config", default=None)
+    p.add_argument("--step", type=scale._duration_arg, default=15)
+    p.add_argument("--hours", type=scale._hours, default=1.0)
+    a = p.parse_args(argv)
+    cfg = rconfig.load(a.config)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _, _, substitute = scale.dashboard_queries(cfg)
+    kw = dict(job=[scale.Scenario.job], node=".*", rank=".*", rate_interval=f"{max(4 * a.step, 60)}s",
+              interval=f"{a.step}s", range_=f"{int(a.hours * 3600)}s")
+    rows = proposed_queries(cfg)
+    proposed = [(d, t, substitute(new, **kw)) for d, t, new, _ in rows]
+    baseline = [(d, t, substitute(old, **kw)) for d, t, _, old in rows]
+    (out / "proposed-queries.json").write_text(json.dumps(proposed, indent=1) + "\n")
+    (out / "queries.json").write_text(json.dumps(baseline, indent=1) + "\n")
+    (out / "proposed-rules.yml").write_text(proposed_rules_text(cfg))
+    changed = sum(1 for _, _, new, old in rows if new != old)
+    print(f"wrote {out}/proposed-rules.yml (+{len(fleet_rules(cfg))} fleet rules), "
+          f"{out}/proposed-queries.json ({changed} of {len(rows)} queries rewritten), {out}/queries.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
