@@ -361,6 +361,7 @@ def loader_facts(loader: Any) -> LoaderFacts:
     f.batch_size = loader.batch_size
     bs = loader.batch_sampler
     sampler = loader.sampler
+    custom_batches = bs is not None and not isinstance(bs, BatchSampler) and not hasattr(bs, "sampler")
     if bs is not None and not isinstance(bs, BatchSampler):
         sampler = getattr(bs, "sampler", bs)  # a custom batch sampler
         f.batch_size = getattr(bs, "batch_size", None)
@@ -386,8 +387,8 @@ def loader_facts(loader: Any) -> LoaderFacts:
             f.dataset_len = len(ds)
         except Exception:
             f.dataset_len = None
-        try:
-            f.per_rank = len(sampler) if sampler is not None else None
+        try:  # a custom batch sampler without .sampler has a length in batches, not samples
+            f.per_rank = len(sampler) if sampler is not None and not custom_batches else None
         except Exception:
             f.per_rank = None
         if isinstance(ds, Subset):
@@ -469,10 +470,11 @@ def _scan(m: Mapping, path: str, depth: int, a: CkptAnatomy) -> None:
         if isinstance(v, torch.nn.Module):
             a.weights = True
             continue
-        if _opt_state(v) or (_OPT_KEY.search(key) and v is not None and not _is_tensor_like(v)):
+        structured = isinstance(v, (Mapping, list, tuple)) or hasattr(v, "state_dict")  # not a number or a tensor
+        if _opt_state(v) or (_OPT_KEY.search(key) and structured and v):
             a.parts.add(OPTIMIZER)
             continue
-        if _sched_state(v) or (_SCHED_KEY.search(key) and v is not None):
+        if _sched_state(v) or (_SCHED_KEY.search(key) and structured and v):
             a.parts.add(SCHEDULER)
             continue
         if _is_rng_bytes(v) or (isinstance(v, (list, tuple)) and v and all(_is_rng_bytes(x) for x in v[:64])) \
@@ -668,6 +670,7 @@ class Lints:
         """Record a lint's state; log and send on a change (or a new ``key`` while active)."""
         if not self.on(lint):
             return
+        line = f"ranksight lint {lint} on rank {self.rank}: {msg}"  # the log line keeps the whole message
         msg = msg[: protocol.MAX_MSG]
         with self._lock:
             self.evaluations[lint] = self.evaluations.get(lint, 0) + 1
@@ -677,7 +680,6 @@ class Lints:
         if not changed:
             return
         if active:
-            line = f"ranksight lint {lint} on rank {self.rank}: {msg}"
             if info:
                 self._line(logging.INFO, line)
             else:
