@@ -88,3 +88,26 @@ def test_event_span_includes_the_wait_for_the_host():
     assert t.event_span_total("rs_opt") == pytest.approx(40e-6)
     # rs_fwd: nothing before on stream 7, range starts at 0: 0..200
     assert t.event_span_total("rs_fwd") == pytest.approx(200e-6)
+
+
+REAL = __import__("pathlib").Path(__file__).resolve().parent / "data" / "h200_ddp_ws1_2steps.trace.json.gz"
+
+
+def test_real_h200_trace():
+    """Two steps of the DDP world-size-1 scenario as torch.profiler wrote them on the H200 (trimmed
+    to GPU activities, their launches and the rs_* ranges by bench/gpu/scenarios.py)."""
+    t = ktrace.Trace.load(REAL)
+    assert len(t.ops) > 1000
+    assert all(o.launch is not None for o in t.ops)  # every activity joined to its launch
+    for name in ("rs_fwd", "rs_bwd", "rs_opt"):
+        rs = t.ranges_named(name)
+        assert len(rs) == 2
+        for r in rs:
+            span, ev, busy = t.span(r), t.event_span(r), t.busy(r)
+            assert 0 < busy <= span <= ev, (name, busy, span, ev)
+    # the step is host-bound: the GPU is busy for well under half of each range's span
+    fwd = t.ranges_named("rs_fwd")[1]
+    assert t.busy(fwd) < 0.5 * t.span(fwd)
+    assert sum(t.span(r) for r in t.ranges_named("rs_bwd")) > sum(t.span(r) for r in t.ranges_named("rs_fwd"))
+    # world size 1: NCCL launches no kernel for DDP's in-place all-reduce
+    assert t.comm_overlap().comm_kernels == 0

@@ -48,3 +48,28 @@ def test_recorded_waveforms_are_told_apart(path):
         assert steady.tensor_active is not None and steady.tensor_active > 0.3
     finally:
         coll.stop()
+
+
+FAST = [p for p in TRACES if "sawtooth_fast" in json.loads(p.read_text())]
+
+
+@pytest.mark.parametrize("path", FAST, ids=[p.name for p in FAST])
+def test_sub_sample_period_sawtooth_reads_flat(path):
+    """20 ms bursts / 20 ms sleeps: NVML's ~0.2 s samples average them into a flat ~50%. The
+    collector sees a low mean and no swing (the waveform cannot resolve it; the mean still can)."""
+    clock = Clock()
+    nv = NvmlStandin(count=1, traces=("sawtooth_fast",), path=path, clock=clock)
+    coll = GpuCollector("fixture", poll_seconds=0.5, window_seconds=6.0, nvml=nv)
+    coll.start(threads=False)
+    try:
+        clock.t += 0.5
+        coll.poll()
+        s0 = coll.gpus[0].swings
+        for _ in range(16):
+            clock.t += 0.5
+            coll.poll()
+        g = coll.gpus[0]
+        assert g.swings - s0 == 0
+        assert 0.4 <= g.stats[0] <= 0.6 and g.stats[2] < 0.8, g.stats
+    finally:
+        coll.stop()
