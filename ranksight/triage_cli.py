@@ -287,8 +287,8 @@ class Walk:
             if e.kind in ("lint", "health"):
                 c = self.check(e, firing)
                 for f in c.findings:
-                    what = "setup lint" if e.kind == "lint" else "monitoring blind spot"
-                    notes.append(f"{what}: {e.summary} ({_fmt_labels(f.labels)})")
+                    what = "" if e.kind == "lint" else "monitoring blind spot: "  # a lint's summary says "Setup lint"
+                    notes.append(f"{what}{e.summary} ({_where(e, f.labels, show_job=self.job is None)})")
         return Report(self.prom.url, self.job, self.since, self.at, checks, causes[0] if causes else None, causes, notes)
 
     @staticmethod
@@ -372,9 +372,10 @@ def render_text(r: Report) -> str:
         f = r.cause
         e = f.entry
         explains = [g for c in r.checks for g in c.findings if f in g.explained_by]
+        value = "" if e.unit == "bool" else (
+            f": {_fmt_value(f.value, e.unit, _multiple(e))} (threshold {_fmt_threshold(e)})")
         lines += [
-            f"cause: {e.alert}: {e.title} on {_where(e, f.labels)}: {_fmt_value(f.value, e.unit, _multiple(e))} "
-            f"(threshold {_fmt_threshold(e)})",
+            f"cause: {e.alert}: {e.title} on {_where(e, f.labels)}{value}",
             f"  meaning:  {e.meaning}",
             f"  runbook:  {e.runbook}",
             f"  next:     {e.next_check}",

@@ -14,19 +14,18 @@ the recording rules divide):
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, Optional
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
-from harness import Agent, start_stack, set_targets, triage_cli, wait_until  # noqa: E402
+from harness import host_agent, start_stack, triage_cli, wait_until  # noqa: E402
 from harness import test_profile as profile_cfg  # noqa: E402
 
 from ranksight import protocol  # noqa: E402
@@ -120,8 +119,8 @@ def world(tmp_path_factory) -> Iterator[dict]:
     stack = start_stack(d / "stack", profile_cfg())
     agent = sender = None
     try:
-        agent = Agent(d, "tri").wait_ready()
-        set_targets(stack, [agent.target])
+        agent = host_agent(d, "tri", env={"RANKSIGHT__agent__stall_min_seconds": "3"})
+        stack.set_targets([agent.target])
         sender = Sender(agent.ingest, node="tri-node")
         t0 = time.time()
         sender.set("tri-data", 0, RankPlay(dur=0.1, data=0.005, comm=0.055, xcomm=0.05))

@@ -21,9 +21,11 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
         yield s
     finally:
         s.close()
-        print(f"\ne2e suite: {time.monotonic() - s.t0:.0f} s wall")
+        print(f"\ne2e suite: {time.monotonic() - s.t0:.0f} s wall (logs, triage reports: {s.dir})")
         for n, o in s.results.items():
             c = (o.triage or {}).get("cause") or {}
             print(f"  {n:16} {o.seconds:5.1f} s  first step {o.first_step_s:5.1f} s  detect {o.detect_s:5.1f} s  "
                   f"triage exit {o.triage_rc} {c.get('alert', '-')} {c.get('labels', {}).get('rank', c.get('labels', {}).get('node', ''))} "
                   f"value {c.get('value')}{'  ERROR ' + o.error.splitlines()[0] if o.error else ''}")
+            if o.timeline:
+                print("      alerts: " + ", ".join(o.timeline))

@@ -21,12 +21,10 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-import yaml
-
-from ranksight import config, triage
-from ranksight.stack import LocalStack
+from ranksight import config
+from ranksight.stack import AgentProcess, LocalStack
 
 log = logging.getLogger("tests.e2e")
 
@@ -129,19 +127,6 @@ def start_stack(workdir: Path, cfg: Mapping[str, Any], targets: Sequence[str] = 
     return LocalStack(workdir, targets=list(targets), cfg=cfg, scrape_interval="1s").start()
 
 
-def set_targets(stack: LocalStack, targets: Sequence[str], timeout: float = 20.0) -> None:
-    """Replace the agents Prometheus scrapes (re-render its config, POST /-/reload) and wait
-    until Prometheus has applied it."""
-    stack.targets = list(targets)
-    stack.write_files()
-    req = urllib.request.Request(f"{stack.prom_url}/-/reload", data=b"", method="POST")
-    with urllib.request.urlopen(req, timeout=10):
-        pass
-    want = set(targets)
-    wait_until(f"Prometheus to scrape exactly {sorted(want)}",
-               lambda: {t["labels"].get("instance") for t in stack.prom.targets()} == want, timeout)
-
-
 def wait_scraped(stack: LocalStack, target: str, timeout: float = 20.0) -> None:
     wait_until(f"Prometheus scraping {target}",
                lambda: stack.prom.value(f'up{{instance="{target}"}}') == 1.0, timeout)
@@ -160,12 +145,21 @@ def am_find(stack: LocalStack, alertname: str, **match: str) -> List[Dict[str, A
 
 
 # ------------------------------------------------------------------ node agent
+CPU_COLLECTORS = "network,disk,ranks"  # no NVML / RDMA on a CPU machine
+
+
+def host_agent(workdir: Path, name: str, env: Optional[Mapping[str, str]] = None) -> AgentProcess:
+    """An agent in the root namespace: ranksight's AgentProcess (loopback, free ports)."""
+    return AgentProcess(workdir / name, collectors=CPU_COLLECTORS, env=env, name=name).start()
+
+
 class Agent:
-    """`ranksight exporter` on a free port, ingest on a free UDP port (or given addresses)."""
+    """`ranksight exporter` run through a command prefix (``ip netns exec ...`` for a host of
+    tests/e2e/netns.py) and listening on a given address, which AgentProcess does not do."""
 
     def __init__(self, workdir: Path, name: str, argv_prefix: Sequence[str] = (), listen_host: str = "127.0.0.1",
                  scrape_host: str = "127.0.0.1", env: Optional[Mapping[str, str]] = None,
-                 collectors: str = "network,disk,ranks") -> None:
+                 collectors: str = CPU_COLLECTORS) -> None:
         self.dir = workdir
         self.name = name
         self.port = free_port()
@@ -177,9 +171,7 @@ class Agent:
         e.update({
             "RANKSIGHT__agent__listen": self.listen,
             "RANKSIGHT__agent__ingest": self.ingest,
-            "RANKSIGHT__agent__collectors": collectors,  # no NVML / RDMA on a CPU machine
-            # the fault suite's hangs last seconds, not minutes: the default 30 s floor is for production
-            "RANKSIGHT__agent__stall_min_seconds": "3",
+            "RANKSIGHT__agent__collectors": collectors,
         })
         e.update(env or {})
         self.proc = Proc([*argv_prefix, PYTHON, "-m", "ranksight", "exporter"], self.dir / f"agent-{name}.log", env=e,

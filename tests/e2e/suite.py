@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from harness import (Agent, Job, LocalStack, am_find, set_targets, start_stack, test_profile,
+from harness import (Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack, test_profile,
                      triage_cli, wait_until)
 from netns import Hosts
 
@@ -70,9 +70,12 @@ class Observation:
     triage_stderr: str = ""
     dashboards: List[Tuple[str, str, str, int]] = field(default_factory=list)  # (file, title, expr, series)
     seconds: float = 0.0  # wall time of the case
+    timeline: List[str] = field(default_factory=list)  # alerts of the job as Alertmanager showed them
+    seen: set = field(default_factory=set)
 
     def explain(self) -> str:
         return (f"case {self.case} (job {self.job}): {self.error}\n"
+                f"alerts since the fault: {', '.join(self.timeline) or 'none'}\n"
                 f"triage rc={self.triage_rc}\n{self.triage_text}\n{self.triage_stderr}\n{self.logs}")
 
 
@@ -119,7 +122,7 @@ class Suite:
         self.dir = workdir
         self.cfg = test_profile()
         self.stack: Optional[LocalStack] = None
-        self.agent: Optional[Agent] = None
+        self.agent: Optional[AgentProcess] = None
         self.results: Dict[str, Observation] = {}
         self.lock = threading.Lock()
         self.t0 = time.monotonic()
@@ -127,12 +130,13 @@ class Suite:
     # -------------------------------------------------------------- lifecycle
     def start(self) -> "Suite":
         self.stack = start_stack(self.dir / "stack", self.cfg)
-        self.agent = Agent(self.dir, "host", env=self._agent_env()).wait_ready()
-        set_targets(self.stack, [self.agent.target])
+        self.agent = host_agent(self.dir, "host", env=self._agent_env())
+        self.stack.set_targets([self.agent.target])
         return self
 
     @staticmethod
     def _agent_env() -> Dict[str, str]:
+        # the suite's hangs last seconds, not minutes: the default 30 s stall floor is for production
         return {"RANKSIGHT__agent__stall_min_seconds": "3"}
 
     def close(self) -> None:
@@ -222,7 +226,10 @@ class Suite:
         want = {"job": job.name, **case.where}
 
         def cause() -> List[Dict[str, Any]]:
-            return [a for a in am_find(self.stack, case.cause, **want) if not a["status"]["inhibitedBy"]]
+            alerts = self._job_alerts(job.name)
+            self._note(obs, alerts, fault_start)
+            return [a for a in alerts if a["labels"]["alertname"] == case.cause
+                    and all(a["labels"].get(k) == v for k, v in want.items()) and not a["status"]["inhibitedBy"]]
         try:
             obs.cause_alerts = wait_until(f"{case.cause} {want} in Alertmanager", cause,
                                           DETECT_LIMIT + 15 - (time.monotonic() - fault_start), every=POLL)
@@ -247,6 +254,17 @@ class Suite:
         if case.dashboards:
             obs.dashboards = self._dashboard_queries(job.name, nodes)
 
+    @staticmethod
+    def _note(obs: Observation, alerts: List[Dict[str, Any]], t0: float) -> None:
+        """Timeline of the job's alerts in Alertmanager (first time each is seen in each state)."""
+        now = time.monotonic() - t0
+        for a in alerts:
+            lab = a["labels"]
+            key = (lab["alertname"], lab.get("rank", lab.get("node", "")), bool(a["status"]["inhibitedBy"]))
+            if key not in obs.seen:
+                obs.seen.add(key)
+                obs.timeline.append(f"{now:+6.1f}s {key[0]}[{key[1]}]{' inhibited' if key[2] else ''}")
+
     def _job_alerts(self, job: str) -> List[Dict[str, Any]]:
         assert self.stack is not None
         return [a for a in self.stack.am.alerts() if a["labels"].get("job") == job]
@@ -269,6 +287,8 @@ class Suite:
         except ValueError:
             obs.triage = {"unparsable": r.stdout[-2000:]}
         obs.triage_text = text.stdout
+        (self.dir / f"triage-{job}.txt").write_text(f"$ ranksight triage --job {job} (exit {text.returncode})\n"
+                                                    f"{text.stdout}{text.stderr}")
         log.info("triage of %s (exit %d):\n%s", job, text.returncode, text.stdout)
 
     # -------------------------------------------------------------- healthy
@@ -312,12 +332,12 @@ class Suite:
                 for h in hosts.hosts:
                     agents.append(Agent(self.dir, h.hostname, argv_prefix=hosts.argv(h, []), listen_host="0.0.0.0",
                                         scrape_host=h.mgmt_addr, env=self._agent_env()).wait_ready())
-                set_targets(self.stack, [self.agent.target] + [a.target for a in agents])
+                self.stack.set_targets([self.agent.target] + [a.target for a in agents])
                 for name in group:
                     self._guard(name, lambda case, obs: self._run_two_host_case(case, obs, hosts, agents))
             finally:
                 try:  # before the hosts go: no scrape of a vanished agent, no RanksightExporterDown
-                    set_targets(self.stack, [self.agent.target])
+                    self.stack.set_targets([self.agent.target])
                 finally:
                     for a in agents:
                         a.stop()

@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from suite import CASES, GROUPS, HOST_A, HOST_B, Observation, Suite
+from suite import CASES, GROUPS, HOST_B, Observation, Suite
 
 pytestmark = [pytest.mark.e2e]
 
