@@ -4,10 +4,12 @@ Every datagram is validated by ``ranksight.protocol.decode`` and applied to the
 rank table, or dropped and counted:
 ``ranksight_ingest_datagrams_total{result=ok|malformed|oversize|rejected|overflow}``.
 
-The receive loop drains the socket in a tight non-blocking loop, then sleeps a
-few milliseconds before looking again, so that at a few hundred datagrams per
-second the thread wakes up tens of times per second instead of once per
-datagram; a large SO_RCVBUF absorbs what arrives meanwhile.
+The receive loop drains the socket in a tight non-blocking loop, then sleeps
+before looking again, so that datagrams are handled in batches (warm caches:
+at 800 datagrams/s a batch costs about half the CPU per datagram of waking up
+for each one). The sleep adapts to the arrival rate so that a batch fills at
+most a quarter of SO_RCVBUF (asked large; 8 MB holds ~6,500 small datagrams),
+between IDLE_SLEEP_MIN and IDLE_SLEEP_MAX.
 """
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ log = logging.getLogger("ranksight.exporter.ingest")
 
 RESULTS = ("ok", "malformed", "oversize", "rejected", "overflow")
 RCVBUF_BYTES = 32 << 20
-IDLE_SLEEP = 0.02  # after draining the socket, before looking again (<= 50 wake-ups/s)
+IDLE_SLEEP_MIN = 0.005  # between drains, seconds: at high rates ...
+IDLE_SLEEP_MAX = 0.08  # ... and at low rates (a burst from idle then still fits the buffer)
+BYTES_PER_QUEUED = 4096  # a batch may fill SO_RCVBUF up to rcvbuf / this many datagrams (truesize ~1.3 KB)
 STOP_POLL = 0.2  # how often a waiting receiver checks for stop
 
 
@@ -194,6 +198,8 @@ class Receiver:
         clock = self.ingest.clock
         bufsize = MAX_DATAGRAM + 1  # one byte more tells an oversize datagram (the rest is truncated)
         stop = self._stop
+        batch_target = max(16, self.rcvbuf // BYTES_PER_QUEUED)
+        last = time.monotonic()
         while not stop.is_set():
             try:
                 ready, _, _ = select.select([sock], [], [], STOP_POLL)
@@ -217,7 +223,10 @@ class Receiver:
                     now = clock()
                     if stop.is_set():  # a sender faster than us must not keep us from stopping
                         return
-            time.sleep(IDLE_SLEEP)
+            t = time.monotonic()
+            rate = n / max(t - last, 1e-3)
+            last = t
+            time.sleep(min(IDLE_SLEEP_MAX, max(IDLE_SLEEP_MIN, batch_target / rate if rate else IDLE_SLEEP_MAX)))
 
 
 def _big_rcvbuf(sock: socket.socket) -> int:

@@ -130,21 +130,29 @@ def decode(data: bytes) -> Dict[str, Any]:
         raise ProtocolError("malformed", "not an object")
     if rec.get("v") != VERSION or type(rec.get("v")) is not int:
         raise ProtocolError("rejected", "version")
-    t = _str(rec, "t", choices=TYPES)
-    out: Dict[str, Any] = {"t": t}
-    out["job"] = _str(rec, "job")
-    if not out["job"]:
-        raise ProtocolError("rejected", "empty job")
-    out["ws"] = _int(rec, "ws", 1, MAX_WORLD)
-    out["rank"] = _int(rec, "rank", 0, out["ws"] - 1)
-    out["lr"] = _int(rec, "lr", 0, 4095)
-    out["node"] = _str(rec, "node")
-    out["pid"] = _int(rec, "pid", 0, 1 << 31)
-    out["ts"] = _secs(rec, "ts", 0.0, 1e11, default=None)
+    get = rec.get
+    t, job, ws, rank, lr, node, pid, ts = (get("t"), get("job"), get("ws"), get("rank"), get("lr"), get("node"),
+                                           get("pid"), get("ts"))
+    # The common case in one expression; otherwise the field-by-field checks, which raise
+    # with the reason (or accept what they accept, e.g. an integer ts).
+    if not (type(t) is str and t in TYPES and type(job) is str and 0 < len(job) <= MAX_STR
+            and type(ws) is int and 1 <= ws <= MAX_WORLD and type(rank) is int and 0 <= rank < ws
+            and type(lr) is int and 0 <= lr <= 4095 and type(node) is str and len(node) <= MAX_STR
+            and type(pid) is int and 0 <= pid <= 1 << 31 and type(ts) is float and 0.0 <= ts <= 1e11):
+        t = _str(rec, "t", choices=TYPES)
+        job = _str(rec, "job")
+        if not job:
+            raise ProtocolError("rejected", "empty job")
+        ws = _int(rec, "ws", 1, MAX_WORLD)
+        rank = _int(rec, "rank", 0, ws - 1)
+        lr = _int(rec, "lr", 0, 4095)
+        node = _str(rec, "node")
+        pid = _int(rec, "pid", 0, 1 << 31)
+        ts = _secs(rec, "ts", 0.0, 1e11, default=None)
+    out: Dict[str, Any] = {"t": t, "job": job, "ws": ws, "rank": rank, "lr": lr, "node": node, "pid": pid, "ts": ts}
     if t == "step":
         # Inline checks for the common case (the agent decodes ~100 step records/s per rank);
         # anything else goes to _secs/_int, which accept or reject exactly as before.
-        get = rec.get
         for k in STEP_SECONDS_FIELDS:
             v = get(k, 0.0)
             out[k] = v if type(v) is float and 0.0 <= v <= MAX_SECONDS else _secs(rec, k)
