@@ -860,11 +860,17 @@ class Prometheus:
         return json.loads(body)
 
     def timed_query_range(self, expr: str, start: float, end: float, step: int) -> Tuple[float, Dict[str, Any]]:
+        return self._timed("/api/v1/query_range",
+                           {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step)})
+
+    def timed_query(self, expr: str, at: float) -> Tuple[float, Dict[str, Any]]:
+        return self._timed("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
+
+    def _timed(self, path: str, params: Mapping[str, str]) -> Tuple[float, Dict[str, Any]]:
         """(wall seconds until the whole body arrived, info). The body is streamed and only
         counted (a fleet-wide panel can return a gigabyte of JSON); errors come back in info."""
-        params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(step)}
         data = urllib.parse.urlencode(params).encode()
-        req = urllib.request.Request(self.url + "/api/v1/query_range", data=data,
+        req = urllib.request.Request(self.url + path, data=data,
                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
         t0 = time.perf_counter()
         head = b""
@@ -880,7 +886,7 @@ class Prometheus:
                         head += chunk[:64]
                     buf = tail + chunk
                     series += buf.count(b'"metric":')
-                    points += buf.count(b'"]')
+                    points += buf.count(b'"]')  # a [ts,"value"] pair ends with "]
                     tail = buf[-16:]
                     # what `tail` overlaps was counted already; subtract matches inside it
                     series -= tail.count(b'"metric":')
@@ -1055,30 +1061,47 @@ def split_rule_file(text: str, out_dir: Path) -> List[Path]:
     return paths
 
 
-def dashboard_queries(cfg: Mapping[str, Any]) -> Tuple[List[Tuple[str, str, str]], str, Callable[..., str]]:
-    """(queries, source, substitute): the dashboards generator's queries, or the triage
-    table's indicators while it is missing."""
+Query = Tuple[str, str, str, str]  # (dashboard, panel title, expr, "range" | "instant")
+
+
+def dashboard_queries(cfg: Mapping[str, Any]) -> Tuple[List[Query], str, Callable[..., str]]:
+    """(queries, source, substitute): every panel target of the generated dashboards, with
+    "instant" for targets Grafana sends to /api/v1/query (tables), "range" otherwise; or the
+    triage table's indicators while the dashboards generator is missing."""
     try:
         from ranksight.dashboards import generate as dgen
-        return dgen.queries(cfg), "ranksight.dashboards.generate.queries", dgen.substitute
     except ImportError:
-        pass
-    rows = [("triage-indicators", e.title, e.indicator) for e in triage.table(cfg)]
+        rows = [("triage-indicators", e.title, e.indicator, "range") for e in triage.table(cfg)]
 
-    def substitute(expr: str, **_: Any) -> str:
-        return expr
+        def substitute(expr: str, **_: Any) -> str:
+            return expr
 
-    return rows, "ranksight.triage indicators (fallback)", substitute
+        return rows, "ranksight.triage indicators (fallback)", substitute
+    out: List[Query] = []
+    for name, model in dgen.render(cfg).items():
+        for p in dgen.panels(model):
+            for t in p.get("targets", []):
+                if not t.get("expr"):
+                    continue
+                instant = bool(t.get("instant")) and not t.get("range", False)
+                out.append((name, p["title"], t["expr"], "instant" if instant else "range"))
+    return out, "ranksight.dashboards.generate (every panel target)", dgen.substitute
 
 
-def load_queries_file(path: str) -> Tuple[List[Tuple[str, str, str]], str, Callable[..., str]]:
-    """A JSON list of [dashboard, panel, expr] whose variables are already substituted
-    (``ranksight bench scale --dump-queries`` writes one)."""
+def load_queries_file(path: str) -> Tuple[List[Query], str, Callable[..., str]]:
+    """A JSON list of [dashboard, panel, expr] or [dashboard, panel, expr, "range"|"instant"]
+    whose variables are already substituted (``--dump-queries`` writes one)."""
     try:
         rows = json.loads(Path(path).read_text())
-        out = [(str(d), str(t), str(e)) for d, t, e in rows]
+        out: List[Query] = []
+        for row in rows:
+            d, t, e = row[:3]
+            kind = row[3] if len(row) > 3 else "range"
+            if kind not in ("range", "instant"):
+                raise ValueError(f"kind {kind!r}")
+            out.append((str(d), str(t), str(e), kind))
     except (OSError, ValueError, TypeError) as e:
-        raise BenchError(f"--queries {path}: expected a JSON list of [dashboard, panel, expr]: {e}") from None
+        raise BenchError(f"--queries {path}: expected a JSON list of [dashboard, panel, expr, kind]: {e}") from None
 
     def substitute(expr: str, **_: Any) -> str:
         return expr
@@ -1086,20 +1109,20 @@ def load_queries_file(path: str) -> Tuple[List[Tuple[str, str, str]], str, Calla
     return out, path, substitute
 
 
-def substituted_queries(cfg: Mapping[str, Any], job: str, step: int, hours: float) -> List[Tuple[str, str, str]]:
-    """Every dashboard query with the variables Grafana would send: All nodes and ranks
-    of the job, $__rate_interval = max(4 x scrape interval, 1m)."""
-    rows, _, substitute = dashboard_queries(cfg)
+def substitute_all(substitute: Callable[..., str], expr: str, job: str, step: int, hours: float) -> str:
+    """The variables Grafana sends with every variable at All: all nodes and ranks of the job,
+    $__rate_interval = max(4 x scrape interval, 1m), $__interval = the step."""
     rate_interval = f"{max(4 * step, 60)}s"
-    out = []
-    for dash, title, expr in rows:
-        try:
-            e = substitute(expr, job=[job], node=".*", rank=".*", rate_interval=rate_interval,
-                           interval=f"{step}s", range_=f"{int(hours * 3600)}s")
-        except TypeError:
-            e = substitute(expr, job=[job], node=".*", rank=".*", rate_interval=rate_interval)
-        out.append((dash, title, e))
-    return out
+    try:
+        return substitute(expr, job=[job], node=".*", rank=".*", rate_interval=rate_interval,
+                          interval=f"{step}s", range_=f"{int(hours * 3600)}s")
+    except TypeError:
+        return substitute(expr, job=[job], node=".*", rank=".*", rate_interval=rate_interval)
+
+
+def substituted_queries(cfg: Mapping[str, Any], job: str, step: int, hours: float) -> List[Query]:
+    rows, _, substitute = dashboard_queries(cfg)
+    return [(d, t, substitute_all(substitute, e, job, step, hours), k) for d, t, e, k in rows]
 
 
 def _backfill_slice(promtool: str, scn: Scenario, nodes: Sequence[int], om_path: str, out_dir: str, block: str,
@@ -1388,11 +1411,19 @@ class Bench:
 
         self._phase("rule evaluation")
         self._rules(p)
+        self._memory(p)
+        if self.o.baseline_queries_file:
+            rows, bsrc, _ = load_queries_file(self.o.baseline_queries_file)
+            self._phase("baseline queries")
+            self.result["baseline_queries"] = self._time_set(p, rows, bsrc, 1, q_start, q_end)
+            self._memory(p, "after_baseline_")
+
+    def _memory(self, p: Prometheus, prefix: str = "") -> None:
         rss, hwm = p.rss()
         pm = p.metrics()
         self.result["prometheus"].update({
-            "rss_bytes": rss, "rss_peak_bytes": hwm,
-            "go_heap_inuse_bytes": int(pm.get("go_memstats_heap_inuse_bytes", 0)),
+            f"{prefix}rss_bytes": rss, f"{prefix}rss_peak_bytes": hwm,
+            f"{prefix}go_heap_inuse_bytes": int(pm.get("go_memstats_heap_inuse_bytes", 0)),
             "head_series": int(pm.get("prometheus_tsdb_head_series", 0)),
         })
 
@@ -1451,27 +1482,27 @@ class Bench:
             src = dashboard_queries(self.cfg)[1]
             exprs = substituted_queries(self.cfg, scn.job, o.step, o.hours)
         self.result["queries"] = self._time_set(p, exprs, src, o.repeat, q_start, q_end)
-        if o.baseline_queries_file:
-            rows, bsrc, _ = load_queries_file(o.baseline_queries_file)
-            self._phase("baseline queries")
-            self.result["baseline_queries"] = self._time_set(p, rows, bsrc, 1, q_start, q_end)
 
-    def _time_set(self, p: Prometheus, exprs: Sequence[Tuple[str, str, str]], src: str, repeat: int,
+    def _time_set(self, p: Prometheus, exprs: Sequence[Query], src: str, repeat: int,
                   q_start: int, q_end: int) -> Dict[str, Any]:
         o = self.o
         rate_interval = f"{max(4 * o.step, 60)}s"
         times: List[List[float]] = [[] for _ in exprs]
         infos: List[Dict[str, Any]] = [{} for _ in exprs]
         for _ in range(max(1, repeat)):  # interleaved: every query once per round
-            for i, (_, _, e) in enumerate(exprs):
-                wall, info = p.timed_query_range(e, q_start, q_end, o.step)
+            for i, (_, _, e, kind) in enumerate(exprs):
+                if kind == "instant":
+                    wall, info = p.timed_query(e, q_end)
+                else:
+                    wall, info = p.timed_query_range(e, q_start, q_end, o.step)
                 log.info("scale: query %.3f s %s series %s %s / %s", wall, info.get("series"),
                          info.get("status"), exprs[i][0], exprs[i][1])
                 times[i].append(wall)
                 infos[i] = info
         items = []
-        for (dash, title, e), ts, info in zip(exprs, times, infos):
-            items.append({"dashboard": dash, "panel": title, "expr": e, "seconds": round(statistics.median(ts), 4),
+        for (dash, title, e, kind), ts, info in zip(exprs, times, infos):
+            items.append({"dashboard": dash, "panel": title, "expr": e, "kind": kind,
+                          "seconds": round(statistics.median(ts), 4),
                           "first_seconds": round(ts[0], 4), "series": info.get("series"),
                           "points": info.get("points"), "response_bytes": info.get("bytes"),
                           "status": info.get("status"), "error": info.get("error")})
@@ -1640,7 +1671,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dump_queries:
         try:
             rows = substituted_queries(rconfig.load(args.config), Scenario.job, args.step, args.hours)
-            Path(args.dump_queries).write_text(json.dumps(rows, indent=1) + "\n")
+            Path(args.dump_queries).write_text(json.dumps([list(r) for r in rows], indent=1) + "\n")
         except OSError as e:
             print(f"ranksight: error: cannot write {args.dump_queries}: {e.strerror or e}", file=sys.stderr)
             return 2
@@ -1657,8 +1688,13 @@ def run(args: argparse.Namespace) -> int:
                    rules_file=args.rules, queries_file=args.queries,
                    baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
                    promtool=args.promtool, query_timeout=args.query_timeout)
+    bench = Bench(opts)
     try:
-        result = Bench(opts).run()
+        result = bench.run()
+    except SystemExit:  # killed (timeout): print what was measured
+        bench.result["incomplete"] = True
+        print(json.dumps(bench.result, indent=2) if args.json else json.dumps(bench.result))
+        return 143
     except BenchError as e:
         print(f"ranksight: error: {e}", file=sys.stderr)
         return 2
