@@ -1168,6 +1168,7 @@ class Options:
     prometheus: str = PROMETHEUS
     promtool: str = PROMTOOL
     query_timeout: int = 120
+    future: int = 0  # seconds the data reaches past the start; 0: max(10 min, half the range)
     seed: int = 9
 
 
@@ -1188,7 +1189,7 @@ def plan_window(now: float, hours: float, step: int, lead: int, future: int) -> 
     length = int(hours * 3600) + lead
     for block_h in (2, 6, 18, 54):
         bd = block_h * 3600
-        for shift in range(0, future // 2 + 1, step):
+        for shift in range(0, future // 5 + 1, step):
             t1 = (int(now) + future - shift) // step * step
             t0 = t1 - length
             if t0 // bd == t1 // bd:
@@ -1229,7 +1230,7 @@ class Bench:
         shape = shape_for(o.design, o.gpus, o.ranks_per_node)
         rate_w = int(rconfig.duration_seconds(self.cfg["windows"]["rate"]))
         lead = max(rate_w, 60) + 60
-        future = max(600, int(o.hours * 3600) // 2)
+        future = o.future or max(600, int(o.hours * 3600) // 2)
         t0, samples, block = plan_window(time.time(), o.hours, o.step, lead, future)
         dl_node = o.nodes // 2 if o.nodes > 1 else 0
         scn = Scenario(nodes=o.nodes, shape=shape, t0=t0, samples=samples, step=o.step,
@@ -1622,6 +1623,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the substituted dashboard queries (the --queries format) and exit")
     p.add_argument("--workdir", metavar="DIR", default=None, help="where the temporary TSDB goes (default: $TMPDIR)")
     p.add_argument("--keep", metavar="DIR", default=None, help="keep the TSDB, rules and logs in DIR (new or empty)")
+    p.add_argument("--future", type=_duration_arg, default=0, metavar="DURATION",
+                   help="how far past now the generated data reaches, so that the rules evaluating live "
+                        "(at the end of the run) read full windows; default max(10m, half of --hours); "
+                        "raise it when the run is slow (a busy machine)")
     p.add_argument("--query-timeout", type=_pos_int, default=120, metavar="SECONDS",
                    help="Prometheus --query.timeout for the measured queries (default 120, Prometheus' own)")
     p.add_argument("--prometheus", metavar="PATH", default=PROMETHEUS, help=f"Prometheus binary (default {PROMETHEUS})")
@@ -1687,7 +1692,7 @@ def run(args: argparse.Namespace) -> int:
                    rule_evals=args.rule_evals, wait_compaction=args.wait_compaction,
                    rules_file=args.rules, queries_file=args.queries,
                    baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
-                   promtool=args.promtool, query_timeout=args.query_timeout)
+                   promtool=args.promtool, query_timeout=args.query_timeout, future=args.future)
     bench = Bench(opts)
     try:
         result = bench.run()
