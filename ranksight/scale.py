@@ -1535,7 +1535,10 @@ class Bench:
             for g in doc.get("data", {}).get("groups", []):
                 name = g["name"]
                 last = g.get("lastEvaluation", "")
+                slow = sorted(((r.get("name", ""), float(r.get("evaluationTime", 0.0))) for r in g.get("rules", [])),
+                              key=lambda x: -x[1])[:5]
                 meta[name] = {"rules": len(g.get("rules", [])), "interval_seconds": g.get("interval"),
+                              "slowest_rules": [{"rule": n, "seconds": round(t, 4)} for n, t in slow],
                               "unhealthy": sum(1 for r in g.get("rules", []) if r.get("health") not in ("ok", "unknown")),
                               "last_error": next((r.get("lastError") for r in g.get("rules", []) if r.get("lastError")), None)}
                 if last and last != seen.get(name) and not last.startswith("0001"):
