@@ -47,23 +47,22 @@ def test_hooks_report_every_flight_recorder_duration(scenario, batch):
         f"({fr['with_duration']} collectives) over the same {r['steps']} steps")
 
 
-def test_flight_recorder_agrees_with_event_timing(scenario):
+def test_flight_recorder_agrees_with_event_timing(scenario, gpu_results):
     """Two clocks for the same collectives on a GPU-bound step: NCCL's start/end events (the
-    Flight Recorder, read from its dump) and the hooks' events."""
+    Flight Recorder, read from its dump) and the hooks' events. (At world size 1 NCCL launches no
+    kernel for the in-place bucket all-reduces, so the profiler shows only the 256 MiB copy on the
+    NCCL stream: recorded, not compared; the kernel comparison is issue 10's, on 2+ GPUs.)"""
     fr = scenario("comm_fr", 32)
     ev = scenario("comm_events", 32)
     assert ev["sync_debug_errors"] == [] and ev["hook_errors"] == 0
     a = fr["flight_recorder"]["sum_s"] / fr["steps"]
     b = ev["hooks"]["comm"] / ev["steps"]
+    gpu_results["comm_gpu_bound_per_step_ms"] = {
+        "flight_recorder": a * 1e3, "hooks_events": b * 1e3,
+        "hooks_from_flight_recorder": fr["hooks"]["comm"] / fr["steps"] * 1e3,
+        "profiler_nccl_stream_gpu_work": ev["profiler"]["collective_gpu_s"] / ev["steps"] * 1e3}
     assert b > 0
     assert ktrace.rel_diff(a, b) <= AGREE, f"per step: Flight Recorder {a * 1e3:.3f} ms vs events {b * 1e3:.3f} ms"
-
-
-def test_event_timing_agrees_with_profiler(scenario):
-    ev = scenario("comm_events", 32)
-    c = ev["compare"]["comm_vs_collective_gpu"]
-    assert c["profiler_s"] > 0, ev["profiler"]
-    assert c["rel_diff"] <= AGREE, c
 
 
 def test_host_bound_figures_recorded(scenario, gpu_results):
