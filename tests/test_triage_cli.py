@@ -25,8 +25,8 @@ from typing import Dict, Iterator, Optional
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
-from harness import host_agent, start_stack, triage_cli, wait_until  # noqa: E402
-from harness import test_profile as profile_cfg  # noqa: E402
+from e2e_harness import host_agent, start_stack, triage_cli, wait_until  # noqa: E402
+from e2e_harness import cfg_test_profile  # noqa: E402
 
 from ranksight import protocol  # noqa: E402
 
@@ -116,7 +116,7 @@ class Sender(threading.Thread):
 def world(tmp_path_factory) -> Iterator[dict]:
     """Stack + agent + sender; every scenario runs at once (distinct job names), then the tests read it."""
     d = tmp_path_factory.mktemp("triage")
-    stack = start_stack(d / "stack", profile_cfg())
+    stack = start_stack(d / "stack", cfg_test_profile())
     agent = sender = None
     try:
         agent = host_agent(d, "tri", env={"RANKSIGHT__agent__stall_min_seconds": "3"})

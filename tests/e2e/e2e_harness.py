@@ -155,7 +155,7 @@ def host_agent(workdir: Path, name: str, env: Optional[Mapping[str, str]] = None
 
 class Agent:
     """`ranksight exporter` run through a command prefix (``ip netns exec ...`` for a host of
-    tests/e2e/netns.py) and listening on a given address, which AgentProcess does not do."""
+    tests/e2e/e2e_netns.py) and listening on a given address, which AgentProcess does not do."""
 
     def __init__(self, workdir: Path, name: str, argv_prefix: Sequence[str] = (), listen_host: str = "127.0.0.1",
                  scrape_host: str = "127.0.0.1", env: Optional[Mapping[str, str]] = None,
@@ -249,5 +249,5 @@ def triage_cli(prom_url: str, *args: str, timeout: float = 60.0) -> subprocess.C
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
-def test_profile() -> config.Config:
+def cfg_test_profile() -> config.Config:
     return config.load(profile="test", env={})

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from harness import (Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack, test_profile,
+from e2e_harness import (Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack, cfg_test_profile,
                      triage_cli, wait_until)
-from netns import Hosts
+from e2e_netns import Hosts
 
 log = logging.getLogger("tests.e2e")
 
@@ -120,7 +120,7 @@ class Suite:
 
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
-        self.cfg = test_profile()
+        self.cfg = cfg_test_profile()
         self.stack: Optional[LocalStack] = None
         self.agent: Optional[AgentProcess] = None
         self.results: Dict[str, Observation] = {}

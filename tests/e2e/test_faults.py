@@ -11,16 +11,42 @@ Run: ``.venv/bin/python -m pytest -q -m e2e tests/e2e`` (root: network namespace
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List
+import time
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from suite import CASES, GROUPS, HOST_B, Observation, Suite
+from e2e_netns import available
+from e2e_suite import CASES, GROUPS, HOST_B, Observation, Suite
 
 pytestmark = [pytest.mark.e2e]
 
+
+@pytest.fixture(scope="session")
+def suite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Suite]:
+    why = available()
+    if why:
+        pytest.fail(f"the end-to-end suite {why} (network namespaces, veths, iptables)", pytrace=False)
+    s = Suite(tmp_path_factory.mktemp("e2e"))
+    try:
+        s.start()
+        yield s
+    finally:
+        s.close()
+        print(f"\ne2e suite: {time.monotonic() - s.t0:.0f} s wall (logs, triage reports: {s.dir})")
+        for n, o in s.results.items():
+            c = (o.triage or {}).get("cause") or {}
+            print(f"  {n:16} {o.seconds:5.1f} s  first step {o.first_step_s:5.1f} s  detect {o.detect_s:5.1f} s  "
+                  f"triage exit {o.triage_rc} {c.get('alert', '-')} {c.get('labels', {}).get('rank', c.get('labels', {}).get('node', ''))} "
+                  f"value {c.get('value')}{'  ERROR ' + o.error.splitlines()[0] if o.error else ''}")
+            if o.timeline:
+                print("      alerts: " + ", ".join(o.timeline))
+
+
 ORDER = [n for g in GROUPS for n in g]
-FAULTS = [n for n in ORDER if not CASES[n].healthy]
+# two-host cases also carry the netns marker (root, ip netns, iptables)
+FAULTS = [pytest.param(n, marks=[pytest.mark.netns] if CASES[n].two_hosts else []) for n in ORDER
+          if not CASES[n].healthy]
 
 # An info-severity setup lint that the hooks report as active in every run (global batch and LR,
 # "one info line"). It is not a symptom and no fault causes it; see the report's request to make
@@ -91,6 +117,7 @@ def test_triage_names_the_cause(suite: Suite, name: str) -> None:
         assert all(f["explained_by"] for f in check["findings"]), obs.triage_text
 
 
+@pytest.mark.netns
 def test_healthy_run_stays_quiet_and_triage_says_healthy(suite: Suite) -> None:
     obs = suite.observe("healthy")
     _check_ok(obs)
@@ -112,6 +139,7 @@ _GPU_RDMA = re.compile(r"\b(ranksight_gpu_\w+|gpu:ranksight_\w+|ranksight_rdma_\
 _FIRING = re.compile(r'ALERTS\{[^}]*alertstate="firing"')
 
 
+@pytest.mark.netns
 def test_every_dashboard_query_returns_data_from_the_real_runs(suite: Suite) -> None:
     healthy = suite.observe("healthy")
     _check_ok(healthy)
