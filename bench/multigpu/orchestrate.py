@@ -104,11 +104,25 @@ class Orchestrator:
 
     @staticmethod
     def kill(p: subprocess.Popen) -> None:
+        """torchrun, its process group and every descendant (the elastic agent may start the
+        workers in sessions of their own, so the group alone can leave a hung rank behind)."""
+        import psutil
+
+        try:
+            kids = psutil.Process(p.pid).children(recursive=True)
+        except psutil.Error:
+            kids = []
         try:
             os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        for k in kids:
+            try:
+                k.kill()
+            except psutil.Error:
+                pass
         p.wait(timeout=30)
+        psutil.wait_procs(kids, timeout=10)
 
     def ranks(self, tag: str, n: int) -> List[Dict[str, Any]]:
         out = []
