@@ -11,7 +11,7 @@ node_exporter does by default.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from prometheus_client.core import Metric as Family
 from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
@@ -42,7 +42,7 @@ class TextWriter:
 
     def __init__(self) -> None:
         self._labels: Dict[Tuple[Tuple[str, str], ...], str] = {}
-        self._names: Dict[str, str] = {}
+        self._names: Dict[Tuple[str, str], Tuple[str, Optional[str]]] = {}
 
     def _labelstr(self, items: Tuple[Tuple[str, str], ...]) -> str:
         s = self._labels.get(items)
@@ -74,9 +74,9 @@ class TextWriter:
             om: Dict[str, List[str]] = {}
             base = metric.name
             for s in metric.samples:
-                if s.timestamp is not None or s.exemplar is not None:
+                name, lab, value, ts, ex = s[0], s[1], s[2], s[3], s[4]
+                if ts is not None or ex is not None:
                     raise ValueError("timestamps and exemplars are not rendered by this writer")
-                lab = s.labels
                 if lab.__class__ is Labels:
                     ls = lab.text
                     if ls is None:
@@ -86,17 +86,18 @@ class TextWriter:
                     ls = cache.get(items)
                     if ls is None:
                         ls = labelstr(items)
-                name = s.name
-                en = names.get(name)
-                if en is None:
-                    en = names[name] = escape_metric_name(name)
-                v = float(s.value)
+                got = names.get((base, name))
+                if got is None:
+                    suffix = name[len(base):] if name.startswith(base) else ""
+                    got = names[(base, name)] = (escape_metric_name(name), suffix if suffix in _OM_SUFFIXES else None)
+                en, om_suffix = got
+                v = float(value)
                 # floatToGoString, inlined for the common case: below 1e6 in magnitude it is repr()
                 line = f"{en}{ls} {repr(v) if -1e6 < v < 1e6 else fmt(v)}\n"
-                if name.startswith(base) and name[len(base):] in _OM_SUFFIXES:
-                    om.setdefault(name[len(base):], []).append(line)
-                else:
+                if om_suffix is None:
                     append(line)
+                else:
+                    om.setdefault(om_suffix, []).append(line)
             for suffix, lines in sorted(om.items()):
                 en = escape_metric_name(base + suffix)
                 append(f"# HELP {en} {doc}\n# TYPE {en} gauge\n")

@@ -11,6 +11,7 @@ what it could read and raises :class:`PartialError` so that ``collector_up`` is
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from prometheus_client.core import (
@@ -111,12 +112,24 @@ def add_histogram(fam: Family, base: Labels, buckets: Sequence[Labels], counts: 
 
 def read_text(path: str) -> Optional[str]:
     """A sysfs/procfs file's stripped text, or None when it is missing or unreadable
-    (sysfs answers EINVAL for e.g. the speed of a down link)."""
+    (sysfs answers EINVAL for e.g. the speed of a down link). os.read, not open():
+    a scrape reads dozens of these and a buffered file object costs 3x the syscalls' time."""
     try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace").strip()
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
         return None
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            chunks.append(b)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace").strip()
 
 
 def read_int(path: str) -> Optional[int]:

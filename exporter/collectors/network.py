@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
 
@@ -23,12 +23,15 @@ _DEV_FIELDS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "rx_fifo", "rx_fr
                "tx_bytes", "tx_packets", "tx_errs", "tx_drop", "tx_fifo", "tx_colls", "tx_carrier", "tx_compressed")
 
 
-def parse_snmp(text: str) -> Dict[str, Dict[str, int]]:
-    """/proc/net/snmp and /proc/net/netstat: pairs of 'Section: names' / 'Section: values' lines."""
+def parse_snmp(text: str, sections: Optional[Tuple[str, ...]] = None) -> Dict[str, Dict[str, int]]:
+    """/proc/net/snmp and /proc/net/netstat: pairs of 'Section: names' / 'Section: values' lines
+    (only ``sections`` when given)."""
     out: Dict[str, Dict[str, int]] = {}
     lines = text.splitlines()
     for names, values in zip(lines[::2], lines[1::2]):
         sec, _, n = names.partition(":")
+        if sections is not None and sec not in sections:
+            continue
         sec2, _, v = values.partition(":")
         if sec != sec2:
             raise ValueError(f"mismatched sections {sec!r} and {sec2!r}")
@@ -69,9 +72,10 @@ class NetworkCollector:
         return not (self.exclude is not None and self.exclude.search(dev))
 
     def _read(self, rel: str, problems: List[str]) -> Optional[str]:
-        text = read_text(os.path.join(self.procfs, rel))
+        path = f"{self.procfs}/{rel}"
+        text = read_text(path)
         if text is None:
-            problems.append(f"cannot read {os.path.join(self.procfs, rel)}")
+            problems.append(f"cannot read {path}")
         return text
 
     def collect(self) -> List[Family]:
@@ -82,7 +86,7 @@ class NetworkCollector:
         snmp_text = self._read("net/snmp", problems)
         if snmp_text is not None:
             try:
-                tcp = parse_snmp(snmp_text).get("Tcp", {})
+                tcp = parse_snmp(snmp_text, ("Tcp",)).get("Tcp", {})
             except ValueError as e:
                 problems.append(f"net/snmp: {e}")
                 tcp = {}
@@ -95,7 +99,7 @@ class NetworkCollector:
         netstat_text = self._read("net/netstat", problems)
         if netstat_text is not None:
             try:
-                ext = parse_snmp(netstat_text).get("TcpExt", {})
+                ext = parse_snmp(netstat_text, ("TcpExt",)).get("TcpExt", {})
             except ValueError as e:
                 problems.append(f"net/netstat: {e}")
                 ext = {}
@@ -138,17 +142,19 @@ class NetworkCollector:
             return []
         f_speed, f_up, f_cc = family(C.NET_IF_SPEED), family(C.NET_IF_UP), family(C.NET_IF_CARRIER_CHANGES)
         for dev in names:
-            d = os.path.join(base, dev)
-            if not os.path.isdir(d) or not self.wanted(dev):  # bonding_masters is a file; dangling links are skipped
+            if not self.wanted(dev):
+                continue
+            d = f"{base}/{dev}"
+            if not os.path.isdir(d):  # bonding_masters is a file; dangling links are skipped
                 continue
             lab = node + [dev]
-            speed = read_int(os.path.join(d, "speed"))
+            speed = read_int(d + "/speed")
             if speed is not None and speed > 0:
                 f_speed.add_metric(lab, speed * 125_000)  # Mb/s -> bytes/s
-            oper = read_text(os.path.join(d, "operstate"))
+            oper = read_text(d + "/operstate")
             if oper is not None:
                 f_up.add_metric(lab, 1.0 if oper == "up" else 0.0)
-            cc = read_int(os.path.join(d, "carrier_changes"))
+            cc = read_int(d + "/carrier_changes")
             if cc is not None:
                 f_cc.add_metric(lab, cc)
         return [f_speed, f_up, f_cc]
