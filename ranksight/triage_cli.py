@@ -95,6 +95,17 @@ class Prometheus:
                 out.append(Sample(dict(r.get("metric", {})), v))
         return out
 
+    def alert_rules(self) -> Dict[str, Tuple[float, Tuple[float, ...]]]:
+        """alert name -> (its `for:` in seconds, the range windows in its expression, in seconds) for
+        the alerting rules Prometheus evaluates; {} when it cannot say."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/rules?type=alert", timeout=self.timeout) as r:
+                doc = json.load(r)
+            return {rule["name"]: (float(rule.get("duration", 0)), _windows(rule.get("query", "")))
+                    for g in doc["data"]["groups"] for rule in g["rules"]}
+        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
+            return {}
+
     def _api_error(self, e: urllib.error.HTTPError, expr: str) -> str:
         try:
             msg = json.load(e).get("error", "")
@@ -153,6 +164,11 @@ class Report:
     @property
     def healthy(self) -> bool:
         return not self.causes
+
+
+def _windows(expr: str) -> Tuple[float, ...]:
+    """Range and subquery windows of a PromQL expression, in seconds, sorted (`[5m]`, `[15m:1m]`)."""
+    return tuple(sorted(config.duration_seconds(w) for w in re.findall(r"\[\s*(\w+)\s*(?::[^\]]*)?\]", expr)))
 
 
 def _joined(e: Entry) -> Tuple[str, ...]:
@@ -277,6 +293,7 @@ class Walk:
             notes.append("no rank reports any data (is a watched job running and its node agent scraped?)")
         firing = self._firing()
         table = triage.table(self.cfg)
+        notes += self._rules_mismatch(table)
         rank = {k: i for i, k in enumerate(WALK_KINDS)}
         walk = sorted((e for e in table if e.kind in WALK_KINDS),
                       key=lambda e: (rank[e.kind], e.order))  # stable: table order within a kind
@@ -290,6 +307,17 @@ class Walk:
                     what = "" if e.kind == "lint" else "monitoring blind spot: "  # a lint's summary says "Setup lint"
                     notes.append(f"{what}{e.summary} ({_where(e, f.labels, show_job=self.job is None)})")
         return Report(self.prom.url, self.job, self.since, self.at, checks, causes[0] if causes else None, causes, notes)
+
+    def _rules_mismatch(self, table: Sequence[Entry]) -> List[str]:
+        """The walk judges with this config's thresholds and windows; say so when Prometheus evaluates
+        rules generated from another config or profile (e.g. `--profile test` for the demo stack)."""
+        loaded = self.prom.alert_rules()
+        ours = {e.alert: (config.duration_seconds(e.for_), _windows(e.expr)) for e in table}
+        differ = sorted(a for a in ours if a in loaded and loaded[a] != ours[a])
+        if not differ:
+            return []
+        return [f"{len(differ)} of the ranksight alert rules in Prometheus have other `for:` durations or windows than "
+                f"this config's (e.g. {differ[0]}): pass the --config/--profile the rules were generated with"]
 
     @staticmethod
     def _explain(findings: List[Finding], jobs: Mapping[str, set]) -> None:

@@ -255,6 +255,15 @@ def test_healthy_text_exit_0(world):
     assert "verdict: healthy" in r.stdout and "ABNORMAL" not in r.stdout
 
 
+def test_warns_when_the_rules_come_from_another_profile(world):
+    ok = triage_cli(world["stack"].prom_url, "--profile", "test", "--job", "tri-ok")
+    assert "pass the --config/--profile" not in ok.stdout
+    other = triage_cli(world["stack"].prom_url, "--job", "tri-ok")  # the default profile: 10m `for:`, 5m windows
+    assert other.returncode in (0, 1), other.stderr
+    note = [l for l in other.stdout.splitlines() if "pass the --config/--profile" in l]
+    assert len(note) == 1 and "other `for:` durations or windows" in note[0], other.stdout
+
+
 def test_all_jobs_lists_every_unexplained_cause(world):
     rc, doc = run_json(world)
     assert rc == 1
