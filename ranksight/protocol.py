@@ -118,12 +118,29 @@ def _bool(rec: Dict[str, Any], k: str) -> bool:
     return v
 
 
+_SCAN = json.JSONDecoder().scan_once  # the C scanner that json.loads ends up in
+
+
+def _parse(data: bytes) -> Any:
+    """json.loads(data), minus its encoding detection and whitespace regexes (~20% of its time)
+    when the datagram is plain UTF-8 JSON with nothing around the value, as encode() makes it.
+    Anything else goes to json.loads itself, so the result (or the exception) never differs."""
+    try:
+        s = data.decode()
+        obj, end = _SCAN(s, 0)
+        if end == len(s):
+            return obj
+    except (ValueError, StopIteration, RecursionError, AttributeError):
+        pass
+    return json.loads(data)
+
+
 def decode(data: bytes) -> Dict[str, Any]:
     """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError."""
     if len(data) > MAX_DATAGRAM:
         raise ProtocolError("oversize", f"{len(data)} bytes")
     try:
-        rec = json.loads(data)
+        rec = _parse(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise ProtocolError("malformed", "not JSON") from None
     if not isinstance(rec, dict):
