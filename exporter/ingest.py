@@ -200,13 +200,15 @@ class Receiver:
         stop = self._stop
         batch_target = max(16, self.rcvbuf // BYTES_PER_QUEUED)
         last = time.monotonic()
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        wait_ms = int(STOP_POLL * 1000)
         while not stop.is_set():
             try:
-                ready, _, _ = select.select([sock], [], [], STOP_POLL)
-            except (OSError, ValueError):
+                if not poller.poll(wait_ms):
+                    continue
+            except OSError:
                 return  # socket closed under us: stopping
-            if not ready:
-                continue
             now = clock()
             n = 0
             while True:

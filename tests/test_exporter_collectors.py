@@ -7,10 +7,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 import time
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
 
