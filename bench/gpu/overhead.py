@@ -4,7 +4,7 @@
 
 What it does
   * The issue's step: 8-layer 1024-wide bf16 TransformerEncoder, batch 8 x 512, AdamW
-    (``bench/gpu/workload.py``), about 21 ms on an H200.
+    (``bench/gpu/gpu_workload.py``), about 21 ms on an H200.
   * Plain and instrumented runs are interleaved (ABBA order), ``--reps`` pairs of
     ``--steps`` timed steps each, after ``--warm`` untimed steps per run; an instrumented run
     is ``ranksight.watch()`` with the default hooks config, sending to a real
@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import workload as W  # noqa: E402
+import gpu_workload as W  # noqa: E402
 
 DEFAULT_HOOKS = {"hooks": {}}  # the built-in defaults (heartbeat 1 s, table every 100 steps / 60 s)
 
@@ -124,18 +124,20 @@ class Bench:
         }
 
 
-HOOK_METHODS = ("_fwd_pre", "_fwd_post", "_bwd_start", "_bwd_compute_end", "_bwd_return", "_opt_pre", "_opt_post")
+HOOK_PREFIXES = ("_fwd", "_bwd", "_opt")  # the step-path hook methods of Watcher (names change with the hooks)
 
 
 def host_breakdown(b: "Bench", model: Any, opt: Any, x: Any) -> Dict[str, Any]:
     """Host microseconds per step in each hook, from one instrumented run with perf_counter
     wrappers around the hook methods (class attributes, patched before watch() binds them,
     restored after). The wrappers add ~0.3 us each; nested entries (mark, resolve, _step_end)
-    are inside the hook that calls them."""
+    are inside the hook that calls them. The ``torch.autograd.backward`` wrapper's own lines are
+    not timed (wrapping it would time the whole backward); its mark() calls are."""
     from ranksight.hooks import timing as tmod
     from ranksight.hooks import watcher as wmod
 
-    targets = [(wmod.Watcher, n) for n in HOOK_METHODS + ("_step_end", "_arm_backward")]
+    hook_methods = sorted(n for n, v in vars(wmod.Watcher).items() if callable(v) and n.startswith(HOOK_PREFIXES))
+    targets = [(wmod.Watcher, n) for n in hook_methods + ["_step_end", "_arm_backward"]]
     targets += [(wmod._TimedIter, "__next__"), (tmod.CudaTimeline, "mark"), (tmod.CudaTimeline, "resolve")]
     acc: Dict[str, List[float]] = {}
     saved = []
@@ -167,7 +169,7 @@ def host_breakdown(b: "Bench", model: Any, opt: Any, x: Any) -> Dict[str, Any]:
             setattr(cls, name, orig)
     n = b.warm + b.steps
     per = {k: {"us_per_step": v[0] / n * 1e6, "calls_per_step": v[1] / n} for k, v in sorted(acc.items())}
-    top = sum(v["us_per_step"] for k, v in per.items() if k.split(".")[1] in HOOK_METHODS)
+    top = sum(v["us_per_step"] for k, v in per.items() if k.split(".")[1] in hook_methods)
     return {"steps": n, "hooks_total_us_per_step": top, "by_function": per, "step_ms": r["step_s"] * 1e3}
 
 

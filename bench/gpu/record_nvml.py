@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import workload as W  # noqa: E402
+import gpu_workload as W  # noqa: E402
 
 
 class Recorder:
@@ -120,7 +120,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not W.cuda_available():
         print("bench/gpu/record_nvml.py: CUDA is not available on this machine; skipped")
         return 0
-    from loads import Loads
+    from gpu_loads import Loads
 
     loads = Loads()
     rec = Recorder()

@@ -23,7 +23,7 @@ interval still pending), then the profiler starts, sync debug mode "error" is se
 steps run, the mode is reset, the profiler stops, a synchronize and a second flush step close
 the window. The hooks' sums over the records of the N steps plus the second flush step are
 exactly the intervals of the N steps; the profiler's are the GPU spans of the
-``rs_fwd``/``rs_bwd``/``rs_comm``/``rs_opt`` ranges of the same N steps (``ktrace``).
+``rs_fwd``/``rs_bwd``/``rs_comm``/``rs_opt`` ranges of the same N steps (``gpu_trace``).
 
 Prints one JSON line (the summary) and writes the full result with ``--out``.
 """
@@ -43,8 +43,8 @@ from typing import Any, Dict, List, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import ktrace  # noqa: E402
-import workload as W  # noqa: E402
+import gpu_trace as ktrace  # noqa: E402
+import gpu_workload as W  # noqa: E402
 
 SCENARIOS = ("nccl_ws1", "ddp_ws1", "comm_fr", "comm_events", "fr_timing_only")
 FR_ENV = ("TORCH_NCCL_ENABLE_TIMING", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")
@@ -123,7 +123,7 @@ def profiler_figures(trace: "ktrace.Trace") -> Dict[str, Any]:
 
 def trimmed_trace(path: Path, dest: Path, keep_ranges: int = 2) -> None:
     """A small copy of the profiler trace (GPU activities, their launches, the rs_* ranges) of the
-    first ``keep_ranges`` measured steps: the CPU tests check ``ktrace`` on it."""
+    first ``keep_ranges`` measured steps: the CPU tests check ``gpu_trace`` on it."""
     data = json.loads(path.read_text())
     ev = data["traceEvents"]
     fwd = sorted((e for e in ev if e.get("cat") == ktrace.RANGE_CAT and e.get("name") == "rs_fwd"),

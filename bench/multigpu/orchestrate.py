@@ -46,7 +46,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE.parent / "gpu"))
 
-import workload as W  # noqa: E402
+import gpu_workload as W  # noqa: E402
 
 TOL = 0.15
 ENV_BASE = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",

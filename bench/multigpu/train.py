@@ -2,14 +2,14 @@
 
     torchrun --nproc-per-node N bench/multigpu/train.py TASK [options]
 
-The step is the one of tests/gpu (``bench/gpu/workload.py``: 8-layer 1024-wide bf16
+The step is the one of tests/gpu (``bench/gpu/gpu_workload.py``: 8-layer 1024-wide bf16
 TransformerEncoder, AdamW), wrapped in DDP or FSDP2 (``fully_shard`` per layer and at the root).
 
 Tasks
   comm      3 warm-up steps, a synchronize, a settle and a flush step (no GPU work: it takes every
             pending interval), then N steps under torch.profiler with record_function ranges, a
             synchronize, a settle and a second flush step. Each rank writes its hooks' sums over the
-            N steps (+ flush) and the profiler's figures (``ktrace``: collective kernel union and
+            N steps (+ flush) and the profiler's figures (``gpu_trace``: collective kernel union and
             HTA's exposed communication) to ``--out-dir/rank{R}.json``.
   run       trains for ``--seconds`` with the hooks sending to ``--agent`` (a real agent);
             ``--straggler-rank R`` sleeps ``--straggler-frac`` of its step inside the step;
@@ -39,8 +39,8 @@ from typing import Any, Dict, List, Optional
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "gpu"))
 
-import ktrace  # noqa: E402
-import workload as W  # noqa: E402
+import gpu_trace as ktrace  # noqa: E402
+import gpu_workload as W  # noqa: E402
 
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 

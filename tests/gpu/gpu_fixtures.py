@@ -1,8 +1,11 @@
-"""tests/gpu: the real GPU paths (CUDA events under sync debug mode, NCCL, NVML/GPM).
+"""Fixtures of tests/gpu (imported by its test modules; not a conftest, so that the suite's one
+``conftest`` module name stays the root one that other tests import from).
 
-They run where CUDA exists (the project's H200 machine: ``bash bench/gpu/run_all.sh``) and
-are skipped elsewhere, each with the reason. ``test_ktrace.py`` and ``test_nvml_fixture.py``
-need no GPU and run everywhere.
+tests/gpu covers the real GPU paths (CUDA events under sync debug mode, NCCL, NVML/GPM). They
+run where CUDA exists (the project's H200 machine: ``bash bench/gpu/run_all.sh``) and are
+skipped elsewhere, each with the reason. ``test_gpu_trace.py`` and ``test_gpu_nvml_fixture.py``
+need no GPU and run everywhere. Importing this module puts ``bench/gpu`` on ``sys.path``
+(modules ``gpu_workload``, ``gpu_trace``, ``gpu_loads``).
 
 Figures measured by the GPU tests are collected in ``gpu_results`` and written to
 ``$RANKSIGHT_GPU_OUT/pytest_gpu_results.json`` when that variable is set.
@@ -23,15 +26,22 @@ if str(BENCH_GPU) not in sys.path:
     sys.path.insert(0, str(BENCH_GPU))
 
 
+# Each test module that imports these fixtures gets its own instance of them (pytest registers an
+# imported fixture per module), so the expensive results live here, once per process.
+_SCENARIOS: Dict[str, Dict[str, Any]] = {}
+
+
 @pytest.fixture(scope="session")
 def gpu_results() -> Iterator[Dict[str, Any]]:
     results: Dict[str, Any] = {}
     yield results
     out = os.environ.get("RANKSIGHT_GPU_OUT")
     if out and results:
-        p = Path(out)
-        p.mkdir(parents=True, exist_ok=True)
-        (p / "pytest_gpu_results.json").write_text(json.dumps(results, indent=1, sort_keys=True, default=str) + "\n")
+        p = Path(out) / "pytest_gpu_results.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        merged = json.loads(p.read_text()) if p.exists() else {}
+        merged.update(results)
+        p.write_text(json.dumps(merged, indent=1, sort_keys=True, default=str) + "\n")
 
 
 SCENARIO_TIMEOUT = 300
@@ -43,7 +53,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory, gpu_results: Dict[str, An
     its own process (NCCL environment and sync debug mode are per process) and caches the result."""
     import subprocess
 
-    cache: Dict[str, Dict[str, Any]] = {}
+    cache = _SCENARIOS
     d = tmp_path_factory.mktemp("scenarios")
     trace_dir = Path(os.environ.get("RANKSIGHT_GPU_OUT") or d) / "traces"
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-import ktrace
-import workload as W
+from gpu_fixtures import gpu_results, scenario  # noqa: F401  (fixtures; puts bench/gpu on sys.path)
+import gpu_trace as ktrace
+import gpu_workload as W
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
 

@@ -13,7 +13,8 @@ from typing import Any, Dict
 
 import pytest
 
-import workload as W
+from gpu_fixtures import gpu_results  # noqa: F401  (fixture; puts bench/gpu on sys.path)
+import gpu_workload as W
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
 
@@ -37,7 +38,7 @@ def _xid_threads():
 
 @pytest.fixture(scope="module")
 def nvml_run(gpu_results):
-    from loads import Loads
+    from gpu_loads import Loads
 
     from ranksight.exporter.collectors.gpu import GpuCollector
 

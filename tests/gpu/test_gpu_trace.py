@@ -1,4 +1,4 @@
-"""Runs on CPU: the trace arithmetic behind the profiler comparisons (bench/gpu/ktrace.py),
+"""Runs on CPU: the trace arithmetic behind the profiler comparisons (bench/gpu/gpu_trace.py),
 on a hand-made Kineto trace whose answers are known."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-import ktrace
+import gpu_fixtures  # noqa: F401  (puts bench/gpu on sys.path)
+import gpu_trace as ktrace
 
 
 def _trace():
