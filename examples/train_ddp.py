@@ -20,7 +20,9 @@ picks the rank, default 1):
 
   slow-data        that rank's dataset sleeps per sample (slow storage): data-loader bound
   straggler        that rank runs extra real compute every step (--straggler-extra of a step)
-  comm-heavy       all ranks: a wide model (1024) on a tiny batch (8 tokens): gradients dominate the step
+  comm-heavy       all ranks: a wide model (1024) on a tiny batch (32 tokens) with SGD: the gradient
+                   all-reduce dominates the step (a single-threaded AdamW over 2.4 M parameters
+                   would itself take longer than the all-reduce on a 2-core machine)
   kill-rank        that rank SIGKILLs itself --fault-after seconds in
   hang             that rank sleeps inside a step --fault-after seconds in (its peer blocks in all-reduce)
   slow-checkpoint  rank 0 checkpoints a large state every few steps to a file opened with
@@ -59,7 +61,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--batch-seqs", type=int, default=16, help="sequences per rank per step")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     p.add_argument("--hidden", type=int, default=256, help="MLP hidden width")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
+    p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="optimizer (default adamw)")
     p.add_argument("--log-every", type=int, default=100, help="rank 0 prints the loss every N steps (0: never)")
     p.add_argument("--checkpoint-every", type=int, default=200, help="rank 0 checkpoints every N steps (0: never)")
     p.add_argument("--checkpoint-dir", default="run/checkpoints", help="where rank 0 writes last.pt")
@@ -80,7 +83,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                    help="open checkpoint files with O_DSYNC (slow-checkpoint turns it on)")
     args = p.parse_args(argv)
     if args.fault == "comm-heavy":  # large gradients, tiny compute
-        args.hidden, args.batch_seqs, args.seq_len = 1024, 1, 8
+        args.hidden, args.batch_seqs, args.seq_len, args.optimizer = 1024, 1, 32, "sgd"
     if args.fault == "slow-checkpoint":
         args.checkpoint_every = min(args.checkpoint_every, 10)
         args.checkpoint_mb = args.checkpoint_mb or 48.0
@@ -136,7 +139,10 @@ def main(argv: Optional[list] = None) -> int:
     sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_seqs, sampler=sampler, drop_last=True)
     model = DDP(make_model(64, args.hidden, 8))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    if args.optimizer == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10_000)
 
     loader = ranksight.watch(model, optimizer, loader)  # ranksight line 2 of 2

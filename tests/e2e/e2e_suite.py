@@ -88,8 +88,7 @@ CASES: Dict[str, Case] = {c.name: c for c in (
          # 6 ms per sequence read: rank 1 waits ~half its step on data, rank 0 ~half in the all-reduce
          args=("--slow-data-seconds", "0.006")),
     Case("straggler", "straggler", "RanksightStraggler", R1, symptoms=(("RanksightCommBound", R0),)),
-    Case("comm-heavy", "comm-heavy", "RanksightCommBound", {},
-         train=HERE / "train_variant.py", env={"E2E_SEQ_LEN": "32", "E2E_OPTIMIZER": "sgd"}),
+    Case("comm-heavy", "comm-heavy", "RanksightCommBound", {}),
     Case("kill-rank", "kill-rank", "RanksightRankDown", R1, symptoms=(("RanksightHeartbeatMissed", R1),),
          fault_after=FAULT_AFTER),
     Case("hang", "hang", "RanksightRankStalled", R1, symptoms=(("RanksightRankBlocked", R0),),
