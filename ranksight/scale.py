@@ -1125,6 +1125,21 @@ def substituted_queries(cfg: Mapping[str, Any], job: str, step: int, hours: floa
     return [(d, t, substitute_all(substitute, e, job, step, hours), k) for d, t, e, k in rows]
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants (our own workers and the promtool they run)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        kids = []
+    for k in kids:
+        _kill_tree(k)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def _backfill_slice(promtool: str, scn: Scenario, nodes: Sequence[int], om_path: str, out_dir: str, block: str,
                     logs: str) -> Tuple[Counts, float]:
     """Worker: write one node slice's OpenMetrics, backfill it, delete it. (counts, generation seconds)"""
@@ -1292,7 +1307,8 @@ class Bench:
             # each worker process writes one slice and backfills it (generation is Python, promtool
             # is one core: J workers keep J cores busy and at most J slices on tmpfs)
             ctx = multiprocessing.get_context("fork")
-            with concurrent.futures.ProcessPoolExecutor(max_workers=o.jobs, mp_context=ctx) as pool:
+            pool = concurrent.futures.ProcessPoolExecutor(max_workers=o.jobs, mp_context=ctx)
+            try:
                 futs = [pool.submit(_backfill_slice, o.promtool, scn, sl, str(om_dir / f"part{i:03d}.om"),
                                     str(data / f"part{i:03d}"), block, str(logs))
                         for i, sl in enumerate(slices)]
@@ -1302,6 +1318,12 @@ class Bench:
                     totals.samples += c.samples
                     totals.bytes += c.bytes
                     gen_s += g
+            except BaseException:  # a failed slice, or killed: stop the other workers and their promtool
+                for pid in list(getattr(pool, "_processes", {}) or {}):
+                    _kill_tree(pid)
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown(wait=True)
         finally:
             shutil.rmtree(om_dir, ignore_errors=True)
         not_modelled = Generator(scn).not_modelled
