@@ -14,15 +14,16 @@ What it serves (``tests/fixtures/nvml/h200_nvml_trace.json``, recorded with
 
 - utilization samples: GPU i plays trace ``traces[i % len(traces)]`` ("idle",
   "steady" or "sawtooth"), looped, at the recorded timestamps (about 5 Hz),
-  shifted to the stand-in's clock. The steady recording opens with samples
-  taken before the load started (0%, then the ramp); those are left out, so
-  that the loop is the steady load it recorded. As on the real driver, a buffer holds the
+  shifted to the stand-in's clock. A steady recording that opens with samples
+  taken before the load reached it (0%, then a ramp: more than 10 points under
+  the trace's median) loses that lead-in, so that the loop is the steady load. As on the real driver, a buffer holds the
   last ~14 s: draining from timestamp 0 returns the recent history, and a
   call with no new sample raises NVML_ERROR_NOT_FOUND;
 - PCIe gen/width current and max, temperature, power, SM clock,
-  clocks-event reasons and total memory from the trace's ``static`` record;
-- GPM SM and tensor activity: recorded under the steady load only, so GPUs
-  playing "steady" report them and the others say GPM is unsupported;
+  clocks-event reasons and total memory from the trace's ``static`` record
+  (a GPU playing "idle" gets the ``<key>_idle`` values where recorded);
+- GPM SM and tensor activity from ``static["gpm_<trace>"]`` where recorded for
+  the trace a GPU plays; elsewhere GPM says it is unsupported;
 - memory used is not in the recording: ``memory_used`` bytes (default 0).
 
 Test controls: :meth:`lose` / :meth:`restore` a GPU (its calls raise
@@ -41,7 +42,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import pynvml as _real  # constants, ctypes structures and NVMLError only; its functions are never called here
 
 DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "nvml" / "h200_nvml_trace.json"
-LEAD_IN = {"steady": 2}  # samples recorded before the load began: 0% and an 88% ramp
 BUFFER_US = 14_200_000  # the driver kept ~71 samples (~14 s) in the recording
 
 
@@ -78,8 +78,13 @@ class _Support:
 class _Trace:
     """One recorded sample list, looped on a period of its own length plus one sample interval."""
 
-    def __init__(self, samples: List[List[int]], skip: int = 0):
-        samples = samples[skip:]
+    def __init__(self, samples: List[List[int]], trim_lead_in: bool = False):
+        if trim_lead_in:
+            median = sorted(v for _, v in samples)[len(samples) // 2]
+            skip = 0
+            while skip < len(samples) - 1 and samples[skip][1] < median - 10:
+                skip += 1
+            samples = samples[skip:]
         t0 = samples[0][0]
         self.offsets = [int(ts - t0) for ts, _ in samples]
         self.values = [int(v) for _, v in samples]
@@ -112,7 +117,7 @@ class NvmlStandin:
         self.gpu_name: str = data["gpu"]
         self.count = count
         self.trace_names = [traces[i % len(traces)] for i in range(count)]
-        self._traces = {name: _Trace(data[name], LEAD_IN.get(name, 0)) for name in set(self.trace_names)}
+        self._traces = {name: _Trace(data[name], name == "steady") for name in set(self.trace_names)}
         self.clock = clock
         self.memory_used = memory_used
         self._start_us: Optional[int] = None
@@ -121,6 +126,7 @@ class NvmlStandin:
         self._registered: Dict[int, int] = {}
         self._lock = threading.Lock()
         self.calls: Dict[str, int] = {}
+        self._gpm_last: Dict[str, float] = {}
 
     # pynvml's constants, structures and error class
     def __getattr__(self, name: str) -> Any:
@@ -138,6 +144,11 @@ class NvmlStandin:
             raise _real.NVMLError(_real.NVML_ERROR_UNINITIALIZED)
         if handle is not None and handle.index in self._lost:
             raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
+
+    def _static(self, key: str, handle: _Handle) -> Any:
+        if self.trace_names[handle.index] == "idle" and f"{key}_idle" in self.static:
+            return self.static[f"{key}_idle"]
+        return self.static[key]
 
     def _now_us(self) -> int:
         return int(self.clock() * 1e6)
@@ -220,21 +231,21 @@ class NvmlStandin:
 
     def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
         self._check(handle)
-        return int(self.static["temperature_c"])
+        return int(self._static("temperature_c", handle))
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         self._check(handle)
-        return int(self.static["power_mw"])
+        return int(self._static("power_mw", handle))
 
     def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
         self._check(handle)
         if clock_type != _real.NVML_CLOCK_SM:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
-        return int(self.static["sm_clock_mhz"])
+        return int(self._static("sm_clock_mhz", handle))
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
         self._check(handle)
-        return int(self.static["clocks_event_reasons"])
+        return int(self._static("clocks_event_reasons", handle))
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:
         self._check(handle)
@@ -255,7 +266,7 @@ class NvmlStandin:
     # GPM
     def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> _Support:
         self._check(handle)
-        return _Support(self.trace_names[handle.index] == "steady")
+        return _Support(f"gpm_{self.trace_names[handle.index]}" in self.static)
 
     def nvmlGpmSampleAlloc(self):
         self._check()
@@ -266,13 +277,15 @@ class NvmlStandin:
 
     def nvmlGpmSampleGet(self, handle: _Handle, sample: Any) -> Any:
         self._check(handle)
-        if self.trace_names[handle.index] != "steady":
+        gpm = self.static.get(f"gpm_{self.trace_names[handle.index]}")
+        if gpm is None:
             raise _real.NVMLError(_real.NVML_ERROR_NOT_SUPPORTED)
+        self._gpm_last = gpm  # the metrics read next describe this GPU's trace
         return sample
 
     def nvmlGpmMetricsGet(self, mg: Any) -> Any:
         self._check()
-        g = self.static["gpm_steady"]
+        g = self._gpm_last
         recorded = {_real.NVML_GPM_METRIC_SM_UTIL: g["sm_util"], _real.NVML_GPM_METRIC_ANY_TENSOR_UTIL: g["tensor_util"]}
         for i in range(mg.numMetrics):
             m = mg.metrics[i]

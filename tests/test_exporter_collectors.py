@@ -446,3 +446,30 @@ def test_writer_is_byte_identical_to_prometheus_client():
     assert TextWriter().render(fams) == generate_latest(Reg())
     w = TextWriter()
     assert w.render(fams) == w.render(fams)  # cached label sets render the same
+
+
+def test_gpu_second_recording_idle_values_power_cap_and_sawtooth_gpm():
+    """tests/fixtures/nvml/h200_nvml_trace_2026-11-29.json records idle values (<key>_idle), the
+    power-capped steady state (reason 0x4) and GPM under the sawtooth too."""
+    from test_exporter_helpers import FIXTURES
+    import json as _json
+
+    path = FIXTURES / "nvml" / "h200_nvml_trace_2026-11-29.json"
+    st = _json.loads(path.read_text())["static"]
+    clock = FakeClock()
+    nv = NvmlStandin(count=3, traces=("steady", "sawtooth", "idle"), path=path, clock=clock)
+    gc = GpuCollector(NODE, nvml=nv)
+    gc.start(threads=False)
+    clock.t += 1
+    gc.poll()
+    got = exposed(gc.collect())
+    assert one(got, C.GPU_POWER.name, gpu="0") == st["power_mw"] / 1000
+    assert one(got, C.GPU_POWER.name, gpu="2") == st["power_mw_idle"] / 1000
+    assert one(got, C.GPU_TEMPERATURE.name, gpu="2") == st["temperature_c_idle"]
+    assert one(got, C.GPU_SM_CLOCK.name, gpu="2") == st["sm_clock_mhz_idle"] * 1e6
+    assert one(got, C.GPU_CLOCKS_EVENT.name, gpu="0", reason="sw_power_cap") == 1  # 0x4 under load
+    assert one(got, C.GPU_CLOCKS_EVENT.name, gpu="2", reason="sw_power_cap") == 0
+    assert one(got, C.GPU_SM_ACTIVE.name, gpu="0") == pytest.approx(st["gpm_steady"]["sm_util"] / 100)
+    assert one(got, C.GPU_TENSOR_ACTIVE.name, gpu="1") == pytest.approx(st["gpm_sawtooth"]["tensor_util"] / 100)
+    assert not series(got, C.GPU_SM_ACTIVE.name, gpu="2")
+    gc.stop()
