@@ -339,7 +339,10 @@ class Rank:
                 self.p99 = q[0] if q else 0.0
                 self.p99_at = now
             limit = max(s.stall_min_seconds, s.stall_p99_factor * self.p99)
-            if now - self.last_progress > limit or self.probe > limit:
+            # Before its first step a rank is judged by its main-thread probe alone: loading data or
+            # compiling for minutes is not a hang, a main thread stuck in one C call is.
+            stepped = self.seq > 0 or self.hb_step > 0
+            if (stepped and now - self.last_progress > limit) or self.probe > limit:
                 stalled = WAITING if self.coll >= 0 else NO_PROGRESS
         if stalled != self.stalled:
             if stalled:

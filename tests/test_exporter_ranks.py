@@ -272,3 +272,16 @@ def test_checkpoint_records():
     assert one(got, C.CHECKPOINT_WRITE.count) == 2
     assert one(got, C.CHECKPOINT_WRITE.bucket, le="5.0") == 1
     assert one(got, C.LAST_CHECKPOINT.name) > 1e9
+
+
+def test_before_the_first_step_only_the_probe_counts():
+    """Compiling or loading for minutes before step 1 is not a stall; a main thread stuck is."""
+    w = World(stall_min_seconds=2.0)
+    busy, stuck = ident(rank=0), ident(rank=1)
+    for k in range(10):
+        w.send(busy, hb(seq=k, step_=0, phase="forward", probe=0.1))
+        w.send(stuck, hb(seq=k, step_=0, phase="other", coll=float(k), probe=float(k)))
+        w.tick(1.0)
+    got = w.scrape()
+    assert one(got, C.RANK_STALLED.name, rank="0", reason="no_progress") == 0
+    assert one(got, C.RANK_STALLED.name, rank="1", reason="waiting_in_collective") == 1
