@@ -86,11 +86,37 @@ def jobs(tmp_path_factory) -> Dict[str, Job]:
             futs = {name: pool.submit(run_job, a, env=dict(e, RANKSIGHT_JOB=f"lints-{name}"), timeout=150.0,
                                       forward=agent.ingest_port) for name, (a, e) in specs.items()}
             out = {name: f.result() for name, f in futs.items()}
-        time.sleep(0.3)
-        out["_metrics"] = agent.metrics_text()  # type: ignore[assignment]
+        want = _sent_states(out)
+        deadline = time.monotonic() + 15.0
+        while True:  # the agent's ingest thread may lag behind on a loaded machine
+            text = agent.metrics_text()
+            if _agent_states(text) == want or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        out["_metrics"] = text  # type: ignore[assignment]
     finally:
         agent.stop()
     return out
+
+
+def _sent_states(jobs: Dict[str, Job]) -> Dict[tuple, float]:
+    """(job, rank, lint) -> the last state each rank sent."""
+    want = {}
+    for jname, job in _jobs(jobs).items():
+        for r in job.records:
+            if r["t"] == "lint":
+                want[(f"lints-{jname}", str(r["rank"]), r["lint"])] = 1.0 if r["active"] else 0.0
+    return want
+
+
+def _agent_states(text: str) -> Dict[tuple, float]:
+    name = str(catalog.LINT_ACTIVE)
+    got = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == name:
+                got[(smp.labels["job"], smp.labels["rank"], smp.labels["lint"])] = smp.value
+    return got
 
 
 def fired(job: Job, lint: str, rank: int, text: str = "", findings: int = 1) -> None:
@@ -223,16 +249,6 @@ def test_each_lint_turns_off(jobs):
 
 def test_agent_exposes_each_lint_as_sent(jobs):
     """The real agent, fed the same datagrams, exposes ranksight_lint_active{lint} = the rank's last state."""
-    name = str(catalog.LINT_ACTIVE)
-    got = {}
-    for fam in text_string_to_metric_families(jobs["_metrics"]):
-        for smp in fam.samples:
-            if smp.name == name:
-                got[(smp.labels["job"], smp.labels["rank"], smp.labels["lint"])] = smp.value
-    want = {}
-    for jname, job in _jobs(jobs).items():
-        for r in job.records:
-            if r["t"] == "lint":
-                want[(f"lints-{jname}", str(r["rank"]), r["lint"])] = 1.0 if r["active"] else 0.0
+    got, want = _agent_states(jobs["_metrics"]), _sent_states(jobs)
     assert want and got == want
     assert got[("lints-bad", "1", "numa_binding")] == 1.0 and got[("lints-good", "1", "numa_binding")] == 0.0

@@ -120,7 +120,7 @@ def main() -> int:
 
     step = 0
     epoch = 0
-    t_end = time.monotonic() + 30.0
+    t_end = time.monotonic() + 60.0
     mem_base = None
     while True:
         if sampler is not None and isinstance(sampler, DistributedSampler) and not args.no_set_epoch:
