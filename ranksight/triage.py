@@ -58,6 +58,7 @@ CLOCK_EVENT_REASONS: Dict[int, str] = {
 }
 # sw_power_cap is left out on purpose: a healthy H200 under full load sits at its 700 W cap with
 # that reason set (measured 2026-11-29, bench/RESULTS.md), so it would fire on normal training.
+HW_COLLECTORS = "gpu|rdma"  # collectors whose absence on a node is normal (no GPU, no InfiniBand)
 THROTTLE_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
 # Setup lints (issue 7): id -> (CamelCase, one-line summary).
@@ -566,7 +567,12 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="collector-down", alert="RanksightCollectorDown", kind="health", order=0,
             title="ranksight collector down", severity="warning",
-            expr=f"{C.COLLECTOR_UP} == 0",
+            # gpu and rdma report down where the hardware is absent (no NVML, no /sys/class/infiniband):
+            # they alert only when they ran on this node within the last day, so a CPU or Ethernet-only
+            # node does not alert forever while a driver that breaks under a running agent still does.
+            expr=f"({C.COLLECTOR_UP}{{collector!~\"{HW_COLLECTORS}\"}} == 0) or "
+                 f"(({C.COLLECTOR_UP}{{collector=~\"{HW_COLLECTORS}\"}} == 0) and on (node, collector) "
+                 f"(max_over_time({C.COLLECTOR_UP}{{collector=~\"{HW_COLLECTORS}\"}}[1d]) == 1))",
             for_=d["collector_down"], threshold=0.5, unit="bool",
             indicator=f"{C.COLLECTOR_UP}", op="<", scope=("node", "collector"),
             summary="A ranksight collector cannot run",
