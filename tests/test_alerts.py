@@ -170,6 +170,7 @@ def test_test_profile_differs_only_in_for_and_windows(default_cfg, test_cfg):
 def test_every_alert_carries_the_contract(default_cfg):
     rules = yaml.safe_load(generate.render(default_cfg)["ranksight-rules.yml"])["groups"][1]["rules"]
     assert [r["alert"] for r in rules] == [e.alert for e in triage.table(default_cfg)]
+    units = {e.alert: e.unit for e in triage.table(default_cfg)}
     for r in rules:
         assert re.fullmatch(r"Ranksight[A-Z][A-Za-z]+", r["alert"])
         assert r["labels"]["severity"] in ("critical", "warning", "info")
@@ -177,7 +178,7 @@ def test_every_alert_carries_the_contract(default_cfg):
         assert set(ann) == {"summary", "description", "runbook_url", "next_check", "triage_order"}
         assert "$labels." in ann["description"], r["alert"]
         assert ann["runbook_url"].startswith("https://") and ann["runbook_url"].endswith(".md")
-        if not re.search(r"== [01]$", r["expr"]):  # boolean alerts have no value worth printing
+        if units[r["alert"]] != "bool":  # boolean alerts have no value worth printing
             assert '{{ printf "%.2f" $value }}' in ann["description"], r["alert"]
 
 
