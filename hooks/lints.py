@@ -620,6 +620,7 @@ class Lints:
         self._states: Dict[str, List[Any]] = {}  # lint -> [active, msg, key]
         self._parts: Dict[str, Dict[str, Optional[str]]] = {}  # lint -> part -> message (None: fine)
         self._stop = threading.Event()
+        self._tick_lock = threading.Lock()  # tick() on the lints thread vs close()
         self._thread: Optional[threading.Thread] = None
         self._tasks: List[_Task] = []
         self._inbox: List[Callable[[], None]] = []  # work handed from the main thread to the lints thread
@@ -1157,14 +1158,34 @@ class Lints:
         while not self._stop.wait(TICK_SECONDS):
             if self.w._closed:
                 break
-            try:
-                self.tick(time.monotonic())
-            except Exception as e:
-                self._error("thread", e)
-        self._leave_node()
+            with self._tick_lock:
+                try:
+                    self.tick(time.monotonic())
+                except Exception as e:
+                    self._error("thread", e)
+        try:
+            self._leave_node()
+        except Exception as e:
+            self._error("thread exit", e)
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """The watch ends (``Watcher.close``, usually on the main thread): judge a checkpoint round
+        still open (the final save of a run; its lint record still goes out with the watcher's
+        final flush), remove the forward hook, stop the thread. Never waits more than a second."""
         self._stop.set()
+        if self._tick_lock.acquire(timeout=1.0):
+            try:
+                if self.on("incomplete_checkpoint") and (self._ckpt_events or self._round is not None):
+                    self._checkpoint_rounds(time.monotonic())
+                    self._end_round()
+            except Exception as e:
+                self._error("close", e)
+            finally:
+                self._tick_lock.release()
+        try:
+            self._remove_fwd()
+        except Exception as e:
+            self._error("close", e)
 
     def tick(self, now: float) -> None:
         while self._inbox:
@@ -1439,5 +1460,7 @@ def attach(watcher: Any, **kw: Any) -> Optional[Lints]:
     watcher.lint_iter = lints.on_iter
     watcher.add_epoch_observer(lints.on_epoch)
     watcher.add_checkpoint_observer(lints.on_checkpoint)
+    if hasattr(watcher, "add_close_callback"):
+        watcher.add_close_callback(lints.close)
     lints.start()
     return lints

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
+import time
 
 import pytest
 
@@ -20,11 +22,6 @@ OFF = {"hooks": {"agent": "off", "table_every_steps": 0, "table_every_seconds": 
 
 def _model():
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-
-
-def _missing(obj):
-    a = L.checkpoint_anatomy(obj)
-    return a
 
 
 def test_checkpoint_anatomy_shapes():
@@ -145,3 +142,31 @@ def test_numa_check_on_fake_sysfs(tmp_path):
         assert lints.gpu_bus_id() is None  # CPU-only: no GPU in use, the automatic check stays quiet
     finally:
         ranksight.unwatch()
+
+
+def test_final_save_is_judged_at_close(tmp_path):
+    """A run that saves and ends right away (no next step, no lints tick): unwatch() judges the
+    open checkpoint round and its lint record leaves with the watcher's final flush."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from lint_workloads.harness import Receiver
+
+    rx = Receiver()
+    try:
+        m = _model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        data = [(torch.randn(4, 4), torch.randn(4, 2)) for _ in range(3)]
+        for x, y in ranksight.watch(m, opt, data, agent=rx.url, config={"hooks": {"table_every_steps": 0}}):
+            ((m(x) - y) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "step": 3}, tmp_path / "last.pt")
+        ranksight.unwatch()
+        deadline = time.monotonic() + 5
+        while not [r for r in rx.records if r["t"] == "lint"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        got = [r for r in rx.records if r["t"] == "lint" and r["lint"] == "incomplete_checkpoint"]
+        assert got and got[-1]["active"] and "lacks: CPU RNG state, sampler/data position;" in got[-1]["msg"], got
+        assert not rx.invalid
+    finally:
+        ranksight.unwatch()
+        rx.close()
