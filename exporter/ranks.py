@@ -38,6 +38,7 @@ OVERFLOW = "overflow"
 
 NO_PROGRESS = "no_progress"
 WAITING = "waiting_in_collective"
+BATCH_LR_LINT = "global_batch_lr"  # raised by the agent from the job's history, not by the sender
 STALL_REASONS = (NO_PROGRESS, WAITING)
 
 # A heartbeat is late by up to this share of its interval before a miss counts
@@ -358,6 +359,9 @@ class RankTable:
         self.lock = threading.Lock()
         self.ranks: Dict[Tuple[str, int], Rank] = {}
         self.jobs: Dict[str, int] = {}
+        # job -> (global batch, base LR, monotonic time seen): outlives the job's ranks (a restart
+        # after a clean exit still compares with the last run), capped at max_jobs, oldest dropped.
+        self.job_batch: Dict[str, Tuple[int, float, float]] = {}
 
     def apply(self, rec: dict, now: float) -> str:
         """Apply one decoded datagram; returns the ingest result label."""
@@ -387,10 +391,26 @@ class RankTable:
                 lint = rec["lint"]
                 if lint not in triage.LINTS:
                     return REJECTED
-                r.lints[lint] = rec["active"]
+                if lint == BATCH_LR_LINT and "gbatch" in rec:
+                    r.lints[lint] = self._batch_lr_changed(rec["job"], rec["gbatch"], rec["lrate"], now)
+                else:
+                    r.lints[lint] = rec["active"]
             elif t == "hello":
                 r.dirs = {k: os.path.normpath(v) for k, v in rec["dirs"].items() if v and os.path.isabs(v)}
         return OK
+
+    def _batch_lr_changed(self, job: str, gbatch: int, lrate: float, now: float) -> bool:
+        """True when the job ran before with another global batch but the same base LR."""
+        prev = self.job_batch.pop(job, None)
+        while len(self.job_batch) >= self.s.max_jobs:
+            self.job_batch.pop(min(self.job_batch, key=lambda j: self.job_batch[j][2]))
+        self.job_batch[job] = (gbatch, lrate, now)
+        if prev is None or prev[0] == gbatch:
+            return False
+        same_lr = abs(prev[1] - lrate) <= 1e-9 * max(abs(prev[1]), abs(lrate), 1e-30)
+        if same_lr:
+            log.warning("job %s: global batch changed %d -> %d but the LR stayed %g", job, prev[0], gbatch, lrate)
+        return same_lr
 
     def _remove(self, key: Tuple[str, int]) -> None:
         r = self.ranks.pop(key, None)

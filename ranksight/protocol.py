@@ -48,6 +48,11 @@ identity (all records)
 
 "lint"  a setup lint changed state
   lint str (a lint id), active bool, msg str (<= 512 chars)
+  gbatch int, lrate float  (optional, lint "global_batch_lr" only) the global batch size and the
+          base learning rate (param group 0's initial_lr, else lr). The agent remembers them per
+          job across restarts and raises the lint itself when the global batch changed but the
+          LR did not (an elastic resize or a new world size with the old LR); the sender's
+          `active` is ignored for this lint.
 
 "hello" once at start: the self-check
   info  object (<= 1 level of nesting; GPU names, CUDA/NCCL versions, dirs and their free bytes)
@@ -198,6 +203,9 @@ def decode(data: bytes) -> Dict[str, Any]:
         out["lint"] = _str(rec, "lint", limit=64)
         out["active"] = _bool(rec, "active")
         out["msg"] = _str(rec, "msg", limit=MAX_MSG) if "msg" in rec else ""
+        if "gbatch" in rec or "lrate" in rec:
+            out["gbatch"] = _int(rec, "gbatch", 0, MAX_COUNT)
+            out["lrate"] = _secs(rec, "lrate", 0.0, 1e6, default=None)
     elif t == "hello":
         info = rec.get("info", {})
         if not isinstance(info, dict):

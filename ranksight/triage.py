@@ -70,7 +70,7 @@ LINTS: Dict[str, Tuple[str, str]] = {
     "numa_binding": ("NumaBinding", "rank CPU affinity excludes its GPU's NUMA node"),
     "uneven_last_batch": ("UnevenLastBatch", "drop_last=False with an uneven last batch across ranks"),
     "incomplete_checkpoint": ("IncompleteCheckpoint", "checkpoint lacks optimizer/scheduler/RNG/data/step state"),
-    "global_batch_lr": ("GlobalBatchLr", "global batch size and LR (information)"),
+    "global_batch_lr": ("GlobalBatchLr", "the global batch changed since the job's last start but the learning rate did not"),
     "disk_headroom": ("DiskHeadroom", "too little free disk for the next checkpoints"),
 }
 

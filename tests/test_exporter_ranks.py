@@ -259,6 +259,28 @@ def test_lints_and_hello_dirs():
     assert one(w.scrape(), C.LINT_ACTIVE.name, lint="sampler_epoch") == 0
 
 
+def test_global_batch_change_without_lr_change_across_restarts():
+    """The agent keeps each job's global batch and base LR across restarts (a clean exit too) and
+    raises global_batch_lr when the batch changed but the LR did not; the sender's flag is ignored."""
+    w = World()
+    lint = lambda gb, lr: {"t": "lint", "lint": "global_batch_lr", "active": True, "msg": "", "gbatch": gb, "lrate": lr}
+    r = ident(ws=4)
+    assert w.send(r, lint(4096, 1e-3)) == "ok"  # first start: nothing to compare with
+    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 0
+    w.send(r, {"t": "bye"})
+    r2 = ident(ws=2, pid=4242)  # restarted on half the ranks, same job, same LR
+    assert w.send(r2, lint(2048, 1e-3)) == "ok"
+    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 1
+    assert w.send(r2, lint(2048, 1e-3)) == "ok"  # same batch as last time: fine again
+    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 0
+    assert w.send(r2, lint(4096, 2e-3)) == "ok"  # batch and LR scaled together: fine
+    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 0
+    other = ident(job="other")
+    assert w.send(other, lint(1024, 2e-3)) == "ok"  # another job's history is its own
+    assert one(w.scrape(), C.LINT_ACTIVE.name, job="other", lint="global_batch_lr") == 0
+    assert w.send(r2, {"t": "lint", "lint": "global_batch_lr", "active": True, "gbatch": -1, "lrate": 1e-3}) == "rejected"
+
+
 def test_checkpoint_records():
     w = World()
     r = ident()
