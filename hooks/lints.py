@@ -1031,7 +1031,22 @@ class Lints:
                    f"(forwards per optimizer step); lr {lr_txt}")
         else:
             msg = f"global batch unknown (per-rank batch size not found) x {dp} ranks x {acc} accumulation; lr {lr_txt}"
-        self.report("global_batch_lr", True, msg, key="line", info=True)
+        # Not an active lint: one info line here; the agent keeps each job's global batch and base LR
+        # across restarts and raises the lint when the batch changed but the LR did not.
+        if not self.on("global_batch_lr"):
+            return
+        with self._lock:
+            self.evaluations["global_batch_lr"] = self.evaluations.get("global_batch_lr", 0) + 1
+        self._line(logging.INFO, f"ranksight lint global_batch_lr on rank {self.rank}: {msg}")
+        groups0 = getattr(opt, "param_groups", [])[:1]
+        base = None
+        if groups0:
+            g0 = groups0[0]
+            base = g0.get("initial_lr", g0.get("lr"))
+        extra = {}
+        if b and isinstance(base, (int, float)) and not isinstance(base, bool) and math.isfinite(base) and base >= 0:
+            extra = {"gbatch": int(b * dp * acc), "lrate": float(base)}
+        self.w.send_lint("global_batch_lr", False, msg, **extra)
 
     # ------------------------------------------------------------------ checkpoints (saving thread)
     def on_checkpoint(self, src: str, obj: Any, path: Optional[str]) -> None:

@@ -217,11 +217,23 @@ def test_incomplete_checkpoint(jobs):
         assert not jobs[name].lints("incomplete_checkpoint", 1)
 
 
+def batch_line(job: Job, rank: int, text: str, gbatch: int) -> None:
+    """global_batch_lr is not raised by the rank: one info line, and one inactive datagram carrying
+    the global batch and the base LR, from which the agent raises it when the batch changed across
+    restarts but the LR did not (exporter tests cover that side)."""
+    got = job.lints("global_batch_lr", rank)
+    assert len(got) == 1 and got[0]["active"] is False, f"{got}\n{job.describe()}"
+    assert text in got[0]["msg"] and got[0]["gbatch"] == gbatch and got[0]["lrate"] > 0, (got, text)
+    lines = job.lines("global_batch_lr", rank)
+    assert len(lines) == 1 and text in lines[0], lines
+
+
 def test_global_batch_lr(jobs):
-    fired(jobs["good"], "global_batch_lr", 0,
-          "global batch 64 = 16 per rank x 2 data-parallel ranks x 2 accumulation steps (forwards per optimizer step); lr 0.05")
-    fired(jobs["bad"], "global_batch_lr", 0, "global batch 16 = 16 per rank x 1 data-parallel ranks x 1 accumulation")
-    fired(jobs["iter_same"], "global_batch_lr", 0, "global batch 32 = 16 per rank x 2 data-parallel ranks x 1")
+    batch_line(jobs["good"], 0,
+               "global batch 64 = 16 per rank x 2 data-parallel ranks x 2 accumulation steps (forwards per optimizer step); "
+               "lr 0.05", 64)
+    batch_line(jobs["bad"], 0, "global batch 16 = 16 per rank x 1 data-parallel ranks x 1 accumulation", 16)
+    batch_line(jobs["iter_same"], 0, "global batch 32 = 16 per rank x 2 data-parallel ranks x 1", 32)
     for name in ("good", "bad"):  # one line per job, from rank 0
         quiet(jobs[name], "global_batch_lr", 1, checked=False)
     quiet(jobs["iter_sharded"], "global_batch_lr", 0, checked=False)  # lints.global_batch_lr: false
@@ -244,7 +256,7 @@ def test_each_lint_turns_off(jobs):
             continue
         for rank in (0, 1):
             assert not off.lints(lint, rank) and not off.lines(lint, rank), f"{lint}\n{off.describe()}"
-    fired(off, "global_batch_lr", 0, "global batch 16")  # the one left on still runs
+    batch_line(off, 0, "global batch 16", 16)  # the one left on still runs
 
 
 def test_agent_exposes_each_lint_as_sent(jobs):
