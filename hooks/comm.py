@@ -249,70 +249,25 @@ class CommTracker:
         return n
 
     # ---------------------------------------------------------------- DDP
-    def ddp_hook(self) -> Callable:
-        """A DDP comm hook: the default all-reduce (divide by world size, sum), timed."""
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
-
-        all_reduce = c10d.all_reduce  # the module global, never our namespace wrapper
-        tracker = self
-
-        def ranksight_allreduce_hook(state: Any, bucket: Any) -> Any:
-            group = state if state is not None else dist.group.WORLD
-            tensor = bucket.buffer()
-            tensor.div_(group.size())
-            tok = None
-            if tracker.active:
-                try:
-                    tok, t0, ev0 = tracker.launch()
-                except Exception as e:
-                    tracker._on_error("DDP comm hook", e)
-                    tok = None
-            fut = all_reduce(tensor, group=group, async_op=True).get_future()
-            if tok is None:
-                return fut.then(lambda f: f.value()[0])
-
-            def done(f: Any) -> Any:
-                try:
-                    tracker.complete(tok, t0, ev0)
-                except Exception as e:
-                    tracker._on_error("DDP comm hook", e)
-                return f.value()[0]
-
-            return fut.then(done)
-
-        return ranksight_allreduce_hook
-
     def attach_ddp(self, ddp: Any) -> bool:
         """Register our comm hook on a DDP module once (it cannot be removed: after unwatch it
         stays as the plain default all-reduce). Returns False, logged once, when the user
         already registered a comm hook: then the wrapped collectives time that hook's calls."""
         existing = getattr(ddp, "_ranksight_comm_hook", None)
         if existing is not None:
-            existing.__self_tracker__[0] = self  # re-watch: point our old hook at this tracker
+            existing.__ranksight_cell__[0] = self  # re-watch: point our hook at this tracker
             self.ddp_hooked = True
             return True
         if getattr(ddp, "_comm_hooks", None):
             log.warning("ranksight: this DDP model already has a comm hook; timing its collectives "
-                     "through the wrapped torch.distributed calls instead")
+                        "through the wrapped torch.distributed calls instead")
             return False
-        cell: List["CommTracker"] = [self]
-        inner_hooks: Dict[int, Callable] = {}
-
-        def hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket / Future
-            tr = cell[0]
-            h = inner_hooks.get(id(tr))
-            if h is None:
-                h = inner_hooks.setdefault(id(tr), tr.ddp_hook())
-            return h(state, bucket)
-
-        hook.__self_tracker__ = cell  # type: ignore[attr-defined]
-        hook.__qualname__ = "ranksight_allreduce_hook"
+        hook = make_ddp_hook([self])
         try:
             ddp.register_comm_hook(ddp.process_group, hook)
         except Exception as e:
             log.warning("ranksight: cannot register a DDP comm hook (%s); timing DDP's collectives "
-                     "through the wrapped torch.distributed calls instead", str(e).splitlines()[0])
+                        "through the wrapped torch.distributed calls instead", str(e).splitlines()[0])
             return False
         try:
             ddp.__dict__["_ranksight_comm_hook"] = hook
@@ -320,6 +275,50 @@ class CommTracker:
             pass
         self.ddp_hooked = True
         return True
+
+
+def _bucket_value(f: Any) -> Any:
+    return f.value()[0]
+
+
+def make_ddp_hook(cell: List[CommTracker]) -> Callable:
+    """DDP comm hook = the default all-reduce (divide by world size, then sum; what
+    ``default_hooks.allreduce_hook`` does), calling the process group directly (no Python
+    argument checks on the step path) and timed launch -> future completion by ``cell[0]``."""
+    from torch.distributed import AllreduceOptions, ReduceOp
+
+    opts = AllreduceOptions()
+    opts.reduceOp = ReduceOp.SUM
+    if hasattr(opts, "asyncOp"):
+        opts.asyncOp = True
+
+    def hook(state, bucket):  # no annotations: DDP checks them against dist.GradBucket / Future
+        tensor = bucket.buffer()
+        tensor.div_(state.size())
+        tr = cell[0]
+        tok = None
+        if tr.active:
+            try:
+                tok, t0, ev0 = tr.launch()
+            except Exception as e:
+                tr._on_error("DDP comm hook", e)
+                tok = None
+        fut = state.allreduce([tensor], opts).get_future()
+        if tok is None:
+            return fut.then(_bucket_value)
+
+        def done(f: Any) -> Any:
+            try:
+                tr.complete(tok, t0, ev0)
+            except Exception as e:
+                tr._on_error("DDP comm hook", e)
+            return f.value()[0]
+
+        return fut.then(done)
+
+    hook.__ranksight_cell__ = cell  # type: ignore[attr-defined]
+    hook.__qualname__ = hook.__name__ = "ranksight_allreduce_hook"
+    return hook
 
 
 def torch_c10d() -> Any:

@@ -45,7 +45,8 @@ def slow_data_job(tmp_path_factory):
     """Rank 1's loader sleeps 20 ms per batch; manual sync+async all_reduce each step; rank 0
     saves a checkpoint mid-run; the console table is on every 5 steps."""
     d = tmp_path_factory.mktemp("ckpt")
-    return job(["--steps", "16", "--slow-data-rank", "1", "--data-sleep", "0.02", "--manual", "--ckpt-dir", str(d)],
+    return job(["--steps", "16", "--slow-data-rank", "1", "--data-sleep", "0.02", "--manual", "--ckpt-dir", str(d),
+                "--verify"],
                env={"RANKSIGHT__hooks__table_every_steps": "5"})
 
 
@@ -66,6 +67,7 @@ def test_ddp_comm_time_counted_and_bounded(slow_data_job):
     rx, res = slow_data_job
     for r in res:
         assert r["result"]["stats"]["ddp_comm_hook"] is True and r["result"]["stats"]["herr"] == 0
+        assert r["result"]["stats"]["matches_local_training"] is True  # our comm hook averages gradients right
     for rank in (0, 1):
         for s in rx.of("step", rank):
             assert 0 < s["comm"] <= s["dur"] and 0 <= s["xcomm"] <= s["dur"]
@@ -85,7 +87,8 @@ def test_ddp_checkpoint_and_console_table(slow_data_job):
 
 def test_ddp_straggler_busy_time_and_gradient_accumulation():
     """Rank 1 computes 15 ms longer per micro-batch; 4 micro-batches per optimizer step."""
-    rx, _ = job(["--steps", "8", "--accum", "4", "--slow-compute-rank", "1", "--compute-sleep", "0.015"])
+    rx, res = job(["--steps", "8", "--accum", "4", "--slow-compute-rank", "1", "--compute-sleep", "0.015", "--verify"])
+    assert all(r["result"]["stats"]["matches_local_training"] is True for r in res)
     s0, s1 = rx.of("step", 0), rx.of("step", 1)
     assert [s["seq"] for s in s0] == [s["seq"] for s in s1] == list(range(1, 9))  # steps = optimizer steps
     assert all(s["micro"] == 4 for s in s0 + s1)

@@ -66,6 +66,8 @@ def main() -> int:
     p.add_argument("--hang-step", type=int, default=3)
     p.add_argument("--hang-secs", type=float, default=0.0)
     p.add_argument("--user-comm-hook", action="store_true", help="register the default all-reduce hook first")
+    p.add_argument("--verify", action="store_true",
+                   help="every rank sees the same batches, so DDP must match a local model trained alone")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -115,6 +117,18 @@ def main() -> int:
             torch.save(model.state_dict(), os.path.join(args.ckpt_dir, "mid.pt"))
     stats = w.stats() if w is not None else {}
     ranksight.unwatch()
+    if args.verify:
+        torch.manual_seed(0)
+        ref = SleepyMLP(args.width, 0.0)
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01)
+        for i, (x, y) in enumerate(SleepyLoader(n_batches, args.batch, 0.0)):
+            (((ref(x) - y) ** 2).mean() / args.accum).backward()
+            if (i + 1) % args.accum == 0:
+                ref_opt.step()
+                ref_opt.zero_grad()
+        got = model.module if hasattr(model, "module") else model
+        stats["matches_local_training"] = all(
+            torch.allclose(a.detach(), b.detach(), rtol=1e-4, atol=1e-6) for a, b in zip(got.parameters(), ref.parameters()))
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
