@@ -55,6 +55,7 @@ from .transport import Address, Transport, parse_address
 
 log = logging.getLogger("ranksight.hooks")
 
+TICK_SECONDS = 0.25  # the background thread's period: step records wait at most this long
 QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they are dropped and counted
 _perf = time.perf_counter
 
@@ -291,7 +292,8 @@ class Watcher:
         self.ckpt = Recorder(self._emit_ckpt, self._add_ckpt, self._set_phase, self._hook_error, self._main_tid)
         self._dcp_patched = False
         self._install()
-        # background thread
+        # background thread: wakes TICK_SECONDS (or twice per heartbeat) to send, probe and print
+        self._tick_s = min(TICK_SECONDS, settings.heartbeat_seconds / 2)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ranksight-hb", daemon=True)
         self._thread.start()
@@ -620,8 +622,7 @@ class Watcher:
         try:
             self._transport = Transport(self.settings.agent)
             self._bg_start()
-            tick = min(0.1, self.settings.heartbeat_seconds / 2)
-            while not self._stop.wait(tick):
+            while not self._stop.wait(self._tick_s):
                 try:
                     self._tick()
                 except Exception as e:
