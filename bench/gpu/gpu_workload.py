@@ -17,7 +17,6 @@ import os
 import platform
 import socket
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -97,57 +96,7 @@ def flush_step(opt: Any) -> None:
 
 
 # ---------------------------------------------------------------------- hooks datagrams
-class Receiver:
-    """A UDP socket on a free loopback port; every datagram must pass ``protocol.decode``."""
-
-    def __init__(self) -> None:
-        from ranksight import protocol
-
-        self._decode = protocol.decode
-        self._perr = protocol.ProtocolError
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.05)
-        self.port = self.sock.getsockname()[1]
-        self.records: List[Dict[str, Any]] = []
-        self.invalid: List[str] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, name="test-receiver", daemon=True)
-        self._t.start()
-
-    @property
-    def url(self) -> str:
-        return f"udp://127.0.0.1:{self.port}"
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            try:
-                self.records.append(self._decode(data))
-            except self._perr as e:
-                self.invalid.append(f"{e}: {data[:200]!r}")
-
-    def steps(self) -> List[Dict[str, Any]]:
-        return sorted((r for r in self.records if r["t"] == "step"), key=lambda r: r["seq"])
-
-    def wait_step(self, seq: int, timeout: float = 10.0) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(r["t"] == "step" and r["seq"] >= seq for r in self.records):
-                return True
-            time.sleep(0.02)
-        return False
-
-    def close(self) -> None:
-        self._stop.set()
-        self._t.join(timeout=2)
-        self.sock.close()
+from ranksight.receiver import Receiver  # noqa: E402,F401  (the project's validating receiver)
 
 
 def sum_fields(records: List[Dict[str, Any]], lo: int, hi: int,

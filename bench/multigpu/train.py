@@ -45,38 +45,12 @@ import gpu_workload as W  # noqa: E402
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 
 
-class Forwarder(W.Receiver):
+def Forwarder(agent: Optional[str]) -> W.Receiver:
     """The rank's own receiver (for the per-rank sums) that forwards every datagram to the agent."""
-
-    def __init__(self, agent: Optional[str]) -> None:
-        import socket
-
-        self._fwd = None
-        if agent and agent.startswith("udp://"):
-            host, port = agent[len("udp://"):].rsplit(":", 1)
-            self._fwd = (host, int(port))
-            self._out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        super().__init__()
-
-    def _run(self) -> None:  # same as Receiver._run plus forwarding
-        import socket
-
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            if self._fwd is not None:
-                try:
-                    self._out.sendto(data, self._fwd)
-                except OSError:
-                    pass
-            try:
-                self.records.append(self._decode(data))
-            except self._perr as e:
-                self.invalid.append(str(e))
+    if agent and agent.startswith("udp://"):
+        host, port = agent[len("udp://"):].rsplit(":", 1)
+        return W.Receiver(forward=(host, int(port)))
+    return W.Receiver()
 
 
 SMOKE = os.environ.get("RANKSIGHT_MG_SMOKE") == "1"  # CPU + gloo + tiny model: checks these scripts only

@@ -7,11 +7,10 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from ranksight import protocol
+from ranksight.receiver import Receiver  # noqa: F401  (re-exported for the hooks tests)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -21,54 +20,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Receiver:
-    """Binds a free UDP port on loopback; every datagram must pass protocol.decode."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self.records: List[Dict[str, Any]] = []
-        self.invalid: List[str] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    @property
-    def url(self) -> str:
-        return f"udp://127.0.0.1:{self.port}"
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            try:
-                self.records.append(protocol.decode(data))
-            except protocol.ProtocolError as e:
-                self.invalid.append(f"{e.result}: {e} in {data[:300]!r}")
-
-    def of(self, t: str, rank: Optional[int] = None) -> List[Dict[str, Any]]:
-        return [r for r in self.records if r["t"] == t and (rank is None or r["rank"] == rank)]
-
-    def wait_for(self, pred, timeout: float = 5.0) -> bool:
-        end = time.time() + timeout
-        while time.time() < end:
-            if pred():
-                return True
-            time.sleep(0.02)
-        return pred()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._t.join(timeout=2)
-        self.sock.close()
 
 
 def rank_env(agent: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -7,12 +7,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from ranksight import protocol
+from ranksight.receiver import Receiver
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -23,48 +22,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class Receiver:
-    """A real agent stand-in for the datagram side: binds a free UDP port on loopback and keeps
-    every datagram decoded by protocol.decode (invalid ones are kept apart)."""
-
-    def __init__(self, forward: Optional[int] = None) -> None:
-        self.forward = forward  # a real agent's UDP ingest port: every valid datagram but "bye" goes on
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.1)
-        self.port = self.sock.getsockname()[1]
-        self.records: List[Dict[str, Any]] = []
-        self.invalid: List[str] = []
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    @property
-    def url(self) -> str:
-        return f"udp://127.0.0.1:{self.port}"
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            try:
-                rec = protocol.decode(data)
-                self.records.append(rec)
-                if self.forward and rec["t"] != "bye":  # "bye" would make the agent forget the rank at once
-                    self.sock.sendto(data, ("127.0.0.1", self.forward))
-            except protocol.ProtocolError as e:
-                self.invalid.append(f"{e.result}: {e} in {data[:300]!r}")
-
-    def close(self) -> None:
-        self._stop.set()
-        self._t.join(timeout=2)
-        self.sock.close()
 
 
 @dataclass
@@ -102,7 +59,8 @@ def run_job(args: Sequence[str], world: int = 2, env: Optional[Dict[str, str]] =
             timeout: float = 60.0, forward: Optional[int] = None) -> Job:
     """Run ``world`` ranks of lint_worker.py with gloo on a free port, sending to a fresh receiver
     (which passes the datagrams on to an agent's ingest port ``forward``, if given)."""
-    rx = Receiver(forward)
+    # every valid datagram but "bye" goes on to the real agent ("bye" would make it forget the rank)
+    rx = Receiver(("127.0.0.1", forward), forward_bye=False) if forward else Receiver()
     port = free_port()
     t0 = time.monotonic()
     procs = []
