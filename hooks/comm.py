@@ -387,9 +387,14 @@ class FlightRecorder:
             key = (e.get("pg_id"), e.get("record_id"))
             state = e.get("state")
             if state == "completed":
-                seen.add(key)
                 d = e.get("duration_ms")
-                if key not in self._seen and d is not None and d >= 0:
+                if d is None:
+                    # "completed" shows as soon as the end event fires, but duration_ms appears only
+                    # when NCCL's watchdog retires the entry (~100 ms later, seen on an H200): count
+                    # it from a later dump, or ~70% of the durations are lost.
+                    continue
+                seen.add(key)
+                if key not in self._seen and d >= 0:
                     out.append(d / 1e3)
             elif state in ("started", "scheduled"):
                 t = e.get("time_created_ns")
