@@ -180,12 +180,15 @@ def _ddp_worker() -> None:
             opt.step()
             opt.zero_grad(set_to_none=True)
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for x, y in it:
             ((model(x) - y) ** 2).mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+        cpu.append((time.process_time() - c0) / steps)
         return (time.perf_counter() - t0) / steps
+
+    cpu: List[float] = []
 
     def run_watched() -> float:
         loader = ranksight.watch(watched, watched_opt, batches, agent=url, config=QUIET)
@@ -196,19 +199,23 @@ def _ddp_worker() -> None:
 
     loop(plain, plain_opt, batches)  # warm-up (DDP rebuilds buckets on its second iteration)
     run_watched()
+    cpu.clear()
     p_s: List[float] = []
     w_s: List[float] = []
+    p_c: List[float] = []
+    w_c: List[float] = []
     for i in range(runs):
-        if i % 2 == 0:
-            p_s.append(loop(plain, plain_opt, batches))
-            w_s.append(run_watched())
-        else:
-            w_s.append(run_watched())
-            p_s.append(loop(plain, plain_opt, batches))
+        for which in (("plain", "watched") if i % 2 == 0 else ("watched", "plain")):
+            if which == "plain":
+                p_s.append(loop(plain, plain_opt, batches))
+                p_c.append(cpu[-1])
+            else:
+                w_s.append(run_watched())
+                w_c.append(cpu[-1])
     dist.barrier()
     dist.destroy_process_group()
-    if rank == 0:
-        print("BENCH " + json.dumps({"plain": p_s, "watched": w_s}), flush=True)
+    print("BENCH " + json.dumps({"rank": rank, "plain": p_s, "watched": w_s, "plain_cpu": p_c, "watched_cpu": w_c}),
+          flush=True)
 
 
 def _ddp(runs: int, steps: int, url: str, timeout: float = 600.0) -> Dict[str, Any]:
@@ -234,13 +241,18 @@ def _ddp(runs: int, steps: int, url: str, timeout: float = 600.0) -> Dict[str, A
     for p, (_, err) in zip(procs, outs):
         if p.returncode != 0:
             raise RuntimeError(f"DDP benchmark rank exited {p.returncode}: {err.strip().splitlines()[-1:]}")
-    line = next(l for l in outs[0][0].splitlines() if l.startswith("BENCH "))
-    res = json.loads(line[len("BENCH "):])
-    p_s, w_s = res["plain"], res["watched"]
+    res = [json.loads(next(l for l in o.splitlines() if l.startswith("BENCH "))[len("BENCH "):]) for o, _ in outs]
+    p_s, w_s = res[0]["plain"], res[0]["watched"]  # wall time: rank 0 (DDP steps are synchronous)
     ratios = [w / p for w, p in zip(w_s, p_s)]
+    # CPU time of both ranks per step: insensitive to other load on the machine
+    p_c = [a + b for a, b in zip(res[0]["plain_cpu"], res[1]["plain_cpu"])]
+    w_c = [a + b for a, b in zip(res[0]["watched_cpu"], res[1]["watched_cpu"])]
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
     return {"plain_ms": 1e3 * statistics.median(p_s), "watched_ms": 1e3 * statistics.median(w_s),
             "ratio": statistics.median(ratios), "ratio_of_medians": statistics.median(w_s) / statistics.median(p_s),
-            "ratios": [round(r, 4) for r in ratios]}
+            "ratio_iqr": [round(q[0], 4), round(q[2], 4)], "ratios": [round(r, 4) for r in ratios],
+            "cpu_ratio": statistics.median(w / p for w, p in zip(w_c, p_c)),
+            "cpu_us_added": 1e6 * statistics.median(w - p for w, p in zip(w_c, p_c)) / 2}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -279,7 +291,10 @@ def run(args: argparse.Namespace) -> int:
     }
     if ddp:
         out.update({"ddp_step_ms": {"plain": round(ddp["plain_ms"], 3), "watched": round(ddp["watched_ms"], 3)},
-                    "ddp_ratio_of_medians": round(ddp["ratio_of_medians"], 4), "ddp_pair_ratios": ddp["ratios"],
+                    "ddp_ratio_of_medians": round(ddp["ratio_of_medians"], 4), "ddp_ratio_iqr": ddp["ratio_iqr"],
+                    "ddp_pair_ratios": ddp["ratios"], "ddp_cpu_ratio": round(ddp["cpu_ratio"], 4),
+                    "ddp_cpu_us_added_per_rank_step": round(ddp["cpu_us_added"], 1),
+                    "load_average": [round(x, 2) for x in os.getloadavg()],
                     "ddp_runs": args.ddp_runs, "ddp_steps_per_run": args.ddp_steps})
     if args.json:
         print(json.dumps(out))
@@ -290,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
               f"x {args.steps} steps)")
         print(f"  with encode+send on the training thread instead: {out['host_us_per_step_inline_send']:.1f} us")
         if ddp:
-            print(f"2-rank gloo DDP step: ratio {out['overhead_ratio']:.4f} (plain {ddp['plain_ms']:.2f} ms, "
-                  f"watched {ddp['watched_ms']:.2f} ms; median of {args.ddp_runs} A/B pair ratios x {args.ddp_steps} steps)")
+            print(f"2-rank gloo DDP step: ratio {out['overhead_ratio']:.4f}, interquartile {ddp['ratio_iqr']} "
+                  f"(plain {ddp['plain_ms']:.2f} ms, watched {ddp['watched_ms']:.2f} ms; median of {args.ddp_runs} "
+                  f"A/B pair ratios x {args.ddp_steps} steps); CPU time ratio {ddp['cpu_ratio']:.4f} "
+                  f"(+{ddp['cpu_us_added']:.0f} us per rank-step); load average {os.getloadavg()[0]:.1f}")
     return 0

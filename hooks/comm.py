@@ -70,7 +70,8 @@ class CommTracker:
         self.active = True
         self._intervals: Deque[Tuple[float, float]] = deque()  # host [launch, completion]
         self._exposed: Deque[Tuple[float, float]] = deque()  # host spans the training thread waited
-        self._extra: Deque[float] = deque()  # durations without a time axis (Flight Recorder)
+        self._extra: Deque[float] = deque()  # comm durations without a time axis (Flight Recorder, DDP stats)
+        self._extra_x: Deque[float] = deque()  # exposed durations without a time axis (DDP stats)
         self._inflight: Dict[int, float] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -82,6 +83,10 @@ class CommTracker:
         self.last_complete = -1.0  # host time the latest collective completed
         self.ddp_hooked = False
         self.works_without_future = 0
+        # gloo DDP timed by its reducer timer: collectives a user comm hook launches inside the
+        # backward are already in those figures, so the wrappers skip them (no double count)
+        self.ddp_stats_backward = False
+        self.in_backward = False  # set by the watcher's backward wrapper
 
     # ---------------------------------------------------------------- bookkeeping
     def _counting_thread(self) -> bool:
@@ -119,6 +124,11 @@ class CommTracker:
     def add_flight_recorder(self, seconds: List[float]) -> None:
         self._extra.extend(seconds)
 
+    def add_durations(self, comm: float, exposed: float) -> None:
+        """Communication measured elsewhere (DDP's reducer timer), with no time axis."""
+        self._extra.append(comm)
+        self._extra_x.append(exposed)
+
     def oldest_inflight(self, now: float) -> float:
         """Seconds since the oldest in-flight collective was launched, or -1."""
         with self._lock:
@@ -128,10 +138,13 @@ class CommTracker:
         return max(0.0, now - oldest)
 
     def take(self, lo: float, hi: float) -> Tuple[float, float, float]:
-        """(host comm, Flight Recorder seconds, host exposed comm) for the step [lo, hi]: unions
-        of the spans, clipped to the step. Resets them."""
+        """(host comm, comm seconds without a time axis, host exposed comm) for the step [lo, hi]:
+        unions of the spans clipped to the step, plus durations (Flight Recorder, DDP's timer).
+        Resets them."""
         comm = union_seconds(drain(self._intervals), lo, hi) if self._intervals else 0.0
         x = union_seconds(drain(self._exposed), lo, hi) if self._exposed else 0.0
+        if self._extra_x:
+            x += sum(drain(self._extra_x))
         extra = sum(drain(self._extra)) if self._extra else 0.0
         return comm, extra, x
 
@@ -141,7 +154,8 @@ class CommTracker:
         is_compiling = _is_compiling_fn()
 
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if not tracker.active or getattr(tracker._tls, "depth", 0) or is_compiling():
+            if (not tracker.active or getattr(tracker._tls, "depth", 0) or is_compiling()
+                    or (tracker.ddp_stats_backward and tracker.in_backward)):
                 return orig(*args, **kwargs)
             try:
                 tok, t0, ev0 = tracker.launch()
@@ -249,32 +263,91 @@ class CommTracker:
         return n
 
     # ---------------------------------------------------------------- DDP
-    def attach_ddp(self, ddp: Any) -> bool:
-        """Register our comm hook on a DDP module once (it cannot be removed: after unwatch it
-        stays as the plain default all-reduce). Returns False, logged once, when the user
-        already registered a comm hook: then the wrapped collectives time that hook's calls."""
+    def attach_ddp(self, ddp: Any, use_hook: bool) -> Optional["DDPStats"]:
+        """Time DDP's gradient all-reduce.
+
+        ``use_hook`` (CUDA): register our comm hook once (it cannot be removed: after unwatch it
+        stays as the plain default all-reduce). Its ``then`` callbacks run inline on NCCL futures.
+        Otherwise (gloo): read DDP's own C++ reducer timer (``DDPStats``): any Python comm hook
+        costs about 0.4 ms of CPU per step on gloo (the future's callback and DDP's parsing of
+        its result each take the GIL from another thread: +12% on a 7 ms 2-rank step here, with
+        torch's own ``allreduce_hook``), the reducer's timer costs nothing measurable.
+        When the user already registered a comm hook, the wrapped collectives time that hook's
+        calls (said once)."""
+        if not use_hook:
+            stats = DDPStats.attach(ddp)
+            if stats is None:
+                log.warning("ranksight: this torch's DDP exposes no runtime stats; DDP's all-reduce is not timed")
+            self.ddp_stats_backward = stats is not None
+            return stats
         existing = getattr(ddp, "_ranksight_comm_hook", None)
         if existing is not None:
             existing.__ranksight_cell__[0] = self  # re-watch: point our hook at this tracker
             self.ddp_hooked = True
-            return True
+            return None
         if getattr(ddp, "_comm_hooks", None):
             log.warning("ranksight: this DDP model already has a comm hook; timing its collectives "
                         "through the wrapped torch.distributed calls instead")
-            return False
+            return None
         hook = make_ddp_hook([self])
         try:
             ddp.register_comm_hook(ddp.process_group, hook)
         except Exception as e:
             log.warning("ranksight: cannot register a DDP comm hook (%s); timing DDP's collectives "
                         "through the wrapped torch.distributed calls instead", str(e).splitlines()[0])
-            return False
+            return None
         try:
             ddp.__dict__["_ranksight_comm_hook"] = hook
         except Exception:
             pass
         self.ddp_hooked = True
-        return True
+        return None
+
+
+class DDPStats:
+    """DDP's reducer timer, sampled every iteration while watched (CPU/gloo DDP).
+
+    During each synchronized iteration DDP records (C++, wall-clock ns) when the first bucket's
+    all-reduce launched, when the last gradient was computed and when the last all-reduce
+    completed. DDP itself publishes them at the start of the next synchronized forward; ``poll()``
+    (called when ``backward()`` returns) publishes them at once (``set_runtime_stats_and_log``;
+    DDP's own call then finds the same iteration) and returns, once per iteration,
+    (comm, exposed) seconds: comm = last completion - first launch, exposed = last completion -
+    max(last gradient, first launch).
+    """
+
+    DEFAULT_SAMPLE_RATE = 100  # DDP's kDDPRuntimeLoggingSampleRate, restored on close
+
+    def __init__(self, ddp: Any):
+        self.ddp = ddp
+        self._last_iter: Any = None
+        self.samples = 0
+
+    @classmethod
+    def attach(cls, ddp: Any) -> Optional["DDPStats"]:
+        if not (hasattr(ddp, "_set_ddp_runtime_logging_sample_rate") and getattr(ddp, "logger", None) is not None):
+            return None
+        ddp._set_ddp_runtime_logging_sample_rate(1)
+        return cls(ddp)
+
+    def poll(self) -> Optional[Tuple[float, float]]:
+        ddp = self.ddp
+        if not ddp.require_backward_grad_sync:  # no_sync(): no all-reduce in this backward
+            return None
+        ddp.logger.set_runtime_stats_and_log()
+        d = ddp.logger._get_ddp_logging_data().ints_map
+        it = d.get("iteration")
+        if it is None or it == self._last_iter:
+            return None
+        self._last_iter = it
+        cs, ce, ke = d.get("backward_comm_time_start"), d.get("backward_comm_time_end"), d.get("backward_compute_time_end")
+        if not cs or not ce or not ke or ce < cs:
+            return None
+        self.samples += 1
+        return (ce - cs) / 1e9, max(0, ce - max(ke, cs)) / 1e9
+
+    def close(self) -> None:
+        self.ddp._set_ddp_runtime_logging_sample_rate(self.DEFAULT_SAMPLE_RATE)
 
 
 def _bucket_value(f: Any) -> Any:
@@ -356,18 +429,31 @@ def _works(ret: Any) -> List[Any]:
 
 
 class FlightRecorder:
-    """NCCL Flight Recorder durations (``TORCH_NCCL_ENABLE_TIMING=1``), read off the step path.
+    """The c10d Flight Recorder (NCCL, and gloo in newer torch), read off the step path.
 
-    ``poll()`` returns (durations in seconds of collectives completed since the last poll,
-    seconds since the oldest still-running collective started or -1).
+    ``inflight_age()`` (every heartbeat): from the cheap status-only dump (about 6 us): seconds
+    since a collective that is enqueued but not completed was first seen, or -1. This is what
+    shows a rank blocked in a collective that the Python wrappers cannot see (DDP's C++ gloo
+    all-reduce, NCCL kernels still running).
+    ``poll()``: from the full dump, (durations in seconds of collectives completed since the last
+    poll, seconds since the oldest still-running collective was created or -1); used for NCCL
+    collective time when ``TORCH_NCCL_ENABLE_TIMING=1``. A full dump of a 2000-entry buffer
+    took 40 ms on this machine's CPU (holding the GIL), so ``poll_due()`` spaces polls to keep
+    that under 1% of wall time (every 1 to 30 s); collectives that fall out of the ring buffer
+    between two polls are lost (``wrapped`` counts such polls).
     """
 
     def __init__(self) -> None:
         import torch
 
-        self._dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+        c10d = torch._C._distributed_c10d
+        self._dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
         self._seen: set = set()
         self.errors = 0
+        self.wrapped = 0
+        self._interval = 1.0
+        self._next_poll = 0.0
+        self._first_seen: Dict[Tuple[str, int], float] = {}
 
     @staticmethod
     def wanted(backend: str) -> bool:
@@ -376,6 +462,35 @@ class FlightRecorder:
     @property
     def available(self) -> bool:
         return self._dump is not None
+
+    def inflight_age(self, now: float) -> float:
+        raw = self._dump(includeCollectives=False, includeStackTraces=False, onlyActive=False)
+        status = (pickle.loads(raw).get("pg_status") or {}) if raw else {}
+        first = self._first_seen
+        live = set()
+        for pg, st in status.items():
+            try:
+                enq, done = int(st.get("last_enqueued_collective", -1)), int(st.get("last_completed_collective", -1))
+            except (TypeError, ValueError, AttributeError):
+                continue
+            if enq > done:
+                key = (str(pg), done + 1)
+                live.add(key)
+                first.setdefault(key, now)
+        for key in [k for k in first if k not in live]:
+            del first[key]
+        return max((now - t for t in first.values()), default=-1.0)
+
+    def poll_due(self, now: float) -> bool:
+        return now >= self._next_poll
+
+    def poll_timed(self, now: float) -> Tuple[List[float], float]:
+        t0 = time.perf_counter()
+        out = self.poll()
+        cost = time.perf_counter() - t0
+        self._interval = min(30.0, max(1.0, 100.0 * cost))
+        self._next_poll = now + self._interval
+        return out
 
     def poll(self) -> Tuple[List[float], float]:
         raw = self._dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
@@ -400,6 +515,12 @@ class FlightRecorder:
                 t = e.get("time_created_ns")
                 if t and (oldest_ns is None or t < oldest_ns):
                     oldest_ns = t
+        rids = [r for r in (e.get("record_id") for e in entries) if isinstance(r, int)]
+        prev_max = getattr(self, "_max_rid", None)
+        if rids and prev_max is not None and min(rids) > prev_max + 1:
+            self.wrapped += 1  # the ring buffer turned over between two polls: durations were lost
+        if rids:
+            self._max_rid = max(rids)
         self._seen = seen
         age = -1.0
         if oldest_ns is not None:

@@ -277,11 +277,17 @@ class Watcher:
         dev = self._cuda_device(model)
         if dev is not None:
             self._tl = CudaTimeline(torch, dev, settings.max_pending_events)
+        # the Flight Recorder: in-flight collectives for the heartbeat (any backend it records),
+        # and NCCL collective durations when TORCH_NCCL_ENABLE_TIMING=1 (self._fr)
+        self._fr_status: Optional[FlightRecorder] = None
         self._fr: Optional[FlightRecorder] = None
-        if FlightRecorder.wanted(self.backend):
+        if self.backend:
             fr = FlightRecorder()
             if fr.available:
-                self._fr = fr
+                self._fr_status = fr
+                if FlightRecorder.wanted(self.backend):
+                    self._fr = fr
+        self._ddp_stats: Any = None
         # patches and hooks
         self._patcher = Patcher()
         self._handles: List[Any] = []
@@ -357,7 +363,7 @@ class Watcher:
 
                 inner = _unwrap(model)
                 if isinstance(inner, DDP):
-                    self.comm.attach_ddp(inner)
+                    self._ddp_stats = self.comm.attach_ddp(inner, use_hook=self._tl is not None)
         except Exception as e:
             self._hook_error("communication setup", e)
         if self.settings.patch_torch_save:
@@ -429,20 +435,20 @@ class Watcher:
             if not w._active or w._in_bwd:  # nested backward (e.g. inside a hook): the outer one counts
                 return orig(*args, **kwargs)
             try:
-                w._in_bwd = True
+                w._in_bwd = w.comm.in_backward = True
                 t0 = _perf()
                 w._t_bwd = t0
                 w._phase = "backward"
                 w._phase_t = t0
                 ev0 = w._tl.mark() if w._tl is not None else None
             except Exception as e:
-                w._in_bwd = False
+                w._in_bwd = w.comm.in_backward = False
                 w._hook_error("backward start", e)
                 return orig(*args, **kwargs)
             try:
                 return orig(*args, **kwargs)
             finally:
-                w._in_bwd = False
+                w._in_bwd = w.comm.in_backward = False
                 try:
                     w._bwd_done(t0, ev0)
                 except Exception as e:
@@ -464,7 +470,14 @@ class Watcher:
                 lc = self.comm.last_complete
                 self.comm.add_exposed(lt, lc if lt <= lc <= t1 else t1)
         else:
-            self._bwd += t1 - t0
+            tail = 0.0
+            ds = self._ddp_stats
+            if ds is not None:  # gloo DDP: this backward's all-reduce, from DDP's own timer
+                r = ds.poll()
+                if r is not None:
+                    comm, tail = r
+                    self.comm.add_durations(comm, tail)
+            self._bwd += max(0.0, t1 - t0 - tail)
             lev = None
         self._phase = "other"
         self._phase_t = t1
@@ -516,7 +529,7 @@ class Watcher:
         t0 = self._t0 if self._t0 is not None else self._t_start
         dur = t - t0
         c = self.comm
-        if c._intervals or c._exposed or c._extra:
+        if c._intervals or c._exposed or c._extra or c._extra_x:
             comm, extra, hx = c.take(t0, t)
         else:  # no communication this step (the common single-process case): skip the call
             comm = extra = hx = 0.0
@@ -615,7 +628,7 @@ class Watcher:
         return {"steps": self._seq, "herr": self.herr, "hdrop": self._tl.dropped if self._tl else 0,
                 "qdrop": self.qdrop, "sent": tr.sent if tr else 0, "send_errors": tr.errors if tr else 0,
                 "ddp_comm_hook": self.comm.ddp_hooked, "gpu": self._tl is not None,
-                "flight_recorder": self._fr_on, "phase": self._phase}
+                "flight_recorder": self._fr_on, "ddp_stats": self._ddp_stats is not None, "phase": self._phase}
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
@@ -740,9 +753,14 @@ class Watcher:
             self._next_wrss = now + 5.0
             self._read_worker_rss()
         coll = self.comm.oldest_inflight(now)
-        if self._fr is not None:
+        if self._fr_status is not None:
             try:
-                durs, age = self._fr.poll()
+                coll = max(coll, self._fr_status.inflight_age(now))
+            except Exception as e:
+                self._hook_error("Flight Recorder status", e)
+        if self._fr is not None and self._fr.poll_due(now):
+            try:
+                durs, age = self._fr.poll_timed(now)
                 if self._fr_on:
                     if durs:
                         self.comm.add_flight_recorder(durs)
@@ -813,6 +831,11 @@ class Watcher:
                 pass
         self._handles.clear()
         self._patcher.restore()
+        if self._ddp_stats is not None:
+            try:
+                self._ddp_stats.close()
+            except Exception as e:
+                self._hook_error("DDP stats close", e)
         for fn in self._close_callbacks:
             try:
                 fn()

@@ -65,6 +65,8 @@ def main() -> int:
     p.add_argument("--hang-rank", type=int, default=-1, help="at --hang-step this rank sleeps before an all_reduce")
     p.add_argument("--hang-step", type=int, default=3)
     p.add_argument("--hang-secs", type=float, default=0.0)
+    p.add_argument("--fwd-hang-step", type=int, default=-1,
+                   help="at this step --hang-rank also sleeps inside forward: the others wait in DDP's all-reduce")
     p.add_argument("--user-comm-hook", action="store_true", help="register the default all-reduce hook first")
     p.add_argument("--verify", action="store_true",
                    help="every rank sees the same batches, so DDP must match a local model trained alone")
@@ -98,6 +100,9 @@ def main() -> int:
     extra = torch.ones(4)
     for i, (x, y) in enumerate(loader):
         last = (i + 1) % args.accum == 0
+        inner = model.module if hasattr(model, "module") else model
+        if isinstance(inner, SleepyMLP) and rank == args.hang_rank and args.fwd_hang_step >= 0:
+            inner.sleep = args.hang_secs if i // args.accum == args.fwd_hang_step else 0.0
         ctx = model.no_sync() if (args.wrap == "ddp" and not last) else _null()
         with ctx:
             loss = ((model(x) - y) ** 2).mean() / args.accum
