@@ -33,7 +33,16 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-QUIET = {"hooks": {"table_every_steps": 0, "table_every_seconds": 0}}
+QUIET: Dict[str, Any] = {"hooks": {"table_every_steps": 0, "table_every_seconds": 0}}
+
+
+def _quiet(no_lints: bool) -> Dict[str, Any]:
+    from ranksight import config as rs_config
+
+    cfg = {"hooks": dict(QUIET["hooks"])}
+    if no_lints:
+        cfg["lints"] = {k: False for k in rs_config.SCHEMA["lints"]}
+    return cfg
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=1000, help="steps per trivial run (default 1000)")
     p.add_argument("--ddp-runs", type=int, default=9, help="A/B pairs for the DDP step (default 9; 0 skips it)")
     p.add_argument("--ddp-steps", type=int, default=60, help="steps per DDP run (default 60)")
+    p.add_argument("--no-lints", action="store_true", help="measure the hooks with every setup lint off")
 
 
 class _Sink:
@@ -73,7 +83,7 @@ class _Sink:
         self.sock.close()
 
 
-def _trivial(runs: int, steps: int, url: str, inline_send: bool = False) -> Dict[str, float]:
+def _trivial(runs: int, steps: int, url: str, inline_send: bool = False, no_lints: bool = False) -> Dict[str, float]:
     import torch
     import torch.nn as nn
 
@@ -98,13 +108,13 @@ def _trivial(runs: int, steps: int, url: str, inline_send: bool = False) -> Dict
             model(x).sum().backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+        wall = time.perf_counter() - t0
         if before is not None:
-            before()  # the background thread's work for these steps belongs to them
-        return ((time.process_time() - p0) / steps, (time.thread_time() - c0) / steps,
-                (time.perf_counter() - t0) / steps)
+            before()  # the background thread's CPU for these steps belongs to them (not its idle wait)
+        return (time.process_time() - p0) / steps, (time.thread_time() - c0) / steps, wall / steps
 
     def watched() -> Tuple[float, float, float]:
-        loader = ranksight.watch(model, opt, data, agent=url, config=QUIET)
+        loader = ranksight.watch(model, opt, data, agent=url, config=_quiet(no_lints))
         w = ranksight.hooks.current()
         while w is not None and w.stats()["sent"] < 1:
             time.sleep(0.002)  # background thread started and said hello: its start-up is not a step
@@ -157,6 +167,7 @@ def _ddp_worker() -> None:
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     runs, steps = int(os.environ["RS_BENCH_RUNS"]), int(os.environ["RS_BENCH_STEPS"])
     url = os.environ["RS_BENCH_AGENT"]
+    cfg = _quiet(os.environ.get("RS_BENCH_NO_LINTS") == "1")
     dist.init_process_group("gloo", rank=rank, world_size=ws)
 
     def make() -> Any:
@@ -191,7 +202,7 @@ def _ddp_worker() -> None:
     cpu: List[float] = []
 
     def run_watched() -> float:
-        loader = ranksight.watch(watched, watched_opt, batches, agent=url, config=QUIET)
+        loader = ranksight.watch(watched, watched_opt, batches, agent=url, config=cfg)
         try:
             return loop(watched, watched_opt, loader)
         finally:
@@ -218,7 +229,7 @@ def _ddp_worker() -> None:
           flush=True)
 
 
-def _ddp(runs: int, steps: int, url: str, timeout: float = 600.0) -> Dict[str, Any]:
+def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float = 600.0) -> Dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -226,7 +237,7 @@ def _ddp(runs: int, steps: int, url: str, timeout: float = 600.0) -> Dict[str, A
     for r in range(2):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", RS_BENCH_RUNS=str(runs), RS_BENCH_STEPS=str(steps),
-                   RS_BENCH_AGENT=url, RANKSIGHT_JOB="bench-hooks")
+                   RS_BENCH_AGENT=url, RS_BENCH_NO_LINTS="1" if no_lints else "0", RANKSIGHT_JOB="bench-hooks")
         procs.append(subprocess.Popen([sys.executable, "-c", "from ranksight.hooks.bench import _ddp_worker; _ddp_worker()"],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
@@ -270,9 +281,10 @@ def run(args: argparse.Namespace) -> int:
     hooks_log.setLevel(logging.WARNING)  # one self-check line per A/B run is noise here
     sink = _Sink()
     try:
-        triv = _trivial(args.runs, args.steps, sink.url)
-        inline = _trivial(max(5, args.runs // 2), args.steps, sink.url, inline_send=True)
-        ddp: Optional[Dict[str, Any]] = _ddp(args.ddp_runs, args.ddp_steps, sink.url) if args.ddp_runs else None
+        triv = _trivial(args.runs, args.steps, sink.url, no_lints=args.no_lints)
+        inline = _trivial(max(5, args.runs // 2), args.steps, sink.url, inline_send=True, no_lints=args.no_lints)
+        ddp: Optional[Dict[str, Any]] = (_ddp(args.ddp_runs, args.ddp_steps, sink.url, args.no_lints)
+                                         if args.ddp_runs else None)
     except RuntimeError as e:
         print(f"ranksight: error: {e}")
         return 1
@@ -287,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         "host_us_per_step_inline_send": round(inline["cpu_added_us"], 2),
         "trivial_step_us": {"plain": round(triv["plain_us"], 2), "watched": round(triv["watched_us"], 2)},
         "trivial_runs": args.runs, "trivial_steps_per_run": args.steps,
-        "datagrams_received": sink.n,
+        "datagrams_received": sink.n, "lints": not args.no_lints,
     }
     if ddp:
         out.update({"ddp_step_ms": {"plain": round(ddp["plain_ms"], 3), "watched": round(ddp["watched_ms"], 3)},
