@@ -1184,6 +1184,7 @@ class Options:
     promtool: str = PROMTOOL
     query_timeout: int = 120
     future: int = 0  # seconds the data reaches past the start; 0: max(10 min, half the range)
+    reuse: Optional[str] = None  # a --keep directory: skip generation, backfill only missing rules
     seed: int = 9
 
 
@@ -1242,6 +1243,14 @@ class Bench:
             raise BenchError("--nodes, --gpus and --ranks-per-node must be at least 1")
         if o.ranks_per_node > o.gpus:
             raise BenchError("--ranks-per-node cannot exceed --gpus (one rank per GPU)")
+        if o.reuse:
+            try:
+                self.prev = json.loads((Path(o.reuse) / "result.json").read_text())
+                sc = self.prev["scenario"]
+            except (OSError, ValueError, KeyError) as e:
+                raise BenchError(f"--reuse {o.reuse}: no result.json of a --keep run: {e}") from None
+            o.nodes, o.gpus, o.ranks_per_node = sc["nodes"], sc["gpus_per_node"], sc["ranks_per_node"]
+            o.hours, o.step, o.design = sc["hours"], sc["step_seconds"], sc["design"]
         shape = shape_for(o.design, o.gpus, o.ranks_per_node)
         rate_w = int(rconfig.duration_seconds(self.cfg["windows"]["rate"]))
         lead = max(rate_w, 60) + 60
@@ -1252,10 +1261,19 @@ class Bench:
                        stragglers=tuple(r for r in default_stragglers(o.nodes, o.ranks_per_node)
                                         if r // o.ranks_per_node != dl_node),
                        dataloader_node=dl_node, seed=o.seed)
+        if o.reuse:
+            sc = self.prev["scenario"]
+            scn = Scenario(nodes=o.nodes, shape=shape, t0=sc["data_start"], samples=sc["samples_per_series"],
+                           step=o.step, job=sc["job"], stragglers=tuple(sc["stragglers"]),
+                           dataloader_node=int(sc["dataloader_node"][len("node"):]), seed=o.seed)
+            t0, samples, block, dl_node = scn.t0, scn.samples, "2h", scn.dataloader_node
         q_end = scn.t_end
         q_start = q_end - int(o.hours * 3600)
+        self.lead = lead
         base = Path(o.keep) if o.keep else Path(tempfile.mkdtemp(prefix="ranksight-scale-", dir=o.workdir))
-        if o.keep:
+        if o.reuse:
+            base = Path(o.reuse)
+        elif o.keep:
             if base.exists() and any(base.iterdir()):
                 raise BenchError(f"--keep {base}: directory exists and is not empty")
             base.mkdir(parents=True, exist_ok=True)
@@ -1275,18 +1293,28 @@ class Bench:
         finally:
             for p in self.procs:
                 p.stop()
-            if not o.keep:
+            if not (o.keep or o.reuse):
                 shutil.rmtree(base, ignore_errors=True)
         self.result["wall_seconds"] = round(time.monotonic() - self.wall0, 1)
-        if o.keep:
+        if o.keep or o.reuse:
             self.result["kept"] = str(base)
+            if o.reuse:
+                self.result["reused"] = str(base)
+                (base / "result-reuse.json").write_text(json.dumps(self.result, indent=1))
+            else:
+                (base / "result.json").write_text(json.dumps(self.result, indent=1))
         return self.result
 
     def _run(self, scn: Scenario, base: Path, block: str, q_start: int, q_end: int) -> None:
         o = self.o
         data = base / "tsdb"
-        data.mkdir()
         logs = base / "logs"
+        if o.reuse:
+            for k in ("generate", "series"):
+                self.result[k] = self.prev[k]
+            self._rules_phase(scn, base, data, logs, q_start, q_end, self.prev["backfill"]["openmetrics_seconds"])
+            return
+        data.mkdir()
         logs.mkdir()
 
         # 1. generate and backfill, node slices in parallel
@@ -1345,6 +1373,11 @@ class Bench:
             "total_raw": totals.series,
         }
 
+        self._rules_phase(scn, base, data, logs, q_start, q_end, backfill_s)
+
+    def _rules_phase(self, scn: Scenario, base: Path, data: Path, logs: Path, q_start: int, q_end: int,
+                     backfill_s: float) -> None:
+        o = self.o
         # 2. a Prometheus on the raw blocks: backfill the recording rules against it
         if self.o.rules_file:
             try:
@@ -1372,9 +1405,13 @@ class Bench:
 
         self._phase("backfill recording rules")
         raw_view = base / "tsdb-raw-view"  # hard links: this Prometheus may compact its view, not ours
+        shutil.rmtree(raw_view, ignore_errors=True)
+        shutil.rmtree(base / "rules-blocks", ignore_errors=True)
+        shutil.rmtree(base / "rules-split", ignore_errors=True)
         raw_view.mkdir()
         for blk in data.iterdir():
-            shutil.copytree(blk, raw_view / blk.name, copy_function=os.link)
+            if (blk / "meta.json").exists():  # blocks only (a reused TSDB also has wal/, chunks_head/ ...)
+                shutil.copytree(blk, raw_view / blk.name, copy_function=os.link)
         # the helper Prometheus is not measured: no query timeout to trip on a fleet-wide rule
         p1 = Prometheus(o.prometheus, raw_view, bare_cfg, logs / "prometheus-backfill.log",
                         extra=["--query.timeout=1h"])
@@ -1384,6 +1421,12 @@ class Bench:
         rules_out = base / "rules-blocks"
         # one promtool per rule, `jobs` at a time: promtool evaluates its rules one after the
         # other and each range query runs on one core
+        if o.reuse:  # only the rules whose series the kept TSDB lacks
+            doc = yaml.safe_load(expanded)
+            for g in doc["groups"]:
+                g["rules"] = [r for r in g["rules"]
+                              if not p1.instant(f'count({{__name__="{r["record"]}"}})', q_end)]
+            expanded = yaml.safe_dump(doc, sort_keys=False)
         one_rule_files = split_rule_file(expanded, base / "rules-split")
         with concurrent.futures.ThreadPoolExecutor(max_workers=o.jobs) as pool:
             futs = [pool.submit(run_checked,
@@ -1423,6 +1466,9 @@ class Bench:
         if time.time() > scn.t_end - 2 * o.step:
             log.warning("scale: the data ended before the live rule evaluation; rule times understate")
             self.result["rules_warning"] = "data ended before live evaluation"
+        while time.time() < scn.t0 + self.lead + o.step:  # the data starts in the future (--future too large)
+            log.warning("scale: waiting for the data's start so that the rules read full windows")
+            time.sleep(min(30.0, scn.t0 + self.lead + o.step - time.time() + 1))
 
         self._phase("series in prometheus")
         self._count_series(p, scn, q_end)
@@ -1652,6 +1698,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how far past now the generated data reaches, so that the rules evaluating live "
                         "(at the end of the run) read full windows; default max(10m, half of --hours); "
                         "raise it when the run is slow (a busy machine)")
+    p.add_argument("--reuse", metavar="DIR", default=None,
+                   help="a --keep directory of an earlier run: skip generation and backfill, backfill only "
+                        "the recording rules it lacks, then measure (iterate on rules and dashboards at scale)")
     p.add_argument("--query-timeout", type=_pos_int, default=120, metavar="SECONDS",
                    help="Prometheus --query.timeout for the measured queries (default 120, Prometheus' own)")
     p.add_argument("--prometheus", metavar="PATH", default=PROMETHEUS, help=f"Prometheus binary (default {PROMETHEUS})")
@@ -1717,7 +1766,8 @@ def run(args: argparse.Namespace) -> int:
                    rule_evals=args.rule_evals, wait_compaction=args.wait_compaction,
                    rules_file=args.rules, queries_file=args.queries,
                    baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
-                   promtool=args.promtool, query_timeout=args.query_timeout, future=args.future)
+                   promtool=args.promtool, query_timeout=args.query_timeout, future=args.future,
+                   reuse=args.reuse)
     bench = Bench(opts)
     try:
         result = bench.run()
