@@ -6,9 +6,10 @@ Step path (main thread, a few microseconds per hook):
   forward pre/post      forward time; counts micro-batches (forwards with grad enabled)
   ``torch.autograd.backward`` (patched, reversibly; ``Tensor.backward`` calls it)
                         backward start and ``backward()`` return. Gradient computation ends at
-                        the last collective launched inside the backward (DDP bucket, FSDP
-                        reduce-scatter); from there to the return is exposed communication
-                        (see ``comm.py``). Why a patch and not an autograd hook: any Python hook
+                        the last collective launched inside the backward (DDP bucket on CUDA,
+                        FSDP reduce-scatter) or, for gloo DDP, where DDP's reducer timer says;
+                        from there to the return is exposed communication (see ``comm.py``).
+                        Why a patch and not an autograd hook: any Python hook
                         that fires inside the autograd graph (a tensor/grad_fn hook on the
                         output, a final callback) measured 10-15 us per backward on this
                         machine, half of the 30 us budget; the wrapper costs about 1 us.
@@ -23,9 +24,15 @@ device.
 The step path only appends a tuple to a deque. The background thread ("ranksight-hb")
 turns tuples into datagrams, sends a heartbeat every ``hooks.heartbeat_seconds`` with the
 current phase, the age of the oldest in-flight collective and the main-thread liveness
-probe, prints the rank-0 console table, reads CUDA allocator stats and the NCCL Flight
-Recorder. Every hook body catches its exceptions: they are counted (``herr``), logged once,
-and never reach the training loop.
+probe, prints the rank-0 console table, reads CUDA allocator stats and the Flight Recorder.
+Every hook body catches its exceptions: they are counted (``herr``), logged once, and never
+reach the training loop.
+
+Patched while watched, restored by ``unwatch()``: ``torch.autograd.backward``, the
+``torch.distributed`` collectives and ``Work.wait`` (``comm.py``), ``torch.save`` and the
+``torch.distributed.checkpoint`` saves (``checkpoint.py``). A CUDA DDP model gets a comm hook
+(the default all-reduce, timed); DDP cannot remove a comm hook, so after ``unwatch()`` it stays
+as a plain pass-through all-reduce.
 """
 from __future__ import annotations
 
