@@ -1735,7 +1735,8 @@ def report(r: Mapping[str, Any]) -> str:
     sc, se, q, ru, pr = r["scenario"], r["series"], r["queries"], r["rules"], r["prometheus"]
     lines = [
         f"ranksight bench scale: {sc['nodes']} nodes x {sc['gpus_per_node']} GPUs, {sc['ranks']} ranks, "
-        f"{sc['hours']:g} h at {sc['step_seconds']} s ({sc['design']})",
+        + (f"{sc['hours']:g} h" if sc["hours"] >= 1 else f"{sc['hours'] * 60:.0f} min")
+        + f" at {sc['step_seconds']} s ({sc['design']})",
         f"series per node: {se['per_node']} (+{se['scrape_per_target']} scrape series; target <= "
         f"{r['targets']['series_per_node']}); per rank {se['per_rank']}, per GPU {se['per_gpu']}, "
         f"node-level {se['node_level']}; in Prometheus: {se.get('prometheus_per_node')} per node, "
