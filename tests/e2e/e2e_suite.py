@@ -93,8 +93,11 @@ CASES: Dict[str, Case] = {c.name: c for c in (
          fault_after=FAULT_AFTER),
     Case("hang", "hang", "RanksightRankStalled", R1, symptoms=(("RanksightRankBlocked", R0),),
          fault_after=FAULT_AFTER, args=("--hang-seconds", "300")),
+    # 96 MB per O_DSYNC save (the example's default is 48): rank 0 spends ~25% of wall time writing, so
+    # rank 1's wait for it in the next all-reduce clearly crosses the 30% comm share (at 48 MB it read
+    # 27% in one CI run: the symptom never fired, so there was nothing to inhibit)
     Case("slow-checkpoint", "slow-checkpoint", "RanksightCheckpointSlow", R0,
-         symptoms=(("RanksightCommBound", R1),)),
+         symptoms=(("RanksightCommBound", R1),), args=("--checkpoint-mb", "96")),
     Case("healthy", "none", "", {}, two_hosts=True, healthy=True, dashboards=True, args=("--checkpoint-every", "40")),
     Case("packet-loss", "none", "RanksightTcpRetransmits", {"node": HOST_A},
          symptoms=(("RanksightCommBound", {"node": HOST_A}), ("RanksightCommBound", {"node": HOST_B})),
