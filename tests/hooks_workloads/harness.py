@@ -43,11 +43,20 @@ def run_ranks(script: str, args: Sequence[str], world: int, agent: str, timeout:
                      MASTER_PORT=str(port))
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, script), *args], env=e,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        return collect(procs, timeout)
+    finally:
+        reap(procs)
+
+
+def collect(procs: Sequence[subprocess.Popen], timeout: float) -> List[Dict[str, Any]]:
+    """Wait for every rank (all are killed at the deadline); per rank: rc, stdout, stderr and the
+    JSON of its last "RESULT " line."""
     out = []
-    deadline = time.time() + timeout
+    deadline = time.monotonic() + timeout
     for p in procs:
         try:
-            so, se = p.communicate(timeout=max(1.0, deadline - time.time()))
+            so, se = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
@@ -58,8 +67,12 @@ def run_ranks(script: str, args: Sequence[str], world: int, agent: str, timeout:
             if line.startswith("RESULT "):
                 res = json.loads(line[len("RESULT "):])
         out.append({"rc": p.returncode, "out": so, "err": se, "result": res})
-    for p in procs:  # no leftovers
+    return out
+
+
+def reap(procs: Sequence[subprocess.Popen]) -> None:
+    """No leftovers."""
+    for p in procs:
         if p.poll() is None:
             p.kill()
             p.wait()
-    return out

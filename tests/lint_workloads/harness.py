@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ranksight.receiver import Receiver
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from hooks_workloads.harness import collect, free_port, reap  # noqa: E402  (one rank launcher for both suites)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 WORKER = os.path.join(HERE, "lint_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -75,26 +71,9 @@ def run_job(args: Sequence[str], world: int = 2, env: Optional[Dict[str, str]] =
                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             procs.append(subprocess.Popen([sys.executable, WORKER, *args], env=e, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))
-        ranks = []
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            try:
-                so, se = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                so, se = p.communicate()
-                se += "\n[killed: timeout]"
-            res = None
-            for line in so.splitlines():
-                if line.startswith("RESULT "):
-                    res = json.loads(line[len("RESULT "):])
-            ranks.append({"rc": p.returncode, "out": so, "err": se, "result": res})
+        ranks = collect(procs, timeout)
         time.sleep(0.2)  # the last datagrams of "bye"
     finally:
-        for p in procs:  # no leftovers
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        reap(procs)
         rx.close()
     return Job(list(args), ranks, list(rx.records), list(rx.invalid), time.monotonic() - t0, dict(env or {}))
