@@ -211,7 +211,9 @@ class Recorder:
             n += size_of(os.path.join(path, ".metadata"))
         return n
 
-    def wrap_dcp_save(self, orig: Callable, name: str) -> Callable:
+    def _wrap_dcp(self, orig: Callable, name: str, after: Callable[[Any, Optional[str], Any], None]) -> Callable:
+        """The dcp save wrapper: begin, call, a raise is a failed write (re-raised unchanged), then
+        ``after(token, path, result)`` ends the record (sync) or hands it to the future (async)."""
         rec = self
 
         def save(*args: Any, **kwargs: Any) -> Any:
@@ -224,8 +226,7 @@ class Recorder:
             except BaseException:
                 rec.end(tok, False, 0)
                 raise
-            if tok is not None:
-                rec.end(tok, True, rec._dcp_bytes(path))
+            after(tok, path, ret)
             return ret
 
         save.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -233,37 +234,32 @@ class Recorder:
         save.__doc__ = orig.__doc__
         return save
 
+    def wrap_dcp_save(self, orig: Callable, name: str) -> Callable:
+        def after(tok: Any, path: Optional[str], ret: Any) -> None:
+            if tok is not None:
+                self.end(tok, True, self._dcp_bytes(path))
+
+        return self._wrap_dcp(orig, name, after)
+
     def wrap_dcp_async_save(self, orig: Callable) -> Callable:
         rec = self
 
-        def async_save(*args: Any, **kwargs: Any) -> Any:
-            if not rec.active:
-                return orig(*args, **kwargs)
-            path = rec._dcp_target(args, kwargs)
-            tok = rec.begin("dcp", args[0] if args else kwargs.get("state_dict"), path)
-            try:
-                ret = orig(*args, **kwargs)
-            except BaseException:
-                rec.end(tok, False, 0)
-                raise
+        def after(tok: Any, path: Optional[str], ret: Any) -> None:
             rec.blocking_done(tok)
-            if tok is not None:
-                try:
-                    fut = getattr(ret, "upload_completion", ret)  # AsyncSaveResponse (newer torch) or Future
+            if tok is None:
+                return
+            try:
+                fut = getattr(ret, "upload_completion", ret)  # AsyncSaveResponse (newer torch) or Future
 
-                    def done(f: Any) -> None:
-                        ok = not f.cancelled() and f.exception() is None
-                        rec.finish(tok, ok, rec._dcp_bytes(path) if ok else 0)
+                def done(f: Any) -> None:
+                    ok = not f.cancelled() and f.exception() is None
+                    rec.finish(tok, ok, rec._dcp_bytes(path) if ok else 0)
 
-                    fut.add_done_callback(done)
-                except Exception as e:
-                    rec._on_error("dcp.async_save completion", e)
-            return ret
+                fut.add_done_callback(done)
+            except Exception as e:
+                rec._on_error("dcp.async_save completion", e)
 
-        async_save.__wrapped__ = orig  # type: ignore[attr-defined]
-        async_save.__name__ = "async_save"
-        async_save.__doc__ = orig.__doc__
-        return async_save
+        return self._wrap_dcp(orig, "async_save", after)
 
 
 class CheckpointTimer:
