@@ -95,6 +95,31 @@ REC = {
     "gpu_util": "gpu:ranksight_gpu_utilization:ratio_rate",
     "gpu_swings": "gpu:ranksight_gpu_swings:per_minute_rate",
     "node_gpu_util": "node:ranksight_gpu_utilization:ratio_rate",
+    # each per-rank step counter's rate, recorded once; the shares, busy time and job aggregates
+    # above are arithmetic on these (issue 9: one rate() per raw series per evaluation)
+    "step_s": "rank:ranksight_step_seconds:rate",
+    "steps": "rank:ranksight_steps:rate",
+    "data_s": "rank:ranksight_dataloader_wait_seconds:rate",
+    "comm_s": "rank:ranksight_comm_seconds:rate",
+    "xcomm_s": "rank:ranksight_exposed_comm_seconds:rate",
+    "ckpt_s": "rank:ranksight_checkpoint_seconds:rate",
+    "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
+    "alloc_retries": "rank:ranksight_cuda_alloc_retries:per_minute_rate",
+    "ckpt_age": "rank:ranksight_checkpoint_age:seconds",
+    # job level, for the triage dashboard's fleet panels
+    "ckpt_age_median": "job:ranksight_checkpoint_age_seconds:median",
+    "ranks_up": "job:ranksight_ranks_up:sum",
+    "ranks": "job:ranksight_ranks:count",
+    # node level (fleet panels read these instead of thousands of raw port/device/GPU series)
+    "rdma_errors": "node:ranksight_rdma_port_errors:rate",
+    "rdma_packets": "node:ranksight_rdma_port_packets:rate",
+    "util_samples": "node:ranksight_gpu_utilization_samples_bucket:rate",
+    "if_errors": "node:ranksight_net_interface_errors:rate",
+    "if_drops": "node:ranksight_net_interface_drops:rate",
+    "if_bytes": "node:ranksight_net_interface_bytes:rate",
+    "ingest": "node:ranksight_ingest_datagrams:rate",
+    "disk_free": "node:ranksight_disk_free:ratio",
+    "throttled": "gpu:ranksight_gpu_throttled:max",
 }
 
 RANK_BY = "job, node, rank, local_rank"
