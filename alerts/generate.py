@@ -7,7 +7,8 @@ files under ``alerts/`` are ``render()`` of the default profile; a test fails
 when they differ (run ``ranksight rules`` to refresh them).
 
 Files:
-  ranksight-rules.yml    group ranksight.recording (in dependency order) and group
+  ranksight-rules.yml    the recording groups of triage.RULE_GROUPS (rank, node, and two slow
+                         groups of large families), each in dependency order, and group
                          ranksight.alerts (triage order)
   alertmanager.yml       route grouped by alertname/job/node, the webhook receiver,
                          and one inhibit rule per (cause, targets, equal) of the table
@@ -82,11 +83,14 @@ def _alert_rule(e: triage.Entry) -> Dict[str, Any]:
 
 
 def render_rules(cfg: Mapping[str, Any]) -> str:
-    groups = [
-        {"name": "ranksight.recording",
-         "rules": [{"record": r.record, "expr": r.expr} for r in triage.recording_rules(cfg)]},
-        {"name": "ranksight.alerts", "rules": [_alert_rule(e) for e in triage.table(cfg)]},
-    ]
+    groups: List[Dict[str, Any]] = []
+    for name, interval, rules in triage.recording_groups(cfg):
+        group: Dict[str, Any] = {"name": name}
+        if interval:
+            group["interval"] = interval
+        group["rules"] = [{"record": r.record, "expr": r.expr} for r in rules]
+        groups.append(group)
+    groups.append({"name": "ranksight.alerts", "rules": [_alert_rule(e) for e in triage.table(cfg)]})
     return HEADER.format(profile=getattr(cfg, "profile", "default")) + _dump({"groups": groups})
 
 

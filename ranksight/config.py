@@ -80,6 +80,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "collector_down": Opt("10m", "RanksightCollectorDown for:"),
         "ingest_dropping": Opt("10m", "RanksightIngestDropping for:"),
         "lint": Opt("0m", "RanksightLint* for:"),
+        "slow_rule_interval": Opt("1m", "evaluation interval of the recording groups of large families that only "
+                                        "dashboards read (step histograms, node RDMA/interface/GPU-sample counters)"),
         "am_group_wait": Opt("30s", "Alertmanager route group_wait (alerts/alertmanager.yml)"),
         "am_group_interval": Opt("5m", "Alertmanager route group_interval"),
         "am_repeat_interval": Opt("4h", "Alertmanager route repeat_interval"),
@@ -110,6 +112,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "gpu_window_seconds": Opt(15.0, "GPU waveform window", 1, 3600),
         "nic_include": Opt("", "regex of interfaces to include (empty: all)"),
         "nic_exclude": Opt(r"^(lo|veth.*|docker.*|br-.*|virbr.*)$", "regex of interfaces to exclude"),
+        "rdma_counters": Opt("curated", "RDMA port counters exposed: curated (throughput, link errors, congestion: "
+                                        "catalog.RDMA_CURATED_COUNTERS) | all (every counters/hw_counters file) | "
+                                        "a list of counter names (a hw_counters file named like a counters file is hw_<name>)"),
     },
     "hooks": {
         "agent": Opt("udp://127.0.0.1:9946", "where to send: udp://host:port | unix:///path | off (env RANKSIGHT_AGENT)"),
@@ -151,9 +156,26 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
 }
 
 
+def _rdma_counters(where: str, value: Any) -> Any:
+    """agent.rdma_counters: 'curated' | 'all' | a list (or comma-separated string) of counter names."""
+    import re
+
+    if isinstance(value, str) and value.strip() in ("curated", "all"):
+        return value.strip()
+    names = [p.strip() for p in value.split(",")] if isinstance(value, str) else value
+    if isinstance(names, list) and len(names) == 1 and names[0] in ("curated", "all"):
+        return names[0]
+    if (not isinstance(names, list) or not names or "curated" in names or "all" in names
+            or not all(isinstance(n, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", n) for n in names)):
+        raise ConfigError(f"config {where}: expected curated, all or a list of RDMA counter file names, got {value!r}")
+    return list(dict.fromkeys(names))
+
+
 def _check(section: str, key: str, value: Any) -> Any:
     opt = SCHEMA[section][key]
     where = f"{section}.{key}"
+    if (section, key) == ("agent", "rdma_counters"):
+        return _rdma_counters(where, value)
     d = opt.default
     if isinstance(d, bool):
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):

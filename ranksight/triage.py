@@ -125,10 +125,28 @@ REC = {
 RANK_BY = "job, node, rank, local_rank"
 
 
+# Recording-rule groups, in the order they are written. Prometheus evaluates groups concurrently
+# and the rules of one group in order (a rule reads the earlier rules' results of the same
+# evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute
+# rates of large families run at `durations.slow_rule_interval` (issue 9: at 1,024 nodes they are
+# the costliest rules and nothing alerts on them).
+RULE_GROUPS: Dict[str, Optional[str]] = {
+    "ranksight.recording.rank": None,  # None: Prometheus' evaluation_interval
+    "ranksight.recording.node": None,
+    "ranksight.recording.histograms": "slow_rule_interval",
+    "ranksight.recording.node_counters": "slow_rule_interval",
+}
+# RDMA traffic counters (everything else the agent exposes for a port is an error or congestion count)
+RDMA_TRAFFIC = "port_(rcv|xmit)_(packets|data)|(unicast|multicast)_(rcv|xmit)_packets"
+# Clocks-event reasons the throttling panel shows (the alert ignores sw_power_cap, see THROTTLE_REASONS)
+THROTTLE_SHOWN = ("sw_power_cap",) + THROTTLE_REASONS
+
+
 @dataclass(frozen=True)
 class Recording:
     record: str
     expr: str
+    group: str = "ranksight.recording.rank"
 
 
 @dataclass(frozen=True)
@@ -177,42 +195,57 @@ class Entry:
 
 
 def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
-    """Evaluated in this order in one group: later rules read earlier ones of the same evaluation."""
+    """Every recording rule, group by group (RULE_GROUPS order), in evaluation order within a group.
+
+    Each raw per-rank counter is read once per evaluation (its rate is recorded: `step_s`, ...);
+    the shares, the busy time and the job aggregates are arithmetic on those records. At 8,192
+    ranks that halves the rank group's cost against reading `rate(step_seconds_total)` five times
+    (bench/RESULTS.md, "Scale"). Fleet panels read node- and job-level records instead of
+    thousands of raw series."""
     w = cfg["windows"]["rate"]
     ckpt_w = cfg["windows"].get("checkpoint_share", w)
+    RANK, NODE, HIST, NODEC = RULE_GROUPS
 
-    def rate(m: Any) -> str:
-        return f"rate({m}[{w}])"
+    def rate(m: Any, window: str = w) -> str:
+        return f"rate({m}[{window}])"
 
-    def rate_or_zero(m: Any) -> str:
+    R = {k: REC[k] for k in ("step_s", "steps", "data_s", "comm_s", "xcomm_s", "ckpt_s")}
+
+    def or_zero(rec: str) -> str:
         # A rank that never checkpointed (or has no exposed comm yet) must still get a busy time:
         # an absent counter counts as 0, with the rank's own labels (those of step_seconds_total).
-        return f"({rate(m)} or 0 * {rate(C.STEP_SECONDS)})"
+        return f"({rec} or 0 * {R['step_s']})"
 
-    def share(m: Any) -> str:
-        return f"{rate(m)} / ({rate(C.STEP_SECONDS)} > 0)"
+    def share(key: str) -> str:
+        return f"{R[key]} / ({R['step_s']} > 0)"
 
-    def job_share(m: Any) -> str:
-        return f"sum by (job) ({rate(m)}) / (sum by (job) ({rate(C.STEP_SECONDS)}) > 0)"
+    def job_share(key: str) -> str:
+        return f"sum by (job) ({R[key]}) / (sum by (job) ({R['step_s']}) > 0)"
 
     busy = REC["busy"]
-    return [
-        Recording(REC["data_share"], share(C.DATALOADER_WAIT)),
-        Recording(REC["comm_share"], share(C.COMM_SECONDS)),
-        Recording(REC["xcomm_share"], share(C.EXPOSED_COMM_SECONDS)),
-        # Checkpoint seconds per wall second = the share of wall time spent checkpointing, over a
-        # window longer than the checkpoint interval (1 h): over the 5 min rate window, every write
-        # longer than 15 s would read as a 5% share.
-        Recording(REC["ckpt_share"], f"rate({C.CHECKPOINT_SECONDS}[{ckpt_w}])"),
-        Recording(REC["step_mean"], f"{rate(C.STEP_SECONDS)} / ({rate(C.STEPS)} > 0)"),
+    # Checkpoint seconds per wall second = the share of wall time spent checkpointing, over a
+    # window longer than the checkpoint interval (1 h): over the 5 min rate window, every write
+    # longer than 15 s would read as a 5% share.
+    ckpt_share = R["ckpt_s"] if ckpt_w == w else rate(C.CHECKPOINT_SECONDS, ckpt_w)
+    rank = [
+        Recording(R["step_s"], rate(C.STEP_SECONDS)),
+        Recording(R["steps"], rate(C.STEPS)),
+        Recording(R["data_s"], rate(C.DATALOADER_WAIT)),
+        Recording(R["comm_s"], rate(C.COMM_SECONDS)),
+        Recording(R["xcomm_s"], rate(C.EXPOSED_COMM_SECONDS)),
+        Recording(R["ckpt_s"], rate(C.CHECKPOINT_SECONDS)),
+        Recording(REC["data_share"], share("data_s")),
+        Recording(REC["comm_share"], share("comm_s")),
+        Recording(REC["xcomm_share"], share("xcomm_s")),
+        Recording(REC["ckpt_share"], ckpt_share),
+        Recording(REC["step_mean"], f"{R['step_s']} / ({R['steps']} > 0)"),
         # Busy time per step: the step minus the time the rank only waited (data, exposed comm,
         # checkpoint). Under synchronous data parallel all step times are equal, so the step itself
         # never blames a rank; the fast ranks show the straggler's extra work as exposed comm.
         Recording(
             busy,
-            f"clamp_min({rate(C.STEP_SECONDS)} - {rate_or_zero(C.DATALOADER_WAIT)}"
-            f" - {rate_or_zero(C.EXPOSED_COMM_SECONDS)} - {rate_or_zero(C.CHECKPOINT_SECONDS)}, 0)"
-            f" / ({rate(C.STEPS)} > 0)",
+            f"clamp_min({R['step_s']} - {or_zero(R['data_s'])} - {or_zero(R['xcomm_s'])}"
+            f" - {or_zero(R['ckpt_s'])}, 0) / ({R['steps']} > 0)",
         ),
         # The job's median busy time. For a two-rank job the median of two is their mean, which
         # halves the gap (a rank 1.5x slower than its peer would read 1.2x): there the reference
@@ -223,22 +256,58 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
             f" or (min by (job) ({busy}) and on (job) (count by (job) ({busy}) == 2))",
         ),
         Recording(REC["straggler"], f"{busy} / on (job) group_left () ({REC['busy_median']} > 0)"),
-        # compat: aggregate by (le) and never select on a `le` value; 3.x writes le="1.0" where 2.x
-        # wrote "1", and histogram_quantile merges buckets of equal bound across the two spellings.
-        Recording(REC["job_p50"], f"histogram_quantile(0.5, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
-        Recording(REC["job_p99"], f"histogram_quantile(0.99, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
-        Recording(REC["job_steps"], f"avg by (job) ({rate(C.STEPS)})"),
-        Recording(REC["job_data_share"], job_share(C.DATALOADER_WAIT)),
-        Recording(REC["job_comm_share"], job_share(C.COMM_SECONDS)),
-        Recording(REC["job_xcomm_share"], job_share(C.EXPOSED_COMM_SECONDS)),
+        Recording(REC["job_steps"], f"avg by (job) ({R['steps']})"),
+        Recording(REC["job_data_share"], job_share("data_s")),
+        Recording(REC["job_comm_share"], job_share("comm_s")),
+        Recording(REC["job_xcomm_share"], job_share("xcomm_s")),
         # The job loses the largest rank's checkpoint share: the other ranks wait for it in their
         # next collective (rank-0-only saves), so the mean would understate it by the world size.
         Recording(REC["job_ckpt_share"], f"max by (job) ({REC['ckpt_share']})"),
+        Recording(REC["b2o"], f"{rate(C.BACKWARD_TO_OPTIMIZER.sum)} / ({rate(C.BACKWARD_TO_OPTIMIZER.count)} > 0)"),
+        Recording(REC["alloc_retries"], f"{rate(C.CUDA_ALLOC_RETRIES)} * 60"),
+        Recording(REC["ckpt_age"], f"time() - {C.LAST_CHECKPOINT}"),
+        Recording(REC["ckpt_age_median"], f"quantile by (job) (0.5, {REC['ckpt_age']})"),
+        Recording(REC["ranks_up"], f"sum by (job) ({C.RANK_UP})"),
+        Recording(REC["ranks"], f"count by (job) ({C.RANK_UP})"),
+    ]
+    node = [
         Recording(REC["retrans"], f"{rate(C.NET_TCP_RETRANS)} / ({rate(C.NET_TCP_SENT)} > 0)"),
         Recording(REC["gpu_util"], rate(C.GPU_BUSY_SECONDS)),
         Recording(REC["gpu_swings"], f"{rate(C.GPU_SWINGS)} * 60"),
         Recording(REC["node_gpu_util"], f"avg by (node) ({REC['gpu_util']})"),
+        Recording(REC["ingest"], f"sum by (node, result) ({rate(C.INGEST_DATAGRAMS)})"),
+        Recording(REC["disk_free"], f"{C.DISK_FREE} / ({C.DISK_TOTAL} > 0)"),
+        # filter before aggregating: only the reasons that are active become series
+        Recording(REC["throttled"],
+                  f'max by (node, gpu, reason) ({C.GPU_CLOCKS_EVENT}{{reason=~"{"|".join(THROTTLE_SHOWN)}"}} == 1)'),
     ]
+    # compat: aggregate by (le) and never select on a `le` value; 3.x writes le="1.0" where 2.x
+    # wrote "1", and histogram_quantile merges buckets of equal bound across the two spellings.
+    hist = [
+        Recording(REC["job_p50"], f"histogram_quantile(0.5, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
+        Recording(REC["job_p99"], f"histogram_quantile(0.99, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
+    ]
+    rdma_errors = f'{C.RDMA_PORT_COUNTER}{{counter!~"{RDMA_TRAFFIC}"}}'
+    rdma_packets = f'{C.RDMA_PORT_COUNTER}{{counter=~"port_(rcv|xmit)_packets"}}'
+    node_counters = [
+        Recording(REC["rdma_errors"], f"sum by (node, counter) ({rate(rdma_errors)})"),
+        Recording(REC["rdma_packets"], f"sum by (node, counter) ({rate(rdma_packets)})"),
+        Recording(REC["util_samples"], f"sum by (node, le) ({rate(C.GPU_UTILIZATION_SAMPLES.bucket)})"),
+        Recording(REC["if_errors"], f"sum by (node, direction) ({rate(C.NET_IF_ERRORS)})"),
+        Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
+        Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
+    ]
+    out: List[Recording] = []
+    for group, rules in ((RANK, rank), (NODE, node), (HIST, hist), (NODEC, node_counters)):
+        out += [replace(r, group=group) for r in rules]
+    return out
+
+
+def recording_groups(cfg: Mapping[str, Any]) -> List[Tuple[str, Optional[str], List[Recording]]]:
+    """(group name, interval or None, rules) in RULE_GROUPS order."""
+    rules = recording_rules(cfg)
+    return [(g, cfg["durations"][key] if key else None, [r for r in rules if r.group == g])
+            for g, key in RULE_GROUPS.items()]
 
 
 RANK_DESC = "job={{ $labels.job }} rank={{ $labels.rank }} node={{ $labels.node }}"
@@ -259,7 +328,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     comm = ("RanksightCommBound",)
     stuck_job_targets = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked")
     on_node = Inhibit(("RanksightGpuSawtooth",), ("node",))
-    retries = f"rate({C.CUDA_ALLOC_RETRIES}[{rate_w}]) * 60"
+    retries = REC["alloc_retries"]
     retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
                    f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
     ckpt_recent = duration_seconds(rate_w)
@@ -268,8 +337,8 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     xid_new = (f"((({C.GPU_XID_ERRORS} > 0) unless ({C.GPU_XID_ERRORS} offset {rate_w}))"
                f" and on (instance) (up{{job=\"{SCRAPE_JOB}\"}} offset {rate_w}))")
     throttled = f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
-    drop_ratio = (f"sum by (node) (rate({C.INGEST_DATAGRAMS}{{result!=\"ok\"}}[{rate_w}])) / "
-                  f"(sum by (node) (rate({C.INGEST_DATAGRAMS}[{rate_w}])) > 0)")
+    drop_ratio = (f"sum by (node) ({REC['ingest']}{{result!=\"ok\"}}) / "
+                  f"(sum by (node) ({REC['ingest']}) > 0)")
     entries: List[Entry] = [
         # ------------------------------------------------------------ 1. dataloader wait
         Entry(
