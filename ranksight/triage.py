@@ -226,7 +226,6 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     # Checkpoint seconds per wall second = the share of wall time spent checkpointing, over a
     # window longer than the checkpoint interval (1 h): over the 5 min rate window, every write
     # longer than 15 s would read as a 5% share.
-    ckpt_share = R["ckpt_s"] if ckpt_w == w else rate(C.CHECKPOINT_SECONDS, ckpt_w)
     rank = [
         Recording(R["step_s"], rate(C.STEP_SECONDS)),
         Recording(R["steps"], rate(C.STEPS)),
@@ -237,7 +236,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["data_share"], share("data_s")),
         Recording(REC["comm_share"], share("comm_s")),
         Recording(REC["xcomm_share"], share("xcomm_s")),
-        Recording(REC["ckpt_share"], ckpt_share),
+        Recording(REC["ckpt_share"], rate(C.CHECKPOINT_SECONDS, ckpt_w)),
         Recording(REC["step_mean"], f"{R['step_s']} / ({R['steps']} > 0)"),
         # Busy time per step: the step minus the time the rank only waited (data, exposed comm,
         # checkpoint). Under synchronous data parallel all step times are equal, so the step itself

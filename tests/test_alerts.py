@@ -2,6 +2,7 @@
 (the hand-written promtool unit tests), and the test profile only shortens time."""
 from __future__ import annotations
 
+import collections
 import copy
 import re
 import shutil
@@ -140,7 +141,7 @@ _TIME = [
 
 def _without_time(doc: Any) -> Any:
     if isinstance(doc, dict):
-        return {k: _without_time(v) for k, v in doc.items() if k != "for"}
+        return {k: _without_time(v) for k, v in doc.items() if k not in ("for", "interval")}
     if isinstance(doc, list):
         return [_without_time(v) for v in doc]
     if isinstance(doc, str):
@@ -154,7 +155,13 @@ def test_test_profile_differs_only_in_for_and_windows(default_cfg, test_cfg):
     t = yaml.safe_load(generate.render(test_cfg)["ranksight-rules.yml"])
     assert d != t
     assert _without_time(d) == _without_time(t)
-    fors = [(a.get("for"), b.get("for")) for a, b in zip(d["groups"][1]["rules"], t["groups"][1]["rules"])]
+    alerts = [i for i, g in enumerate(d["groups"]) if g["name"] == "ranksight.alerts"]
+    assert len(alerts) == 1
+    fors = [(a.get("for"), b.get("for")) for a, b in zip(d["groups"][alerts[0]]["rules"], t["groups"][alerts[0]]["rules"])]
+    # the slow recording groups run at durations.slow_rule_interval, shorter in the test profile
+    ivals = [(a.get("interval"), b.get("interval")) for a, b in zip(d["groups"], t["groups"])]
+    assert all((df is None) == (tf is None) for df, tf in ivals)
+    assert all(config.duration_seconds(tf) <= config.duration_seconds(df) for df, tf in ivals if df)
     assert all(config.duration_seconds(tf) <= config.duration_seconds(df) for df, tf in fors)
     assert any(tf != df for df, tf in fors)
     # the Alertmanager config differs in its route timings only
@@ -168,7 +175,9 @@ def test_test_profile_differs_only_in_for_and_windows(default_cfg, test_cfg):
 # ------------------------------------------------------------------ the table's own rules
 
 def test_every_alert_carries_the_contract(default_cfg):
-    rules = yaml.safe_load(generate.render(default_cfg)["ranksight-rules.yml"])["groups"][1]["rules"]
+    groups = yaml.safe_load(generate.render(default_cfg)["ranksight-rules.yml"])["groups"]
+    assert [g["name"] for g in groups] == list(triage.RULE_GROUPS) + ["ranksight.alerts"]
+    rules = groups[-1]["rules"]
     assert [r["alert"] for r in rules] == [e.alert for e in triage.table(default_cfg)]
     units = {e.alert: e.unit for e in triage.table(default_cfg)}
     for r in rules:
@@ -227,7 +236,7 @@ def test_rules_avoid_what_changed_in_prometheus_3(default_cfg, test_cfg):
                 assert "." not in rx, f"regex with '.' (matches newlines in 3.x): {x}"
     rules = yaml.safe_load(generate.render(default_cfg)["ranksight-rules.yml"])
     for g in rules["groups"]:
-        assert set(g) == {"name", "rules"}  # no 3.x-only group fields (query_offset, ...)
+        assert set(g) <= {"name", "interval", "rules"}  # no 3.x-only group fields (query_offset, ...)
 
 
 # ------------------------------------------------------------------ the CLI
@@ -255,3 +264,19 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
         msg = (r.stderr + r.stdout).strip()
         assert r.returncode == 2, (args, msg)
         assert "Traceback" not in msg and len(msg.splitlines()) <= 2, msg
+
+
+def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
+    """Issue 9: at 8,192 ranks the cost of the recording rules is the raw series they read. Each
+    rate() of a raw counter over a window appears once; shares and aggregates read the records."""
+    reads = collections.Counter(
+        m for r in triage.recording_rules(default_cfg) for m in re.findall(r"rate\((ranksight_[a-z_]+(?:\{[^}]*\})?\[\w+\])", r.expr))
+    assert reads, "no rate() found in the recording rules?"
+    assert {m: n for m, n in reads.items() if n > 1} == {}
+    # every record a rule reads is produced by an earlier rule of the same group (Prometheus
+    # evaluates a group's rules in order, and groups concurrently)
+    seen: Dict[str, str] = {}
+    for r in triage.recording_rules(default_cfg):
+        for name in re.findall(r"\b((?:rank|job|node|gpu):ranksight_[a-z_]+:[a-z0-9_]+)", r.expr):
+            assert seen.get(name) == r.group, (r.record, name)
+        seen[r.record] = r.group
