@@ -84,6 +84,7 @@ REC = {
     "busy": "rank:ranksight_busy_seconds_per_step:rate",
     "busy_median": "job:ranksight_busy_seconds_per_step:median",
     "straggler": "rank:ranksight_straggler:ratio",
+    "job_buckets": "job:ranksight_step_duration_seconds_bucket:rate",
     "job_p50": "job:ranksight_step_duration_seconds:p50_rate",
     "job_p99": "job:ranksight_step_duration_seconds:p99_rate",
     "job_steps": "job:ranksight_steps:rate",
@@ -283,8 +284,9 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     # compat: aggregate by (le) and never select on a `le` value; 3.x writes le="1.0" where 2.x
     # wrote "1", and histogram_quantile merges buckets of equal bound across the two spellings.
     hist = [
-        Recording(REC["job_p50"], f"histogram_quantile(0.5, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
-        Recording(REC["job_p99"], f"histogram_quantile(0.99, sum by (job, le) ({rate(C.STEP_DURATION.bucket)}))"),
+        Recording(REC["job_buckets"], f"sum by (job, le) ({rate(C.STEP_DURATION.bucket)})"),
+        Recording(REC["job_p50"], f"histogram_quantile(0.5, {REC['job_buckets']})"),
+        Recording(REC["job_p99"], f"histogram_quantile(0.99, {REC['job_buckets']})"),
     ]
     rdma_errors = f'{C.RDMA_PORT_COUNTER}{{counter!~"{RDMA_TRAFFIC}"}}'
     rdma_packets = f'{C.RDMA_PORT_COUNTER}{{counter=~"port_(rcv|xmit)_packets"}}'
