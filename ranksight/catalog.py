@@ -198,3 +198,18 @@ CHECKPOINT_IN_PROGRESS = _m("checkpoint_in_progress_seconds", "gauge", "seconds"
 def by_name(name: str) -> Metric:
     short = name[len(PREFIX):] if name.startswith(PREFIX) else name
     return CATALOG[short]
+
+# ---------------------------------------------------------------- appended by the scale work (issue 9)
+# Values of the `counter` label of RDMA_PORT_COUNTER the agent exposes by default
+# (agent.rdma_counters: curated): throughput, and the link-error and congestion
+# counters the runbooks and dashboards name. Every other file under
+# /sys/class/infiniband/<dev>/ports/<port>/{counters,hw_counters} stays readable on
+# the node (`cat` it) or is exposed with agent.rdma_counters: all.
+RDMA_CURATED_COUNTERS: Tuple[str, ...] = (
+    # counters/ (IB PMA port counters)
+    "link_downed", "link_error_recovery", "port_rcv_data", "port_rcv_errors", "port_rcv_packets",
+    "port_xmit_data", "port_xmit_discards", "port_xmit_packets", "port_xmit_wait", "symbol_error",
+    # hw_counters/ (mlx5: transport retries and RoCE congestion)
+    "local_ack_timeout_err", "np_cnp_sent", "out_of_buffer", "out_of_sequence", "packet_seq_err",
+    "rnr_nak_retry_err", "rp_cnp_handled",
+)

@@ -66,6 +66,7 @@ PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
 AGENT_PORT = 9945
 
+BACKFILL_CPU_S_PER_SAMPLE = 3.0e-6  # generation + promtool, per sample, one core (bench/RESULTS.md "Scale")
 TARGET_QUERY_S = 1.0
 TARGET_RULE_GROUP_S = 5.0
 TARGET_SERIES_PER_NODE = 1500
@@ -103,14 +104,9 @@ MLX5_HW_COUNTERS = (
     "roce_slow_restart_trans", "rp_cnp_handled", "rp_cnp_ignored", "rx_atomic_requests", "rx_dct_connect",
     "rx_icrc_encapsulated", "rx_read_requests", "rx_write_requests",
 )
-# The proposed allowlist (issue 9): throughput, the link-error and congestion counters
+# The agent's RDMA allowlist (issue 9): throughput, the link-error and congestion counters
 # the runbooks name. Everything else stays readable on the node (`cat` the file).
-RDMA_CURATED = (
-    "link_downed", "link_error_recovery", "port_rcv_data", "port_rcv_errors", "port_rcv_packets",
-    "port_xmit_data", "port_xmit_discards", "port_xmit_packets", "port_xmit_wait", "symbol_error",
-    "local_ack_timeout_err", "np_cnp_sent", "out_of_buffer", "out_of_sequence", "packet_seq_err",
-    "rnr_nak_retry_err", "rp_cnp_handled",
-)
+RDMA_CURATED = C.RDMA_CURATED_COUNTERS  # the agent's default (agent.rdma_counters: curated)
 DISK_PATHS = ("/", "/checkpoints", "/tmp")
 
 
@@ -124,19 +120,20 @@ class Shape:
     rdma_ports: Tuple[Tuple[str, str], ...] = RDMA_PORTS
     rdma_counters: Tuple[str, ...] = IB_PORT_COUNTERS + MLX5_HW_COUNTERS
     disk_paths: Tuple[str, ...] = DISK_PATHS
-    lints_exposed: str = "all"  # "all": every lint the hooks checked, 0 or 1; "active": only those at 1
+    lints_exposed: str = "all"  # "all": every lint the hooks checked, 0 or 1; "active": only those at 1 (the agent)
 
 
-DESIGNS = ("as-is", "proposed")
+DESIGNS = ("as-is", "before-issue-9")
 
 
 def shape_for(design: str, gpus: int, ranks_per_node: int) -> Shape:
-    """as-is: what the agent exposes today; proposed: the issue-9 changes (RDMA allowlist,
-    lint_active only while a lint applies)."""
+    """as-is: what the agent exposes today (agent.rdma_counters: curated, lint_active only while a
+    lint applies); before-issue-9: every RDMA counter file and a 0/1 series per lint checked, the
+    1,747 series per node the first scale run measured."""
     if design == "as-is":
-        return Shape(gpus=gpus, ranks_per_node=ranks_per_node)
-    if design == "proposed":
         return Shape(gpus=gpus, ranks_per_node=ranks_per_node, rdma_counters=RDMA_CURATED, lints_exposed="active")
+    if design == "before-issue-9":
+        return Shape(gpus=gpus, ranks_per_node=ranks_per_node)
     raise ValueError(f"unknown design {design!r} (known: {', '.join(DESIGNS)})")
 
 
@@ -1183,7 +1180,7 @@ class Options:
     prometheus: str = PROMETHEUS
     promtool: str = PROMTOOL
     query_timeout: int = 120
-    future: int = 0  # seconds the data reaches past the start; 0: max(10 min, half the range)
+    future: int = 0  # seconds the data reaches past now; 0: the expected generation + backfill time
     reuse: Optional[str] = None  # a --keep directory: skip generation, backfill only missing rules
     seed: int = 9
 
@@ -1254,7 +1251,11 @@ class Bench:
         shape = shape_for(o.design, o.gpus, o.ranks_per_node)
         rate_w = int(rconfig.duration_seconds(self.cfg["windows"]["rate"]))
         lead = max(rate_w, 60) + 60
-        future = o.future or max(600, int(o.hours * 3600) // 2)
+        # the live rule evaluation starts once the data's last sample has passed (see _live_rules):
+        # by default the data ends when generation and backfill should be done (promtool costs
+        # about 2 us of CPU per sample and reads its input twice, generation 0.4 us; measured)
+        est_samples = series_per_node(shape)["total"] * o.nodes * ((int(o.hours * 3600) + lead) // o.step + 1)
+        future = o.future or int(max(2.0 * o.step, est_samples * BACKFILL_CPU_S_PER_SAMPLE / max(1, o.jobs)))
         t0, samples, block = plan_window(time.time(), o.hours, o.step, lead, future)
         dl_node = o.nodes // 2 if o.nodes > 1 else 0
         scn = Scenario(nodes=o.nodes, shape=shape, t0=t0, samples=samples, step=o.step,
@@ -1395,17 +1396,19 @@ class Bench:
         expanded, skipped = expand_recording_rules(rules)
         exp_path = base / "recording-expanded.yml"
         exp_path.write_text(expanded)
-        cfg_path = base / "prometheus.yml"
-        ooo = int((scn.t_end - time.time()) + 3 * 3600)
-        cfg_path.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": f"{o.step}s", "evaluation_interval": f"{o.step}s"},
-            "rule_files": [str(rules_path)],
-            # the backfilled blocks reach a little into the future (so the live rule evaluation
-            # reads full windows); rule results are written "out of order" below their max time
-            "storage": {"tsdb": {"out_of_order_time_window": f"{max(ooo, 3600)}s"}},
-        }))
         bare_cfg = base / "prometheus-norules.yml"
         bare_cfg.write_text(yaml.safe_dump({"global": {"scrape_interval": f"{o.step}s"}}))
+
+        # 2a. the rules evaluating live, as a production server runs them: on the raw blocks only,
+        # started once the data's last sample is in the past, so every rule result is an in-order
+        # head append (a TSDB whose blocks reach past now takes rule results only as out-of-order
+        # samples, and reading recorded series back from the out-of-order head is several times
+        # slower than from the in-order head a real server has: round 3 measured that, not the rules)
+        if o.reuse:
+            self.result["rules_warning"] = "--reuse: the kept data is in the past; live rule timing needs a fresh run"
+        else:
+            self._phase("rule evaluation (live, raw blocks)")
+            self._live_rules(scn, base, data, logs, rules_path)
 
         self._phase("backfill recording rules")
         raw_view = base / "tsdb-raw-view"  # hard links: this Prometheus may compact its view, not ours
@@ -1458,19 +1461,15 @@ class Bench:
                                              "create-blocks-from rules (dependent rules inlined); "
                                              "the same rules then evaluate live"}
 
-        # 3. the measured Prometheus: all blocks, rules evaluating live
-        # 3a. the dashboards' Prometheus: all blocks, no rules. Rules evaluating live here would
-        # write their results "out of order" below the blocks' max time (the data reaches into
-        # the future), and reading out-of-order head chunks is far slower than reading the
-        # in-order head a real server has: it would make every recorded-series panel look slow.
+        # 3. the dashboards' Prometheus: raw and backfilled rule blocks, no rules evaluating
         self._phase("start prometheus, wait for compaction")
         p = Prometheus(o.prometheus, data, bare_cfg, logs / "prometheus.log",
                        extra=[f"--query.timeout={o.query_timeout}s"])
         self.procs.append(p)
         start_s = p.start()
         comp_s = self._wait_compaction(p, data) if self.o.wait_compaction else 0.0
-        self.result["prometheus"] = {"startup_seconds": round(start_s, 1), "compaction_seconds": round(comp_s, 1),
-                                     "blocks": sum(1 for b in data.iterdir() if (b / "meta.json").exists())}
+        self.result.setdefault("prometheus", {}).update({"startup_seconds": round(start_s, 1), "compaction_seconds": round(comp_s, 1),
+                                     "blocks": sum(1 for b in data.iterdir() if (b / "meta.json").exists())})
 
         self._phase("series in prometheus")
         self._count_series(p, scn, q_end)
@@ -1487,28 +1486,50 @@ class Bench:
         p.stop()
         self.procs.remove(p)
 
-        # 3b. the same TSDB with the rule file evaluating live: rule-group evaluation time
-        self._phase("rule evaluation")
-        if time.time() > scn.t_end - 2 * o.step:
-            log.warning("scale: the data ended before the live rule evaluation; rule times understate")
-            self.result["rules_warning"] = "data ended before live evaluation"
-        while time.time() < scn.t0 + self.lead + o.step:  # the data starts in the future (--future too large)
-            log.warning("scale: waiting for the data's start so that the rules read full windows")
-            time.sleep(min(30.0, scn.t0 + self.lead + o.step - time.time() + 1))
-        pr = Prometheus(o.prometheus, data, cfg_path, logs / "prometheus-rules.log",
+
+    def _live_rules(self, scn: Scenario, base: Path, data: Path, logs: Path, rules_path: Path) -> None:
+        o = self.o
+        cfg_path = base / "prometheus.yml"
+        cfg_path.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": f"{o.step}s", "evaluation_interval": f"{o.step}s"},
+            "rule_files": [str(rules_path)],
+        }))
+        wait = scn.t_end + 1 - time.time()
+        if wait > 0:  # --future larger than generation and backfill took
+            log.info("scale: waiting %.0f s for the data's last sample to pass", wait)
+            time.sleep(wait)
+        lag = time.time() - scn.t_end
+        rate_w = rconfig.duration_seconds(self.cfg["windows"]["rate"])
+        if lag > rate_w / 2:
+            log.warning("scale: the data ended %.0f s before the live rule evaluation; rule times understate "
+                        "(raise --future)", lag)
+            self.result["rules_warning"] = f"data ended {lag:.0f} s before live evaluation (raise --future)"
+        view = base / "tsdb-live-view"  # hard links: the rule results stay out of the measured TSDB
+        shutil.rmtree(view, ignore_errors=True)
+        view.mkdir()
+        for blk in data.iterdir():
+            if (blk / "meta.json").exists():
+                shutil.copytree(blk, view / blk.name, copy_function=os.link)
+        pr = Prometheus(o.prometheus, view, cfg_path, logs / "prometheus-rules.log",
                         extra=[f"--query.timeout={o.query_timeout}s"])
         self.procs.append(pr)
-        pr.start()
-        self._rules(pr)
-        self._memory(pr, "rules_")
+        try:
+            pr.start()
+            self._rules(pr)
+            self.result["rules"]["data_lag_seconds"] = round(lag, 1)
+            self._memory(pr, "rules_")
+        finally:
+            pr.stop()
+            self.procs.remove(pr)
+            shutil.rmtree(view, ignore_errors=True)
 
     def _memory(self, p: Prometheus, prefix: str = "") -> None:
         rss, hwm = p.rss()
         pm = p.metrics()
-        self.result["prometheus"].update({
+        self.result.setdefault("prometheus", {}).update({
             f"{prefix}rss_bytes": rss, f"{prefix}rss_peak_bytes": hwm,
             f"{prefix}go_heap_inuse_bytes": int(pm.get("go_memstats_heap_inuse_bytes", 0)),
-            "head_series": int(pm.get("prometheus_tsdb_head_series", 0)),
+            f"{prefix}head_series": int(pm.get("prometheus_tsdb_head_series", 0)),
         })
 
     def _wait_compaction(self, p: Prometheus, data: Path, timeout: float = 1800.0) -> float:
@@ -1612,6 +1633,7 @@ class Bench:
         samples: Dict[str, List[float]] = {}
         seen: Dict[str, str] = {}
         meta: Dict[str, Dict[str, Any]] = {}
+        need: Dict[str, int] = {}  # groups slower than the base interval: 2 evaluations suffice
         deadline = time.monotonic() + max(o.rule_evals, 1) * o.step * 3 + 120
         while time.monotonic() < deadline:
             doc = p.get("/api/v1/rules")
@@ -1624,10 +1646,14 @@ class Bench:
                               "slowest_rules": [{"rule": n, "seconds": round(t, 4)} for n, t in slow],
                               "unhealthy": sum(1 for r in g.get("rules", []) if r.get("health") not in ("ok", "unknown")),
                               "last_error": next((r.get("lastError") for r in g.get("rules", []) if r.get("lastError")), None)}
+                if name not in need:
+                    ival = float(g.get("interval") or o.step)
+                    need[name] = max(o.rule_evals, 1) if ival <= o.step else 2
+                    deadline = max(deadline, time.monotonic() + 3 * ival + 60)
                 if last and last != seen.get(name) and not last.startswith("0001"):
                     seen[name] = last
                     samples.setdefault(name, []).append(float(g.get("evaluationTime", 0.0)))
-            if meta and all(len(samples.get(n, [])) >= o.rule_evals for n in meta):
+            if meta and all(len(samples.get(n, [])) >= need[n] for n in meta):
                 break
             time.sleep(1.0)
         pm = p.metrics()
@@ -1687,8 +1713,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hours", type=_hours, default=1.0, help="data the dashboards query: hours (1) or a duration (10m) (default 1)")
     p.add_argument("--step", type=_duration_arg, default=15, help="scrape interval and query step (default 15s)")
     p.add_argument("--design", choices=DESIGNS, default="as-is",
-                   help="as-is: the series the agent exposes today; proposed: with the issue-9 changes "
-                        "(RDMA counter allowlist, lint_active only while a lint applies)")
+                   help="as-is: the series the agent exposes today; before-issue-9: every RDMA counter "
+                        "file and a 0/1 series per lint (the first scale run's agent)")
     p.add_argument("--repeat", type=_pos_int, default=3, help="rounds of every query; the median is reported (default 3)")
     p.add_argument("--parts", type=int, default=0, help="node slices backfilled as separate blocks (default: 64 nodes each)")
     p.add_argument("--jobs", type=_pos_int, default=2, help="promtool processes at once (default 2)")
@@ -1710,9 +1736,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", metavar="DIR", default=None, help="where the temporary TSDB goes (default: $TMPDIR)")
     p.add_argument("--keep", metavar="DIR", default=None, help="keep the TSDB, rules and logs in DIR (new or empty)")
     p.add_argument("--future", type=_duration_arg, default=0, metavar="DURATION",
-                   help="how far past now the generated data reaches, so that the rules evaluating live "
-                        "(at the end of the run) read full windows; default max(10m, half of --hours); "
-                        "raise it when the run is slow (a busy machine)")
+                   help="how far past now the generated data reaches: the rules evaluate live once its "
+                        "last sample has passed (so their windows are full and their results in-order); "
+                        "default: the expected generation + backfill time; raise it on a busy machine")
     p.add_argument("--reuse", metavar="DIR", default=None,
                    help="a --keep directory of an earlier run: skip generation and backfill, backfill only "
                         "the recording rules it lacks, then measure (iterate on rules and dashboards at scale)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -24,7 +25,8 @@ from ranksight.exporter.exposition import TextWriter
 from ranksight.exporter.nvml_standin import NvmlStandin
 from ranksight.triage import CLOCK_EVENT_REASONS
 
-from test_exporter_helpers import LOCAL, NE, one, parse, scrape, series, trace
+from test_exporter_helpers import LOCAL, NE, Proc, agent_cmd, free_port, http_get, one, parse, scrape, series, \
+    trace, wait_for
 
 NODE = "n1"
 
@@ -173,29 +175,101 @@ def test_network_missing_everything_is_down_not_a_crash(tmp_path):
 
 
 # ---------------------------------------------------------------- rdma
-def test_rdma_node_exporter_tree_every_value_matches():
-    got, up = collect(RdmaCollector(NODE, str(NE / "sys")))
-    assert up
-    base = NE / "sys" / "class" / "infiniband"
+def expected_rdma(sysfs: Path) -> Dict:
+    """Every numeric counters/ and hw_counters/ file of every port, plus rate and state, read here
+    independently of the collector (a hw_counters file named like a counters file is hw_<name>)."""
+    base = sysfs / "class" / "infiniband"
     exp = {}
     for dev in base.iterdir():
         for port in (dev / "ports").iterdir():
             lab = [("node", NODE), ("device", dev.name), ("port", port.name)]
+            plain = {f.name for f in (port / "counters").iterdir()} if (port / "counters").is_dir() else set()
             for sub in ("counters", "hw_counters"):
                 if (port / sub).is_dir():
                     for f in (port / sub).iterdir():
                         text = f.read_text().strip()
                         if text.isdigit():  # "N/A (no PMA)" files are skipped
-                            exp[(C.RDMA_PORT_COUNTER.name, frozenset(lab + [("counter", f.name)]))] = int(text)
+                            name = "hw_" + f.name if sub == "hw_counters" and f.name in plain else f.name
+                            exp[(C.RDMA_PORT_COUNTER.name, frozenset(lab + [("counter", name)]))] = int(text)
             m = re.match(r"(\d+) Gb/sec", (port / "rate").read_text())
             exp[(C.RDMA_PORT_RATE.name, frozenset(lab))] = int(m.group(1)) * 1e9 / 8
             exp[(C.RDMA_PORT_UP.name, frozenset(lab))] = 1.0 if "ACTIVE" in (port / "state").read_text() else 0.0
+    return exp
+
+
+def only_counters(exp: Dict, names) -> Dict:
+    """``exp`` without the counter series whose counter label is not in ``names``."""
+    return {k: v for k, v in exp.items() if k[0] != C.RDMA_PORT_COUNTER.name or dict(k[1])["counter"] in names}
+
+
+def counter_names(got: Dict, **match: str) -> Dict[str, float]:
+    return {dict(k)["counter"]: v for k, v in series(got, C.RDMA_PORT_COUNTER.name, **match).items()}
+
+
+def mlx5_tree(root: Path, ports: int = 2) -> Path:
+    """An mlx5 HCA as the kernel lays it out (counters: the IB PMA port counters; hw_counters:
+    drivers/infiniband/hw/mlx5/counters.c), every file a distinct value."""
+    from ranksight import scale
+
+    n = 0
+    for i in range(ports):
+        port = root / "class" / "infiniband" / f"mlx5_{i}" / "ports" / "1"
+        for sub, names in (("counters", scale.IB_PORT_COUNTERS), ("hw_counters", scale.MLX5_HW_COUNTERS)):
+            (port / sub).mkdir(parents=True)
+            for name in names:
+                n += 1
+                (port / sub / name).write_text(f"{1000 + n}\n")
+        (port / "rate").write_text("400 Gb/sec (4X NDR)\n")
+        (port / "state").write_text("4: ACTIVE\n")
+    return root
+
+
+def test_rdma_node_exporter_tree_every_value_matches():
+    exp = expected_rdma(NE / "sys")
+    got, up = collect(RdmaCollector(NODE, str(NE / "sys"), counters="all"))
+    assert up
     assert got == exp
     # literal values from tests/fixtures/node_exporter/sys/class/infiniband/mlx4_0/ports/1/{rate,counters/...}
     assert one(got, C.RDMA_PORT_RATE.name, device="mlx4_0", port="1") == 5e9  # "40 Gb/sec (4X QDR)"
     assert one(got, C.RDMA_PORT_COUNTER.name, device="mlx4_0", port="1", counter="port_xmit_wait") == 4294967295
+    assert one(got, C.RDMA_PORT_COUNTER.name, device="mlx4_0", port="1", counter="unicast_rcv_packets") == 61148
     assert one(got, C.RDMA_PORT_RATE.name, device="i40iw0", port="1") == 1.25e9  # "10 Gb/sec (4X)"
     assert not series(got, C.RDMA_PORT_COUNTER.name, counter="port_rcv_data_64"), "counters_ext is not read"
+    # the default (agent.rdma_counters: curated): the same values, only the allowlisted counters
+    cur, up = collect(RdmaCollector(NODE, str(NE / "sys")))
+    assert up
+    assert cur == only_counters(exp, C.RDMA_CURATED_COUNTERS)
+    assert set(counter_names(cur, device="mlx4_0", port="1")) == {
+        "link_downed", "link_error_recovery", "port_rcv_data", "port_rcv_errors", "port_rcv_packets",
+        "port_xmit_data", "port_xmit_discards", "port_xmit_packets", "port_xmit_wait"}
+    assert len(series(cur, C.RDMA_PORT_COUNTER.name)) < len(series(got, C.RDMA_PORT_COUNTER.name))
+
+
+def test_rdma_curated_all_and_a_list_on_mlx5_ports(tmp_path, caplog):
+    root = mlx5_tree(tmp_path)
+    exp = expected_rdma(root)
+    got, up = collect(RdmaCollector(NODE, str(root), counters="all"))
+    assert up and got == exp
+    for dev in ("mlx5_0", "mlx5_1"):
+        assert len(counter_names(got, device=dev)) == 51  # 21 counters + 30 hw_counters, no collisions on mlx5
+    cur, up = collect(RdmaCollector(NODE, str(root), counters="curated"))
+    assert up and cur == only_counters(exp, C.RDMA_CURATED_COUNTERS)
+    for dev in ("mlx5_0", "mlx5_1"):
+        assert set(counter_names(cur, device=dev)) == set(C.RDMA_CURATED_COUNTERS)  # every one exists on mlx5
+    assert len(C.RDMA_CURATED_COUNTERS) == 17
+    # the dashboards' RDMA packets panel and the error/congestion panel still have their inputs
+    assert {"port_rcv_packets", "port_xmit_packets", "symbol_error", "np_cnp_sent"} <= set(counter_names(cur))
+    pick = ["np_ecn_marked_roce_packets", "symbol_error", "no_such_counter"]
+    c = RdmaCollector(NODE, str(root), counters=pick)
+    with caplog.at_level(logging.WARNING, logger="ranksight.exporter.rdma"):
+        lst, up = collect(c)
+        collect(c)
+    assert up and lst == only_counters(exp, pick)
+    typo = [r.getMessage() for r in caplog.records if "rdma_counters" in r.getMessage()]
+    assert typo == ["agent.rdma_counters names counters no RDMA port has: no_such_counter"]  # once, not per scrape
+    assert set(counter_names(lst)) == {"np_ecn_marked_roce_packets", "symbol_error"}
+    assert one(lst, C.RDMA_PORT_COUNTER.name, device="mlx5_1", counter="symbol_error") == \
+        int((root / "class/infiniband/mlx5_1/ports/1/counters/symbol_error").read_text())
 
 
 def test_rdma_hw_counters_and_odd_files(tmp_path):
@@ -208,14 +282,73 @@ def test_rdma_hw_counters_and_odd_files(tmp_path):
     (port / "counters" / "symbol_error").write_text("7\n")
     (port / "counters" / "link_downed").write_text("3\n")
     (port / "counters" / "unsupported").write_text("N/A\n")
+    (port / "counters" / "port_rcv_errors").write_text("N/A (no PMA)\n")
     (port / "hw_counters" / "out_of_buffer").write_text("11\n")
     (port / "hw_counters" / "link_downed").write_text("4\n")  # collides with counters/link_downed
-    got, up = collect(RdmaCollector(NODE, str(tmp_path)))
+    (port / "hw_counters" / "port_rcv_errors").write_text("9\n")  # collides with an unreadable counters file
+    got, up = collect(RdmaCollector(NODE, str(tmp_path), counters="all"))
     assert up
-    counters = {dict(k)["counter"]: v for k, v in series(got, C.RDMA_PORT_COUNTER.name).items()}
-    assert counters == {"symbol_error": 7, "link_downed": 3, "out_of_buffer": 11, "hw_link_downed": 4}
+    # the label depends on the file names, not on what a file holds: hw_port_rcv_errors even though
+    # counters/port_rcv_errors is N/A
+    assert counter_names(got) == {"symbol_error": 7, "link_downed": 3, "out_of_buffer": 11, "hw_link_downed": 4,
+                                  "hw_port_rcv_errors": 9}
     assert one(got, C.RDMA_PORT_RATE.name) == 12.5e9
     assert one(got, C.RDMA_PORT_UP.name) == 0.0
+    cur, _ = collect(RdmaCollector(NODE, str(tmp_path)))
+    assert counter_names(cur) == {"symbol_error": 7, "link_downed": 3, "out_of_buffer": 11}
+    lst, _ = collect(RdmaCollector(NODE, str(tmp_path), counters=["hw_link_downed", "unsupported"]))
+    assert counter_names(lst) == {"hw_link_downed": 4}
+    assert one(lst, C.RDMA_PORT_UP.name) == 0.0  # rate and state whatever the allowlist
+    with pytest.raises(ValueError, match="expected curated, all or a list"):
+        RdmaCollector(NODE, str(tmp_path), counters="some")
+
+
+def _run_agent(args, env=None):
+    e = dict(os.environ, **(env or {}))
+    r = subprocess.run(agent_cmd(*args), capture_output=True, text=True, timeout=30, env=e)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    return r.returncode, lines, r.stderr
+
+
+def test_rdma_counters_bad_values_exit_2(tmp_path):
+    """`ranksight exporter` refuses a bad agent.rdma_counters with one line and exit 2, from a file or the env."""
+    cfg = tmp_path / "agent.yml"
+    for text in ("agent:\n  rdma_counters: port rcv data\n", "agent:\n  rdma_counters: curated,all\n", "agent:\n  rdma_counters: [symbol_error, 5]\n",
+                 "agent:\n  rdma_counters: []\n", "agent:\n  rdma_counters: [all, symbol_error]\n",
+                 "agent:\n  rdma_counters: {symbol_error: 1}\n"):
+        cfg.write_text(text)
+        rc, lines, err = _run_agent(["--config", str(cfg), "--listen", "127.0.0.1:0", "--ingest", "udp://127.0.0.1:0"])
+        assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (text, err)
+        assert "agent.rdma_counters" in lines[0] and "expected curated, all or a list" in lines[0], lines
+    rc, lines, err = _run_agent(["--listen", "127.0.0.1:0", "--ingest", "udp://127.0.0.1:0"],
+                                {"RANKSIGHT__agent__rdma_counters": "symbol_error,port rcv"})
+    assert rc == 2 and len(lines) == 1 and "agent.rdma_counters" in lines[0], err
+
+
+def test_rdma_counters_config_values():
+    from ranksight import config as cfgmod
+
+    assert cfgmod.load(env={})["agent"]["rdma_counters"] == "curated"
+    assert cfgmod.load(env={"RANKSIGHT__agent__rdma_counters": "all"})["agent"]["rdma_counters"] == "all"
+    got = cfgmod.load(env={"RANKSIGHT__agent__rdma_counters": " symbol_error, hw_link_downed,symbol_error"})
+    assert got["agent"]["rdma_counters"] == ["symbol_error", "hw_link_downed"]
+
+
+def test_real_agent_exposes_the_curated_rdma_counters(tmp_path):
+    """The real agent process, scraped over HTTP, on an mlx5 tree: the default exposes the allowlist only."""
+    root = mlx5_tree(tmp_path / "sys", ports=3)
+    port = free_port()
+    p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "rdma",
+                       "--sysfs", str(root), "--node", NODE), tmp_path / "agent.log")
+    try:
+        got = wait_for(lambda: (lambda g: g if series(g, C.RDMA_PORT_COUNTER.name) else None)(
+            parse(http_get(f"http://127.0.0.1:{port}/metrics"))), 20, "RDMA series on /metrics")
+    finally:
+        p.stop()
+    assert one(got, C.COLLECTOR_UP.name, collector="rdma") == 1
+    exp = only_counters(expected_rdma(root), C.RDMA_CURATED_COUNTERS)
+    rdma = {k: v for k, v in got.items() if k[0].startswith("ranksight_rdma_")}
+    assert rdma == exp and len(series(rdma, C.RDMA_PORT_COUNTER.name)) == 3 * 17
 
 
 def test_rdma_absent_is_collector_down(tmp_path):

@@ -1,20 +1,29 @@
-"""rdma: every counter file under /sys/class/infiniband/<dev>/ports/<port>/counters
+"""rdma: the counter files under /sys/class/infiniband/<dev>/ports/<port>/counters
 and hw_counters, plus the port rate and state.
+
+Which counters (``agent.rdma_counters``): ``curated`` (the default) exposes only
+``catalog.RDMA_CURATED_COUNTERS``: throughput and the link-error and congestion
+counters the runbooks and dashboards name, 17 of the ~51 files an mlx5 port has
+(issue 9: at 10 ports a node that is 340 series less); ``all`` exposes every
+file; a list exposes exactly those names. Files not exposed are not read.
 
 Values are exposed raw, as the kernel reports them: per the InfiniBand spec,
 ``port_xmit_data`` and ``port_rcv_data`` count 4-byte words, so bytes are 4x
-the counter. A hw_counters file named like a counters file is exposed as
-``hw_<name>`` so the two never collide.
+the counter. A hw_counters file named like a file in counters is exposed as
+``hw_<name>`` so the two never collide (allowlists name it that way too).
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
-from typing import List, Optional
+from typing import FrozenSet, List, Optional, Sequence, Set, Union
 
 from ranksight import catalog as C
 
 from . import CollectorError, Family, family, read_text
+
+log = logging.getLogger("ranksight.exporter.rdma")
 
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([GM])b/sec")
 
@@ -35,18 +44,38 @@ def _listdir(path: str) -> List[str]:
         return []
 
 
+CURATED = "curated"
+ALL = "all"
+
+
+def allowlist(counters: Union[str, Sequence[str]]) -> Optional[FrozenSet[str]]:
+    """agent.rdma_counters -> the exposed counter names; None means every file."""
+    if counters == ALL:
+        return None
+    if counters == CURATED:
+        return frozenset(C.RDMA_CURATED_COUNTERS)
+    if isinstance(counters, str):
+        raise ValueError(f"rdma counters {counters!r}: expected {CURATED}, {ALL} or a list of counter names")
+    return frozenset(counters)
+
+
 class RdmaCollector:
     name = "rdma"
 
-    def __init__(self, node: str, sysfs: str = "/sys"):
+    def __init__(self, node: str, sysfs: str = "/sys", counters: Union[str, Sequence[str]] = CURATED):
         self.node = node
         self.base = os.path.join(sysfs, "class", "infiniband")
+        self.allow = allowlist(counters)
+        self.explicit = counters not in (CURATED, ALL)
+        self.checked = False  # an explicit list is checked once against the files that exist (typos)
 
     def collect(self) -> List[Family]:
         if not os.path.isdir(self.base):
             raise CollectorError(f"no RDMA devices ({self.base} does not exist)")
         node = [self.node]
+        allow = self.allow
         f_cnt, f_rate, f_up = family(C.RDMA_PORT_COUNTER), family(C.RDMA_PORT_RATE), family(C.RDMA_PORT_UP)
+        present: Set[str] = set()  # every counter label a port has a file for
         for dev in _listdir(self.base):
             ports = os.path.join(self.base, dev, "ports")
             for port in _listdir(ports):
@@ -59,18 +88,26 @@ class RdmaCollector:
                 state = read_text(os.path.join(p, "state"))
                 if state is not None:
                     f_up.add_metric(lab, 1.0 if state.split(":")[-1].strip() == "ACTIVE" else 0.0)
-                seen = set()
-                for sub in ("counters", "hw_counters"):
-                    d = os.path.join(p, sub)
-                    for name in _listdir(d):
-                        text = read_text(os.path.join(d, name))
-                        if text is None:
-                            continue
-                        try:
-                            v = int(text)
-                        except ValueError:  # "N/A" and friends
-                            continue
-                        label = name if name not in seen else "hw_" + name
-                        seen.add(label)
-                        f_cnt.add_metric(lab + [label], v)
+                d_cnt, d_hw = os.path.join(p, "counters"), os.path.join(p, "hw_counters")
+                plain = _listdir(d_cnt)
+                taken = set(plain)  # the label depends on the file names only, never on a file's content
+                files = [(d_cnt, name, name) for name in plain]
+                files += [(d_hw, name, "hw_" + name if name in taken else name) for name in _listdir(d_hw)]
+                for d, name, label in files:
+                    present.add(label)
+                    if allow is not None and label not in allow:
+                        continue
+                    text = read_text(os.path.join(d, name))
+                    if text is None:
+                        continue
+                    try:
+                        v = int(text)
+                    except ValueError:  # "N/A (no PMA)" and friends
+                        continue
+                    f_cnt.add_metric(lab + [label], v)
+        if self.explicit and not self.checked and present:
+            self.checked = True
+            missing = sorted(allow - present) if allow is not None else []
+            if missing:
+                log.warning("agent.rdma_counters names counters no RDMA port has: %s", ", ".join(missing))
         return [f_cnt, f_rate, f_up]
