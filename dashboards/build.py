@@ -7,6 +7,13 @@ rules (one precomputed series per rank) so that they stay fast at thousands of
 ranks; the triage rows show the three worst ranks/GPUs/nodes and the median
 rather than one line per rank.
 
+Issue 9 (1,024 nodes x 8 GPUs x 8 ranks): a panel that would draw one series per rank, GPU,
+device, port or node draws the ``K`` worst (topk/bottomk) or only the abnormal ones
+(``abnormal=True``: empty while healthy), and fleet panels read node- and job-level
+recording rules instead of the raw high-cardinality families (RDMA port counters, GPU
+utilization samples, interface counters, ingest). The $job/$node/$rank variables still
+select one rank or node, which the bounded query then draws alone.
+
 Imported only by ``generate.render()``: the SDK is an optional dependency.
 """
 from __future__ import annotations
@@ -42,6 +49,34 @@ VAR_LABELS = ("job", "node", "rank")
 # Triage-table units -> Grafana unit ids (Grafana's valueFormats/categories.ts).
 UNITS = {"ratio": "percentunit", "seconds": "s", "count": "short", "bool": "short",
          "per_minute": "cpm", "bytes": "Bps"}
+
+K = 10  # series a per-rank/GPU/device/port/node panel draws at most: the K worst at each instant
+
+
+def top(expr: str) -> str:
+    """The K highest series (the worst where high is bad)."""
+    return f"topk({K}, {expr})"
+
+
+def bottom(expr: str) -> str:
+    """The K lowest series (the worst where low is bad)."""
+    return f"bottomk({K}, {expr})"
+
+
+ONE_RANK = "select one with the $rank variable (or its node with $node) to see it alone"
+
+
+def one_node(what: str) -> str:
+    return f"select a node with the $node variable to see all of its {what}"
+
+
+def worst(what: str, how: str = "highest value", see: str = ONE_RANK) -> str:
+    """The description sentence of a top/bottom-K panel: what it draws and how to see one."""
+    return (f"Lines: the {K} {what} with the {how} at each instant (one line each would be unreadable "
+            f"and slow at thousands); {see}.")
+
+
+ABNORMAL = "Only abnormal series are drawn: the panel is empty while all is well."
 
 
 # ---------------------------------------------------------------- PromQL helpers
@@ -124,8 +159,9 @@ class Threshold:
 
 @dataclass
 class Layout:
-    """Panel ids and positions for one dashboard."""
+    """Panel ids and positions for one dashboard, and the titles of its abnormal-only panels."""
     next_id: int = 1
+    abnormal: List[str] = field(default_factory=list)
 
     def take(self) -> int:
         i = self.next_id
@@ -155,7 +191,13 @@ def _thresholds(th: Optional[Threshold]) -> Any:
     return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps)
 
 
-def _base(p: Any, lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], w: int, h: int) -> Any:
+def _base(p: Any, lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], w: int, h: int,
+          abnormal: bool = False) -> Any:
+    """``abnormal``: the queries return only abnormal series (nothing while healthy); the title is
+    recorded (``Board.abnormal``, exported by ``generate.abnormal_only``) and the description says so."""
+    if abnormal:
+        lay.abnormal.append(title)
+        desc = f"{desc} {ABNORMAL}"
     p = (p.id(lay.take()).title(title).description(desc).datasource(DS).unit(unit)
          .span(w).height(h))
     return _targets(p, queries)
@@ -163,8 +205,8 @@ def _base(p: Any, lay: Layout, title: str, desc: str, unit: str, queries: Sequen
 
 def ts(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
        threshold: Optional[Threshold] = None, w: int = 12, h: int = 8, min0: bool = True,
-       band: Optional[Tuple[str, str]] = None) -> Any:
-    p = _base(timeseries.Panel(), lay, title, desc, unit, queries, w, h)
+       band: Optional[Tuple[str, str]] = None, abnormal: bool = False) -> Any:
+    p = _base(timeseries.Panel(), lay, title, desc, unit, queries, w, h, abnormal)
     p = (p.line_width(1).fill_opacity(0).span_nulls(False)
          .legend(cb.VizLegendOptions().show_legend(True).display_mode(cm.LegendDisplayMode.LIST)
                  .placement(cm.LegendPlacement.BOTTOM).calcs([]))
@@ -192,9 +234,9 @@ def stat_panel(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[
 
 def table_panel(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
                 columns: Sequence[Tuple[str, str, str]] = (), hide: Sequence[str] = ("Time",),
-                sort: Optional[str] = None, w: int = 12, h: int = 8) -> Any:
+                sort: Optional[str] = None, w: int = 12, h: int = 8, abnormal: bool = False) -> Any:
     """An instant table. ``columns``: (field name, display name, unit) per query value."""
-    p = _base(table.Panel(), lay, title, desc, unit, queries, w, h)
+    p = _base(table.Panel(), lay, title, desc, unit, queries, w, h, abnormal)
     if len(queries) > 1:
         p = p.with_transformation(dm.DataTransformerConfig(id_val="merge", options={}))
     p = p.with_transformation(dm.DataTransformerConfig(
@@ -221,8 +263,8 @@ def heatmap_panel(lay: Layout, title: str, desc: str, unit: str, queries: Sequen
 
 
 def timeline(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
-             threshold: Optional[Threshold] = None, w: int = 12, h: int = 8) -> Any:
-    p = _base(statetimeline.Panel(), lay, title, desc, unit, queries, w, h)
+             threshold: Optional[Threshold] = None, w: int = 12, h: int = 8, abnormal: bool = False) -> Any:
+    p = _base(statetimeline.Panel(), lay, title, desc, unit, queries, w, h, abnormal)
     return (p.thresholds(_thresholds(threshold)).show_value(cm.VisibilityMode.NEVER)
             .merge_values(True).row_height(0.9))
 
@@ -289,6 +331,11 @@ class Board:
     lay: Layout = field(default_factory=Layout)
     rows: List[Tuple[str, int, List[Any]]] = field(default_factory=list)
 
+    @property
+    def abnormal(self) -> Tuple[str, ...]:
+        """Titles of the panels that draw only abnormal series (empty while healthy)."""
+        return tuple(self.lay.abnormal)
+
     def row(self, title: str) -> List[Any]:
         panels: List[Any] = []
         self.rows.append((title, self.lay.take(), panels))
@@ -322,6 +369,13 @@ def _scope(e: triage.Entry) -> str:
 def _signal_queries(e: triage.Entry, expr: str) -> Tuple[List[Q], str]:
     """Worst-k and median lines of one indicator, bounded at any number of ranks."""
     scope = _scope(e)
+    R = triage.REC
+    if e.id == "rank-down":  # tracked minus heartbeating, from the job-level rules (not 8,000 rank series)
+        return [Q(f"{sel(R['ranks'])} - {sel(R['ranks_up'])}", f"{{{{job}}}}: {e.title.lower()}")], \
+            "Line: how many ranks of each job are down (tracked minus heartbeating)."
+    if e.id == "checkpoint-stale":  # per-rank age and the job median, recorded
+        return [Q(f"topk by (job) (3, {sel(R['ckpt_age'])})", "{{job}} rank {{rank}}"),
+                Q(sel(R["ckpt_age_median"]), "{{job}} median")], RANK_WORST
     if e.unit == "bool":  # count the abnormal ones per job (0 when none)
         cmp = f"{expr} {e.op} bool {e.threshold:g}"
         return [Q(f"sum by (job) ({cmp})", f"{{{{job}}}}: {e.title.lower()}")], \
@@ -418,8 +472,7 @@ def triage_board(cfg: Mapping[str, Any]) -> Board:
         stat_panel(b.lay, "Ranks up",
                    "Ranks heartbeating (up) and tracked by the agents, per job. If up < tracked, look at row 6 "
                    "(heartbeats) and the rank-down alert.", "short",
-                   [Q(f"sum by (job) ({sel(C.RANK_UP)})", "{{job}} up"),
-                    Q(f"count by (job) ({sel(C.RANK_UP)})", "{{job}} tracked")], w=4),
+                   [Q(sel(R["ranks_up"]), "{{job}} up"), Q(sel(R["ranks"]), "{{job}} tracked")], w=4),
         table_panel(b.lay, "Firing ranksight alerts",
                     "Ranksight alerts firing now in Prometheus (before Alertmanager's inhibition, which mutes "
                     "symptoms while their cause fires). The first one in triage order is the verdict; its runbook "
@@ -446,36 +499,47 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
     by = triage.by_alert(cfg)
     b = Board("ranksight-ranks", "ranksight / Ranks",
               "Per-rank view: spot the straggler. Under synchronous data parallel every rank's step time is the "
-              "same; the slow rank shows as high busy time per step, the others as collective wait.")
-    b2o = (f"rate({sel(C.BACKWARD_TO_OPTIMIZER, part='sum')}[$__rate_interval]) / "
-           f"(rate({sel(C.BACKWARD_TO_OPTIMIZER, part='count')}[$__rate_interval]) > 0)")
+              "same; the slow rank shows as high busy time per step, the others as collective wait. At thousands "
+              f"of ranks each panel draws the {K} worst; the $job/$node/$rank variables select one rank.")
+    b2o = sel(R["b2o"])
     p99 = sel(C.STEP_QUANTILE, 'quantile="0.99"')
     who = "{{job}}/{{rank}}"
+    # heatmap rows named "<rank> (<job>)": Grafana's heatmap sorts rows numerically only when every
+    # row name parses as a number (parseFloat reads the leading rank), otherwise as text (10 before 2)
+    row_name = "{{rank}} ({{job}})"
+
+    def worst_ranks(expr: str) -> str:
+        """A table column, for the K ranks with the highest straggler ratio."""
+        return f"{expr} and on (job, rank) {top(sel(R['straggler']))}"
+
     rows = b.row("Step time by rank")
     rows += [
         heatmap_panel(b.lay, "Step time by rank",
-                      "Mean step duration per rank (one heatmap row per rank, colour = seconds). Under synchronous "
-                      "training every row has the same colour; a different row is a rank out of step. If one row "
-                      "is darker, look at its busy time and straggler ratio below.", "s",
-                      [Q(sel(R["step_mean"]), who)]),
+                      "Mean step duration per rank (one heatmap row per rank, colour = seconds, rows in rank "
+                      "order). Under synchronous training every row has the same colour; a different row is a "
+                      "rank out of step. If one row is darker, look at its busy time and straggler ratio below. "
+                      + worst("ranks (rows)", "longest step"), "s",
+                      [Q(top(sel(R["step_mean"])), row_name)]),
         heatmap_panel(b.lay, "Backward-to-optimizer time by rank",
-                      "Mean time from backward start to optimizer.step() start per rank (colour = seconds). It "
-                      "includes the gradient all-reduce, so fast ranks wait here for slow ones: a lighter row is "
-                      "the likely straggler. If one row differs, look at its straggler ratio.", "s",
-                      [Q(b2o, who)]),
+                      "Mean time from backward start to optimizer.step() start per rank (colour = seconds, rows "
+                      "in rank order). It includes the gradient all-reduce, so fast ranks wait here for slow "
+                      "ones: a lighter row is the likely straggler. If one row differs, look at its straggler "
+                      "ratio. " + worst("ranks (rows)", "longest wait"), "s",
+                      [Q(top(b2o), row_name)]),
         table_panel(b.lay, "Per-rank step breakdown",
-                    "One row per rank, now: mean and p99 step time, backward-to-optimizer, busy time per step, the "
-                    "straggler ratio (busy time / job median; sorted, worst first) and the shares of step time. "
-                    "If one rank's straggler ratio is high, look at its node's GPU throttling and PCIe link.",
+                    f"One row per rank, now, for the {K} ranks with the highest straggler ratio (busy time / job "
+                    "median; sorted, worst first): mean and p99 step time, backward-to-optimizer, busy time per "
+                    "step and the shares of step time. If one rank's straggler ratio is high, look at its node's "
+                    "GPU throttling and PCIe link. Select ranks with the $rank variable to list those.",
                     "s",
-                    [Q(f"max without () ({sel(R['step_mean'])})", instant=True, fmt="table"),
-                     Q(f"max without (quantile) ({p99})", instant=True, fmt="table"),
-                     Q(f"max without () ({b2o})", instant=True, fmt="table"),
-                     Q(f"max without () ({sel(R['busy'])})", instant=True, fmt="table"),
-                     Q(f"max without () ({sel(R['straggler'])})", instant=True, fmt="table"),
-                     Q(f"max without () ({sel(R['data_share'])})", instant=True, fmt="table"),
-                     Q(f"max without () ({sel(R['comm_share'])})", instant=True, fmt="table"),
-                     Q(f"max without () ({sel(R['ckpt_share'])})", instant=True, fmt="table")],
+                    [Q(worst_ranks(f"max without () ({sel(R['step_mean'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without (quantile) ({p99})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({b2o})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['busy'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['straggler'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['data_share'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['comm_share'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['ckpt_share'])})"), instant=True, fmt="table")],
                     columns=[("Value #A", "step mean", "s"), ("Value #B", "step p99", "s"),
                              ("Value #C", "backward to optimizer", "s"), ("Value #D", "busy per step", "s"),
                              ("Value #E", "straggler ratio", "none"), ("Value #F", "data share", "percentunit"),
@@ -487,12 +551,13 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
     rows += [
         ts(b.lay, "Straggler ratio",
            f"Busy time per step of each rank / the job's median busy time. {straggler.meaning} If high (above "
-           f"{t['straggler_ratio']:g}), look at {straggler.next_check}. Alert: {straggler.alert}.", "none",
-           [Q(sel(R["straggler"]), who)], threshold=Threshold(t["straggler_ratio"], ">"), min0=False),
+           f"{t['straggler_ratio']:g}), look at {straggler.next_check}. Alert: {straggler.alert}. "
+           + worst("ranks"), "none",
+           [Q(top(sel(R["straggler"])), who)], threshold=Threshold(t["straggler_ratio"], ">"), min0=False),
         ts(b.lay, "Busy time per step",
            "Step time minus data wait, exposed communication and checkpoint time, per rank, with the job median. "
-           "If one rank is above the median, it computes slower: look at its GPU.", "s",
-           [Q(sel(R["busy"]), who), Q(sel(R["busy_median"]), "{{job}} median")]),
+           "If one rank is above the median, it computes slower: look at its GPU. " + worst("ranks"), "s",
+           [Q(top(sel(R["busy"])), who), Q(sel(R["busy_median"]), "{{job}} median")]),
     ]
     rows = b.row("Shares of step time by rank")
     for key, alert, title in (("data_share", "RanksightDataloaderBound", "Dataloader wait share"),
@@ -501,41 +566,55 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
                               ("ckpt_share", "RanksightCheckpointSlow", "Checkpoint share of wall time")):
         if alert:
             e = by[alert]
-            rows.append(ts(b.lay, title, signal_description(e, "Lines: one per rank."), "percentunit",
-                           [Q(sel(R[key]), who)], threshold=Threshold(e.threshold, e.op), w=6))
+            rows.append(ts(b.lay, title, signal_description(e, worst("ranks")), "percentunit",
+                           [Q(top(sel(R[key])), who)], threshold=Threshold(e.threshold, e.op), w=6))
         else:
             rows.append(ts(b.lay, title,
                            "Share of step time blocked waiting on collectives (not overlapped with compute). If "
                            "high on all ranks but one, that one is the straggler; if high everywhere, look at the "
-                           "network (retransmits, link speed). Lines: one per rank.", "percentunit",
-                           [Q(sel(R[key]), who)], w=6))
+                           "network (retransmits, link speed). " + worst("ranks"), "percentunit",
+                           [Q(top(sel(R[key])), who)], w=6))
     alloc = by["RanksightCudaAllocRetries"]
     rows = b.row("Memory, allocator and hooks")
     rows += [
         ts(b.lay, "CUDA allocator retries per minute",
-           signal_description(alloc, "Lines: one per rank."), "cpm",
-           [Q(f"{rate(C.CUDA_ALLOC_RETRIES)} * 60", who)], threshold=Threshold(alloc.threshold, ">"), w=8),
+           signal_description(alloc, worst("ranks")), "cpm",
+           [Q(top(sel(R["alloc_retries"])), who)], threshold=Threshold(alloc.threshold, ">"), w=8),
         ts(b.lay, "CUDA memory reserved / allocated",
            "Caching-allocator reserved and allocated bytes per rank. If reserved is far above allocated while "
-           "retries rise, memory is fragmented: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.", "bytes",
-           [Q(sel(C.CUDA_RESERVED), who + " reserved"), Q(sel(C.CUDA_ALLOCATED), who + " allocated")], w=8),
+           "retries rise, memory is fragmented: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. "
+           f"Lines: the {K} ranks with the most reserved and the {K} with the most allocated bytes; select one "
+           "with the $rank variable to see both of its lines.", "bytes",
+           [Q(top(sel(C.CUDA_RESERVED)), who + " reserved"), Q(top(sel(C.CUDA_ALLOCATED)), who + " allocated")],
+           w=8),
         ts(b.lay, "Hook errors and dropped events",
            "Exceptions caught inside the ranksight hooks and GPU timing events dropped, per second. They never "
-           "reach training; if non-zero, the rank's log has one line saying why.", "cps",
-           [Q(rate(C.HOOK_ERRORS), who + " errors"), Q(rate(C.HOOK_DROPPED_EVENTS), who + " dropped")], w=8),
+           "reach training; if non-zero, the rank's log has one line saying why. " + worst("ranks"), "cps",
+           [Q(top(rate(C.HOOK_ERRORS)), who + " errors"), Q(top(rate(C.HOOK_DROPPED_EVENTS)), who + " dropped")],
+           w=8),
     ]
     return b
 
 
 # ---------------------------------------------------------------- node dashboard
+# Counters the RDMA error panel names: each must be one the agent exposes (its curated allowlist).
+RDMA_ERRORS_NAMED = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+                     "port_xmit_discards", "out_of_sequence", "packet_seq_err", "local_ack_timeout_err",
+                     "rnr_nak_retry_err", "out_of_buffer")
+RDMA_CONGESTION_NAMED = ("port_xmit_wait", "np_cnp_sent", "rp_cnp_handled")
+
+
 def node_board(cfg: Mapping[str, Any]) -> Board:
     R = triage.REC
     t = cfg["thresholds"]
     by = triage.by_alert(cfg)
     b = Board("ranksight-node", "ranksight / Node",
               "Per-node view: the GPU utilization waveform, GPU health, PCIe, network, RDMA and disk of the "
-              "selected nodes, from the ranksight agent.", node_query=NODE_OF_AGENT)
+              f"selected nodes, from the ranksight agent. Across many nodes each panel draws the {K} worst GPUs, "
+              "devices or nodes, or only the abnormal ones; select nodes with the $node variable to see theirs.",
+              node_query=NODE_OF_AGENT)
     gpu = "{{node}} gpu {{gpu}}"
+    gpus, nodes = one_node("GPUs"), "select nodes with the $node variable to see those"
     util = lambda s: sel(C.GPU_UTILIZATION, f'stat="{s}"')  # noqa: E731
     rows = b.row("GPU utilization waveform")
     saw = by["RanksightGpuSawtooth"]
@@ -547,126 +626,155 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            "percentunit", [Q(f"min({util('min')})", "min"), Q(f"avg({util('mean')})", "mean"),
                            Q(f"max({util('max')})", "max")],
            band=("max", "min")),
-        ts(b.lay, "GPU busy ratio by GPU", signal_description(saw, "Lines: one per GPU (exact mean from the "
-                                                             "busy-seconds counter)."),
-           "percentunit", [Q(sel(R["gpu_util"]), gpu)], threshold=Threshold(saw.threshold, "<")),
+        ts(b.lay, "GPU busy ratio by GPU",
+           signal_description(saw, "The exact mean from the busy-seconds counter. "
+                              + worst("GPUs", "lowest busy ratio", gpus)),
+           "percentunit", [Q(bottom(sel(R["gpu_util"])), gpu)], threshold=Threshold(saw.threshold, "<")),
         heatmap_panel(b.lay, "GPU utilization samples",
-                      "Raw NVML utilization samples of the selected GPUs per second, by utilization bucket. Two "
+                      "NVML utilization samples of the selected GPUs per second, by utilization bucket (summed "
+                      "per node by a recording rule every minute, so the picture lags by up to a minute). Two "
                       "bright bands (near 0 and near 100%) with little between is the sawtooth; one band near the "
                       "top is healthy. If two bands, look at the swings and the dataloader wait.",
-                      "cps", [Q(f"sum by (le) ({rate(C.GPU_UTILIZATION_SAMPLES, part='bucket')})", "{{le}}",
-                                fmt="heatmap")], y_unit="percentunit"),
+                      "cps", [Q(f"sum by (le) ({sel(R['util_samples'])})", "{{le}}", fmt="heatmap")],
+                      y_unit="percentunit"),
         ts(b.lay, "GPU utilization swings per minute",
            "High-to-low utilization crossings per minute, per GPU. If high together with a low busy ratio, "
-           "compute is not overlapped with IO or communication (RanksightGpuSawtooth).", "cpm",
-           [Q(sel(R["gpu_swings"]), gpu)], threshold=Threshold(t["gpu_swings_per_min"], ">")),
+           "compute is not overlapped with IO or communication (RanksightGpuSawtooth). "
+           + worst("GPUs", "most swings", gpus), "cpm",
+           [Q(top(sel(R["gpu_swings"])), gpu)], threshold=Threshold(t["gpu_swings_per_min"], ">")),
     ]
-    throttled = sel(C.GPU_CLOCKS_EVENT, 'reason=~"{}"'.format("|".join(triage.THROTTLE_REASONS)))
     rows = b.row("GPU health")
     rows += [
         ts(b.lay, "GPM SM and tensor activity",
            "GPM (Hopper and newer) SM activity and tensor-core activity. A busy ratio near 100% with low SM "
-           "activity means the GPU is 'busy' with little work per kernel: look at kernel sizes and launch overhead.",
-           "percentunit", [Q(sel(C.GPU_SM_ACTIVE), gpu + " SM"), Q(sel(C.GPU_TENSOR_ACTIVE), gpu + " tensor")],
+           "activity means the GPU is 'busy' with little work per kernel: look at kernel sizes and launch overhead. "
+           + worst("GPUs", "lowest activity (each of SM and tensor)", gpus),
+           "percentunit", [Q(bottom(sel(C.GPU_SM_ACTIVE)), gpu + " SM"),
+                           Q(bottom(sel(C.GPU_TENSOR_ACTIVE)), gpu + " tensor")],
            w=8),
         timeline(b.lay, "Throttling reasons",
-                 "Thermal and power clocks-event reasons active per GPU (1 = active). If any is on for long, "
-                 "that GPU computes slower and its rank becomes a straggler: look at cooling and power "
-                 "(RanksightGpuThrottling).", "bool",
-                 [Q(f"max by (node, gpu, reason) ({throttled})",
-                    gpu + " {{reason}}")], threshold=Threshold(1.0, ">"), w=8),
+                 "Thermal and power clocks-event reasons active per GPU (1 = active; sw_power_cap, the power "
+                 "limit, is shown but does not alert). If any is on for long, that GPU computes slower and its "
+                 "rank becomes a straggler: look at cooling and power (RanksightGpuThrottling). Only active "
+                 "reasons have a row.", "bool",
+                 [Q(sel(R["throttled"]), gpu + " {{reason}}")], threshold=Threshold(1.0, ">"), w=8,
+                 abnormal=True),
         ts(b.lay, "XID errors",
-           "NVML XID critical errors per GPU and XID number in each interval. Any is serious: look at dmesg and "
-           "NVIDIA's XID catalog (RanksightGpuXidError).", "short",
-           [Q(rate(C.GPU_XID_ERRORS, fn="increase"), gpu + " xid {{xid}}")], threshold=Threshold(1.0, ">"), w=8),
-        ts(b.lay, "GPU temperature", "GPU temperature. If high and throttling reasons are on, look at airflow.",
-           "celsius", [Q(sel(C.GPU_TEMPERATURE), gpu)], w=6),
+           "NVML XID critical errors per GPU and XID number in each interval, for the GPUs that had any. Any is "
+           "serious: look at dmesg and NVIDIA's XID catalog (RanksightGpuXidError).", "short",
+           [Q(f"{rate(C.GPU_XID_ERRORS, fn='increase')} > 0", gpu + " xid {{xid}}")],
+           threshold=Threshold(1.0, ">"), w=8, abnormal=True),
+        ts(b.lay, "GPU temperature", "GPU temperature. If high and throttling reasons are on, look at airflow. "
+           + worst("GPUs", "highest temperature", gpus), "celsius", [Q(top(sel(C.GPU_TEMPERATURE)), gpu)], w=6),
         ts(b.lay, "GPU power", "GPU power draw. If flat at the cap with sw_power_cap active, the power limit "
-           "holds clocks down.", "watt", [Q(sel(C.GPU_POWER), gpu)], w=6),
-        ts(b.lay, "SM clock", "GPU SM clock. If it drops under load, look at the throttling reasons.",
-           "hertz", [Q(sel(C.GPU_SM_CLOCK), gpu)], w=6),
+           "holds clocks down. " + worst("GPUs", "highest draw", gpus), "watt",
+           [Q(top(sel(C.GPU_POWER)), gpu)], w=6),
+        ts(b.lay, "SM clock", "GPU SM clock. If it drops under load, look at the throttling reasons. "
+           + worst("GPUs", "lowest clock", gpus), "hertz", [Q(bottom(sel(C.GPU_SM_CLOCK)), gpu)], w=6),
         ts(b.lay, "GPU memory used", "GPU memory used and total. If used is near total, expect allocator "
-           "retries and OOMs.", "bytes", [Q(sel(C.GPU_MEMORY_USED), gpu + " used"),
-                                         Q(sel(C.GPU_MEMORY_TOTAL), gpu + " total")], w=6),
+           "retries and OOMs. " + worst("GPUs", "most memory used (and their totals)", gpus), "bytes",
+           [Q(top(sel(C.GPU_MEMORY_USED)), gpu + " used"),
+            Q(f"{sel(C.GPU_MEMORY_TOTAL)} and on (node, gpu) {top(sel(C.GPU_MEMORY_USED))}", gpu + " total")],
+           w=6),
     ]
+
+    def below_max(metric: Metric) -> str:
+        current, most = sel(metric, 'state="current"'), sel(metric, 'state="max"')
+        return f"{current} < ignoring (state) {most}"
+
     rows = b.row("PCIe link")
     rows += [
         ts(b.lay, "PCIe link generation (current / max)",
-           "PCIe generation per GPU, current and max. If current is below max while the GPU is busy, the link "
-           "trained down: look at the riser and slot (RanksightGpuPcieDegraded). Idle GPUs downshift on purpose.",
-           "short", [Q(sel(C.GPU_PCIE_GEN), gpu + " {{state}}")]),
+           "Current PCIe generation of the GPUs whose link runs below its max generation. If one is listed while "
+           "the GPU is busy, the link trained down: look at the riser and slot (RanksightGpuPcieDegraded). Idle "
+           "GPUs downshift on purpose.", "short", [Q(below_max(C.GPU_PCIE_GEN), gpu + " {{state}}")],
+           abnormal=True),
         ts(b.lay, "PCIe link width (current / max)",
-           "PCIe lane width per GPU, current and max. If current is below max, the link lost lanes: reseat the "
-           "GPU (RanksightGpuPcieDegraded).", "short", [Q(sel(C.GPU_PCIE_WIDTH), gpu + " {{state}}")]),
+           "Current PCIe lane width of the GPUs whose link has fewer lanes than its max. If one is listed, the "
+           "link lost lanes: reseat the GPU (RanksightGpuPcieDegraded).", "short",
+           [Q(below_max(C.GPU_PCIE_WIDTH), gpu + " {{state}}")], abnormal=True),
     ]
     ret = by["RanksightTcpRetransmits"]
     rows = b.row("Network")
     rows += [
-        ts(b.lay, "TCP retransmit ratio", signal_description(ret, "Lines: one per node."), "percentunit",
-           [Q(sel(R["retrans"]), "{{node}}")], threshold=Threshold(ret.threshold, ">"), w=8),
+        ts(b.lay, "TCP retransmit ratio", signal_description(ret, worst("nodes", "highest ratio", nodes)),
+           "percentunit", [Q(top(sel(R["retrans"])), "{{node}}")], threshold=Threshold(ret.threshold, ">"), w=8),
         ts(b.lay, "TCP segments retransmitted and sent",
            "TCP segments retransmitted and sent per second, per node. If retransmits rise with sent flat, packets "
-           "are lost on the node's links.", "pps",
-           [Q(rate(C.NET_TCP_RETRANS), "{{node}} retransmitted"), Q(rate(C.NET_TCP_SENT), "{{node}} sent")], w=8),
+           f"are lost on the node's links. Lines: the {K} nodes retransmitting most and the {K} sending most; "
+           "select nodes with the $node variable to see both lines of each.", "pps",
+           [Q(top(rate(C.NET_TCP_RETRANS)), "{{node}} retransmitted"), Q(top(rate(C.NET_TCP_SENT)), "{{node}} sent")],
+           w=8),
         ts(b.lay, "TCP loss counters",
            "Selected TcpExt counters per second (lost retransmits, timeouts, SYN retransmits). If timeouts rise, "
-           "collectives stall for a retransmit timeout each time.", "cps",
-           [Q(rate(C.NET_TCP_EXT), "{{node}} {{counter}}")], w=8),
+           "collectives stall for a retransmit timeout each time. " + worst("node counters", "highest rate", nodes),
+           "cps", [Q(top(rate(C.NET_TCP_EXT)), "{{node}} {{counter}}")], w=8),
         ts(b.lay, "Interface errors and drops",
-           "Errors and drops per second, per interface and direction (/proc/net/dev). If non-zero, look at the "
-           "cable, the transceiver and the switch port.", "cps",
-           [Q(rate(C.NET_IF_ERRORS), "{{node}} {{device}} {{direction}} errors"),
-            Q(rate(C.NET_IF_DROPS), "{{node}} {{device}} {{direction}} drops")], w=8),
-        ts(b.lay, "Interface throughput", "Bytes per second per interface and direction. If near the link "
-           "speed, the link is saturated.", "Bps",
-           [Q(rate(C.NET_IF_BYTES), "{{node}} {{device}} {{direction}}")], w=8),
+           "Errors and drops per second per node and direction, summed over its interfaces (/proc/net/dev; a "
+           "recording rule every minute). If non-zero, look at the cable, the transceiver and the switch port; "
+           "the agent's /metrics has them per interface. "
+           f"Lines: the {K} node directions with the most errors and the {K} with the most drops; {nodes}.", "cps",
+           [Q(top(sel(R["if_errors"])), "{{node}} {{direction}} errors"),
+            Q(top(sel(R["if_drops"])), "{{node}} {{direction}} drops")], w=8),
+        ts(b.lay, "Interface throughput",
+           "Bytes per second per node and direction, summed over its interfaces (a recording rule every "
+           "minute). If near the link speed, the link is saturated. "
+           + worst("node directions", "most traffic", nodes), "Bps",
+           [Q(top(sel(R["if_bytes"])), "{{node}} {{direction}}")], w=8),
         ts(b.lay, "NIC link speed",
            f"Negotiated link speed per interface. If low (below {t['nic_min_speed_bytes'] / 1e9:g} GB/s or below "
-           "the highest seen), the link negotiated down: look at the cable and port (RanksightNicSpeedLow).", "Bps",
-           [Q(sel(C.NET_IF_SPEED), "{{node}} {{device}}")], threshold=Threshold(t["nic_min_speed_bytes"], "<"),
-           w=8),
+           "the highest seen), the link negotiated down: look at the cable and port (RanksightNicSpeedLow). "
+           + worst("interfaces", "lowest speed", one_node("interfaces")), "Bps",
+           [Q(bottom(sel(C.NET_IF_SPEED)), "{{node}} {{device}}")],
+           threshold=Threshold(t["nic_min_speed_bytes"], "<"), w=8),
     ]
-    data = 'counter=~"port_(rcv|xmit)_packets"'
-    quiet = 'counter!~"port_(rcv|xmit)_(packets|data)|port_(uni|multi)cast_(rcv|xmit)_packets"'
     rows = b.row("RDMA")
     rows += [
-        ts(b.lay, "RDMA packets", "Packets received and transmitted per second per RDMA port. If one port "
-           "carries far less than its peers, traffic is falling back to another path.", "pps",
-           [Q(rate(C.RDMA_PORT_COUNTER, data), "{{node}} {{device}}/{{port}} {{counter}}")], w=8),
+        ts(b.lay, "RDMA packets",
+           "Packets received and transmitted per second per node, summed over its RDMA ports (port_rcv_packets, "
+           "port_xmit_packets; a recording rule every minute). If one node carries far less than its peers, "
+           "traffic is falling back to another path. " + worst("node counters", "most packets", nodes), "pps",
+           [Q(top(sel(R["rdma_packets"])), "{{node}} {{counter}}")], w=8),
         ts(b.lay, "RDMA error and congestion counters",
-           "All other RDMA port counters and hw_counters per second (symbol errors, link downed, discards, "
-           "out-of-sequence, retries, CNPs). If any error counter rises, look at the cable and the switch; CNPs "
-           "and ECN marks mean congestion.", "cps",
-           [Q(rate(C.RDMA_PORT_COUNTER, quiet), "{{node}} {{device}}/{{port}} {{counter}}")], w=8),
+           "Every RDMA port and hardware counter that is not traffic, per second per node, summed over its "
+           f"ports (a recording rule every minute): errors ({', '.join(RDMA_ERRORS_NAMED)}) and congestion "
+           f"({', '.join(RDMA_CONGESTION_NAMED)}). If an error counter rises, look at the cable and the switch; "
+           "CNPs and transmit wait mean congestion. " + worst("node counters", "highest rate", nodes), "cps",
+           [Q(top(sel(R["rdma_errors"])), "{{node}} {{counter}}")], w=8),
         ts(b.lay, "RDMA port rate", "Port rate (bytes/s) per RDMA port. If below its peers, the port "
-           "trained down.", "Bps",
-           [Q(sel(C.RDMA_PORT_RATE), "{{node}} {{device}}/{{port}}")], w=8),
+           "trained down. " + worst("ports", "lowest rate", one_node("ports")), "Bps",
+           [Q(bottom(sel(C.RDMA_PORT_RATE)), "{{node}} {{device}}/{{port}}")], w=8),
     ]
     disk = by["RanksightDiskFilling"]
     rows = b.row("Disk")
     rows += [
         ts(b.lay, "Disk free", "Free bytes of each watched path (tmp, log and checkpoint directories). If "
-           "falling fast, checkpoints will fail: look at old checkpoints and caches.", "bytes",
-           [Q(sel(C.DISK_FREE), "{{node}} {{path}}")]),
-        ts(b.lay, "Disk free share", signal_description(disk, "Lines: one per watched path."), "percentunit",
-           [Q(f"{sel(C.DISK_FREE)} / ({sel(C.DISK_TOTAL)} > 0)", "{{node}} {{path}}")],
+           "falling fast, checkpoints will fail: look at old checkpoints and caches. "
+           + worst("paths", "least free space", one_node("paths")), "bytes",
+           [Q(bottom(sel(C.DISK_FREE)), "{{node}} {{path}}")]),
+        ts(b.lay, "Disk free share", signal_description(disk, worst("paths", "lowest free share",
+                                                                    one_node("paths"))),
+           "percentunit", [Q(bottom(sel(R["disk_free"])), "{{node}} {{path}}")],
            threshold=Threshold(disk.threshold, "<")),
     ]
     rows = b.row("Ranks and agent")
     rows += [
         table_panel(b.lay, "Ranks on these nodes",
-                    "Ranks of the selected jobs running on the selected nodes, now: 1 = heartbeating. If a rank "
-                    "shows 0, look at the triage dashboard's row 6.", "bool",
-                    [Q(f"max without () ({sel(C.RANK_UP)})", instant=True, fmt="table")],
-                    columns=[("Value", "up", "bool")], hide=("Time", "instance"), w=8),
+                    "Ranks of the selected jobs on the selected nodes that are down now (0: three heartbeats "
+                    "missed). If a rank is listed, look at the triage dashboard's row 6.", "bool",
+                    [Q(f"max without () ({sel(C.RANK_UP)}) == 0", instant=True, fmt="table")],
+                    columns=[("Value", "up", "bool")], hide=("Time", "instance"), w=8, abnormal=True),
         timeline(b.lay, "Collectors up",
-                 "Each agent collector's state (1 = last run succeeded). If one is down, its signals are missing: "
-                 "the agent's log says why (RanksightCollectorDown).", "bool",
-                 [Q(sel(C.COLLECTOR_UP), "{{node}} {{collector}}")], threshold=Threshold(1.0, "<"), w=8),
+                 "Each agent collector's lowest state across the selected nodes (1 = its last run succeeded on "
+                 "every node). If one is down, its signals are missing: select nodes with the $node variable to "
+                 "find where, and the agent's log says why (RanksightCollectorDown).", "bool",
+                 [Q(f"min by (collector) ({sel(C.COLLECTOR_UP)})", "{{collector}}")],
+                 threshold=Threshold(1.0, "<"), w=8),
         ts(b.lay, "Agent ingest",
-           "Datagrams per second the agent received, by result. If anything but ok is non-zero, hooks and agent "
-           "disagree (version) or the rank cap is hit (RanksightIngestDropping).", "cps",
-           [Q(f"sum by (node, result) ({rate(C.INGEST_DATAGRAMS)})", "{{node}} {{result}}")], w=8),
+           "Datagrams per second the agents of the selected nodes received, by result (a recording rule per "
+           "node). If anything but ok is non-zero, hooks and agent disagree (version) or the rank cap is hit "
+           "(RanksightIngestDropping): select nodes with the $node variable to find where.", "cps",
+           [Q(f"sum by (result) ({sel(R['ingest'])})", "{{result}}")], w=8),
     ]
     return b
 

@@ -8,6 +8,8 @@ committed files.
 Pure helpers for tests and benchmarks:
 - ``render(cfg)``: file name -> dashboard JSON model;
 - ``queries(cfg)``: every panel query as (file name, panel title, expr);
+- ``abnormal_only(cfg)``: the (file name, panel title) of the panels that draw only abnormal
+  series (XID errors, PCIe below max, ranks down, ...): they return nothing while all is well;
 - ``substitute(expr, ...)``: replace the dashboard variables the way Grafana does,
   so an expression can be sent to Prometheus or promtool.
 """
@@ -19,7 +21,7 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ranksight import config as rconfig
 
@@ -79,6 +81,13 @@ def queries(cfg: Mapping[str, Any]) -> List[Tuple[str, str, str]]:
             for t in p.get("targets", []):
                 rows.append((name, p["title"], t["expr"]))
     return rows
+
+
+def abnormal_only(cfg: Mapping[str, Any]) -> Set[Tuple[str, str]]:
+    """(dashboard file name, panel title) of every panel built with ``abnormal=True``: its queries
+    return only abnormal series, so they are empty while the job and its nodes are healthy."""
+    build = _build_module()
+    return {(name, title) for name, fn in build.BOARDS for title in fn(cfg).abnormal}
 
 
 # ---------------------------------------------------------------- variable substitution

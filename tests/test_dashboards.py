@@ -282,9 +282,9 @@ def test_triage_top_row(boards):
             break
         top.append(p)
     exprs = " ".join(t["expr"] for p in top for t in p["targets"])
-    for rec in (triage.REC["job_p50"], triage.REC["job_p99"], triage.REC["job_steps"]):
+    for rec in (triage.REC["job_p50"], triage.REC["job_p99"], triage.REC["job_steps"],
+                triage.REC["ranks_up"], triage.REC["ranks"]):
         assert rec in exprs
-    assert C.RANK_UP.name in exprs
     assert 'ALERTS{alertname=~"Ranksight.*", alertstate="firing"' in exprs
 
 
@@ -297,6 +297,168 @@ def test_thresholds_follow_the_config(tmp_path):
     assert triage_steps[0][1]["value"] == 0.25
     ranks = {pp["title"]: pp for pp in _panels(models["ranksight-ranks.json"])}
     assert ranks["Straggler ratio"]["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 1.5
+
+
+# ---------------------------------------------------------------- scale (issue 9): bounded panels
+# The raw families with one series per port/counter, bucket, interface or node x result: at 1,024
+# nodes a panel reading them directly took 26-88 s. Panels read their node-level recording rules.
+RAW_HEAVY = {C.RDMA_PORT_COUNTER.name, C.GPU_UTILIZATION_SAMPLES.bucket, C.NET_IF_ERRORS.name,
+             C.NET_IF_DROPS.name, C.NET_IF_BYTES.name, C.INGEST_DATAGRAMS.name}
+# labels whose values number in the thousands at 1,024 nodes x 8 GPUs x 8 ranks
+MANY = {"node", "rank", "local_rank", "gpu", "device", "port", "path"}
+_AGG = re.compile(r"\s*(topk|bottomk|sum|min|max|avg|count|quantile)\s*(?:(by|without)\s*\(([^)]*)\))?\s*\(")
+
+
+def _close(expr: str, i: int) -> int:
+    """Index just past the parenthesis that closes the one at expr[i] (string literals skipped)."""
+    depth, j = 0, i
+    while j < len(expr):
+        c = expr[j]
+        if c == '"':
+            j += 1
+            while expr[j] != '"':
+                j += 2 if expr[j] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    raise ValueError(f"unbalanced: {expr}")
+
+
+def _outer(expr: str):
+    """(function, by|without|None, grouping labels, first argument, rest after the call) of an
+    expression that starts with an aggregation, else None."""
+    m = _AGG.match(expr)
+    if not m:
+        return None
+    end = _close(expr, m.end() - 1)
+    args, rest = expr[m.end():end - 1], expr[end:].strip()
+    mode, labels = m.group(2), m.group(3)
+    post = re.match(r"(by|without)\s*\(([^)]*)\)", rest)  # sum (x) by (job)
+    if post and mode is None:
+        mode, labels, rest = post.group(1), post.group(2), rest[post.end():].strip()
+    grouping = {lab.strip() for lab in (labels or "").split(",") if lab.strip()}
+    return m.group(1), mode, grouping, args.split(",", 1)[0].strip(), rest
+
+
+def _bounded(expr: str, known: Dict[str, Tuple[str, ...]]) -> bool:
+    """True when the query draws a bounded number of series however many ranks, GPUs, devices,
+    ports and nodes there are: it reads only job-level series, or it is a topk/bottomk of at most
+    K (per job), or an aggregation that keeps none of the many-valued labels, or a table column
+    restricted to a topk."""
+    names = {mo.group(1) for mo in _SERIES.finditer(expr) if mo.group(1) in known}
+    if all(set(known[n]) <= {"job"} for n in names):
+        return True
+    o = _outer(expr)
+    if o is not None:
+        fn, mode, grouping, first, rest = o
+        if rest == "":
+            if fn in ("topk", "bottomk"):
+                return first.isdigit() and int(first) <= build.K and not (grouping & MANY)
+            return mode != "without" and not (grouping & MANY)
+    m = re.search(r"\sand on \(([^)]*)\) ", expr)  # the series of the K worst (ranks, GPUs)
+    return bool(m) and bool(m.group(1).strip()) and _bounded(expr[m.end():], known)
+
+
+def test_bounded_check_can_fail():
+    known = build._known_series()
+    R = triage.REC
+    assert _bounded(f'topk(10, {R["straggler"]}{{job=~"$job"}})', known)
+    assert _bounded(f'sum by (le) ({R["util_samples"]})', known)
+    assert _bounded(f'{R["ranks"]}{{job=~"$job"}} - {R["ranks_up"]}{{job=~"$job"}}', known)
+    assert _bounded(f'max without () ({R["busy"]}) and on (job, rank) topk(10, {R["straggler"]})', known)
+    for bad in (f'{R["straggler"]}{{job=~"$job"}}', f'topk(5000, {R["straggler"]})',
+                f'sum by (node, gpu) ({R["gpu_util"]})', f'topk(10, {R["busy"]}) / {R["busy"]}',
+                f'max without () ({R["busy"]}) and on (job, rank) {R["straggler"]}',
+                f'max without () ({R["busy"]}) and on () topk(10, {R["straggler"]})',
+                f'sum without (rank) ({R["busy"]})', f'{R["retrans"]} > 0.01'):
+        assert not _bounded(bad, known), bad
+
+
+def test_every_fleet_panel_is_bounded_or_abnormal_only(cfg, boards):
+    """At 1,024 nodes x 8 GPUs x 8 ranks no panel draws one series per rank, GPU, device, port
+    or node: it draws the K worst, an aggregate, or (abnormal-only panels) a comparison filter."""
+    known = build._known_series()
+    abnormal = generate.abnormal_only(cfg)
+    rules = {r.record: r.expr for r in triage.recording_rules(cfg)}
+    unbounded = []
+    for name, model in boards.items():
+        for title, expr in _exprs(model):
+            if (name, title) in abnormal:
+                # a comparison filter in the query, or in the rule it reads (a series only while active)
+                reads = [rules[n] for n in rules if n in expr]
+                assert re.search(r" (==|>|<) ", " ".join([expr] + reads)), (name, title, expr)
+                continue
+            if not _bounded(expr, known):
+                unbounded.append(f"{name} | {title} | {expr}")
+    assert unbounded == [], "\n".join(unbounded)
+
+
+def test_no_panel_reads_a_raw_high_cardinality_family(cfg, boards):
+    rules = {r.record: r.expr for r in triage.recording_rules(cfg)}
+    read = set()
+    for name, model in boards.items():
+        for title, expr in _exprs(model):
+            names = {mo.group(1) for mo in _SERIES.finditer(expr)}
+            assert not names & RAW_HEAVY, (name, title, expr)
+            read |= {n for n in names if ":" in n}
+    # every recording rule a panel reads exists, and the raw families are read there
+    assert read - set(rules) == set(), "panels read recording rules nobody records"
+    for raw in RAW_HEAVY:
+        assert any(raw in e for r, e in rules.items() if r in read), raw
+
+
+def test_bounded_panels_say_so(cfg, boards):
+    abnormal = generate.abnormal_only(cfg)
+    assert ("ranksight-node.json", "Ranks on these nodes") in abnormal
+    assert ("ranksight-node.json", "XID errors") in abnormal
+    for name, model in boards.items():
+        for p in _panels(model):
+            exprs = " ".join(t["expr"] for t in p["targets"])
+            if re.search(rf"(topk|bottomk)\({build.K},", exprs):
+                assert f"the {build.K} " in p["description"], (name, p["title"])
+                assert "$rank" in p["description"] or "$node" in p["description"], (name, p["title"])
+            # one place: the flag, the export and the description agree
+            assert (build.ABNORMAL in p["description"]) == ((name, p["title"]) in abnormal), (name, p["title"])
+
+
+def test_rdma_panels_name_only_counters_the_agent_exposes(boards):
+    """The agent exposes a curated allowlist of RDMA counters (ranksight.scale.RDMA_CURATED): a panel
+    naming any other would stay empty. The named error counters are not traffic (they fall into the
+    error rule), and the traffic regex matches the traffic counters."""
+    from ranksight import scale
+
+    curated = set(scale.RDMA_CURATED)
+    named = set(build.RDMA_ERRORS_NAMED + build.RDMA_CONGESTION_NAMED)
+    assert named <= curated, named - curated
+    traffic = re.compile(f"^(?:{triage.RDMA_TRAFFIC})$")
+    assert not [c for c in named if traffic.match(c)]
+    for c in ("port_rcv_packets", "port_xmit_packets", "port_rcv_data", "port_xmit_data", "unicast_rcv_packets",
+              "multicast_xmit_packets"):
+        assert traffic.match(c), c
+    rdma = [p for p in _panels(boards["ranksight-node.json"]) if p["title"].startswith("RDMA")]
+    assert len(rdma) == 3
+    words = set()
+    for p in rdma:
+        words |= set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", p["description"]))
+        for t in p["targets"]:
+            for m in re.finditer(r'counter=~?"([^"]*)"', t["expr"]):
+                words |= {c for c in curated | named if re.fullmatch(m.group(1), c)}
+    assert len(words) >= 10 and words <= curated, words - curated
+
+
+def test_rank_heatmap_rows_sort_numerically(boards):
+    """Grafana's heatmap orders series rows numerically only if every row name parses as a number
+    (parseFloat, which reads a leading number): the rank comes first in the row name."""
+    heat = [p for p in _panels(boards["ranksight-ranks.json"]) if p["type"] == "heatmap"]
+    assert len(heat) == 2
+    for p in heat:
+        for t in p["targets"]:
+            legend = t["legendFormat"]
+            assert legend.startswith("{{rank}}") and re.match(r"[\d.]+", legend.replace("{{rank}}", "10", 1))
 
 
 # ---------------------------------------------------------------- PromQL
