@@ -13,6 +13,11 @@ counters. Fields the hooks send as cumulative per-process values (allocator
 retries, OOMs, hook errors, dropped events) are turned into deltas per pid, so
 they stay monotone too. An agent restart starts every counter at 0 again,
 which Prometheus' rate() reads as an ordinary counter reset.
+
+Lints: ``ranksight_lint_active{lint}`` is exposed (value 1) only while the lint
+is active on the rank; a lint the hooks report fine, or that clears, has no
+series (Prometheus marks it stale, which ends the ``== 1`` alert). One series
+per lint per rank at 0 was 72 of a node's series for nothing (issue 9).
 """
 from __future__ import annotations
 
@@ -218,7 +223,7 @@ class Rank:
         self.stalled: Optional[str] = None
         self.p99 = 0.0
         self.p99_at = -1e18
-        self.lints: Dict[str, bool] = {}
+        self.lints: Set[str] = set()  # the lints active now; a lint that clears is removed
         self.dirs: Dict[str, str] = {}
         self.expo: Optional["_RankLabels"] = None  # label sets for exposition, rebuilt when labels change
 
@@ -392,9 +397,13 @@ class RankTable:
                 if lint not in triage.LINTS:
                     return REJECTED
                 if lint == BATCH_LR_LINT and "gbatch" in rec:
-                    r.lints[lint] = self._batch_lr_changed(rec["job"], rec["gbatch"], rec["lrate"], now)
+                    active = self._batch_lr_changed(rec["job"], rec["gbatch"], rec["lrate"], now)
                 else:
-                    r.lints[lint] = rec["active"]
+                    active = rec["active"]
+                if active:
+                    r.lints.add(lint)
+                else:
+                    r.lints.discard(lint)
             elif t == "hello":
                 r.dirs = {k: os.path.normpath(v) for k, v in rec["dirs"].items() if v and os.path.isabs(v)}
         return OK
@@ -527,7 +536,7 @@ class RanksCollector:
                 up = r.up
                 stalled = r.stalled
                 ckpt_now = now - r.ckpt_since if r.ckpt_since is not None else 0.0
-                lints = list(r.lints.items())
+                lints = sorted(r.lints)
             base = L.base
             for (f, _), v in zip(counters, vals):
                 add(f, base, v)
@@ -547,7 +556,7 @@ class RanksCollector:
             for lab, reason in zip(L.stall, STALL_REASONS):
                 add(f_stall, lab, 1.0 if stalled == reason else 0.0)
             add(f_ckpt_now, base, ckpt_now)
-            for lint, active in lints:
-                add(f_lint, L.for_lint(lint), 1.0 if active else 0.0)
+            for lint in lints:  # only while active: a cleared lint's series goes stale (issue 9)
+                add(f_lint, L.for_lint(lint), 1.0)
         return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
                 + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint])

@@ -251,12 +251,21 @@ def test_lints_and_hello_dirs():
     assert w.send(r, {"t": "lint", "lint": "sampler_epoch", "active": True, "msg": "set_epoch never called"}) == "ok"
     assert w.send(r, {"t": "lint", "lint": "made_up_lint", "active": True}) == "rejected"
     assert w.send(r, {"t": "hello", "info": {}, "dirs": {"checkpoint": "/data/ck/", "log": "relative/logs", "tmp": ""}}) == "ok"
+    assert w.send(r, {"t": "lint", "lint": "numa_binding", "active": False, "msg": ""}) == "ok"  # checked, fine
     got = w.scrape()
     assert one(got, C.LINT_ACTIVE.name, lint="sampler_epoch") == 1
     assert not series(got, C.LINT_ACTIVE.name, lint="made_up_lint")
+    assert not series(got, C.LINT_ACTIVE.name, lint="numa_binding"), "a lint found fine has no series"
+    assert len(series(got, C.LINT_ACTIVE.name)) == 1
     assert w.table.watched_dirs() == {"/data/ck"}
-    w.send(r, {"t": "lint", "lint": "sampler_epoch", "active": False})
-    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="sampler_epoch") == 0
+    other = ident(rank=1)
+    assert w.send(other, {"t": "lint", "lint": "sampler_epoch", "active": True, "msg": ""}) == "ok"
+    w.send(r, {"t": "lint", "lint": "sampler_epoch", "active": False})  # clears on rank 0 only
+    got = w.scrape()
+    assert not series(got, C.LINT_ACTIVE.name, rank="0"), "a cleared lint disappears from the exposition"
+    assert one(got, C.LINT_ACTIVE.name, rank="1", lint="sampler_epoch") == 1
+    w.send(r, {"t": "lint", "lint": "sampler_epoch", "active": True})  # and comes back when it applies again
+    assert one(w.scrape(), C.LINT_ACTIVE.name, rank="0", lint="sampler_epoch") == 1
 
 
 def test_global_batch_change_without_lr_change_across_restarts():
@@ -266,18 +275,23 @@ def test_global_batch_change_without_lr_change_across_restarts():
     lint = lambda gb, lr: {"t": "lint", "lint": "global_batch_lr", "active": True, "msg": "", "gbatch": gb, "lrate": lr}
     r = ident(ws=4)
     assert w.send(r, lint(4096, 1e-3)) == "ok"  # first start: nothing to compare with
-    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 0
+    assert not series(w.scrape(), C.LINT_ACTIVE.name), "the sender's active flag is ignored"
     w.send(r, {"t": "bye"})
     r2 = ident(ws=2, pid=4242)  # restarted on half the ranks, same job, same LR
     assert w.send(r2, lint(2048, 1e-3)) == "ok"
     assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 1
     assert w.send(r2, lint(2048, 1e-3)) == "ok"  # same batch as last time: fine again
-    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 0
+    assert not series(w.scrape(), C.LINT_ACTIVE.name)
+    assert w.send(r2, lint(1024, 1e-3)) == "ok"  # changed again, LR still the same
+    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 1
     assert w.send(r2, lint(4096, 2e-3)) == "ok"  # batch and LR scaled together: fine
-    assert one(w.scrape(), C.LINT_ACTIVE.name, lint="global_batch_lr") == 0
+    assert not series(w.scrape(), C.LINT_ACTIVE.name)
     other = ident(job="other")
     assert w.send(other, lint(1024, 2e-3)) == "ok"  # another job's history is its own
-    assert one(w.scrape(), C.LINT_ACTIVE.name, job="other", lint="global_batch_lr") == 0
+    assert not series(w.scrape(), C.LINT_ACTIVE.name, job="other")
+    assert w.send(other, lint(512, 2e-3)) == "ok"
+    assert one(w.scrape(), C.LINT_ACTIVE.name, job="other", lint="global_batch_lr") == 1
+    assert not series(w.scrape(), C.LINT_ACTIVE.name, job="job")
     assert w.send(r2, {"t": "lint", "lint": "global_batch_lr", "active": True, "gbatch": -1, "lrate": 1e-3}) == "rejected"
 
 

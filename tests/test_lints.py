@@ -99,14 +99,20 @@ def jobs(tmp_path_factory) -> Dict[str, Job]:
     return out
 
 
-def _sent_states(jobs: Dict[str, Job]) -> Dict[tuple, float]:
+def _last_states(jobs: Dict[str, Job]) -> Dict[tuple, bool]:
     """(job, rank, lint) -> the last state each rank sent."""
-    want = {}
+    last = {}
     for jname, job in _jobs(jobs).items():
         for r in job.records:
             if r["t"] == "lint":
-                want[(f"lints-{jname}", str(r["rank"]), r["lint"])] = 1.0 if r["active"] else 0.0
-    return want
+                last[(f"lints-{jname}", str(r["rank"]), r["lint"])] = bool(r["active"])
+    return last
+
+
+def _sent_states(jobs: Dict[str, Job]) -> Dict[tuple, float]:
+    """What the agent must expose: 1 for each (job, rank, lint) whose last state was active; a lint
+    last sent fine has no series."""
+    return {k: 1.0 for k, active in _last_states(jobs).items() if active}
 
 
 def _agent_states(text: str) -> Dict[tuple, float]:
@@ -260,7 +266,10 @@ def test_each_lint_turns_off(jobs):
 
 
 def test_agent_exposes_each_lint_as_sent(jobs):
-    """The real agent, fed the same datagrams, exposes ranksight_lint_active{lint} = the rank's last state."""
+    """The real agent, fed the same datagrams, exposes ranksight_lint_active{lint} = 1 for each lint
+    whose last state on the rank was active, and no series for a lint last found fine."""
     got, want = _agent_states(jobs["_metrics"]), _sent_states(jobs)
-    assert want and got == want
-    assert got[("lints-bad", "1", "numa_binding")] == 1.0 and got[("lints-good", "1", "numa_binding")] == 0.0
+    fine = [k for k, active in _last_states(jobs).items() if not active]
+    assert want and fine and got == want
+    assert got[("lints-bad", "1", "numa_binding")] == 1.0 and ("lints-good", "1", "numa_binding") in fine
+    assert not set(fine) & set(got), "a lint checked and found fine is not exposed"
