@@ -263,19 +263,20 @@ class CommTracker:
         return n
 
     # ---------------------------------------------------------------- DDP
-    def attach_ddp(self, ddp: Any, use_hook: bool) -> Optional["DDPStats"]:
+    def attach_ddp(self, ddp: Any, use_hook: bool, stats_every: int = 20) -> Optional["DDPStats"]:
         """Time DDP's gradient all-reduce.
 
         ``use_hook`` (CUDA): register our comm hook once (it cannot be removed: after unwatch it
         stays as the plain default all-reduce). Its ``then`` callbacks run inline on NCCL futures.
-        Otherwise (gloo): read DDP's own C++ reducer timer (``DDPStats``): any Python comm hook
+        Otherwise (gloo): read DDP's own C++ reducer timer (``DDPStats``, sampled): any Python comm hook
         costs about 0.4 ms of CPU per step on gloo (the future's callback and DDP's parsing of
         its result each take the GIL from another thread: +12% on a 7 ms 2-rank step here, with
-        torch's own ``allreduce_hook``), the reducer's timer costs nothing measurable.
+        torch's own ``allreduce_hook``); reading the reducer's timer costs ~150 us per read, so it is
+        read every ``stats_every``-th iteration and estimated in between (``DDPStats``).
         When the user already registered a comm hook, the wrapped collectives time that hook's
         calls (said once)."""
         if not use_hook:
-            stats = DDPStats.attach(ddp)
+            stats = DDPStats.attach(ddp, stats_every)
             if stats is None:
                 log.warning("ranksight: this torch's DDP exposes no runtime stats; DDP's all-reduce is not timed")
             self.ddp_stats_backward = stats is not None
@@ -305,49 +306,120 @@ class CommTracker:
 
 
 class DDPStats:
-    """DDP's reducer timer, sampled every iteration while watched (CPU/gloo DDP).
+    """DDP's reducer timer (CPU/gloo DDP), read every ``every``-th synchronized iteration; the
+    iterations in between are estimated from the latest reads and this backward's own duration.
 
-    During each synchronized iteration DDP records (C++, wall-clock ns) when the first bucket's
-    all-reduce launched, when the last gradient was computed and when the last all-reduce
-    completed. DDP itself publishes them at the start of the next synchronized forward; ``poll()``
-    (called when ``backward()`` returns) publishes them at once (``set_runtime_stats_and_log``;
-    DDP's own call then finds the same iteration) and returns, once per iteration,
-    (comm, exposed) seconds: comm = last completion - first launch, exposed = last completion -
-    max(last gradient, first launch).
+    During a sampled iteration DDP records (C++, wall-clock ns) when the first bucket's all-reduce
+    launched, when the last gradient was computed and when the last all-reduce completed. DDP
+    publishes them at the start of the next synchronized forward; ``poll()`` (when ``backward()``
+    returns) publishes them at once (``set_runtime_stats_and_log``) and reads them: comm = last
+    completion - first launch, exposed = last completion - max(last gradient, first launch).
+
+    Why sampled: a read costs 50-120 us of the training thread (publishing the stats, copying
+    DDP's logging data to Python), and at sample rate 1 DDP publishes them again in every forward:
+    together about 150 us per iteration, most of the hooks' cost on a 6 ms 2-rank gloo step. DDP
+    samples iterations 1-10 and every ``every``-th one after (its own default is every 100th).
+
+    The estimate for an iteration that is not sampled: gradient computation takes about as long
+    every iteration (same model, same shapes), waiting for communication does not. So
+    exposed = this backward's duration - the gradient computation time of the recent samples
+    (their median, host time: backward duration - exposed), clipped to [0, backward];
+    comm = exposed + the recent samples' overlapped communication (comm - exposed), clipped to
+    the backward. A rank that waits for a slow peer on one step shows the wait on that step.
+
+    Which iterations DDP samples is known by counting: a sampled read returns DDP's iteration
+    number, the watcher's forward pre-hook counts synchronized forwards after it (DDP's
+    ``prepare_for_forward`` counts the same ones). A read that finds another iteration than the
+    count predicted (forwards outside the hooks' sight) sets the rate to 1 until the next read.
     """
 
     DEFAULT_SAMPLE_RATE = 100  # DDP's kDDPRuntimeLoggingSampleRate, restored on close
+    REF_SAMPLES = 5
 
-    def __init__(self, ddp: Any):
+    def __init__(self, ddp: Any, every: int = 20):
         self.ddp = ddp
+        self.every = max(1, int(every))
+        self.iteration: Optional[int] = None  # DDP's iteration of the current synchronized forward; None: unknown
         self._last_iter: Any = None
         self.samples = 0
+        self.estimated = 0
+        self.resyncs = 0
+        self._compute: Deque[float] = deque(maxlen=self.REF_SAMPLES)
+        self._overlap: Deque[float] = deque(maxlen=self.REF_SAMPLES)
+        self._ref: Optional[Tuple[float, float]] = None  # (gradient computation, overlapped comm) seconds
 
     @classmethod
-    def attach(cls, ddp: Any) -> Optional["DDPStats"]:
+    def attach(cls, ddp: Any, every: int = 20) -> Optional["DDPStats"]:
         if not (hasattr(ddp, "_set_ddp_runtime_logging_sample_rate") and getattr(ddp, "logger", None) is not None):
             return None
-        ddp._set_ddp_runtime_logging_sample_rate(1)
-        return cls(ddp)
+        ddp._set_ddp_runtime_logging_sample_rate(1)  # until the first read tells the iteration number
+        return cls(ddp, every)
 
-    def poll(self) -> Optional[Tuple[float, float]]:
+    def on_forward(self) -> None:
+        """A forward with grad enabled starts (the watcher's forward pre-hook)."""
+        if self.iteration is not None and self.ddp.require_backward_grad_sync:
+            self.iteration += 1
+
+    def poll(self, bwd: float) -> Optional[Tuple[float, float]]:
+        """(comm, exposed) seconds of the backward that just returned after ``bwd`` seconds, or None
+        (no all-reduce in it, or nothing to go by yet)."""
         ddp = self.ddp
         if not ddp.require_backward_grad_sync:  # no_sync(): no all-reduce in this backward
             return None
+        it = self.iteration
+        if it is None or it <= 10 or it % self.every == 0:
+            r = self._read(bwd)
+            if r is not None:
+                return r
+        ref = self._ref
+        if ref is None:
+            return None
+        self.estimated += 1
+        x = bwd - ref[0]
+        x = 0.0 if x < 0.0 else (bwd if x > bwd else x)
+        c = x + ref[1]
+        return (c if c < bwd else bwd), x
+
+    def _read(self, bwd: float) -> Optional[Tuple[float, float]]:
+        ddp = self.ddp
         ddp.logger.set_runtime_stats_and_log()
         d = ddp.logger._get_ddp_logging_data().ints_map
         it = d.get("iteration")
         if it is None or it == self._last_iter:
+            if self.iteration is not None:
+                self._resync()  # DDP did not sample the iteration the count predicted
             return None
         self._last_iter = it
+        if self.iteration != it:
+            if self.iteration is not None:
+                self._resync()
+                return None
+            self.iteration = it  # rate 1 until now: this read tells DDP's iteration number
+            if self.every > 1:
+                ddp._set_ddp_runtime_logging_sample_rate(self.every)
         cs, ce, ke = d.get("backward_comm_time_start"), d.get("backward_comm_time_end"), d.get("backward_compute_time_end")
         if not cs or not ce or not ke or ce < cs:
             return None
         self.samples += 1
-        return (ce - cs) / 1e9, max(0, ce - max(ke, cs)) / 1e9
+        comm, x = (ce - cs) / 1e9, max(0, ce - max(ke, cs)) / 1e9
+        self._compute.append(max(0.0, bwd - x))
+        self._overlap.append(max(0.0, comm - x))
+        self._ref = (_median(self._compute), _median(self._overlap))
+        return comm, x
+
+    def _resync(self) -> None:
+        self.resyncs += 1
+        self.iteration = None
+        self.ddp._set_ddp_runtime_logging_sample_rate(1)
 
     def close(self) -> None:
         self.ddp._set_ddp_runtime_logging_sample_rate(self.DEFAULT_SAMPLE_RATE)
+
+
+def _median(xs: Deque[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def _bucket_value(f: Any) -> Any:

@@ -85,6 +85,7 @@ class Settings:
     patch_torch_save: bool
     checkpoint_dir: str
     log_dir: str
+    ddp_stats_every: int = 20
 
 
 def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
@@ -120,6 +121,7 @@ def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
                     table_every_steps=int(checked["table_every_steps"]),
                     table_every_seconds=float(checked["table_every_seconds"]),
                     max_pending_events=int(checked["max_pending_events"]),
+                    ddp_stats_every=int(checked["ddp_stats_every"]),
                     patch_torch_save=bool(checked["patch_torch_save"]),
                     checkpoint_dir=str(checked["checkpoint_dir"]), log_dir=str(checked["log_dir"]))
 
@@ -370,7 +372,8 @@ class Watcher:
 
                 inner = _unwrap(model)
                 if isinstance(inner, DDP):
-                    self._ddp_stats = self.comm.attach_ddp(inner, use_hook=self._tl is not None)
+                    self._ddp_stats = self.comm.attach_ddp(inner, use_hook=self._tl is not None,
+                                                           stats_every=self.settings.ddp_stats_every)
         except Exception as e:
             self._hook_error("communication setup", e)
         if self.settings.patch_torch_save:
@@ -414,6 +417,8 @@ class Watcher:
             self._t_fwd = t
             self._phase = "forward"
             self._phase_t = t
+            if self._ddp_stats is not None:
+                self._ddp_stats.on_forward()
             if self._tl is not None:
                 self._ev_fwd = self._tl.mark()
         except Exception as e:
@@ -480,7 +485,7 @@ class Watcher:
             tail = 0.0
             ds = self._ddp_stats
             if ds is not None:  # gloo DDP: this backward's all-reduce, from DDP's own timer
-                r = ds.poll()
+                r = ds.poll(t1 - t0)
                 if r is not None:
                     comm, tail = r
                     self.comm.add_durations(comm, tail)
@@ -632,10 +637,13 @@ class Watcher:
 
     def stats(self) -> Dict[str, Any]:
         tr = getattr(self, "_transport", None)
+        ds = self._ddp_stats
         return {"steps": self._seq, "herr": self.herr, "hdrop": self._tl.dropped if self._tl else 0,
                 "qdrop": self.qdrop, "sent": tr.sent if tr else 0, "send_errors": tr.errors if tr else 0,
                 "ddp_comm_hook": self.comm.ddp_hooked, "gpu": self._tl is not None,
-                "flight_recorder": self._fr_on, "ddp_stats": self._ddp_stats is not None, "phase": self._phase}
+                "flight_recorder": self._fr_on, "ddp_stats": self._ddp_stats is not None, "phase": self._phase,
+                "ddp_stats_read": ds.samples if ds else 0, "ddp_stats_estimated": ds.estimated if ds else 0,
+                "ddp_stats_resyncs": ds.resyncs if ds else 0}
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:

@@ -122,6 +122,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "table_every_steps": Opt(100, "console table every N steps (0: never)", 0, 1e9),
         "table_every_seconds": Opt(60.0, "... or every this many seconds (0: never)", 0, 1e9),
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
+        "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "
+                                   "(1: every one); the others are estimated from it", 1, 1e6),
         "patch_torch_save": Opt(True, "time torch.save / dcp.save while watched"),
         "checkpoint_dir": Opt("", "checkpoint directory reported to the agent (disk watch)"),
         "log_dir": Opt("", "log directory reported to the agent (disk watch)"),

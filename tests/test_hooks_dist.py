@@ -129,3 +129,27 @@ def test_fsdp2_fully_shard_on_gloo():
         for s in steps:
             assert 0 < s["comm"] <= s["dur"] and 0 < s["xcomm"] <= s["dur"] and s["fwd"] > 0 and s["bwd"] > 0
     assert all(r["result"]["stats"]["herr"] == 0 for r in res)
+
+
+def test_ddp_comm_between_timer_reads_follows_each_step():
+    """gloo DDP's reducer timer is read on iterations 1-10 and every 20th (hooks.ddp_stats_every);
+    the steps in between are estimated from this backward's duration. Rank 1's loader sleeps
+    30 ms on every 7th batch only, so rank 0 waits in the all-reduce on those steps: the estimate
+    must show the wait on exactly those steps, not spread it over the others."""
+    rx, res = job(["--steps", "40", "--slow-data-rank", "1", "--data-sleep", "0.03", "--data-sleep-every", "7"])
+    st = res[0]["result"]["stats"]
+    assert st["ddp_stats"] is True and st["herr"] == 0 and st["ddp_stats_resyncs"] == 0
+    assert st["ddp_stats_read"] >= 10 and st["ddp_stats_estimated"] >= 25, st
+    steps = {s["seq"]: s for s in rx.of("step", 0)}
+    assert sorted(steps) == list(range(1, 41))
+    estimated = [q for q in range(11, 41) if q % 20]
+    slow = [q for q in estimated if q % 7 == 0]  # batch i sleeps when i % 7 == 6: step i + 1
+    assert slow == [14, 21, 28, 35]
+    for q in slow:
+        assert steps[q]["xcomm"] >= 0.02, (q, steps[q])
+        assert steps[q]["xcomm"] <= steps[q]["comm"] <= steps[q]["dur"]
+    others = [steps[q] for q in estimated if q not in slow]
+    assert med(others, lambda s: s["xcomm"]) < 0.005
+    for rank in (0, 1):
+        for s in rx.of("step", rank):
+            assert 0 < s["comm"] <= s["dur"] and 0 <= s["xcomm"] <= s["dur"], s

@@ -33,8 +33,8 @@ class SleepyMLP(nn.Module):
 class SleepyLoader:
     """A map-style dataset behind a loader that sleeps per batch (an input-bound rank)."""
 
-    def __init__(self, n: int, batch: int, sleep: float):
-        self.n, self.batch, self.sleep = n, batch, sleep
+    def __init__(self, n: int, batch: int, sleep: float, every: int = 1):
+        self.n, self.batch, self.sleep, self.every = n, batch, sleep, every
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, batch, 32, generator=g)
         self.y = torch.randn(n, batch, 4, generator=g)
@@ -44,7 +44,7 @@ class SleepyLoader:
 
     def __iter__(self):
         for i in range(self.n):
-            if self.sleep:
+            if self.sleep and i % self.every == self.every - 1:
                 time.sleep(self.sleep)
             yield self.x[i], self.y[i]
 
@@ -57,6 +57,7 @@ def main() -> int:
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--slow-data-rank", type=int, default=-1)
     p.add_argument("--data-sleep", type=float, default=0.0)
+    p.add_argument("--data-sleep-every", type=int, default=1, help="the slow loader sleeps on every N-th batch only")
     p.add_argument("--slow-compute-rank", type=int, default=-1)
     p.add_argument("--compute-sleep", type=float, default=0.0)
     p.add_argument("--manual", action="store_true", help="a sync and an async all_reduce per step")
@@ -94,7 +95,8 @@ def main() -> int:
         fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     n_batches = args.steps * args.accum
-    data = SleepyLoader(n_batches, args.batch, args.data_sleep if rank == args.slow_data_rank else 0.0)
+    data = SleepyLoader(n_batches, args.batch, args.data_sleep if rank == args.slow_data_rank else 0.0,
+                        args.data_sleep_every)
     loader = ranksight.watch(model, opt, data)
     w = ranksight.hooks.current()
     extra = torch.ones(4)
