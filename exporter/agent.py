@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
@@ -59,6 +59,7 @@ class AgentSettings:
     gpu_swing_low: float = 0.5
     nic_include: str = ""
     nic_exclude: str = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
+    rdma_counters: Union[str, List[str]] = "curated"  # agent.rdma_counters: curated | all | names
 
 
 def parse_listen(s: str) -> Tuple[str, int]:
@@ -130,7 +131,7 @@ class Agent:
         if "network" in enabled:
             self.collectors.append(NetworkCollector(s.node, s.procfs, s.sysfs, s.nic_include, s.nic_exclude))
         if "rdma" in enabled:
-            self.collectors.append(RdmaCollector(s.node, s.sysfs))
+            self.collectors.append(RdmaCollector(s.node, s.sysfs, s.rdma_counters))
         if "disk" in enabled:
             reported = self.table.watched_dirs if "ranks" in enabled else set
             self.collectors.append(DiskCollector(s.node, s.watch_paths, reported))

@@ -91,6 +91,7 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
         gpu_swing_low=t["gpu_swing_low"],
         nic_include=a["nic_include"],
         nic_exclude=a["nic_exclude"],
+        rdma_counters=a["rdma_counters"],
     )
 
 

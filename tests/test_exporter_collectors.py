@@ -606,3 +606,21 @@ def test_gpu_second_recording_idle_values_power_cap_and_sawtooth_gpm():
     assert one(got, C.GPU_TENSOR_ACTIVE.name, gpu="1") == pytest.approx(st["gpm_sawtooth"]["tensor_util"] / 100)
     assert not series(got, C.GPU_SM_ACTIVE.name, gpu="2")
     gc.stop()
+
+def test_real_agent_rdma_counters_from_config(tmp_path):
+    """agent.rdma_counters reaches the real agent: all -> every file, a list -> exactly those."""
+    root = mlx5_tree(tmp_path / "sys", ports=2)
+    exp = expected_rdma(root)
+    for value, want in (("all", exp),
+                        ("symbol_error,np_ecn_marked_roce_packets",
+                         only_counters(exp, ("symbol_error", "np_ecn_marked_roce_packets")))):
+        port = free_port()
+        p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "rdma",
+                           "--sysfs", str(root), "--node", NODE), tmp_path / "agent.log",
+                 env={"RANKSIGHT__agent__rdma_counters": value})
+        try:
+            got = wait_for(lambda: (lambda g: g if series(g, C.RDMA_PORT_COUNTER.name) else None)(
+                parse(http_get(f"http://127.0.0.1:{port}/metrics"))), 20, "RDMA series on /metrics")
+        finally:
+            p.stop()
+        assert {k: v for k, v in got.items() if k[0].startswith("ranksight_rdma_")} == want, value
