@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# `ranksight bench scale` at full size (1,024 nodes x 8 GPUs x 8 ranks, 1 h at 15 s) on a
+# machine with many idle cores, e.g. the GPU machine's 16 (the benchmark is CPU-bound: promtool
+# and Prometheus; the GPU is not used). That machine has no Prometheus and no network, so:
+#
+#   here, once:   bash bench/scale/device.sh --prepare     # .devbin/: xz'd prometheus + promtool, PyYAML, the Grafana SDK
+#   there:        bash bench/scale/device.sh [bench args]  # results in $OUT/scale.json and $OUT/scale.log
+#
+# (with the device tool: run(carry=[".devbin"], command="bash bench/scale/device.sh --jobs 14"))
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [[ ${1:-} == --prepare ]]; then
+  set -e
+  mkdir -p .devbin
+  for b in prometheus promtool; do xz -T0 -6 -c "$(command -v $b)" > .devbin/$b.xz; done
+  # pure-Python packages the dashboards builder and the config need (the GPU machine lacks them)
+  rm -rf .devbin/py && mkdir -p .devbin/py
+  for mod in yaml grafana_foundation_sdk; do
+    cp -r "$(.venv/bin/python -c "import $mod, os; print(os.path.dirname($mod.__file__))")" .devbin/py/
+  done
+  find .devbin/py -name __pycache__ -prune -exec rm -rf {} +
+  grep -qx '/.devbin/' .git/info/exclude 2>/dev/null || echo '/.devbin/' >> .git/info/exclude
+  du -sh .devbin
+  exit 0
+fi
+OUT=${OUT:-/tmp/ranksight-scale-out}
+mkdir -p "$OUT" /tmp/rsbin
+for b in prometheus promtool; do
+  [[ -x /tmp/rsbin/$b ]] || { xz -dc .devbin/$b.xz > /tmp/rsbin/$b && chmod +x /tmp/rsbin/$b; } || {
+    echo "device.sh: cannot unpack .devbin/$b.xz (run --prepare here and carry .devbin)" >&2; exit 2; }
+done
+PY=${PYTHON:-python3}
+python_path=""
+$PY -c 'import yaml, grafana_foundation_sdk' 2>/dev/null || python_path="$PWD/.devbin/py"
+# the package-dir mapping of pyproject.toml (ranksight.dashboards = dashboards/ ...) as an overlay
+ov=/tmp/rs-scale-overlay
+rm -rf $ov && mkdir -p $ov/ranksight
+for f in ranksight/*.py; do ln -s "$PWD/$f" $ov/ranksight/; done
+for pkg in dashboards alerts exporter; do ln -s "$PWD/$pkg" $ov/ranksight/$pkg; done
+export PYTHONPATH="$ov${python_path:+:$python_path}" PYTHONDONTWRITEBYTECODE=1
+nproc; free -g | head -2; df -h /dev/shm /tmp | tail -2
+/tmp/rsbin/prometheus --version 2>&1 | head -1
+# from /tmp: `python -m` puts the working directory first on sys.path, which would shadow the overlay
+(cd /tmp && $PY -m ranksight bench scale --prometheus /tmp/rsbin/prometheus --promtool /tmp/rsbin/promtool \
+  --workdir /tmp --json "$@") > "$OUT/scale.json" 2> >(tee "$OUT/scale.log" | grep -v ' scale: query ' >&2)
+rc=$?
+(cd /tmp && $PY - "$OUT/scale.json") <<'EOF' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+from ranksight.scale import report
+print(report(r))
+EOF
+exit $rc
