@@ -426,12 +426,14 @@ def test_bounded_panels_say_so(cfg, boards):
 
 
 def test_rdma_panels_name_only_counters_the_agent_exposes(boards):
-    """The agent exposes a curated allowlist of RDMA counters (ranksight.scale.RDMA_CURATED): a panel
-    naming any other would stay empty. The named error counters are not traffic (they fall into the
-    error rule), and the traffic regex matches the traffic counters."""
+    """The agent exposes a curated allowlist of RDMA counters (catalog.RDMA_CURATED_COUNTERS, which
+    the scale benchmark models): a panel naming any other would stay empty. The named error
+    counters are not traffic (they fall into the error rule), and the traffic regex matches the
+    traffic counters."""
     from ranksight import scale
 
-    curated = set(scale.RDMA_CURATED)
+    curated = set(C.RDMA_CURATED_COUNTERS)
+    assert curated == set(scale.RDMA_CURATED)
     named = set(build.RDMA_ERRORS_NAMED + build.RDMA_CONGESTION_NAMED)
     assert named <= curated, named - curated
     traffic = re.compile(f"^(?:{triage.RDMA_TRAFFIC})$")

@@ -136,6 +136,8 @@ _FIRING = re.compile(r'ALERTS\{[^}]*alertstate="firing"')
 
 @pytest.mark.netns
 def test_every_dashboard_query_returns_data_from_the_real_runs(suite: Suite) -> None:
+    from ranksight.dashboards.generate import abnormal_only, queries, substitute
+
     healthy = suite.observe("healthy")
     _check_ok(healthy)
     assert healthy.dashboards, "no dashboard queries were evaluated"
@@ -143,10 +145,29 @@ def test_every_dashboard_query_returns_data_from_the_real_runs(suite: Suite) -> 
     cpu_impossible = {(f, t, e) for f, t, e, _ in healthy.dashboards if _GPU_RDMA.search(e)}
     firing_panel = {(f, t, e) for f, t, e, _ in healthy.dashboards if _FIRING.search(e)}
     assert firing_panel, "the triage dashboard has no firing-alerts panel"
-    assert empty - cpu_impossible - firing_panel == set(), \
+    # panels that draw only abnormal series (XID errors, PCIe below max, ranks down): nothing while healthy
+    abnormal = abnormal_only(suite.cfg)
+    abnormal_panels = {(f, t, e) for f, t, e, _ in healthy.dashboards if (f, t) in abnormal}
+    assert abnormal_panels - cpu_impossible, "no abnormal-only panel that a CPU machine can show"
+    assert empty - cpu_impossible - firing_panel - abnormal_panels == set(), \
         "dashboard queries without data from the healthy run:\n" + "\n".join(
-            f"{f} | {t} | {e}" for f, t, e in sorted(empty - cpu_impossible - firing_panel))
+            f"{f} | {t} | {e}" for f, t, e in sorted(empty - cpu_impossible - firing_panel - abnormal_panels))
+    assert abnormal_panels <= empty, "an abnormal-only panel shows something during the healthy run: " + "; ".join(
+        f"{f} | {t} | {e}" for f, t, e in sorted(abnormal_panels - empty))
     assert cpu_impossible <= empty, "a GPU/RDMA query returned data on a CPU machine?"
+    # ... and shows the fault: the ranks-down table lists the killed rank (evaluated over the suite so far,
+    # as the table would have shown it at some instant; the kill-rank job ran in an earlier group)
+    kill = suite.observe("kill-rank")
+    _check_ok(kill)
+    down = ("ranksight-node.json", "Ranks on these nodes")
+    assert down in abnormal
+    exprs = [e for f, t, e in queries(suite.cfg) if (f, t) == down]
+    assert len(exprs) == 1
+    assert suite.stack is not None
+    window = int(time.monotonic() - suite.t0) + 60
+    expr = substitute(exprs[0], job=[kill.job], rate_interval="15s", range_="5m")
+    shown = suite.stack.prom.query(f"last_over_time(({expr})[{window}s:5s])")
+    assert CASES["kill-rank"].where["rank"] in {s["metric"].get("rank") for s in shown}, (expr, shown)
     loss = suite.observe("packet-loss")
     _check_ok(loss)
     loss_counts = {(f, t, e): n for f, t, e, n in loss.dashboards}
