@@ -6,9 +6,12 @@ Definitions (per optimizer step):
 comm   collective time: the union of [launch, completion] of every collective the hooks
        see (DDP buckets through our comm hook, wrapped collectives, async work until
        its future completes, time blocked in ``Work.wait()``), clipped to the step. On the
-       host (gloo, CPU) from ``perf_counter``; on CUDA from events recorded at launch and
-       in the future's ``then`` callback (the stream that waits on the work), or from the
-       NCCL Flight Recorder's ``duration_ms`` when ``TORCH_NCCL_ENABLE_TIMING=1``.
+       host (gloo, CPU) from ``perf_counter``; on CUDA from events on the current stream:
+       the start recorded when an async call (DDP bucket, ``async_op=True``) returned, i.e.
+       after the enqueue (a host-bound step's enqueue time is not communication), or before
+       a synchronous call; the end in the future's ``then`` callback (the stream that waits
+       on the work). Or from the NCCL Flight Recorder's ``duration_ms`` when
+       ``TORCH_NCCL_ENABLE_TIMING=1``. gloo DDP: DDP's reducer timer (``DDPStats``).
 
 xcomm  exposed (non-overlapped) communication: time the training thread could not
        compute because it waited for communication. It is the union of
@@ -56,6 +59,10 @@ COLLECTIVES = (
 )
 
 
+# wrapped functions that are always asynchronous (return Work objects without async_op)
+ALWAYS_ASYNC = frozenset(("isend", "irecv", "batch_isend_irecv"))
+
+
 class CommTracker:
     """Collective and exposed-wait intervals, fed from any thread, drained once per step."""
 
@@ -70,8 +77,7 @@ class CommTracker:
         self.active = True
         self._intervals: Deque[Tuple[float, float]] = deque()  # host [launch, completion]
         self._exposed: Deque[Tuple[float, float]] = deque()  # host spans the training thread waited
-        self._extra: Deque[float] = deque()  # comm durations without a time axis (Flight Recorder, DDP stats)
-        self._extra_x: Deque[float] = deque()  # exposed durations without a time axis (DDP stats)
+        self._extra: Deque[float] = deque()  # comm durations without a time axis (Flight Recorder)
         self._inflight: Dict[int, float] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -95,14 +101,26 @@ class CommTracker:
         f = self._graph_task_id
         return f is not None and f() != -1
 
-    def launch(self) -> Tuple[int, float, Any]:
+    def launch(self, event: bool = True) -> Tuple[int, float, Any]:
+        """A collective is about to be called: host launch time, in-flight token and (``event``, on
+        CUDA) a start event. An async collective passes ``event=False`` and calls ``launched()``
+        once the call returned: its start event then follows the enqueue, so a host-bound step
+        does not count the host's enqueue time (the GPU idling meanwhile) as communication."""
         t0 = time.perf_counter()
         tok = next(self._ids)
         with self._lock:
             self._inflight[tok] = t0
+        ev = None
+        if event:
+            ev = self.timeline.mark() if self.timeline is not None else None
+            self.last_launch = (t0, ev)
+        return tok, t0, ev
+
+    def launched(self, t0: float) -> Any:
+        """The async collective launched at host time ``t0`` is enqueued: its start event (CUDA) or None."""
         ev = self.timeline.mark() if self.timeline is not None else None
         self.last_launch = (t0, ev)
-        return tok, t0, ev
+        return ev
 
     def complete(self, tok: int, t0: float, ev0: Any, end_ev: Any = None) -> Any:
         """The collective finished (any thread). Returns the end event (GPU) for reuse."""
@@ -124,11 +142,6 @@ class CommTracker:
     def add_flight_recorder(self, seconds: List[float]) -> None:
         self._extra.extend(seconds)
 
-    def add_durations(self, comm: float, exposed: float) -> None:
-        """Communication measured elsewhere (DDP's reducer timer), with no time axis."""
-        self._extra.append(comm)
-        self._extra_x.append(exposed)
-
     def oldest_inflight(self, now: float) -> float:
         """Seconds since the oldest in-flight collective was launched, or -1."""
         with self._lock:
@@ -139,12 +152,10 @@ class CommTracker:
 
     def take(self, lo: float, hi: float) -> Tuple[float, float, float]:
         """(host comm, comm seconds without a time axis, host exposed comm) for the step [lo, hi]:
-        unions of the spans clipped to the step, plus durations (Flight Recorder, DDP's timer).
+        unions of the spans clipped to the step, plus durations (the Flight Recorder).
         Resets them."""
         comm = union_seconds(drain(self._intervals), lo, hi) if self._intervals else 0.0
         x = union_seconds(drain(self._exposed), lo, hi) if self._exposed else 0.0
-        if self._extra_x:
-            x += sum(drain(self._extra_x))
         extra = sum(drain(self._extra)) if self._extra else 0.0
         return comm, extra, x
 
@@ -152,13 +163,16 @@ class CommTracker:
     def wrap_collective(self, name: str, orig: Callable) -> Callable:
         tracker = self
         is_compiling = _is_compiling_fn()
+        always_async = name in ALWAYS_ASYNC
 
         def collective(*args: Any, **kwargs: Any) -> Any:
             if (not tracker.active or getattr(tracker._tls, "depth", 0) or is_compiling()
                     or (tracker.ddp_stats_backward and tracker.in_backward)):
                 return orig(*args, **kwargs)
             try:
-                tok, t0, ev0 = tracker.launch()
+                # async calls get their start event after the call returned (see launch())
+                pre = not (always_async or kwargs.get("async_op"))
+                tok, t0, ev0 = tracker.launch(event=pre)
                 tracker._tls.depth = 1
             except Exception as e:  # our bookkeeping only; the collective still runs
                 tracker._on_error(f"collective {name}", e)
@@ -174,7 +188,7 @@ class CommTracker:
                 raise
             tracker._tls.depth = 0
             try:
-                tracker._after_call(ret, tok, t0, ev0)
+                tracker._after_call(ret, tok, t0, ev0, pre)
             except Exception as e:
                 tracker._on_error(f"collective {name}", e)
             return ret
@@ -185,9 +199,11 @@ class CommTracker:
         collective.__doc__ = getattr(orig, "__doc__", None)
         return collective
 
-    def _after_call(self, ret: Any, tok: int, t0: float, ev0: Any) -> None:
+    def _after_call(self, ret: Any, tok: int, t0: float, ev0: Any, pre: bool = True) -> None:
         works = _works(ret)
         if not works:  # synchronous: the call itself was the wait
+            if not pre and self.timeline is not None:  # async_op=True that returned no work
+                ev0 = self.launched(t0)
             end = self.complete(tok, t0, ev0)
             if self._counting_thread():
                 if self.timeline is not None:
@@ -195,7 +211,11 @@ class CommTracker:
                 else:
                     self._exposed.append((t0, time.perf_counter()))
             return
-        # async_op=True: in flight until the (last) work's future completes
+        # async_op=True: in flight until the (last) work's future completes. Its start event is
+        # recorded now that the call returned (a pre-call one, async_op passed positionally, is
+        # replaced); the host launch time t0 stays the call's start.
+        if self.timeline is not None:
+            ev0 = self.launched(t0)
         work = works[-1]
         try:
             fut = work.get_future()
@@ -444,13 +464,18 @@ def make_ddp_hook(cell: List[CommTracker]) -> Callable:
         tok = None
         if tr.active:
             try:
-                tok, t0, ev0 = tr.launch()
+                tok, t0, _ = tr.launch(event=False)
             except Exception as e:
                 tr._on_error("DDP comm hook", e)
                 tok = None
         fut = state.allreduce([tensor], opts).get_future()
         if tok is None:
             return fut.then(_bucket_value)
+        try:
+            ev0 = tr.launched(t0)  # start event after the enqueue (see CommTracker.launch)
+        except Exception as e:
+            tr._on_error("DDP comm hook", e)
+            ev0 = None
 
         def done(f: Any) -> Any:
             try:

@@ -64,6 +64,12 @@ log = logging.getLogger("ranksight.hooks")
 
 TICK_SECONDS = 0.25  # the background thread's period: step records wait at most this long
 QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they are dropped and counted
+# CUDA: the newest step record waits this long (or for the next one) while GPU intervals are still
+# pending, so that close() can add the last steps' GPU times to it (see close())
+HOLD_SECONDS = 1.0
+CLOSE_GPU_WAIT = 0.5  # close() waits at most this long (polling query(), no sync) for the last GPU intervals
+# where fwd, bwd, opt, comm, xcomm sit in a queued step tuple (see _step_end)
+_STEP_GPU_FIELDS = ((FWD, 5), (BWD, 6), (OPT, 7), (COMM, 9), (XCOMM, 10))
 _perf = time.perf_counter
 
 
@@ -265,6 +271,7 @@ class Watcher:
         self._t_start = _perf()
         self._t0: Optional[float] = None
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = 0.0
+        self._dcomm = self._dx = 0.0  # gloo DDP's all-reduce this step (DDPStats), comm and exposed
         self._micro = 0
         self._seq = 0
         self._t_fwd: Optional[float] = None
@@ -276,6 +283,8 @@ class Watcher:
         self._ev_fwd = self._ev_opt = None
         self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0}
         self._queue: Deque[tuple] = deque()
+        self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
+        self.gpu_unsent = 0.0  # GPU seconds close() could not send (no step record left to carry them)
         # extension points
         self._epoch_observers: List[Callable[[Any], None]] = []
         self._periodic: List[List[Any]] = []  # [fn, every, next_due]
@@ -488,7 +497,8 @@ class Watcher:
                 r = ds.poll(t1 - t0)
                 if r is not None:
                     comm, tail = r
-                    self.comm.add_durations(comm, tail)
+                    self._dcomm += comm
+                    self._dx += tail
             self._bwd += max(0.0, t1 - t0 - tail)
             lev = None
         self._phase = "other"
@@ -541,10 +551,13 @@ class Watcher:
         t0 = self._t0 if self._t0 is not None else self._t_start
         dur = t - t0
         c = self.comm
-        if c._intervals or c._exposed or c._extra or c._extra_x:
+        if c._intervals or c._exposed or c._extra:
             comm, extra, hx = c.take(t0, t)
-        else:  # no communication this step (the common single-process case): skip the call
+        else:  # no communication this step (single process, gloo DDP alone): skip the call
             comm = extra = hx = 0.0
+        if self._dcomm:  # gloo DDP's all-reduce (DDPStats): durations without a time axis
+            extra += self._dcomm
+            hx += self._dx
         if self._tl is None:
             fwd, bwd, opt, xcomm = self._fwd, self._bwd, self._opt, hx
         else:
@@ -572,7 +585,7 @@ class Watcher:
         self._reset_step(t)
 
     def _reset_step(self, t: float) -> None:
-        self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = 0.0
+        self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
         self._micro = 0
         self._t0 = t
         self._t_bwd = None
@@ -643,7 +656,7 @@ class Watcher:
                 "ddp_comm_hook": self.comm.ddp_hooked, "gpu": self._tl is not None,
                 "flight_recorder": self._fr_on, "ddp_stats": self._ddp_stats is not None, "phase": self._phase,
                 "ddp_stats_read": ds.samples if ds else 0, "ddp_stats_estimated": ds.estimated if ds else 0,
-                "ddp_stats_resyncs": ds.resyncs if ds else 0}
+                "ddp_stats_resyncs": ds.resyncs if ds else 0, "gpu_unsent": self.gpu_unsent}
 
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
@@ -727,8 +740,31 @@ class Watcher:
         self._step_prefix = protocol.encode(dict(self._base, t="step")).decode()[:-1] + ","
         self._step_fmt = ",".join(f'"{k}":{f}' for k, f in STEP_TEMPLATE) + "}"
 
-    def _flush(self) -> None:
+    def _take_items(self) -> List[tuple]:
+        """The queued records, the held-back step record first (background thread, or close())."""
         items = drain(self._queue)
+        held = self._held
+        if held is not None:
+            self._held = None
+            items.insert(0, held)
+        return items
+
+    def _flush(self) -> None:
+        items = self._take_items()
+        if not items:
+            return
+        tl = self._tl
+        if tl is not None and tl.pending:
+            # hold back the newest step record while GPU intervals are pending: if the watch ends
+            # soon, close() adds the intervals it still resolves to it (else they would be lost)
+            for i in range(len(items) - 1, -1, -1):
+                if items[i][0] == "step":
+                    if _perf() - items[i][2] < HOLD_SECONDS:
+                        self._held = items.pop(i)
+                    break
+        self._send_items(items)
+
+    def _send_items(self, items: List[tuple]) -> None:
         if not items:
             return
         send, enc, fmt, prefix = self._transport.send, protocol.encode, self._step_fmt, self._step_prefix
@@ -826,6 +862,48 @@ class Watcher:
             self._hook_error("worker RSS", e)
 
     # ------------------------------------------------------------------ close
+    def _last_gpu(self, items: List[tuple]) -> None:
+        """The GPU intervals of the last steps: wait for them (at most CLOSE_GPU_WAIT, polling
+        ``query()``, never synchronizing), then add what is resolved and not sent yet to the
+        unsent step records ``items``, newest first, each field up to its step's duration (the
+        carry-over rule of ``_step_end``); the rest on the newest one. Without any step record
+        left (the background thread sent them: the watch ended more than HOLD_SECONDS after the
+        last step) the seconds are counted in ``gpu_unsent``; intervals the GPU has not reached
+        after CLOSE_GPU_WAIT stay in ``self._tl.pending``."""
+        tl = self._tl
+        deadline = _perf() + CLOSE_GPU_WAIT
+        while True:
+            tl.resolve(self._gpu_add)  # type: ignore[union-attr]
+            if not tl.pending or _perf() >= deadline:  # type: ignore[union-attr]
+                break
+            time.sleep(0.002)
+        g = self._gacc
+        newest = -1
+        for i in range(len(items) - 1, -1, -1):
+            rec = items[i]
+            if rec[0] != "step":
+                continue
+            if newest < 0:
+                newest = i
+            if not any(g[k] > 0 for k, _ in _STEP_GPU_FIELDS):
+                break
+            vals = list(rec)
+            dur = vals[3]
+            for k, j in _STEP_GPU_FIELDS:
+                add = min(g[k], dur - vals[j])
+                if add > 0:
+                    vals[j] += add
+                    g[k] -= add
+            items[i] = tuple(vals)
+        if newest >= 0:  # more than fits (the GPU ran many steps behind): the newest record carries
+            vals = list(items[newest])  # the rest, so the sums stay right (that record may exceed its dur)
+            for k, j in _STEP_GPU_FIELDS:
+                if g[k] > 0:
+                    vals[j] += g[k]
+                    g[k] = 0.0
+            items[newest] = tuple(vals)
+        self.gpu_unsent = sum(max(0.0, g[k]) for k, _ in _STEP_GPU_FIELDS)
+
     @staticmethod
     def _final_close(w: "Watcher") -> None:
         w.close()
@@ -863,9 +941,13 @@ class Watcher:
         if tr is not None:
             try:
                 if getattr(self, "_base", None) is not None:
-                    if self._tl is not None:
-                        self._tl.resolve(self._gpu_add)
-                    self._flush()
+                    items = self._take_items()
+                    if self._tl is not None and not self._thread.is_alive():  # (else it may still send)
+                        try:
+                            self._last_gpu(items)
+                        except Exception as e:
+                            self._hook_error("close: last GPU intervals", e)
+                    self._send_items(items)
                     if self._table is not None and self._table.durs:
                         self._print_table()
                     tr.send(protocol.encode(dict(self._base, t="bye", ts=time.time())))

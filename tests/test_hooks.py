@@ -518,3 +518,164 @@ def test_hooks_package_imports_lazily_from_core():
     code = "import sys, ranksight; assert 'torch' not in sys.modules; ranksight.watch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert out.stdout.strip() == "True", out.stderr
+
+
+# ---------------------------------------------------------------------------------- GPU timeline (stand-in)
+class _LagGPU:
+    """Stand-in for ``torch.cuda`` behind ``CudaTimeline``'s interface (CUDA events cannot exist on
+    this machine; the real path is tests/gpu): an event is reached ``lag`` seconds after the host
+    recorded it, i.e. a GPU that runs ``lag`` behind the host (lag 0: an idle GPU, which reaches
+    an event the moment it is recorded). While ``busy`` is set no event is reached (a GPU still
+    working on earlier work)."""
+
+    def __init__(self, lag: float):
+        self.lag = lag
+        self.busy = False
+        self.cuda = self
+
+    def current_stream(self, device=None):
+        return None
+
+    def Event(self, enable_timing=True):  # noqa: N802 (torch.cuda.Event)
+        return _LagEvent(self)
+
+
+class _LagEvent:
+    def __init__(self, gpu: _LagGPU):
+        self.gpu, self.t = gpu, None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter() + self.gpu.lag
+
+    def query(self):
+        return not self.gpu.busy and self.t is not None and time.perf_counter() >= self.t
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1e3
+
+
+def _on_stand_in_gpu(w, lag):
+    from ranksight.hooks.timing import CudaTimeline
+
+    tl = CudaTimeline(_LagGPU(lag), "stand-in", 256)
+    tl.gpu = tl._cuda
+    w._tl = w.comm.timeline = tl
+    w.comm.comm_events = True
+    w._read_cuda_memory = lambda: None  # no torch.cuda here
+    return tl
+
+
+def test_close_sends_the_last_steps_gpu_times(rx):
+    """The GPU is busy for the whole loop (no interval resolves while it runs) and finishes
+    0.1 s after the loop. close() must wait for the intervals (bounded, query() only) and send
+    them on the step records it still holds, not drop them."""
+    import threading
+
+    model, opt, data = make(12)
+    fwd_sleep = 0.004
+    model.register_forward_pre_hook(lambda m, a: time.sleep(fwd_sleep))  # after ours: inside the fwd span
+    loader = ranksight.watch(model, opt, data, agent=rx.url, config=FAST)
+    w = ranksight.hooks.current()
+    tl = _on_stand_in_gpu(w, lag=0.0)
+    tl.gpu.busy = True
+    train(model, opt, loader, step_sleep=0.03)  # long enough for the background thread to send some records
+    assert tl.pending > 0
+    threading.Timer(0.1, lambda: setattr(tl.gpu, "busy", False)).start()
+    ranksight.unwatch()
+    assert tl.pending == 0 and w.gpu_unsent == 0 and w.herr == 0
+    flush(rx, 12)
+    assert rx.wait_for(lambda: rx.of("bye"))
+    steps = rx.of("step")
+    assert [s["seq"] for s in steps] == list(range(1, 13))
+    fwd = sum(s["fwd"] for s in steps)
+    assert 12 * fwd_sleep <= fwd <= sum(s["dur"] for s in steps), fwd
+    assert sum(s["bwd"] for s in steps) > 0 and sum(s["opt"] for s in steps) > 0
+
+
+def test_close_waits_for_the_gpu_a_bounded_time(rx):
+    """A GPU that never reaches the events: close() gives up after
+    CLOSE_GPU_WAIT, sends the records it has and the "bye"."""
+    model, opt, data = make(4)
+    loader = ranksight.watch(model, opt, data, agent=rx.url, config=FAST)
+    w = ranksight.hooks.current()
+    tl = _on_stand_in_gpu(w, lag=0.0)
+    tl.gpu.busy = True
+    train(model, opt, loader)
+    t0 = time.perf_counter()
+    ranksight.unwatch()
+    assert time.perf_counter() - t0 < watcher_mod.CLOSE_GPU_WAIT + 2.0
+    assert tl.pending > 0 and w.herr == 0
+    flush(rx, 4)
+    assert rx.wait_for(lambda: rx.of("bye"))
+
+
+def test_async_collective_start_event_follows_the_enqueue(world1, rx, monkeypatch):
+    """On a host-bound step the GPU idles while the host enqueues a collective. The start event of
+    an async collective is recorded after the call returned, so that enqueue time is not comm;
+    a synchronous call still counts from before the call (the call itself is the wait)."""
+    enqueue = 0.03
+    real = dist.all_reduce
+
+    def slow_enqueue(*a, **k):  # a collective whose enqueue takes 30 ms of host time
+        time.sleep(enqueue)
+        return real(*a, **k)
+
+    monkeypatch.setattr(dist, "all_reduce", slow_enqueue)
+    model, opt, data = make(4)
+    t = torch.ones(1 << 10)
+    for async_op in (True, False):
+        loader = ranksight.watch(model, opt, data, agent=rx.url, config=FAST)
+        _on_stand_in_gpu(ranksight.hooks.current(), lag=0.0)  # an idle GPU
+        for x, y in loader:
+            ((model(x) - y) ** 2).mean().backward()
+            work = dist.all_reduce(t, async_op=async_op)
+            if async_op:
+                work.wait()
+            opt.step()
+            opt.zero_grad()
+        ranksight.unwatch()
+        assert rx.wait_for(lambda: len(rx.of("bye")) >= (1 if async_op else 2))
+    steps = rx.of("step")
+    assert len(steps) == 8
+    comm_async = sum(s["comm"] for s in steps[:4])
+    comm_sync = sum(s["comm"] for s in steps[4:])
+    assert comm_async < 4 * enqueue / 3, [s["comm"] for s in steps[:4]]
+    assert comm_sync >= 4 * enqueue, [s["comm"] for s in steps[4:]]
+
+
+def test_ddp_comm_hook_start_event_follows_the_enqueue(world1):
+    """The same for DDP's buckets through our comm hook (the CUDA DDP path): the hook's start
+    event is recorded once the bucket's all-reduce is enqueued."""
+    from ranksight.hooks.comm import CommTracker, make_ddp_hook
+    from ranksight.hooks.timing import COMM, CudaTimeline
+
+    class SlowEnqueue:  # the hook's state: the process group, with a 30 ms enqueue
+        def __init__(self, pg):
+            self.pg = pg
+
+        def size(self):
+            return self.pg.size()
+
+        def allreduce(self, tensors, opts):
+            time.sleep(0.03)
+            return self.pg.allreduce(tensors, opts)
+
+    errors = []
+    tl = CudaTimeline(_LagGPU(0.0), "stand-in", 256)
+    tr = CommTracker(lambda where, e: errors.append((where, e)), threading_main_tid(), tl)
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(nn.Linear(8, 8))
+    ddp.register_comm_hook(SlowEnqueue(dist.group.WORLD), make_ddp_hook([tr]))
+    for _ in range(3):
+        ddp(torch.randn(4, 8)).sum().backward()
+    got = []
+    tl.resolve(lambda kind, secs: got.append((kind, secs)))
+    comm = [s for k, s in got if k == COMM]
+    assert not errors and len(comm) == 3, (errors, got)
+    assert sum(comm) < 0.03, comm  # three 30 ms enqueues, none counted
+
+
+def threading_main_tid():
+    import threading
+
+    return threading.main_thread().ident
