@@ -70,9 +70,9 @@ def one_node(what: str) -> str:
     return f"select a node with the $node variable to see all of its {what}"
 
 
-def worst(what: str, how: str = "highest value", see: str = ONE_RANK) -> str:
+def worst(what: str, how: str = "highest value", see: str = ONE_RANK, lines: str = "Lines") -> str:
     """The description sentence of a top/bottom-K panel: what it draws and how to see one."""
-    return (f"Lines: the {K} {what} with the {how} at each instant (one line each would be unreadable "
+    return (f"{lines}: the {K} {what} with the {how} at each instant (one each would be unreadable "
             f"and slow at thousands); {see}.")
 
 
@@ -518,13 +518,13 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
                       "Mean step duration per rank (one heatmap row per rank, colour = seconds, rows in rank "
                       "order). Under synchronous training every row has the same colour; a different row is a "
                       "rank out of step. If one row is darker, look at its busy time and straggler ratio below. "
-                      + worst("ranks (rows)", "longest step"), "s",
+                      + worst("ranks", "longest step", lines="Rows"), "s",
                       [Q(top(sel(R["step_mean"])), row_name)]),
         heatmap_panel(b.lay, "Backward-to-optimizer time by rank",
                       "Mean time from backward start to optimizer.step() start per rank (colour = seconds, rows "
                       "in rank order). It includes the gradient all-reduce, so fast ranks wait here for slow "
                       "ones: a lighter row is the likely straggler. If one row differs, look at its straggler "
-                      "ratio. " + worst("ranks (rows)", "longest wait"), "s",
+                      "ratio. " + worst("ranks", "longest wait", lines="Rows"), "s",
                       [Q(top(b2o), row_name)]),
         table_panel(b.lay, "Per-rank step breakdown",
                     f"One row per rank, now, for the {K} ranks with the highest straggler ratio (busy time / job "
@@ -615,6 +615,7 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
               node_query=NODE_OF_AGENT)
     gpu = "{{node}} gpu {{gpu}}"
     gpus, nodes = one_node("GPUs"), "select nodes with the $node variable to see those"
+    slow = cfg["durations"]["slow_rule_interval"]  # evaluation interval of the node-counter rules
     util = lambda s: sel(C.GPU_UTILIZATION, f'stat="{s}"')  # noqa: E731
     rows = b.row("GPU utilization waveform")
     saw = by["RanksightGpuSawtooth"]
@@ -632,7 +633,7 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            "percentunit", [Q(bottom(sel(R["gpu_util"])), gpu)], threshold=Threshold(saw.threshold, "<")),
         heatmap_panel(b.lay, "GPU utilization samples",
                       "NVML utilization samples of the selected GPUs per second, by utilization bucket (summed "
-                      "per node by a recording rule every minute, so the picture lags by up to a minute). Two "
+                      f"per node by a recording rule every {slow}, so the picture lags by up to that). Two "
                       "bright bands (near 0 and near 100%) with little between is the sawtooth; one band near the "
                       "top is healthy. If two bands, look at the swings and the dataloader wait.",
                       "cps", [Q(f"sum by (le) ({sel(R['util_samples'])})", "{{le}}", fmt="heatmap")],
@@ -711,14 +712,14 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            "cps", [Q(top(rate(C.NET_TCP_EXT)), "{{node}} {{counter}}")], w=8),
         ts(b.lay, "Interface errors and drops",
            "Errors and drops per second per node and direction, summed over its interfaces (/proc/net/dev; a "
-           "recording rule every minute). If non-zero, look at the cable, the transceiver and the switch port; "
+           f"recording rule every {slow}). If non-zero, look at the cable, the transceiver and the switch port; "
            "the agent's /metrics has them per interface. "
            f"Lines: the {K} node directions with the most errors and the {K} with the most drops; {nodes}.", "cps",
            [Q(top(sel(R["if_errors"])), "{{node}} {{direction}} errors"),
             Q(top(sel(R["if_drops"])), "{{node}} {{direction}} drops")], w=8),
         ts(b.lay, "Interface throughput",
            "Bytes per second per node and direction, summed over its interfaces (a recording rule every "
-           "minute). If near the link speed, the link is saturated. "
+           f"{slow}). If near the link speed, the link is saturated. "
            + worst("node directions", "most traffic", nodes), "Bps",
            [Q(top(sel(R["if_bytes"])), "{{node}} {{direction}}")], w=8),
         ts(b.lay, "NIC link speed",
@@ -732,12 +733,12 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
     rows += [
         ts(b.lay, "RDMA packets",
            "Packets received and transmitted per second per node, summed over its RDMA ports (port_rcv_packets, "
-           "port_xmit_packets; a recording rule every minute). If one node carries far less than its peers, "
+           f"port_xmit_packets; a recording rule every {slow}). If one node carries far less than its peers, "
            "traffic is falling back to another path. " + worst("node counters", "most packets", nodes), "pps",
            [Q(top(sel(R["rdma_packets"])), "{{node}} {{counter}}")], w=8),
         ts(b.lay, "RDMA error and congestion counters",
            "Every RDMA port and hardware counter that is not traffic, per second per node, summed over its "
-           f"ports (a recording rule every minute): errors ({', '.join(RDMA_ERRORS_NAMED)}) and congestion "
+           f"ports (a recording rule every {slow}): errors ({', '.join(RDMA_ERRORS_NAMED)}) and congestion "
            f"({', '.join(RDMA_CONGESTION_NAMED)}). If an error counter rises, look at the cable and the switch; "
            "CNPs and transmit wait mean congestion. " + worst("node counters", "highest rate", nodes), "cps",
            [Q(top(sel(R["rdma_errors"])), "{{node}} {{counter}}")], w=8),
