@@ -804,6 +804,17 @@ def tool_version(binary: str) -> str:
     return first[0].strip() if first else "unknown"
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the benchmark dies, even by SIGKILL (a test's
+    timeout), so that no Prometheus outlives its run (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class Prometheus:
     """A real Prometheus on a loopback port, over a given TSDB directory."""
 
@@ -820,7 +831,8 @@ class Prometheus:
                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=3650d",
                "--web.enable-lifecycle", *self.extra]
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise BenchError(f"prometheus exited with {self.proc.returncode}; see {self.log_path}")

@@ -150,7 +150,7 @@ def test_end_to_end_small_run_backfills_and_times_every_query(tmp_path):
     cmd = [sys.executable, "-m", "ranksight", "bench", "scale", "--nodes", "4", "--gpus", "2",
            "--ranks-per-node", "2", "--hours", "10m", "--step", "5s", "--repeat", "1", "--rule-evals", "2",
            "--no-compaction-wait", "--parts", "2", "--keep", str(keep), "--config", str(cfg), "--json"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=85, cwd=ROOT)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
     shape = scale.shape_for("as-is", 2, 2)
