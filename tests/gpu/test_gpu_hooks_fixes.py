@@ -1,0 +1,88 @@
+"""Two GPU-timing fixes on the real GPU (bench/gpu/hooks_fixes.py; their CPU checks, with a
+stand-in for CUDA events, are in tests/test_hooks.py):
+
+* an async collective's start event is recorded after the call returned: on a host-bound step
+  the host's enqueue time (the GPU idling) is not communication; a synchronous call still counts
+  from before the call;
+* ``Watcher.close()`` waits (bounded, ``query()`` only) for the last steps' GPU intervals and
+  sends them: with the GPU several steps behind at ``unwatch()``, the records' phase sums match
+  the script's own CUDA events around the same calls.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any, Dict
+
+import pytest
+
+from gpu_fixtures import BENCH_GPU, gpu_results  # noqa: F401  (fixture; puts bench/gpu on sys.path)
+import gpu_workload as W
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
+
+_CACHE: Dict[str, Dict[str, Any]] = {}
+ENQUEUE = 0.02  # bench/gpu/hooks_fixes.py ENQUEUE
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory, gpu_results):
+    d = tmp_path_factory.mktemp("hooks_fixes")
+
+    def run(name: str) -> Dict[str, Any]:
+        if name not in _CACHE:
+            out = d / f"{name}.json"
+            proc = subprocess.run([sys.executable, str(BENCH_GPU / "hooks_fixes.py"), name, "--out", str(out)],
+                                  capture_output=True, text=True, timeout=240)
+            if not out.exists():
+                pytest.fail(f"hooks_fixes.py {name} exited {proc.returncode} without a result:\n{proc.stderr[-4000:]}")
+            r = json.loads(out.read_text())
+            r["stderr_tail"] = proc.stderr[-2000:]
+            _CACHE[name] = r
+            gpu_results[f"hooks_fixes_{name}"] = r
+            if "crashed" in r:
+                pytest.fail(f"hooks_fixes.py {name} crashed:\n{r['crashed']}")
+        return _CACHE[name]
+
+    return run
+
+
+def _common(r: Dict[str, Any]) -> None:
+    assert r["invalid_datagrams"] == [], r["invalid_datagrams"]
+    assert r["stats"]["herr"] == 0 and r["stats"]["gpu"] is True, r["stderr_tail"]
+    assert r["records"] == 7, r  # 6 measured steps + the flush step
+    # the slow enqueue really ran on every measured step (the step is host-bound by it)
+    assert r["dur_per_step"] >= ENQUEUE, r
+
+
+@pytest.mark.parametrize("name", ("enqueue_async", "enqueue_ddp"))
+def test_async_comm_excludes_the_host_enqueue(case, name):
+    r = case(name)
+    _common(r)
+    if name == "enqueue_ddp":
+        assert r["stats"]["ddp_comm_hook"] is True
+    # before the fix every step counted the 20 ms enqueue as comm
+    assert r["comm_per_step"] < ENQUEUE / 4, (
+        f"{name}: comm {r['comm_per_step'] * 1e3:.3f} ms per step includes the {ENQUEUE * 1e3:.0f} ms enqueue")
+
+
+def test_sync_comm_still_counts_from_before_the_call(case):
+    r = case("enqueue_sync")
+    _common(r)
+    assert r["comm_per_step"] >= 0.9 * ENQUEUE and r["xcomm_per_step"] >= 0.9 * ENQUEUE, r
+
+
+def test_close_sends_the_last_steps_gpu_times(case):
+    r = case("close")
+    assert r["sync_debug_errors"] == [], r["sync_debug_errors"][0]
+    assert r["hook_errors"] == 0, r["stderr_tail"]
+    assert r["invalid_datagrams"] == []
+    assert r["records"] == r["steps"] and r["seqs"][-1] == r["steps"]
+    assert r["pending_before_close"] > 0, "the GPU was not behind at unwatch(): the case proves nothing"
+    assert r["pending_after_close"] == 0 and r["gpu_unsent"] == 0, r
+    assert r["close_seconds"] < 0.5 + 1.0, r  # CLOSE_GPU_WAIT: bounded
+    for k in ("fwd", "bwd", "opt"):
+        assert r["reference"][k] > 0 and r["rel_diff"][k] <= 0.05, (
+            f"{k}: hooks {r['hooks'][k] * 1e3:.3f} ms vs own events {r['reference'][k] * 1e3:.3f} ms over "
+            f"{r['steps']} steps")
