@@ -1469,9 +1469,9 @@ class Bench:
                                    "rules_seconds": round(rules_bf_s, 1),
                                    "rules_source": rules_src, "rules_not_backfilled": skipped,
                                    "rule_blocks": n_rule_blocks,
-                                   "method": "promtool tsdb create-blocks-from openmetrics, then "
-                                             "create-blocks-from rules (dependent rules inlined); "
-                                             "the same rules then evaluate live"}
+                                   "method": "promtool tsdb create-blocks-from openmetrics; the rules "
+                                             "evaluate live on the raw blocks; then create-blocks-from "
+                                             "rules (dependent rules inlined) for the dashboards"}
 
         # 3. the dashboards' Prometheus: raw and backfilled rule blocks, no rules evaluating
         self._phase("start prometheus, wait for compaction")
