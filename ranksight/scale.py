@@ -10,13 +10,15 @@ What it does, in order:
    slowest rank's busy time plus its own collective wait), so counters, histograms and
    gauges agree with each other the way a real agent's do.
 2. Backfills them with ``promtool tsdb create-blocks-from openmetrics`` (several node
-   slices in parallel, each one block), starts a real Prometheus on the blocks and
-   backfills the generated recording rules with ``promtool tsdb create-blocks-from
-   rules`` (dependent rules are inlined so one pass is enough).
-3. Restarts Prometheus with the generated rule file evaluating live, waits until it
-   has compacted the blocks into one, then times every dashboard query through
-   ``/api/v1/query_range`` over the hour (Grafana's step and $__rate_interval, every
-   variable set to All), and reads the rule groups' evaluation time.
+   slices in parallel, each one block).
+3. Once the data's last sample has passed, starts a real Prometheus on the raw blocks with
+   the generated rule file evaluating live (in-order writes, as on a production server) and
+   reads each rule group's evaluation time.
+4. Starts a Prometheus on the raw blocks and backfills the recording rules with ``promtool
+   tsdb create-blocks-from rules`` (dependent rules are inlined so one pass is enough).
+5. Starts Prometheus on raw + rule blocks, waits until it has compacted them into one, then
+   times every dashboard query through ``/api/v1/query_range`` over the hour (Grafana's
+   step and $__rate_interval, every variable set to All).
 
 Series counts, query p50/p99, the slowest query, rule-group evaluation time and
 Prometheus' memory are printed (JSON with --json). The working directory (TSDB,
