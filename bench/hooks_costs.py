@@ -8,7 +8,9 @@ timer; the backward wrapper's own cost is its total minus the time inside the re
 ``torch.autograd.backward``. Printed per rank: the median (and minimum) microseconds per call
 after 50 warm-up steps. Unlike an A/B of whole steps, this is not drowned by other load on a
 shared 2-core box (a preempted call moves the median little), but it does not see indirect
-costs (cache pollution, the background threads). The timers add about 0.1-0.3 us per call.
+costs (cache pollution). The timers add about 0.1-0.3 us per call. Also printed: the CPU time
+per step of the hooks' background threads (ranksight-hb: records and heartbeats; ranksight-lints),
+from /proc/self/task/*/schedstat over the same steps.
 """
 from __future__ import annotations
 
@@ -23,6 +25,18 @@ import time
 from typing import Any, Dict, List
 
 HOOKS = ("_fwd_pre", "_fwd_post", "_opt_pre", "_opt_post", "_bwd_done", "_step_end")
+
+
+def _thread_cpu_ns() -> Dict[int, int]:
+    """CPU time (ns, /proc/self/task/*/schedstat) of every thread of this process."""
+    out: Dict[int, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
 
 
 def _worker() -> None:
@@ -89,6 +103,7 @@ def _worker() -> None:
     torch.autograd.backward = outer_t
     t_iter: List[int] = []
     it = iter(loader)
+    cpu0 = _thread_cpu_ns()
     while True:
         t = pc()
         try:
@@ -99,6 +114,12 @@ def _worker() -> None:
         ((ddp(x) - y) ** 2).mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    cpu1 = _thread_cpu_ns()
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    threads = {names[tid]: round((v - cpu0.get(tid, 0)) / steps / 1e3, 1) for tid, v in cpu1.items()
+               if names.get(tid, "").startswith("ranksight-")}
     torch.autograd.backward = wrapped
     ds = w._ddp_stats
     info = {k: getattr(ds, k) for k in ("samples", "estimated", "resyncs") if hasattr(ds, k)} if ds is not None else {}
@@ -106,7 +127,7 @@ def _worker() -> None:
     costs["backward wrapper (incl. _bwd_done)"] = [o - i for o, i in zip(outer, inner)]
     costs["loader next() (incl. the loader)"] = t_iter
     res = {k: [round(statistics.median(v[50:]) / 1e3, 2), round(min(v[50:]) / 1e3, 2)] for k, v in costs.items() if len(v) > 50}
-    print("COSTS " + json.dumps({"rank": rank, "costs": res, "ddp_stats": info}), flush=True)
+    print("COSTS " + json.dumps({"rank": rank, "costs": res, "ddp_stats": info, "threads": threads}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -146,6 +167,8 @@ def main() -> int:
         print(f"rank {d['rank']}  (us per call: median, min; DDPStats {d['ddp_stats']})")
         for k, (md, mn) in d["costs"].items():
             print(f"  {k:38s} {md:8.2f} {mn:8.2f}")
+        for k, v in d["threads"].items():
+            print(f"  thread {k:31s} {v:8.1f} us CPU per step")
     print(f"load average {os.getloadavg()}")
     return 0
 

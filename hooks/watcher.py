@@ -19,7 +19,9 @@ See ``comm.py`` for the communication definitions and ``checkpoint.py`` for chec
 On CUDA the forward/backward/optimizer/exposed-comm spans are CUDA events recorded on the
 current stream and resolved on later steps with ``query()`` (``timing.CudaTimeline``);
 data wait, checkpoint and step duration are host times. Nothing here synchronizes the
-device.
+device. ``close()`` waits up to ``CLOSE_GPU_WAIT`` (polling ``query()``) for the intervals of
+the last steps and sends them on the step records not sent yet (the background thread holds
+the newest one back while intervals are pending, at most ``HOLD_SECONDS``).
 
 The step path only appends a tuple to a deque. The background thread ("ranksight-hb")
 turns tuples into datagrams, sends a heartbeat every ``hooks.heartbeat_seconds`` with the
