@@ -360,6 +360,7 @@ class DDPStats:
         self.ddp = ddp
         self.every = max(1, int(every))
         self.iteration: Optional[int] = None  # DDP's iteration of the current synchronized forward; None: unknown
+        self._sync: Optional[bool] = None  # require_backward_grad_sync at the last forward (what DDP goes by)
         self._last_iter: Any = None
         self.samples = 0
         self.estimated = 0
@@ -377,14 +378,16 @@ class DDPStats:
 
     def on_forward(self) -> None:
         """A forward with grad enabled starts (the watcher's forward pre-hook)."""
-        if self.iteration is not None and self.ddp.require_backward_grad_sync:
+        sync = self._sync = self.ddp.require_backward_grad_sync
+        if sync and self.iteration is not None:
             self.iteration += 1
 
     def poll(self, bwd: float) -> Optional[Tuple[float, float]]:
         """(comm, exposed) seconds of the backward that just returned after ``bwd`` seconds, or None
         (no all-reduce in it, or nothing to go by yet)."""
-        ddp = self.ddp
-        if not ddp.require_backward_grad_sync:  # no_sync(): no all-reduce in this backward
+        # no_sync() around the forward: no all-reduce in this backward (DDP decides in the forward)
+        sync = self._sync
+        if not (sync if sync is not None else self.ddp.require_backward_grad_sync):
             return None
         it = self.iteration
         if it is None or it <= 10 or it % self.every == 0:
