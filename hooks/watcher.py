@@ -287,6 +287,7 @@ class Watcher:
         self._queue: Deque[tuple] = deque()
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
         self.gpu_unsent = 0.0  # GPU seconds close() could not send (no step record left to carry them)
+        self.gpu_wait_s = 0.0  # how long close() waited for the last GPU intervals
         # extension points
         self._epoch_observers: List[Callable[[Any], None]] = []
         self._periodic: List[List[Any]] = []  # [fn, every, next_due]
@@ -873,12 +874,14 @@ class Watcher:
         last step) the seconds are counted in ``gpu_unsent``; intervals the GPU has not reached
         after CLOSE_GPU_WAIT stay in ``self._tl.pending``."""
         tl = self._tl
-        deadline = _perf() + CLOSE_GPU_WAIT
+        start = _perf()
+        deadline = start + CLOSE_GPU_WAIT
         while True:
             tl.resolve(self._gpu_add)  # type: ignore[union-attr]
             if not tl.pending or _perf() >= deadline:  # type: ignore[union-attr]
                 break
             time.sleep(0.002)
+        self.gpu_wait_s = _perf() - start
         g = self._gacc
         newest = -1
         for i in range(len(items) - 1, -1, -1):

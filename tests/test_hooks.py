@@ -601,9 +601,8 @@ def test_close_waits_for_the_gpu_a_bounded_time(rx):
     tl = _on_stand_in_gpu(w, lag=0.0)
     tl.gpu.busy = True
     train(model, opt, loader)
-    t0 = time.perf_counter()
     ranksight.unwatch()
-    assert time.perf_counter() - t0 < watcher_mod.CLOSE_GPU_WAIT + 2.0
+    assert watcher_mod.CLOSE_GPU_WAIT <= w.gpu_wait_s < watcher_mod.CLOSE_GPU_WAIT + 0.25
     assert tl.pending > 0 and w.herr == 0
     flush(rx, 4)
     assert rx.wait_for(lambda: rx.of("bye"))

@@ -253,7 +253,8 @@ def _close(torch: Any, nn: Any, ranksight: Any, rx: Any, dev: Any, smoke: bool, 
     ref = {k: sum(s.elapsed_time(e) for s, e in v) / 1e3 for k, v in own.items()}
     return {"steps": steps, "records": len(recs), "seqs": [s["seq"] for s in recs][-3:],
             "pending_before_close": pending_before, "pending_after_close": w._tl.pending,
-            "gpu_unsent": w.gpu_unsent, "close_seconds": close_s, "hook_errors": w.herr,
+            "gpu_unsent": w.gpu_unsent, "close_seconds": close_s, "close_gpu_wait_s": w.gpu_wait_s,
+            "hook_errors": w.herr,
             "hooks": hooks, "reference": ref, "sync_debug_errors": errors,
             "rel_diff": {k: abs(hooks[k] - ref[k]) / ref[k] if ref[k] > 0 else None for k in ref}}
 
