@@ -543,11 +543,14 @@ class FlightRecorder:
     between two polls are lost (``wrapped`` counts such polls).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, backend: str = "") -> None:
         import torch
 
         c10d = torch._C._distributed_c10d
-        self._dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+        # NCCL keeps its own recorder: on torch 2.11 with NCCL, `_dump_fr_trace` (the generic
+        # recorder, gloo's) returned no entries while `_dump_nccl_trace` held all 228 (H200 run)
+        nccl, generic = getattr(c10d, "_dump_nccl_trace", None), getattr(c10d, "_dump_fr_trace", None)
+        self._dump = (nccl or generic) if "nccl" in (backend or "") else (generic or nccl)
         self._seen: set = set()
         self.errors = 0
         self.wrapped = 0

@@ -303,7 +303,7 @@ class Watcher:
         self._fr_status: Optional[FlightRecorder] = None
         self._fr: Optional[FlightRecorder] = None
         if self.backend:
-            fr = FlightRecorder()
+            fr = FlightRecorder(self.backend)
             if fr.available:
                 self._fr_status = fr
                 if FlightRecorder.wanted(self.backend):

@@ -215,8 +215,10 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
     result["watch_stats_start"] = w.stats() if w is not None else None
     # Before each flush step: the heartbeat thread reads the Flight Recorder, and the flush step's
     # duration (time since the previous step ended) exceeds anything still pending, so the hooks'
-    # carry-over (per-record values are capped at the record's duration) lands in it.
-    settle = 0.5
+    # carry-over (per-record values are capped at the record's duration) lands in it. The hooks
+    # read the full recorder dump at most once a second (FlightRecorder.poll_timed), so with it
+    # the settle is longer than that.
+    settle = 1.6 if fr_mode else 0.5
 
     for i, xb in enumerate(loader):
         W.train_step(model, opt, xb, between=between)

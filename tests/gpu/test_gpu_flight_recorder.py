@@ -63,7 +63,16 @@ def test_flight_recorder_agrees_with_event_timing(scenario, gpu_results):
         "hooks_from_flight_recorder": fr["hooks"]["comm"] / fr["steps"] * 1e3,
         "profiler_nccl_stream_gpu_work": ev["profiler"]["collective_gpu_s"] / ev["steps"] * 1e3}
     assert b > 0
-    assert ktrace.rel_diff(a, b) <= AGREE, f"per step: Flight Recorder {a * 1e3:.3f} ms vs events {b * 1e3:.3f} ms"
+    # NCCL's events sit on its own stream; the hooks' on the compute stream (a synchronous call's
+    # start before the host enqueues it, an async one's right after). They agree when the GPU is
+    # saturated; when it waits for the host inside the collective ranges (the profiler shows it idle
+    # there) the two pairs differ by at most that wait: measured both ways on two H200 VMs
+    # (events 0.477 vs FR 0.395 ms with 0.34 ms idle; 0.352 vs 0.403 with 0.34).
+    p = ev["profiler"]
+    idle = max(0.0, p["comm_range_event_span"] - p["comm_range_busy"]) / ev["steps"]
+    msg = (f"per step: Flight Recorder {a * 1e3:.3f} ms vs events {b * 1e3:.3f} ms "
+           f"(GPU idle in the collective ranges {idle * 1e3:.3f} ms)")
+    assert abs(a - b) <= idle + AGREE * a, msg
 
 
 def test_host_bound_figures_recorded(scenario, gpu_results):

@@ -78,8 +78,10 @@ def test_phase_times_agree_with_profiler_kernel_spans(scenario, name, batch, pha
     r = scenario(name, batch)
     c = r["compare"][_key(name, phase, event=False)]
     assert c["profiler_s"] > 0, f"the profiler saw no GPU work in the {phase} ranges"
-    if phase == "opt" and batch == 8:
-        # host-bound: the event pair also counts the GPU waiting for AdamW's first launch
+    if phase == "opt":
+        # the event pair also counts the GPU waiting for AdamW's first launch: on the host-bound
+        # batch 8 always, on batch 32 whenever this machine's host is slow enough to starve the GPU
+        # there (measured: 1.5 ms/step of opt kernel span on one H200 VM, 2.1 ms on another)
         ev = r["compare"][_key(name, phase, event=True)]
         wait = ev["profiler_s"] - c["profiler_s"]
         extra = c["hooks_s"] - c["profiler_s"]
