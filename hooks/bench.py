@@ -8,7 +8,8 @@ host_us_per_step   host time the hooks add per optimizer step on a trivial step 
                    other load on the machine does not swamp a difference of microseconds; the
                    wall-time difference and the training thread's share are reported beside it.
 overhead_ratio     wall-time ratio watched / plain of a 2-rank gloo DDP step of about 10 ms
-                   (64->512->512->8 MLP, batch 32, one thread per rank): median of the per-pair
+                   (64->512->512->8 MLP, one thread per rank, the batch scaled on the machine so
+                   a plain step takes ``--ddp-step-ms``, 10 by default): median of the per-pair
                    ratios of interleaved A/B runs. Both arms train the same DDP instance: on gloo
                    the hooks register no comm hook (they read DDP's reducer timer), and two
                    instances of the same model differed by up to 150 us of CPU per step by
@@ -53,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ddp-runs", type=int, default=9, help="A/B pairs for the DDP step (default 9; 0 skips it)")
     p.add_argument("--ddp-steps", type=int, default=60, help="steps per DDP run (default 60)")
     p.add_argument("--no-lints", action="store_true", help="measure the hooks with every setup lint off")
+    p.add_argument("--ddp-step-ms", type=float, default=10.0,
+                   help="scale the DDP step's batch so a plain step takes about this long (default 10, the "
+                        "issue's step; 0 keeps batch 32)")
 
 
 _SINK_CODE = r"""
@@ -190,9 +194,11 @@ def _ddp_worker() -> None:
     plain, plain_opt = make()
     watched, watched_opt = plain, plain_opt  # one instance for both arms (see the module docstring)
     g = torch.Generator().manual_seed(rank)
-    data = [(torch.randn(32, 64, generator=g), torch.randn(32, 8, generator=g)) for _ in range(8)]
     warm = 10  # steps after watch() that are not timed: one-time work (lints' first-step checks) is no step cost
-    batches = [data[i % len(data)] for i in range(steps + warm)]
+
+    def make_batches(batch: int) -> List[Any]:
+        data = [(torch.randn(batch, 64, generator=g), torch.randn(batch, 8, generator=g)) for _ in range(8)]
+        return [data[i % len(data)] for i in range(steps + warm)]
 
     def loop(model: Any, opt: Any, loader: Any) -> float:
         it = iter(loader)
@@ -211,6 +217,19 @@ def _ddp_worker() -> None:
         return (time.perf_counter() - t0) / steps
 
     cpu: List[float] = []
+    # the issue's step is about 10 ms: scale the batch so the plain step takes that long on this
+    # machine (rank 0 measures, both ranks use its batch)
+    batch = 32
+    batches = make_batches(batch)
+    target_ms = float(os.environ.get("RS_BENCH_TARGET_MS", "10"))
+    if target_ms > 0:
+        for _ in range(2):
+            loop(plain, plain_opt, batches)
+            ms = loop(plain, plain_opt, batches) * 1e3
+            t = torch.tensor([min(4096, max(8, round(batch * target_ms / max(ms, 1e-3))))], dtype=torch.int64)
+            dist.broadcast(t, 0)
+            batch = int(t.item())
+            batches = make_batches(batch)
 
     def run_watched() -> float:
         loader = ranksight.watch(watched, watched_opt, batches, agent=url, config=cfg)
@@ -239,11 +258,12 @@ def _ddp_worker() -> None:
                 w_c.append(cpu[-1])
     dist.barrier()
     dist.destroy_process_group()
-    print("BENCH " + json.dumps({"rank": rank, "plain": p_s, "watched": w_s, "plain_cpu": p_c, "watched_cpu": w_c}),
+    print("BENCH " + json.dumps({"rank": rank, "batch": batch, "plain": p_s, "watched": w_s, "plain_cpu": p_c, "watched_cpu": w_c}),
           flush=True)
 
 
-def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float = 600.0) -> Dict[str, Any]:
+def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float = 600.0,
+         target_ms: float = 10.0) -> Dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -251,7 +271,8 @@ def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float
     for r in range(2):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", RS_BENCH_RUNS=str(runs), RS_BENCH_STEPS=str(steps),
-                   RS_BENCH_AGENT=url, RS_BENCH_NO_LINTS="1" if no_lints else "0", RANKSIGHT_JOB="bench-hooks")
+                   RS_BENCH_AGENT=url, RS_BENCH_NO_LINTS="1" if no_lints else "0", RANKSIGHT_JOB="bench-hooks",
+                   RS_BENCH_TARGET_MS=str(target_ms))
         procs.append(subprocess.Popen([sys.executable, "-c", "from ranksight.hooks.bench import _ddp_worker; _ddp_worker()"],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
@@ -277,7 +298,8 @@ def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float
             "ratio": statistics.median(ratios), "ratio_of_medians": statistics.median(w_s) / statistics.median(p_s),
             "ratio_iqr": [round(q[0], 4), round(q[2], 4)], "ratios": [round(r, 4) for r in ratios],
             "cpu_ratio": statistics.median(w / p for w, p in zip(w_c, p_c)),
-            "cpu_us_added": 1e6 * statistics.median(w - p for w, p in zip(w_c, p_c)) / 2}
+            "cpu_us_added": 1e6 * statistics.median(w - p for w, p in zip(w_c, p_c)) / 2,
+            "batch": res[0].get("batch")}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -297,8 +319,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         triv = _trivial(args.runs, args.steps, sink.url, no_lints=args.no_lints)
         inline = _trivial(max(5, args.runs // 2), args.steps, sink.url, inline_send=True, no_lints=args.no_lints)
-        ddp: Optional[Dict[str, Any]] = (_ddp(args.ddp_runs, args.ddp_steps, sink.url, args.no_lints)
-                                         if args.ddp_runs else None)
+        ddp: Optional[Dict[str, Any]] = (_ddp(args.ddp_runs, args.ddp_steps, sink.url, args.no_lints,
+                                              target_ms=args.ddp_step_ms) if args.ddp_runs else None)
     except RuntimeError as e:
         print(f"ranksight: error: {e}")
         return 1
@@ -321,7 +343,7 @@ def run(args: argparse.Namespace) -> int:
                     "ddp_pair_ratios": ddp["ratios"], "ddp_cpu_ratio": round(ddp["cpu_ratio"], 4),
                     "ddp_cpu_us_added_per_rank_step": round(ddp["cpu_us_added"], 1),
                     "load_average": [round(x, 2) for x in os.getloadavg()],
-                    "ddp_runs": args.ddp_runs, "ddp_steps_per_run": args.ddp_steps})
+                    "ddp_runs": args.ddp_runs, "ddp_steps_per_run": args.ddp_steps, "ddp_batch": ddp["batch"]})
     if args.json:
         print(json.dumps(out))
     else:
