@@ -51,8 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--runs", type=int, default=21, help="A/B pairs for the trivial step (default 21)")
     p.add_argument("--steps", type=int, default=1000, help="steps per trivial run (default 1000)")
-    p.add_argument("--ddp-runs", type=int, default=9, help="A/B pairs for the DDP step (default 9; 0 skips it)")
-    p.add_argument("--ddp-steps", type=int, default=60, help="steps per DDP run (default 60)")
+    p.add_argument("--ddp-runs", type=int, default=81,
+                   help="A/B pairs for the DDP step (default 81: single pairs spread +-10%% on 2 cores, so the "
+                        "median needs this many to resolve 1%%; 0 skips it)")
+    p.add_argument("--ddp-steps", type=int, default=120, help="steps per DDP run (default 120)")
     p.add_argument("--no-lints", action="store_true", help="measure the hooks with every setup lint off")
     p.add_argument("--ddp-step-ms", type=float, default=10.0,
                    help="scale the DDP step's batch so a plain step takes about this long (default 10, the "
@@ -223,7 +225,7 @@ def _ddp_worker() -> None:
     batches = make_batches(batch)
     target_ms = float(os.environ.get("RS_BENCH_TARGET_MS", "10"))
     if target_ms > 0:
-        for _ in range(2):
+        for _ in range(3):  # step time = fixed + per-sample cost: a few rounds converge
             loop(plain, plain_opt, batches)
             ms = loop(plain, plain_opt, batches) * 1e3
             t = torch.tensor([min(4096, max(8, round(batch * target_ms / max(ms, 1e-3))))], dtype=torch.int64)
