@@ -307,10 +307,10 @@ def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float
 def run(args: argparse.Namespace) -> int:
     for name in ("runs", "steps", "ddp_steps"):
         if getattr(args, name) < 1:
-            print(f"ranksight: error: --{name.replace('_', '-')} must be at least 1")
+            print(f"ranksight: error: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
             return 2
     if args.ddp_runs < 0:
-        print("ranksight: error: --ddp-runs must be 0 or more")
+        print("ranksight: error: --ddp-runs must be 0 or more", file=sys.stderr)
         return 2
     import logging
 
@@ -324,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
         ddp: Optional[Dict[str, Any]] = (_ddp(args.ddp_runs, args.ddp_steps, sink.url, args.no_lints,
                                               target_ms=args.ddp_step_ms) if args.ddp_runs else None)
     except RuntimeError as e:
-        print(f"ranksight: error: {e}")
+        print(f"ranksight: error: {e}", file=sys.stderr)
         return 1
     finally:
         sink.close()
