@@ -107,18 +107,24 @@ class CommTracker:
         once the call returned: its start event then follows the enqueue, so a host-bound step
         does not count the host's enqueue time (the GPU idling meanwhile) as communication."""
         t0 = time.perf_counter()
+        ev = None
+        if event and self.timeline is not None:
+            ev = self.timeline.mark()  # before the in-flight entry: a raising mark() leaves none behind
         tok = next(self._ids)
         with self._lock:
             self._inflight[tok] = t0
-        ev = None
-        if event:
-            ev = self.timeline.mark() if self.timeline is not None else None
-            self.last_launch = (t0, ev)
+        self.last_launch = (t0, ev)  # CPU async calls too: the backward wrapper reads the host time
         return tok, t0, ev
 
     def launched(self, t0: float) -> Any:
-        """The async collective launched at host time ``t0`` is enqueued: its start event (CUDA) or None."""
-        ev = self.timeline.mark() if self.timeline is not None else None
+        """The async collective launched at host time ``t0`` is enqueued: its start event (CUDA) or
+        None. Never raises (a failed event record, e.g. during graph capture, gives no event)."""
+        ev = None
+        if self.timeline is not None:
+            try:
+                ev = self.timeline.mark()
+            except Exception as e:
+                self._on_error("collective start event", e)
         self.last_launch = (t0, ev)
         return ev
 
@@ -202,7 +208,7 @@ class CommTracker:
     def _after_call(self, ret: Any, tok: int, t0: float, ev0: Any, pre: bool = True) -> None:
         works = _works(ret)
         if not works:  # synchronous: the call itself was the wait
-            if not pre and self.timeline is not None:  # async_op=True that returned no work
+            if not pre:  # async_op=True that returned no work
                 ev0 = self.launched(t0)
             end = self.complete(tok, t0, ev0)
             if self._counting_thread():
@@ -214,8 +220,7 @@ class CommTracker:
         # async_op=True: in flight until the (last) work's future completes. Its start event is
         # recorded now that the call returned (a pre-call one, async_op passed positionally, is
         # replaced); the host launch time t0 stays the call's start.
-        if self.timeline is not None:
-            ev0 = self.launched(t0)
+        ev0 = self.launched(t0)
         work = works[-1]
         try:
             fut = work.get_future()

@@ -4,8 +4,9 @@ time or within the first epoch, before they cost a day.
 Each lint logs one line on the rank where it applies (when it turns on, not per step), is sent
 to the agent as a "lint" datagram (``active`` true/false plus a message; the agent exposes
 ``ranksight_lint_active{lint}``) and can be turned off with ``lints.<id>: false`` in the config.
-A lint that was checked and found fine sends ``active: false`` (so ``lint_active 0`` means
-"checked, fine"; no series means "not checked on this rank"). States are re-sent every
+A lint that was checked and found fine sends ``active: false`` (the agent exposes
+``lint_active 1`` only while a lint is active: a lint found fine, or never checked, has no
+series). States are re-sent every
 ``RESEND_SECONDS`` so that a lost datagram or a restarted agent catch up.
 
 When each check runs and what it costs

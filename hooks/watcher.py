@@ -286,6 +286,7 @@ class Watcher:
         self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0}
         self._queue: Deque[tuple] = deque()
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
+        self._hold_lock = threading.Lock()
         self.gpu_unsent = 0.0  # GPU seconds close() could not send (no step record left to carry them)
         self.gpu_wait_s = 0.0  # how long close() waited for the last GPU intervals
         # extension points
@@ -753,18 +754,19 @@ class Watcher:
         return items
 
     def _flush(self) -> None:
-        items = self._take_items()
-        if not items:
-            return
-        tl = self._tl
-        if tl is not None and tl.pending:
-            # hold back the newest step record while GPU intervals are pending: if the watch ends
-            # soon, close() adds the intervals it still resolves to it (else they would be lost)
-            for i in range(len(items) - 1, -1, -1):
-                if items[i][0] == "step":
-                    if _perf() - items[i][2] < HOLD_SECONDS:
-                        self._held = items.pop(i)
-                    break
+        with self._hold_lock:  # close() takes the items under it: a record is held or taken, never lost
+            items = self._take_items()
+            if not items:
+                return
+            tl = self._tl
+            if tl is not None and tl.pending and not self._stop.is_set():
+                # hold back the newest step record while GPU intervals are pending: if the watch ends
+                # soon, close() adds the intervals it still resolves to it (else they would be lost)
+                for i in range(len(items) - 1, -1, -1):
+                    if items[i][0] == "step":
+                        if _perf() - items[i][2] < HOLD_SECONDS:
+                            self._held = items.pop(i)
+                        break
         self._send_items(items)
 
     def _send_items(self, items: List[tuple]) -> None:
@@ -946,7 +948,8 @@ class Watcher:
         if tr is not None:
             try:
                 if getattr(self, "_base", None) is not None:
-                    items = self._take_items()
+                    with self._hold_lock:  # _stop is set: the thread holds nothing back after this
+                        items = self._take_items()
                     if self._tl is not None and not self._thread.is_alive():  # (else it may still send)
                         try:
                             self._last_gpu(items)

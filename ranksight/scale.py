@@ -806,15 +806,22 @@ def tool_version(binary: str) -> str:
     return first[0].strip() if first else "unknown"
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL it when the benchmark dies, even by SIGKILL (a test's
-    timeout), so that no Prometheus outlives its run (Linux prctl PR_SET_PDEATHSIG)."""
+def _pdeathsig() -> Optional[Callable[[], None]]:
+    """A preexec_fn that makes the child SIGKILLed when the benchmark dies, even by SIGKILL (a test's
+    timeout), so that no Prometheus outlives its run (Linux PR_SET_PDEATHSIG). prctl is looked up
+    here, in the parent: the child only makes the call. The signal fires when the *thread* that
+    started the child exits: Prometheus is started from the main thread only."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+
+    def child() -> None:
+        prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+    return child
 
 
 class Prometheus:
@@ -834,7 +841,7 @@ class Prometheus:
                "--web.enable-lifecycle", *self.extra]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=_pdeathsig())
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise BenchError(f"prometheus exited with {self.proc.returncode}; see {self.log_path}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import threading
 
 import pytest
 
@@ -153,3 +154,31 @@ def test_ddp_comm_between_timer_reads_follows_each_step():
     for rank in (0, 1):
         for s in rx.of("step", rank):
             assert 0 < s["comm"] <= s["dur"] and 0 <= s["xcomm"] <= s["dur"], s
+
+
+def test_async_collective_on_cpu_sets_the_launch_time():
+    """On gloo (no CUDA timeline) an async_op=True collective still records its host launch time:
+    the backward wrapper uses it to split gradient computation from the communication tail."""
+    import torch
+    import torch.distributed as dist
+
+    from ranksight.hooks.comm import CommTracker
+    from hooks_workloads.harness import free_port
+
+    errors = []
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        tr = CommTracker(lambda what, e: errors.append((what, e)), threading.get_ident(), None, comm_events=False)
+        wrapped = tr.wrap_collective("all_reduce", dist.all_reduce)
+        t = torch.ones(4)
+        tr.last_launch = (-1.0, None)
+        wrapped(t)  # synchronous
+        sync_launch = tr.last_launch[0]
+        assert sync_launch > 0
+        tr.last_launch = (-1.0, None)
+        work = wrapped(t, async_op=True)
+        work.wait()
+        assert tr.last_launch[0] >= sync_launch and tr.last_launch[1] is None
+        assert errors == []
+    finally:
+        dist.destroy_process_group()
