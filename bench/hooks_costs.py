@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List
+
+from ranksight.stack import free_port
 
 HOOKS = ("_fwd_pre", "_fwd_post", "_opt_pre", "_opt_post", "_bwd_done", "_step_end")
 
@@ -142,9 +143,7 @@ def main() -> int:
     from ranksight.hooks.bench import _Sink
 
     sink = _Sink()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     try:
         for r in range(2):

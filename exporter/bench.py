@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
 from ranksight import protocol as P
+from ranksight.stack import free_port
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 NE_QUERY = "/metrics?collect[]=netstat&collect[]=netdev&collect[]=netclass"
@@ -132,14 +133,6 @@ def _send(argv: List[str]) -> int:
 
 
 # ------------------------------------------------------------------ helpers
-def _free_port(kind: int) -> int:
-    s = socket.socket(socket.AF_INET, kind)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class Scraper:
     def __init__(self, port: int, path: str):
         self.port, self.path = port, path
@@ -223,7 +216,7 @@ def measure(args: argparse.Namespace) -> Dict:
 
     if trace is None and not DEFAULT_TRACE.exists():
         raise SystemExit(f"ranksight: error: no NVML trace at {DEFAULT_TRACE}; pass --nvml-trace FILE")
-    port, uport = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
+    port, uport = free_port(), free_port(udp=True)
     py = sys.executable
     mod = "ranksight.exporter.bench"
     agent = subprocess.Popen([py, "-m", mod, "_serve", "--listen", f"127.0.0.1:{port}", "--ingest",
@@ -236,7 +229,7 @@ def measure(args: argparse.Namespace) -> Dict:
     try:
         _wait_http(port, "/metrics", agent)
         if os.path.exists(args.node_exporter):
-            ne_port = _free_port(socket.SOCK_STREAM)
+            ne_port = free_port()
             ne = subprocess.Popen([args.node_exporter, f"--web.listen-address=127.0.0.1:{ne_port}"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             _wait_http(ne_port, NE_QUERY, ne)

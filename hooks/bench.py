@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -266,9 +265,9 @@ def _ddp_worker() -> None:
 
 def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float = 600.0,
          target_ms: float = 10.0) -> Dict[str, Any]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from ranksight.stack import free_port
+
+    port = free_port()
     procs = []
     for r in range(2):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",

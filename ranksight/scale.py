@@ -42,7 +42,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,7 @@ from . import __version__
 from . import catalog as C
 from . import config as rconfig
 from . import triage
+from .stack import free_port
 
 log = logging.getLogger(__name__)
 
@@ -789,12 +789,6 @@ def series_per_node(shape: Shape) -> Dict[str, int]:
 # ------------------------------------------------------------------------------ Prometheus and promtool
 class BenchError(RuntimeError):
     """One clear line; the CLI prints it and exits 2."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tool_version(binary: str) -> str:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -97,6 +96,7 @@ def flush_step(opt: Any) -> None:
 
 # ---------------------------------------------------------------------- hooks datagrams
 from ranksight.receiver import Receiver  # noqa: E402,F401  (the project's validating receiver)
+from ranksight.stack import free_port  # noqa: E402,F401  (used by the GPU scripts as W.free_port)
 
 
 def sum_fields(records: List[Dict[str, Any]], lo: int, hi: int,
@@ -112,12 +112,6 @@ QUIET_HOOKS = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "tab
 
 
 # ---------------------------------------------------------------------- process groups
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def init_nccl_world1(device: Any) -> None:
     """A one-rank NCCL process group on a free loopback TCP port (eager NCCL init)."""
     import torch.distributed as dist

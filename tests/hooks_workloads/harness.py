@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from ranksight.receiver import Receiver  # noqa: F401  (re-exported for the hooks tests)
+from ranksight.stack import free_port  # noqa: F401  (re-exported for the hooks and lints tests)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_env(agent: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
