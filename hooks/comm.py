@@ -38,6 +38,7 @@ import itertools
 import logging
 import os
 import pickle
+import statistics
 import threading
 import time
 from collections import deque
@@ -432,7 +433,7 @@ class DDPStats:
         comm, x = (ce - cs) / 1e9, max(0, ce - max(ke, cs)) / 1e9
         self._compute.append(max(0.0, bwd - x))
         self._overlap.append(max(0.0, comm - x))
-        self._ref = (_median(self._compute), _median(self._overlap))
+        self._ref = (statistics.median(self._compute), statistics.median(self._overlap))
         return comm, x
 
     def _resync(self) -> None:
@@ -442,12 +443,6 @@ class DDPStats:
 
     def close(self) -> None:
         self.ddp._set_ddp_runtime_logging_sample_rate(self.DEFAULT_SAMPLE_RATE)
-
-
-def _median(xs: Deque[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def _bucket_value(f: Any) -> Any:
@@ -479,18 +474,14 @@ def make_ddp_hook(cell: List[CommTracker]) -> Callable:
         fut = state.allreduce([tensor], opts).get_future()
         if tok is None:
             return fut.then(_bucket_value)
-        try:
-            ev0 = tr.launched(t0)  # start event after the enqueue (see CommTracker.launch)
-        except Exception as e:
-            tr._on_error("DDP comm hook", e)
-            ev0 = None
+        ev0 = tr.launched(t0)  # start event after the enqueue (see CommTracker.launch); never raises
 
         def done(f: Any) -> Any:
             try:
                 tr.complete(tok, t0, ev0)
             except Exception as e:
                 tr._on_error("DDP comm hook", e)
-            return f.value()[0]
+            return _bucket_value(f)
 
         return fut.then(done)
 
