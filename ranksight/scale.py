@@ -120,9 +120,9 @@ class Shape:
     ranks_per_node: int = 8
     netdevs: Tuple[str, ...] = NETDEVS
     rdma_ports: Tuple[Tuple[str, str], ...] = RDMA_PORTS
-    rdma_counters: Tuple[str, ...] = IB_PORT_COUNTERS + MLX5_HW_COUNTERS
+    rdma_counters: Tuple[str, ...] = RDMA_CURATED  # the agent's default (agent.rdma_counters: curated)
     disk_paths: Tuple[str, ...] = DISK_PATHS
-    lints_exposed: str = "all"  # "all": every lint the hooks checked, 0 or 1; "active": only those at 1 (the agent)
+    lints_exposed: str = "active"  # the agent: only lints at 1; "all": every lint the hooks checked, 0 or 1
 
 
 DESIGNS = ("as-is", "before-issue-9")
@@ -133,9 +133,10 @@ def shape_for(design: str, gpus: int, ranks_per_node: int) -> Shape:
     lint applies); before-issue-9: every RDMA counter file and a 0/1 series per lint checked, the
     1,747 series per node the first scale run measured."""
     if design == "as-is":
-        return Shape(gpus=gpus, ranks_per_node=ranks_per_node, rdma_counters=RDMA_CURATED, lints_exposed="active")
-    if design == "before-issue-9":
         return Shape(gpus=gpus, ranks_per_node=ranks_per_node)
+    if design == "before-issue-9":
+        return Shape(gpus=gpus, ranks_per_node=ranks_per_node, rdma_counters=IB_PORT_COUNTERS + MLX5_HW_COUNTERS,
+                     lints_exposed="all")
     raise ValueError(f"unknown design {design!r} (known: {', '.join(DESIGNS)})")
 
 
