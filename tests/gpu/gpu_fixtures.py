@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -47,36 +47,44 @@ def gpu_results() -> Iterator[Dict[str, Any]]:
 SCENARIO_TIMEOUT = 300
 
 
+def run_script_once(cache: Dict[str, Dict[str, Any]], key: str, args: List[str], out: Path,
+                    gpu_results: Dict[str, Any], result_key: str, timeout: float,
+                    env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """Runs ``python bench/gpu/ARGS... --out OUT`` once per session in its own process (NCCL
+    environment and sync debug mode are per process), caches its JSON under ``key`` and records it
+    in ``gpu_results[result_key]``; a timeout, a missing result or a crash fails the test."""
+    import subprocess
+
+    if key in cache:
+        return cache[key]
+    try:
+        proc = subprocess.run([sys.executable, str(BENCH_GPU / args[0]), *args[1:], "--out", str(out)], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{args[0]} {key} did not finish in {timeout:g} s: {str(e.stderr)[-2000:]}")
+    if not out.exists():
+        pytest.fail(f"{args[0]} {key} exited {proc.returncode} without a result:\n{proc.stderr[-4000:]}")
+    r = json.loads(out.read_text())
+    r["stderr_tail"] = proc.stderr[-3000:]
+    cache[key] = r
+    gpu_results[result_key] = r
+    if "crashed" in r:
+        pytest.fail(f"{args[0]} {key} crashed:\n{r['crashed']}")
+    return r
+
+
 @pytest.fixture(scope="session")
 def scenario(tmp_path_factory: pytest.TempPathFactory, gpu_results: Dict[str, Any]):
     """``scenario(name, batch=8) -> result dict``: runs ``bench/gpu/scenarios.py NAME --batch B`` once per session in
     its own process (NCCL environment and sync debug mode are per process) and caches the result."""
-    import subprocess
-
-    cache = _SCENARIOS
     d = tmp_path_factory.mktemp("scenarios")
     trace_dir = Path(os.environ.get("RANKSIGHT_GPU_OUT") or d) / "traces"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
 
     def run(name: str, batch: int = 8) -> Dict[str, Any]:
         key = f"{name}_b{batch}"
-        if key in cache:
-            return cache[key]
-        out = d / f"{key}.json"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
-        try:
-            proc = subprocess.run([sys.executable, str(BENCH_GPU / "scenarios.py"), name, "--batch", str(batch), "--out", str(out),
-                                   "--trace-dir", str(trace_dir)], env=env, capture_output=True, text=True,
-                                  timeout=SCENARIO_TIMEOUT)
-        except subprocess.TimeoutExpired as e:
-            pytest.fail(f"scenario {key} did not finish in {SCENARIO_TIMEOUT} s: {str(e.stderr)[-2000:]}")
-        if not out.exists():
-            pytest.fail(f"scenario {key} exited {proc.returncode} without a result:\n{proc.stderr[-4000:]}")
-        r = json.loads(out.read_text())
-        r["stderr_tail"] = proc.stderr[-3000:]
-        cache[key] = r
-        gpu_results[f"scenario_{key}"] = r
-        if "crashed" in r:
-            pytest.fail(f"scenario {key} crashed:\n{r['crashed']}")
-        return r
+        return run_script_once(_SCENARIOS, key, ["scenarios.py", name, "--batch", str(batch), "--trace-dir",
+                                                 str(trace_dir)], d / f"{key}.json", gpu_results,
+                               f"scenario_{key}", SCENARIO_TIMEOUT, env=env)
 
     return run

@@ -10,14 +10,11 @@ stand-in for CUDA events, are in tests/test_hooks.py):
 """
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any, Dict
 
 import pytest
 
-from gpu_fixtures import BENCH_GPU, gpu_results  # noqa: F401  (fixture; puts bench/gpu on sys.path)
+from gpu_fixtures import gpu_results, run_script_once  # noqa: F401  (fixture; puts bench/gpu on sys.path)
 import gpu_workload as W
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
@@ -31,19 +28,8 @@ def case(tmp_path_factory, gpu_results):
     d = tmp_path_factory.mktemp("hooks_fixes")
 
     def run(name: str) -> Dict[str, Any]:
-        if name not in _CACHE:
-            out = d / f"{name}.json"
-            proc = subprocess.run([sys.executable, str(BENCH_GPU / "hooks_fixes.py"), name, "--out", str(out)],
-                                  capture_output=True, text=True, timeout=240)
-            if not out.exists():
-                pytest.fail(f"hooks_fixes.py {name} exited {proc.returncode} without a result:\n{proc.stderr[-4000:]}")
-            r = json.loads(out.read_text())
-            r["stderr_tail"] = proc.stderr[-2000:]
-            _CACHE[name] = r
-            gpu_results[f"hooks_fixes_{name}"] = r
-            if "crashed" in r:
-                pytest.fail(f"hooks_fixes.py {name} crashed:\n{r['crashed']}")
-        return _CACHE[name]
+        return run_script_once(_CACHE, name, ["hooks_fixes.py", name], d / f"{name}.json", gpu_results,
+                               f"hooks_fixes_{name}", 240)
 
     return run
 
