@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import platform
 import sys
 import time
@@ -109,6 +110,17 @@ def sum_fields(records: List[Dict[str, Any]], lo: int, hi: int,
 
 
 QUIET_HOOKS = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
+
+
+def fr_dump() -> Optional[Dict[str, Any]]:
+    """NCCL's Flight Recorder, whole (collectives with durations), as the scenarios read it."""
+    import torch
+
+    f = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+    if f is None:
+        return None
+    raw = f(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    return pickle.loads(raw) if raw else {}
 
 
 # ---------------------------------------------------------------------- process groups

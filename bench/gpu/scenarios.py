@@ -33,7 +33,6 @@ import argparse
 import gzip
 import json
 import os
-import pickle
 import sys
 import time
 import traceback
@@ -59,16 +58,6 @@ def set_env(name: str) -> None:
     elif name == "fr_timing_only":
         os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-
-
-def fr_dump() -> Optional[Dict[str, Any]]:
-    import torch
-
-    f = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
-    if f is None:
-        return None
-    raw = f(includeCollectives=True, includeStackTraces=False, onlyActive=False)
-    return pickle.loads(raw) if raw else {}
 
 
 def fr_window(dump: Optional[Dict[str, Any]], t0_ns: int, t1_ns: int) -> Dict[str, Any]:
@@ -255,7 +244,7 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
     seq_f2 = seq_f1 + steps + 1
     got = rec.wait_step(seq_f2, timeout=10)
     stats = w.stats() if w is not None else None
-    dump = fr_dump() if dist.is_initialized() else None
+    dump = W.fr_dump() if dist.is_initialized() else None
     ranksight.unwatch()
     time.sleep(0.2)
     recs = rec.steps()

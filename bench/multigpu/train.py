@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import sys
 import time
 import traceback
@@ -79,16 +78,6 @@ def build(mode: str, batch: int, device: Any, seed: int = 0):
     return spec, model, opt, x
 
 
-def fr_dump() -> Optional[Dict[str, Any]]:
-    import torch
-
-    f = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
-    if f is None:
-        return None
-    raw = f(includeCollectives=True, includeStackTraces=False, onlyActive=False)
-    return pickle.loads(raw) if raw else {}
-
-
 def task_comm(a: argparse.Namespace, rank: int, device: Any) -> Dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -127,7 +116,7 @@ def task_comm(a: argparse.Namespace, rank: int, device: Any) -> Dict[str, Any]:
     seq_f2 = seq_f1 + a.steps + 1
     ok = rec.wait_step(seq_f2)
     stats = w.stats() if w is not None else None
-    dump = fr_dump()
+    dump = W.fr_dump()
     ranksight.unwatch()
     time.sleep(0.2)
     recs = rec.steps()
