@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .patch import Patcher
+from .patch import Patcher, like
 
 log = logging.getLogger("ranksight.hooks")
 
@@ -180,13 +180,8 @@ class Recorder:
             rec.end(tok, True, n)
             return ret
 
-        save.__wrapped__ = orig  # type: ignore[attr-defined]
         save.__ranksight__ = True  # type: ignore[attr-defined]
-        save.__name__ = "save"
-        save.__qualname__ = getattr(orig, "__qualname__", "save")
-        save.__doc__ = orig.__doc__
-        save.__module__ = getattr(orig, "__module__", "torch.serialization")
-        return save
+        return like(save, orig, "save")
 
     def _dcp_target(self, args: tuple, kwargs: dict) -> Optional[str]:
         cid = kwargs.get("checkpoint_id")
@@ -229,10 +224,7 @@ class Recorder:
             after(tok, path, ret)
             return ret
 
-        save.__wrapped__ = orig  # type: ignore[attr-defined]
-        save.__name__ = name
-        save.__doc__ = orig.__doc__
-        return save
+        return like(save, orig, name)
 
     def wrap_dcp_save(self, orig: Callable, name: str) -> Callable:
         def after(tok: Any, path: Optional[str], ret: Any) -> None:

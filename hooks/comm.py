@@ -44,7 +44,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
-from .patch import Patcher
+from .patch import Patcher, like
 from .timing import COMM, XCOMM, CudaTimeline, drain, union_seconds
 
 log = logging.getLogger("ranksight.hooks")
@@ -200,11 +200,7 @@ class CommTracker:
                 tracker._on_error(f"collective {name}", e)
             return ret
 
-        collective.__wrapped__ = orig  # type: ignore[attr-defined]
-        collective.__name__ = getattr(orig, "__name__", name)
-        collective.__qualname__ = getattr(orig, "__qualname__", name)
-        collective.__doc__ = getattr(orig, "__doc__", None)
-        return collective
+        return like(collective, orig, name)
 
     def _after_call(self, ret: Any, tok: int, t0: float, ev0: Any, pre: bool = True) -> None:
         works = _works(ret)
@@ -267,10 +263,7 @@ class CommTracker:
                 except Exception as e:
                     tracker._on_error("Work.wait", e)
 
-        wait.__wrapped__ = orig  # type: ignore[attr-defined]
-        wait.__name__ = "wait"
-        wait.__doc__ = getattr(orig, "__doc__", None)
-        return wait
+        return like(wait, orig, "wait")
 
     def install(self, patcher: Patcher) -> int:
         """Wrap the torch.distributed collectives and Work.wait. Returns how many were wrapped."""

@@ -2,9 +2,20 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Tuple
+from typing import Any, Callable, List, Tuple
 
 log = logging.getLogger("ranksight.hooks")
+
+
+def like(wrapper: Callable, orig: Callable, name: str) -> Callable:
+    """``wrapper`` made to look like ``orig`` (name, qualname, doc, module; ``__wrapped__`` = orig)
+    for introspection and for tools that unwrap; ``name`` when ``orig`` has none."""
+    wrapper.__wrapped__ = orig  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(orig, "__name__", None) or name
+    wrapper.__qualname__ = getattr(orig, "__qualname__", None) or name
+    wrapper.__doc__ = getattr(orig, "__doc__", None)
+    wrapper.__module__ = getattr(orig, "__module__", None) or wrapper.__module__
+    return wrapper
 
 
 class Patcher:

@@ -57,7 +57,7 @@ from . import selfcheck
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
-from .patch import Patcher
+from .patch import Patcher, like
 from .table import make_table
 from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline, drain
 from .transport import Address, Transport, parse_address
@@ -479,12 +479,7 @@ class Watcher:
                 except Exception as e:
                     w._hook_error("backward end", e)
 
-        backward.__wrapped__ = orig  # type: ignore[attr-defined]
-        backward.__name__ = "backward"
-        backward.__qualname__ = getattr(orig, "__qualname__", "backward")
-        backward.__doc__ = orig.__doc__
-        backward.__module__ = getattr(orig, "__module__", "torch.autograd")
-        return backward
+        return like(backward, orig, "backward")
 
     def _bwd_done(self, t0: float, ev0: Any) -> None:
         t1 = _perf()
