@@ -75,7 +75,8 @@ class RdmaCollector:
         node = [self.node]
         allow = self.allow
         f_cnt, f_rate, f_up = family(C.RDMA_PORT_COUNTER), family(C.RDMA_PORT_RATE), family(C.RDMA_PORT_UP)
-        present: Set[str] = set()  # every counter label a port has a file for
+        # every counter label a port has a file for: only until an explicit list has been checked
+        present: Optional[Set[str]] = set() if self.explicit and not self.checked else None
         for dev in _listdir(self.base):
             ports = os.path.join(self.base, dev, "ports")
             for port in _listdir(ports):
@@ -94,7 +95,8 @@ class RdmaCollector:
                 files = [(d_cnt, name, name) for name in plain]
                 files += [(d_hw, name, "hw_" + name if name in taken else name) for name in _listdir(d_hw)]
                 for d, name, label in files:
-                    present.add(label)
+                    if present is not None:
+                        present.add(label)
                     if allow is not None and label not in allow:
                         continue
                     text = read_text(os.path.join(d, name))
@@ -105,7 +107,7 @@ class RdmaCollector:
                     except ValueError:  # "N/A (no PMA)" and friends
                         continue
                     f_cnt.add_metric(lab + [label], v)
-        if self.explicit and not self.checked and present:
+        if present:
             self.checked = True
             missing = sorted(allow - present) if allow is not None else []
             if missing:
