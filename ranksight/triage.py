@@ -90,6 +90,8 @@ REC = {
     "job_steps": "job:ranksight_steps:rate",
     "job_data_share": "job:ranksight_dataloader_wait_share:ratio_rate",
     "job_comm_share": "job:ranksight_comm_share:ratio_rate",
+    # the job's irreducible comm share: that of its least-waiting rank (a straggler waits for nobody)
+    "job_comm_min": "job:ranksight_comm_share:min",
     "job_xcomm_share": "job:ranksight_exposed_comm_share:ratio_rate",
     "job_ckpt_share": "job:ranksight_checkpoint_share:ratio_rate",
     "retrans": "node:ranksight_tcp_retransmit:ratio_rate",
@@ -259,6 +261,10 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["job_steps"], f"avg by (job) ({R['steps']})"),
         Recording(REC["job_data_share"], job_share("data_s")),
         Recording(REC["job_comm_share"], job_share("comm_s")),
+        # The comm share of the job's least-waiting rank: the time its collectives take even for the last
+        # rank to arrive (which waits for nobody), i.e. the job's own communication cost. A straggler
+        # explains only the other ranks' comm above it.
+        Recording(REC["job_comm_min"], f"min by (job) ({REC['comm_share']})"),
         Recording(REC["job_xcomm_share"], job_share("xcomm_s")),
         # The job loses the largest rank's checkpoint share: the other ranks wait for it in their
         # next collective (rank-0-only saves), so the mean would understate it by the world size.
@@ -400,7 +406,9 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{RANK_DESC} spends {VAL} of its step time in collectives.",
             meaning="Gradient/parameter collectives dominate the step; either the network is slow or compute is too small to hide it. "
                     "A rank that waits for a slow peer also shows high comm time: dataloader-bound ranks, stragglers, "
-                    "down or stalled ranks, retransmits and slow links are checked first (they mute this alert).",
+                    "down or stalled ranks, retransmits and slow links are checked first (they mute this alert). "
+                    "When even the job's least-waiting rank is over the share, the comm is the job's own cost: "
+                    "no rank is then called a straggler.",
             impact="Adding GPUs will not speed the job up; the step scales with the network.",
             diagnosis="Check TCP retransmits and NIC link speed on the nodes (signal 4), RDMA port counters, the exposed-comm share, "
                       "and whether one rank is a straggler.",
@@ -537,10 +545,15 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             title="Straggler rank", severity="warning",
             # The ratio alone is not enough: on a short, communication-heavy step a 2 ms difference in
             # 10 ms of busy time reads 1.2x while nobody waits for anyone. The extra busy time must
-            # also be a real part of the step the job loses.
-            expr=with_gpu(f"({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
+            # also be a real part of the step the job loses. And a job whose least-waiting rank still
+            # spends over the comm-bound share in collectives is communication-bound whatever its
+            # ranks' busy times do (scheduling noise moves busy time by 20% on a loaded host): its comm
+            # would page without any straggler, so no rank is called one and RanksightCommBound
+            # stays loud (the straggler mutes only comm above that irreducible share).
+            expr=with_gpu(f"(({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
                           f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
-                          f" > {t['straggler_min_step_share']:g})"),
+                          f" > {t['straggler_min_step_share']:g})) "
+                          f"unless on (job) ({REC['job_comm_min']} > {t['comm_share']:g})"),
             for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu",),
             indicator=REC["straggler"], op=">", scope=R,
             summary="One rank computes over {:.0%} slower than the job median: every other rank waits for it".format(
@@ -549,7 +562,9 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
                         f"(step minus data wait, exposed comm and checkpoint).",
             meaning="The rank's own work is slower (throttled or faulty GPU, noisy neighbour, CPU contention, bad NUMA binding); "
                     "its peers show the difference as collective wait. Long steps alone never blame a rank: under "
-                    "synchronous data parallel every rank's step is equally long.",
+                    "synchronous data parallel every rank's step is equally long. A job whose least-waiting rank "
+                    "(the one that would be the straggler) spends over the comm-bound share in collectives is "
+                    "communication-bound, not straggling: it is reported as RanksightCommBound instead.",
             impact="The job runs at the straggler's speed.",
             diagnosis="Check the rank's GPU clocks-event reasons, temperature, PCIe link, XIDs, CPU load on its node and its NUMA lint.",
             mitigation="Drain or fix the node; rebind CPUs; replace the GPU.",
