@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import json
 import logging
 import socket
 import threading
@@ -30,7 +31,7 @@ from .collectors.rdma import RdmaCollector
 from .collectors.self import SelfCollector
 from .exposition import TextWriter
 from .ingest import Ingest, IngestError, Receiver, parse_address
-from .ranks import RankSettings, RanksCollector, RankTable
+from .ranks import RANKS_API, RankSettings, RanksCollector, RankTable
 
 log = logging.getLogger("ranksight.exporter")
 
@@ -278,6 +279,9 @@ def _make_handler(agent: Agent):
             elif path == "/healthz":
                 ok, why = agent.healthy()
                 self._send(200 if ok else 503, (why + "\n").encode(), "text/plain; charset=utf-8")
+            elif path == RANKS_API:  # each rank's state and its last stack (the stalled rank's place)
+                doc = {"ranks": agent.table.describe(time.monotonic())}
+                self._send(200, json.dumps(doc).encode(), "application/json")
             elif path == "/":
                 self._send(200, b'<html><body><h1>ranksight agent</h1><a href="/metrics">/metrics</a> '
                                 b'<a href="/healthz">/healthz</a></body></html>\n', "text/html")

@@ -56,6 +56,7 @@ NO_PROGRESS = "no_progress"
 WAITING = "waiting_in_collective"
 BATCH_LR_LINT = "global_batch_lr"  # raised by the agent from the job's history, not by the sender
 STALL_REASONS = (NO_PROGRESS, WAITING)
+RANKS_API = "/api/v1/ranks"  # the agent's JSON view of its ranks and their last stacks
 
 # A heartbeat is late by up to this share of its interval before a miss counts
 # (sender jitter and the checker's own period).
@@ -191,7 +192,7 @@ class Rank:
         # heartbeats
         "last_hb", "every", "missed_gap", "misses", "up", "phase", "coll", "probe", "hb_step",
         "stalled", "p99", "p99_at",
-        "lints", "dirs", "expo",
+        "lints", "dirs", "expo", "stack",
     )
 
     def __init__(self, job: str, rank: int, window: float, now: float):
@@ -247,6 +248,7 @@ class Rank:
         self.lints: Set[str] = set()  # the lints active now; a lint that clears is removed
         self.dirs: Dict[str, str] = {}
         self.expo: Optional["_RankLabels"] = None  # label sets for exposition, rebuilt when labels change
+        self.stack: Optional[Stack] = None  # the main thread's stack while it made no progress ("stack" records)
 
     # -- identity
     def identify(self, rec: dict, now: float) -> None:
@@ -413,6 +415,29 @@ class Rank:
         else:
             self.ckpt_fail += 1
 
+    def set_stack(self, rec: dict, now: float) -> None:
+        """A "stack" record: keep the last one (an empty one clears it); log it once per change."""
+        frames = tuple(rec["frames"])
+        if not frames:
+            if self.stack is not None:
+                log.info("job %s rank %d made progress again (was at %s)", self.job, self.rank, self.stack.where)
+            self.stack = None
+            return
+        if self.stack is None or self.stack.frames != frames:
+            log.warning("job %s rank %d no progress for %.0f s (phase %s) at %s; stack, innermost first: %s",
+                        self.job, self.rank, rec["idle"], rec["phase"], rec["where"], " | ".join(frames))
+        self.stack = Stack(frames, rec["where"], rec["idle"], rec["phase"], now, rec["ts"])
+
+    def describe(self, now: float) -> Dict[str, object]:
+        """The rank as /api/v1/ranks shows it."""
+        st = self.stack
+        return {"job": self.job, "rank": self.rank, "node": self.node, "local_rank": self.lr, "pid": self.pid,
+                "up": self.up, "stalled": self.stalled, "phase": self.phase, "step": max(self.seq, self.hb_step),
+                "in_collective_s": self.coll if self.coll >= 0 else None,
+                "finished": self.finished is not None,
+                "stack": None if st is None else {"where": st.where, "frames": list(st.frames), "phase": st.phase,
+                                                  "idle_s": st.idle, "age_s": round(now - st.at, 3), "ts": st.ts}}
+
     # -- checker
     def check(self, now: float, s: RankSettings) -> None:
         if self.finished is not None:  # exited cleanly: lingering, neither missed nor down nor stalled
@@ -440,6 +465,16 @@ class Rank:
             if stalled:
                 log.warning("job %s rank %d stalled (%s)", self.job, self.rank, stalled)
             self.stalled = stalled
+
+
+@dataclass(frozen=True)
+class Stack:
+    frames: Tuple[str, ...]  # innermost first
+    where: str
+    idle: float  # seconds without progress when the rank read it
+    phase: str
+    at: float  # agent clock when it arrived
+    ts: float  # sender's wall clock
 
 
 class RankTable:
@@ -499,6 +534,8 @@ class RankTable:
                     r.lints.add(lint)
                 else:
                     r.lints.discard(lint)
+            elif t == "stack":
+                r.set_stack(rec, now)
             elif t == "hello":
                 r.dirs = {k: os.path.normpath(v) for k, v in rec["dirs"].items() if v and os.path.isabs(v)}
                 r.pstart = rec.get("pstart", 0.0)
@@ -541,6 +578,11 @@ class RankTable:
                 self._remove(k)
             for r in self.ranks.values():
                 r.check(now, self.s)
+
+    def describe(self, now: float) -> List[Dict[str, object]]:
+        """Every tracked rank (job, rank order) with its last stack: the agent's /api/v1/ranks."""
+        with self.lock:
+            return [self.ranks[k].describe(now) for k in sorted(self.ranks)]
 
     def min_interval(self) -> float:
         with self.lock:
@@ -639,6 +681,7 @@ class RanksCollector:
         f_fin = family(C.RANK_FINISHED)
         f_pstart = family(C.PROCESS_START)
         f_gpu = family(C.RANK_GPU_INFO)
+        f_where = family(C.RANK_STALL_WHERE)
         uuids: Dict[str, str] = {}
         if self.gpu_labels is not None:
             try:
@@ -669,6 +712,7 @@ class RanksCollector:
                 pstart = r.pstart
                 gpu = uuids.get(r.gpu_uuid) if r.gpu_uuid else None
                 uuid = r.gpu_uuid
+                st = r.stack if stalled else None
             base = L.base
             for (f, _), v in zip(counters, vals):
                 add(f, base, v)
@@ -696,5 +740,7 @@ class RanksCollector:
                 add(f_pstart, base, pstart)
             if gpu is not None:
                 add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
+            if st is not None and st.where:  # one series per stalled rank, gone when it recovers
+                add(f_where, base.plus("where", st.where).plus("phase", st.phase), st.idle + max(0.0, now - st.at))
         return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
-                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu])
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_where])

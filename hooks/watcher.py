@@ -56,7 +56,7 @@ from ranksight import catalog as C
 from ranksight import config as rs_config
 from ranksight import protocol
 
-from . import selfcheck
+from . import selfcheck, stack
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
@@ -182,6 +182,8 @@ class Settings:
     checkpoint_dir: str
     log_dir: str
     ddp_stats_every: int = 20
+    stack_after_seconds: float = 15.0  # no progress this long: send the main thread's stack (hooks/stack.py)
+    stack_every_seconds: float = 5.0
 
 
 def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
@@ -219,7 +221,9 @@ def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
                     max_pending_events=int(checked["max_pending_events"]),
                     ddp_stats_every=int(checked["ddp_stats_every"]),
                     patch_torch_save=bool(checked["patch_torch_save"]),
-                    checkpoint_dir=str(checked["checkpoint_dir"]), log_dir=str(checked["log_dir"]))
+                    checkpoint_dir=str(checked["checkpoint_dir"]), log_dir=str(checked["log_dir"]),
+                    stack_after_seconds=float(checked["stack_after_seconds"]),
+                    stack_every_seconds=float(checked["stack_every_seconds"]))
 
 
 # ------------------------------------------------------------------------------ loader
@@ -793,6 +797,7 @@ class Watcher:
     def _tick(self) -> None:
         now = _perf()
         self._probe(now)
+        self._stack(now)
         self._flush()
         if now >= self._next_hb:
             self._next_hb = now + self.settings.heartbeat_seconds
@@ -821,6 +826,25 @@ class Watcher:
         if sig != self._last_sig:
             self._last_sig = sig
             self._last_progress = now
+
+    def _stack(self, now: float) -> None:
+        """The main thread's stack once it made no progress for stack_after_seconds (hooks/stack.py)."""
+        try:
+            sw = getattr(self, "_stack_watch", None)
+            if sw is None:
+                sw = self._stack_watch = stack.StackWatch(self._main_tid, self.settings.stack_after_seconds,
+                                                          self.settings.stack_every_seconds)
+                self._stack_seq = (self._seq, now)
+            if self._seq != self._stack_seq[0]:
+                self._stack_seq = (self._seq, now)
+            idle = now - self._last_progress
+            if self._seq > 0:
+                idle = max(idle, now - self._stack_seq[1])
+            body = sw.tick(now, idle, self._phase)
+            if body is not None:
+                self._transport.send(stack.fit(dict(self._base, t="stack", ts=time.time()), body))
+        except Exception as e:
+            self._hook_error("stack", e)
 
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident

@@ -115,6 +115,11 @@ RANK_UP = _m("rank_up", "gauge", "bool", R, "1 while the rank heartbeats; 0 afte
 RANK_STALLED = _m("rank_stalled", "gauge", "bool", R + ("reason",),
                   "1 when the rank is alive but makes no progress. reason=no_progress: likely culprit; "
                   "reason=waiting_in_collective: blocked on a peer.")
+RANK_STALL_WHERE = _m("rank_stall_where", "gauge", "seconds", R + ("where", "phase"),
+                      "Seconds the stalled rank had made no progress when its stack was read, labelled with where "
+                      "it is stuck: the innermost frame outside the Python stdlib, torch and ranksight "
+                      "(\"train.py:53 in load_batch <- time.sleep\") and its phase. One series per stalled rank, "
+                      "only while it is stalled; its frames are on the agent's /api/v1/ranks.")
 RANK_RESTARTS = _m("rank_restarts", "gauge", "count", R, "Restart count reported by the launcher.")
 CUDA_ALLOC_RETRIES = _m("cuda_alloc_retries_total", "counter", "count", R,
                         "CUDA caching allocator retries (cudaMalloc failed, cache flushed, retried): fragmentation.")

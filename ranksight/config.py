@@ -130,6 +130,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "patch_torch_save": Opt(True, "time torch.save / dcp.save while watched"),
         "checkpoint_dir": Opt("", "checkpoint directory reported to the agent (disk watch)"),
         "log_dir": Opt("", "log directory reported to the agent (disk watch)"),
+        "stack_after_seconds": Opt(15.0, "no progress for this long: send the main thread's stack to the agent "
+                                         "(RanksightRankStalled's place; half the agent's stall floor; 0: never)", 0, 1e6),
+        "stack_every_seconds": Opt(5.0, "... again when it changes, at most this often", 0.1, 1e6),
     },
     "lints": {
         "io_amplification": Opt(True, "lint: every rank reads the whole dataset"),

@@ -6,7 +6,7 @@ Every record carries the identity fields; ``t`` selects the record type:
 
 identity (all records)
   v       int   protocol version: 2 (hooks send this); 1 is still accepted (see "Versions" below)
-  t       str   "step" | "hb" | "bye" | "hello" | "ckpt" | "lint"
+  t       str   "step" | "hb" | "bye" | "hello" | "ckpt" | "lint" | "stack"
   job     str   job name (<= 128 chars)
   rank    int   global rank, 0 <= rank < ws
   lr      int   local rank, 0 <= lr < 4096
@@ -59,6 +59,16 @@ identity (all records)
           LR did not (an elastic resize or a new world size with the old LR); the sender's
           `active` is ignored for this lint.
 
+"stack" the main thread's Python stack, sent by the background thread once the rank has made no
+        progress for ``hooks.stack_after_seconds``; again when it changes (at most every
+        ``hooks.stack_every_seconds``); one empty record when the rank makes progress again
+  frames  [str] innermost first, "file:line function" (<= MAX_STACK_FRAMES entries of
+          <= MAX_STACK_FRAME chars; the sender drops outer frames to fit MAX_DATAGRAM)
+  where   str   the innermost frame outside the standard library, torch and ranksight, with the
+          call on its line: "train.py:53 in load_batch <- time.sleep" (<= MAX_STACK_WHERE chars)
+  idle    float seconds without progress when the stack was read
+  phase   str   the rank's phase (PHASES)
+
 "hello" once at start: the self-check
   info  object (<= 1 level of nesting; GPU names, CUDA/NCCL versions, dirs and their free bytes)
   dirs  object {"tmp": path, "log": path, "checkpoint": path} (paths may be "")
@@ -109,7 +119,10 @@ MAX_SECONDS = 7 * 24 * 3600.0  # no single duration is longer than a week
 MAX_BYTES = 1 << 60
 MAX_COUNT = 1 << 62
 
-TYPES = ("step", "hb", "bye", "hello", "ckpt", "lint")
+TYPES = ("step", "hb", "bye", "hello", "ckpt", "lint", "stack")
+MAX_STACK_FRAMES = 24
+MAX_STACK_FRAME = 160
+MAX_STACK_WHERE = 120
 PHASES = ("data", "forward", "backward", "optimizer", "checkpoint", "other", "idle")
 CKPT_SOURCES = ("torch.save", "dcp", "timer", "atomic_save")
 
@@ -266,6 +279,15 @@ def decode(data: bytes) -> Dict[str, Any]:
         if "gbatch" in rec or "lrate" in rec:
             out["gbatch"] = _int(rec, "gbatch", 0, MAX_COUNT)
             out["lrate"] = _secs(rec, "lrate", 0.0, 1e6, default=None)
+    elif t == "stack":
+        frames = rec.get("frames")
+        if (not isinstance(frames, list) or len(frames) > MAX_STACK_FRAMES
+                or not all(isinstance(f, str) and len(f) <= MAX_STACK_FRAME for f in frames)):
+            raise ProtocolError("rejected", "bad frames")
+        out["frames"] = frames
+        out["where"] = _str(rec, "where", limit=MAX_STACK_WHERE)
+        out["idle"] = _secs(rec, "idle", default=0.0)
+        out["phase"] = _str(rec, "phase", choices=PHASES) if "phase" in rec else "other"
     elif t == "hello":
         info = rec.get("info", {})
         if not isinstance(info, dict):

@@ -321,6 +321,12 @@ RANK_DESC = "job={{ $labels.job }} rank={{ $labels.rank }} node={{ $labels.node 
 NODE_DESC = "node={{ $labels.node }}"
 GPU_DESC = "node={{ $labels.node }} gpu={{ $labels.gpu }}"
 VAL = '{{ printf "%.2f" $value }}'
+# RankStalled's place: the stalled rank's where series (ranksight_rank_stall_where), read at notification
+# time (only firing stalls run the query; the alert's labels stay the same when the stack moves).
+STALL_WHERE = (f'{{{{ with query (printf "{C.RANK_STALL_WHERE}{{job=%q,rank=%q}}" $labels.job $labels.rank) }}}}'
+               '{{ with index . 0 }}: stalled {{ printf "%.0f" .Value }} s at {{ .Labels.where }}'
+               '{{ if eq .Labels.phase "data" }}, inside the data loader: a data-pipeline hang{{ end }}'
+               '{{ end }}{{ end }}')
 
 
 def with_gpu(expr: str) -> str:
@@ -517,12 +523,17 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             for_=d["rank_stalled"], threshold=0.5, unit="bool",
             indicator=f"{C.RANK_STALLED}{{reason=\"no_progress\"}}", op=">", scope=R,
             summary="A rank is alive but makes no progress, outside any collective: it is the hang's culprit",
-            description=f"{RANK_DESC} heartbeats but has not finished a step for longer than its stall limit, and it is not waiting in a collective.",
-            meaning="The rank is stuck in its own code (deadlock, infinite loop, blocking I/O, a sleep); its peers wait for it in their collectives.",
+            description=f"{RANK_DESC} heartbeats but has not finished a step for longer than its stall limit, and it is "
+                        f"not waiting in a collective{STALL_WHERE}.",
+            meaning="The rank is stuck in its own code (deadlock, infinite loop, blocking I/O, a sleep); its peers wait for it "
+                    "in their collectives. A stall in phase=data (inside next() on the data loader) is a data-pipeline "
+                    "hang: a dead worker, a blocked read from storage, a deadlocked collate.",
             impact="The whole job is stopped; the NCCL watchdog will eventually time out and kill it.",
-            diagnosis="py-spy dump the rank's process; look at the phase in the heartbeat; check storage/network mounts it reads.",
+            diagnosis=f"The description names where the rank is stuck: {C.RANK_STALL_WHERE}'s where label, the innermost "
+                      f"frame outside the standard library and torch; the whole stack is on the node agent's "
+                      f"/api/v1/ranks and in its log. In phase=data, check the loader's workers and the storage it reads.",
             mitigation="Kill and restart the rank from the last checkpoint; fix the blocking call.",
-            next_check="the rank's stack (py-spy dump --pid)",
+            next_check="the stack on the node agent's /api/v1/ranks",
             inhibits=(Inhibit(stuck_job_targets, ("job",)), on_node),
         ),
         Entry(

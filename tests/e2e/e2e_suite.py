@@ -50,6 +50,7 @@ class Case:
     train: Optional[Path] = None
     healthy: bool = False
     dashboards: bool = False  # evaluate every dashboard query for this job while it runs
+    hold: float = 0.0  # keep watching this long after the symptoms (a false page that comes late)
 
 
 @dataclass
@@ -89,6 +90,12 @@ CASES: Dict[str, Case] = {c.name: c for c in (
          args=("--slow-data-seconds", "0.006")),
     Case("straggler", "straggler", "RanksightStraggler", R1, symptoms=(("RanksightCommBound", R0),)),
     Case("comm-heavy", "comm-heavy", "RanksightCommBound", {}),
+    # Comm-bound by shape, not by fault: wide layers, a small batch, a ~60 ms step with comm over half
+    # of it on both ranks. Scheduling noise moves the ranks' busy times apart by 20-50%; that must not
+    # page as a straggler (which would mute the comm-bound page). Watched 30 s past detection.
+    Case("comm-wide", "none", "RanksightCommBound", {}, hold=30.0,
+         args=("--hidden", "1280", "--batch-seqs", "1", "--seq-len", "32", "--optimizer", "sgd",
+               "--checkpoint-every", "0")),
     Case("kill-rank", "kill-rank", "RanksightRankDown", R1, symptoms=(("RanksightHeartbeatMissed", R1),),
          fault_after=FAULT_AFTER),
     Case("hang", "hang", "RanksightRankStalled", R1, symptoms=(("RanksightRankBlocked", R0),),
@@ -108,7 +115,7 @@ CASES: Dict[str, Case] = {c.name: c for c in (
 # slow-data job mostly sleeps in its loader, so they share a group; the CPU-bound cases run
 # alone on the 2 cores so that one job does not distort another's step-time shares.
 GROUPS: Tuple[Tuple[str, ...], ...] = (
-    ("slow-data", "kill-rank", "hang"), ("straggler",), ("comm-heavy",), ("slow-checkpoint",),
+    ("slow-data", "kill-rank", "hang"), ("straggler",), ("comm-heavy",), ("comm-wide",), ("slow-checkpoint",),
     ("healthy", "packet-loss"),  # the two-host cases, one after the other on the same hosts
 )
 
@@ -251,6 +258,10 @@ class Suite:
                                                max(1.0, deadline - time.monotonic()), every=POLL)
             except AssertionError:
                 obs.symptoms[key] = am_find(self.stack, alert, **sel)  # absent or not inhibited: the test says which
+        hold_until = time.monotonic() + case.hold
+        while time.monotonic() < hold_until:  # the timeline keeps every alert seen meanwhile
+            self._note(obs, self._job_alerts(job.name), fault_start)
+            time.sleep(POLL)
         obs.job_alerts = self._job_alerts(job.name)
         self._triage(job.name, obs)
         if case.dashboards:

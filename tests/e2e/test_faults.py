@@ -112,6 +112,17 @@ def test_triage_names_the_cause(suite: Suite, name: str) -> None:
         assert all(f["explained_by"] for f in check["findings"]), obs.triage_text
 
 
+def test_comm_bound_job_is_never_paged_as_a_straggler(suite: Suite) -> None:
+    """Comm over half of the step on both ranks: CommBound names it on both ranks, unmuted, and no
+    Straggler shows at any time of the watch (the timeline holds every alert Alertmanager showed)."""
+    obs = suite.observe("comm-wide")
+    _check_ok(obs)
+    comm = [a for a in obs.job_alerts if _name(a) == "RanksightCommBound"]
+    assert {a["labels"].get("rank") for a in comm} == {"0", "1"}, _show(obs.job_alerts)
+    assert not [a for a in comm if a["status"]["inhibitedBy"]], _show(comm)
+    assert not [t for t in obs.timeline if "RanksightStraggler" in t], obs.explain()
+
+
 @pytest.mark.netns
 def test_healthy_run_stays_quiet_and_triage_says_healthy(suite: Suite) -> None:
     obs = suite.observe("healthy")

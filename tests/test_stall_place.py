@@ -1,0 +1,161 @@
+"""The stalled rank's place: its main-thread stack read by the hooks' background thread,
+sent as a "stack" record, kept and served by the agent (/api/v1/ranks, the where series).
+
+Unit parts run in-process (a real thread that sleeps, real datagram encoding); the end to end
+part is a real watched training process that hangs in time.sleep inside a function of its own,
+with a real agent."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ranksight import catalog as C
+from ranksight import protocol
+from ranksight.hooks import stack
+from ranksight.exporter.ranks import RANKS_API, RanksCollector, RankSettings, RankTable
+
+BASE = {"v": 2, "job": "j", "rank": 1, "lr": 1, "ws": 2, "node": "n", "pid": 7, "sess": 3}
+
+
+def _sleeper(ev: threading.Event) -> None:
+    ev.set()
+    time.sleep(30)  # the place
+
+
+def _thread_in_sleeper():
+    ev = threading.Event()
+    t = threading.Thread(target=_sleeper, args=(ev,), daemon=True)
+    t.start()
+    ev.wait(5)
+    time.sleep(0.05)
+    return t
+
+
+def test_stack_names_the_users_frame_and_the_call_on_its_line() -> None:
+    t = _thread_in_sleeper()
+    sw = stack.StackWatch(t.ident, after_s=1.0, every_s=5.0)
+    assert sw.tick(0.0, idle_s=0.5, phase="data") is None  # making progress: nothing is read
+    body = sw.tick(1.0, idle_s=1.5, phase="data")
+    assert body is not None
+    assert body["where"].startswith("test_stall_place.py:") and body["where"].endswith("in _sleeper <- time.sleep")
+    assert body["frames"][0].endswith(" _sleeper")  # innermost first
+    assert any("threading.py" in f for f in body["frames"])
+    assert sw.tick(2.0, idle_s=2.5, phase="data") is None  # unchanged and too soon: not again
+    assert sw.tick(9.0, idle_s=9.5, phase="data") is None  # unchanged: never again
+    cleared = sw.tick(10.0, idle_s=0.0, phase="forward")  # progress again: one empty record
+    assert cleared == {"frames": [], "where": "", "idle": 0.0, "phase": "forward"}
+    assert sw.tick(11.0, idle_s=0.0, phase="forward") is None
+
+
+def test_library_frames_are_not_the_place() -> None:
+    places = stack.Places()
+    assert not places.is_user(threading.__file__)
+    assert not places.is_user(stack.__file__)  # ranksight's own wrappers
+    import torch
+
+    assert not places.is_user(torch.nn.modules.module.__file__)
+    assert places.is_user(__file__)
+    frames = [(threading.__file__, 10, "wait"), (__file__, 20, "load_batch"), (__file__, 30, "main")]
+    assert places.where(frames).startswith("test_stall_place.py:20 in load_batch")
+
+
+def test_a_deep_stack_is_capped_to_one_datagram_and_decodes() -> None:
+    deep = [(f"/very/long/path/to/some/package/module_{i}.py:{i} " + "f" * 140)[:protocol.MAX_STACK_FRAME] for i in range(40)]
+    body = {"frames": deep[:protocol.MAX_STACK_FRAMES], "where": "x.py:1 in f", "idle": 3.0, "phase": "other"}
+    data = stack.fit(dict(BASE, t="stack", ts=time.time()), body)
+    assert len(data) <= protocol.MAX_DATAGRAM
+    rec = protocol.decode(data)
+    assert 0 < len(rec["frames"]) < protocol.MAX_STACK_FRAMES and rec["frames"][0] == deep[0]
+
+
+@pytest.mark.parametrize("bad", [{"frames": "x"}, {"frames": ["a" * 500]}, {"frames": ["a"] * 99},
+                                 {"frames": [], "where": 3}, {"frames": [1]}, {"frames": [], "phase": "nap"}])
+def test_bad_stack_records_are_rejected(bad) -> None:
+    rec = dict(BASE, t="stack", ts=1.0, where="", idle=1.0, phase="other")
+    rec.update(bad)
+    with pytest.raises(protocol.ProtocolError) as e:
+        protocol.decode(protocol.encode(rec))
+    assert e.value.result == "rejected"
+
+
+def _exposed(table: RankTable, now: float):
+    fams = {f.name: f for f in RanksCollector(table, clock=lambda: now).collect()}
+    return [(s.labels, s.value) for s in fams[C.RANK_STALL_WHERE.name].samples]
+
+
+def test_agent_keeps_the_stack_and_exposes_where_only_while_stalled() -> None:
+    from ranksight import config
+
+    agent_cfg = dict(config.load(env={})["agent"], stall_min_seconds=3.0)
+    table = RankTable(RankSettings.from_config(agent_cfg))
+    hb = dict(BASE, t="hb", ts=1.0, seq=1, every=1.0, step=5, phase="data", coll=-1.0, probe=0.0)
+    table.apply(protocol.decode(protocol.encode(hb)), 0.0)
+    st = dict(BASE, t="stack", ts=2.0, frames=["train.py:53 load_batch", "train.py:90 main"],
+              where="train.py:53 in load_batch <- time.sleep", idle=1.5, phase="data")
+    table.apply(protocol.decode(protocol.encode(st)), 1.5)
+    table.check(1.6)
+    assert _exposed(table, 1.6) == []  # not stalled yet: no where series
+    [r] = table.describe(1.6)
+    assert r["stack"]["where"] == st["where"] and r["stack"]["frames"] == st["frames"]
+    for i in range(2, 6):  # heartbeats keep coming, no step: stalled after 3 s
+        table.apply(protocol.decode(protocol.encode(dict(hb, seq=i, probe=float(i)))), float(i))
+    table.check(5.0)
+    [(labels, value)] = _exposed(table, 5.0)
+    assert labels["where"] == st["where"] and labels["phase"] == "data" and labels["rank"] == "1"
+    assert value == pytest.approx(1.5 + 3.5)
+    table.apply(protocol.decode(protocol.encode(dict(st, frames=[], where="", idle=0.0))), 5.5)
+    assert table.describe(5.5)[0]["stack"] is None
+
+
+HANG = textwrap.dedent("""
+    import time, torch, ranksight
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ranksight.watch(model, opt)
+
+    def load_batch():
+        time.sleep(60)
+
+    for i in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    load_batch()
+""")
+
+
+@pytest.mark.slow
+def test_a_hung_process_shows_its_place_on_the_agents_api(agent, tmp_path: Path) -> None:
+    a = agent(env={"RANKSIGHT__agent__stall_min_seconds": "1"})
+    script = tmp_path / "hang_train.py"
+    script.write_text(HANG)
+    env = dict(os.environ, RANKSIGHT_AGENT=a.ingest, RANKSIGHT_JOB="hangs", RANKSIGHT__hooks__stack_after_seconds="0.5",
+               RANKSIGHT__hooks__stack_every_seconds="0.5", OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline, got = time.monotonic() + 40, None
+        while time.monotonic() < deadline and got is None:
+            time.sleep(0.3)
+            with urllib.request.urlopen(a.url + RANKS_API, timeout=5) as r:
+                doc = json.load(r)
+            got = next((x for x in doc["ranks"] if x["job"] == "hangs" and x["stack"]), None)
+        assert got is not None, doc
+        assert got["stack"]["where"] == "hang_train.py:8 in load_batch <- time.sleep", got
+        assert got["stack"]["frames"][0].endswith("hang_train.py:8 load_batch")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and 'where="hang_train.py:8' not in a.metrics_text():
+            time.sleep(0.3)
+        assert f'{C.RANK_STALL_WHERE.name}{{' in a.metrics_text()
+        assert "hang_train.py:8 in load_batch" in a.log_file.read_text()
+    finally:
+        p.kill()
+        p.wait()
