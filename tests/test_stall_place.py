@@ -133,11 +133,37 @@ HANG = textwrap.dedent("""
 """)
 
 
+# A data-pipeline hang: the dataset's read blocks inside next() on the loader (phase data).
+HANG_DATA = textwrap.dedent("""
+    import time, torch, ranksight
+    from torch.utils.data import DataLoader, Dataset
+
+    class Shards(Dataset):
+        def __len__(self):
+            return 64
+        def __getitem__(self, i):
+            if i >= 6:
+                time.sleep(60)
+            return torch.randn(4)
+
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in ranksight.watch(model, opt, DataLoader(Shards(), batch_size=2)):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+""")
+PLACES = {"hang": (HANG, "hang_train.py:8 in load_batch <- time.sleep", "hang_train.py:8 load_batch", "other"),
+          "data": (HANG_DATA, "hang_train.py:10 in __getitem__ <- time.sleep", "hang_train.py:10 __getitem__", "data")}
+
+
 @pytest.mark.slow
-def test_a_hung_process_shows_its_place_on_the_agents_api(agent, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", list(PLACES))
+def test_a_hung_process_shows_its_place_on_the_agents_api(agent, tmp_path: Path, kind: str) -> None:
+    src, where, innermost, phase = PLACES[kind]
     a = agent(env={"RANKSIGHT__agent__stall_min_seconds": "1"})
     script = tmp_path / "hang_train.py"
-    script.write_text(HANG)
+    script.write_text(src)
     env = dict(os.environ, RANKSIGHT_AGENT=a.ingest, RANKSIGHT_JOB="hangs", RANKSIGHT__hooks__stack_after_seconds="0.5",
                RANKSIGHT__hooks__stack_every_seconds="0.5", OMP_NUM_THREADS="1")
     p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -149,13 +175,13 @@ def test_a_hung_process_shows_its_place_on_the_agents_api(agent, tmp_path: Path)
                 doc = json.load(r)
             got = next((x for x in doc["ranks"] if x["job"] == "hangs" and x["stack"]), None)
         assert got is not None, doc
-        assert got["stack"]["where"] == "hang_train.py:8 in load_batch <- time.sleep", got
-        assert got["stack"]["frames"][0].endswith("hang_train.py:8 load_batch")
+        assert got["stack"]["where"] == where and got["stack"]["phase"] == phase, got
+        assert got["stack"]["frames"][0].endswith(innermost), got
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and 'where="hang_train.py:8' not in a.metrics_text():
+        while time.monotonic() < deadline and f'where="{where}"' not in a.metrics_text():
             time.sleep(0.3)
-        assert f'{C.RANK_STALL_WHERE.name}{{' in a.metrics_text()
-        assert "hang_train.py:8 in load_batch" in a.log_file.read_text()
+        assert f'where="{where}"' in a.metrics_text() and f'phase="{phase}"' in a.metrics_text()
+        assert where in a.log_file.read_text()
     finally:
         p.kill()
         p.wait()

@@ -98,8 +98,9 @@ CASES: Dict[str, Case] = {c.name: c for c in (
                "--checkpoint-every", "0")),
     Case("kill-rank", "kill-rank", "RanksightRankDown", R1, symptoms=(("RanksightHeartbeatMissed", R1),),
          fault_after=FAULT_AFTER),
+    # the stack is read at half the suite's 3 s stall floor, as the default profile reads it at half of 30 s
     Case("hang", "hang", "RanksightRankStalled", R1, symptoms=(("RanksightRankBlocked", R0),),
-         fault_after=FAULT_AFTER, args=("--hang-seconds", "300")),
+         fault_after=FAULT_AFTER, args=("--hang-seconds", "300"), env={"RANKSIGHT__hooks__stack_after_seconds": "1.5"}),
     # 96 MB per O_DSYNC save (the example's default is 48): rank 0 spends ~25% of wall time writing, so
     # rank 1's wait for it in the next all-reduce clearly crosses the 30% comm share (at 48 MB it read
     # 27% in one CI run: the symptom never fired, so there was nothing to inhibit)

@@ -112,6 +112,14 @@ def test_triage_names_the_cause(suite: Suite, name: str) -> None:
         assert all(f["explained_by"] for f in check["findings"]), obs.triage_text
 
 
+def test_hang_page_names_the_place(suite: Suite) -> None:
+    """The hung rank's page says where it is stuck: the training script's line and the call on it."""
+    obs = suite.observe("hang")
+    _check_ok(obs)
+    desc = obs.cause_alerts[0]["annotations"]["description"]
+    assert re.search(r"stalled \d+ s at train_ddp\.py:\d+ in main <- time\.sleep\.$", desc), desc
+
+
 def test_comm_bound_job_is_never_paged_as_a_straggler(suite: Suite) -> None:
     """Comm over half of the step on both ranks: CommBound names it on both ranks, unmuted, and no
     Straggler shows at any time of the watch (the timeline holds every alert Alertmanager showed)."""
