@@ -426,7 +426,7 @@ class Rank:
         if self.stack is None or self.stack.frames != frames:
             log.warning("job %s rank %d no progress for %.0f s (phase %s) at %s; stack, innermost first: %s",
                         self.job, self.rank, rec["idle"], rec["phase"], rec["where"], " | ".join(frames))
-        self.stack = Stack(frames, rec["where"], rec["idle"], rec["phase"], now, rec["ts"])
+        self.stack = Stack(frames, rec["where"], rec["idle"], rec["phase"], now, rec["ts"], rec.get("cw"))
 
     def describe(self, now: float) -> Dict[str, object]:
         """The rank as /api/v1/ranks shows it."""
@@ -436,7 +436,9 @@ class Rank:
                 "in_collective_s": self.coll if self.coll >= 0 else None,
                 "finished": self.finished is not None,
                 "stack": None if st is None else {"where": st.where, "frames": list(st.frames), "phase": st.phase,
-                                                  "idle_s": st.idle, "age_s": round(now - st.at, 3), "ts": st.ts}}
+                                                  "idle_s": st.idle, "age_s": round(now - st.at, 3), "ts": st.ts,
+                                                  "collective": None if st.cw is None else
+                                                  dict(st.cw, wait=round(st.cw["wait"] + now - st.at, 3))}}
 
     # -- checker
     def check(self, now: float, s: RankSettings) -> None:
@@ -475,6 +477,7 @@ class Stack:
     phase: str
     at: float  # agent clock when it arrived
     ts: float  # sender's wall clock
+    cw: Optional[Dict[str, object]] = None  # the collective it waits in: op, pg, seq, wait (protocol "cw")
 
 
 class RankTable:
@@ -682,6 +685,7 @@ class RanksCollector:
         f_pstart = family(C.PROCESS_START)
         f_gpu = family(C.RANK_GPU_INFO)
         f_where = family(C.RANK_STALL_WHERE)
+        f_cseq, f_cwait = family(C.RANK_COLLECTIVE_SEQ), family(C.RANK_COLLECTIVE_WAIT)
         uuids: Dict[str, str] = {}
         if self.gpu_labels is not None:
             try:
@@ -742,5 +746,9 @@ class RanksCollector:
                 add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
             if st is not None and st.where:  # one series per stalled rank, gone when it recovers
                 add(f_where, base.plus("where", st.where).plus("phase", st.phase), st.idle + max(0.0, now - st.at))
+            if st is not None and st.cw is not None and stalled == WAITING:
+                cl = base.plus("op", st.cw["op"]).plus("pg", st.cw["pg"])
+                add(f_cseq, cl, float(st.cw["seq"]))
+                add(f_cwait, cl, st.cw["wait"] + max(0.0, now - st.at))
         return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
-                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_where])
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_where, f_cseq, f_cwait])

@@ -80,6 +80,8 @@ class CommTracker:
         self._exposed: Deque[Tuple[float, float]] = deque()  # host spans the training thread waited
         self._extra: Deque[float] = deque()  # comm durations without a time axis (Flight Recorder)
         self._inflight: Dict[int, float] = {}
+        self._pos: Dict[int, Tuple[str, str, int]] = {}  # in-flight token -> (op, group, sequence in the group)
+        self._seqs: Dict[str, int] = {}  # group -> collectives launched through the wrappers
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._tls = threading.local()
@@ -102,7 +104,7 @@ class CommTracker:
         f = self._graph_task_id
         return f is not None and f() != -1
 
-    def launch(self, event: bool = True) -> Tuple[int, float, Any]:
+    def launch(self, event: bool = True, op: str = "", group: Any = None) -> Tuple[int, float, Any]:
         """A collective is about to be called: host launch time, in-flight token and (``event``, on
         CUDA) a start event. An async collective passes ``event=False`` and calls ``launched()``
         once the call returned: its start event then follows the enqueue, so a host-bound step
@@ -114,6 +116,10 @@ class CommTracker:
         tok = next(self._ids)
         with self._lock:
             self._inflight[tok] = t0
+            if op:
+                pg = group_name(group)
+                n = self._seqs[pg] = self._seqs.get(pg, 0) + 1
+                self._pos[tok] = (op, pg, n)
         self.last_launch = (t0, ev)  # CPU async calls too: the backward wrapper reads the host time
         return tok, t0, ev
 
@@ -134,6 +140,7 @@ class CommTracker:
         t1 = time.perf_counter()
         with self._lock:
             self._inflight.pop(tok, None)
+            self._pos.pop(tok, None)
         self._intervals.append((t0, t1))
         if t1 > self.last_complete:
             self.last_complete = t1
@@ -157,6 +164,17 @@ class CommTracker:
             oldest = min(self._inflight.values())
         return max(0.0, now - oldest)
 
+    def waiting(self, now: float) -> Optional[Dict[str, Any]]:
+        """The oldest in-flight collective launched through the wrappers, as FlightRecorder.waiting()
+        gives it (its sequence number counts the wrapped collectives of its group), or None."""
+        with self._lock:
+            if not self._pos:
+                return None
+            tok = min(self._pos, key=lambda k: self._inflight.get(k, now))
+            op, pg, n = self._pos[tok]
+            t0 = self._inflight.get(tok, now)
+        return {"op": op, "pg": pg, "seq": n, "wait": round(max(0.0, now - t0), 3)}
+
     def take(self, lo: float, hi: float) -> Tuple[float, float, float]:
         """(host comm, comm seconds without a time axis, host exposed comm) for the step [lo, hi]:
         unions of the spans clipped to the step, plus durations (the Flight Recorder).
@@ -179,7 +197,7 @@ class CommTracker:
             try:
                 # async calls get their start event after the call returned (see launch())
                 pre = not (always_async or kwargs.get("async_op"))
-                tok, t0, ev0 = tracker.launch(event=pre)
+                tok, t0, ev0 = tracker.launch(event=pre, op=name, group=kwargs.get("group"))
                 tracker._tls.depth = 1
             except Exception as e:  # our bookkeeping only; the collective still runs
                 tracker._on_error(f"collective {name}", e)
@@ -460,7 +478,7 @@ def make_ddp_hook(cell: List[CommTracker]) -> Callable:
         tok = None
         if tr.active:
             try:
-                tok, t0, _ = tr.launch(event=False)
+                tok, t0, _ = tr.launch(event=False, op="all_reduce", group=state)
             except Exception as e:
                 tr._on_error("DDP comm hook", e)
                 tok = None
@@ -481,6 +499,14 @@ def make_ddp_hook(cell: List[CommTracker]) -> Callable:
     hook.__ranksight_cell__ = cell  # type: ignore[attr-defined]
     hook.__qualname__ = hook.__name__ = "ranksight_allreduce_hook"
     return hook
+
+
+def group_name(group: Any) -> str:
+    """A process group's name as the Flight Recorder reports it (its description, else its name);
+    "default_pg" for the default group (None)."""
+    if group is None:
+        return "default_pg"
+    return str(getattr(group, "group_desc", "") or getattr(group, "group_name", "") or "group")[:128]
 
 
 def torch_c10d() -> Any:
@@ -572,6 +598,36 @@ class FlightRecorder:
         for key in [k for k in first if k not in live]:
             del first[key]
         return max((now - t for t in first.values()), default=-1.0)
+
+    def waiting(self) -> Optional[Dict[str, Any]]:
+        """The oldest collective this rank enqueued and has not completed, from the full dump:
+        {"op": "all_reduce", "pg": "default_pg", "seq": its collective sequence number in that
+        group, "wait": seconds since it was created}, or None. Read only while the rank makes no
+        progress (hooks/stack.py's trigger), never on the step path."""
+        raw = self._dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        doc = pickle.loads(raw) if raw else {}
+        status = doc.get("pg_status") or {}
+        best: Optional[Tuple[int, Dict[str, Any]]] = None
+        for e in doc.get("entries", []):
+            st = status.get(str(e.get("pg_id"))) or {}
+            try:
+                done, enq = int(st.get("last_completed_collective", -1)), int(st.get("last_enqueued_collective", -1))
+            except (TypeError, ValueError):
+                continue
+            seq = e.get("collective_seq_id")
+            if e.get("is_p2p") or type(seq) is not int or not done < seq <= enq:
+                continue
+            created = e.get("time_created_ns") or 0
+            if best is None or created < best[0]:
+                best = (created, e)
+        if best is None:
+            return None
+        created, e = best
+        pg = e.get("process_group")
+        name = (pg[1] or pg[0]) if isinstance(pg, (list, tuple)) and len(pg) == 2 else str(pg or e.get("pg_id", ""))
+        wait = (time.time_ns() - created) / 1e9 if created else 0.0
+        return {"op": str(e.get("profiling_name", "")).split(":")[-1][:64], "pg": str(name)[:128],
+                "seq": e["collective_seq_id"], "wait": round(min(max(wait, 0.0), 7 * 86400.0), 3)}
 
     def poll_due(self, now: float) -> bool:
         return now >= self._next_poll

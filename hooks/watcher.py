@@ -841,10 +841,26 @@ class Watcher:
             if self._seq > 0:
                 idle = max(idle, now - self._stack_seq[1])
             body = sw.tick(now, idle, self._phase)
+            if body is not None and body["frames"]:
+                cw = self._collective_waiting(now)
+                if cw is not None:
+                    body["cw"] = cw
             if body is not None:
                 self._transport.send(stack.fit(dict(self._base, t="stack", ts=time.time()), body))
         except Exception as e:
             self._hook_error("stack", e)
+
+    def _collective_waiting(self, now: float) -> Optional[Dict[str, Any]]:
+        """Where the blocked rank waits: the Flight Recorder's oldest open collective (every
+        collective of every group, DDP's C++ ones too), else the wrappers' own."""
+        if self._fr_status is not None:
+            try:
+                got = self._fr_status.waiting()
+                if got is not None:
+                    return got
+            except Exception as e:
+                self._hook_error("Flight Recorder position", e)
+        return self.comm.waiting(now)
 
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident

@@ -120,6 +120,12 @@ RANK_STALL_WHERE = _m("rank_stall_where", "gauge", "seconds", R + ("where", "pha
                       "it is stuck: the innermost frame outside the Python stdlib, torch and ranksight "
                       "(\"train.py:53 in load_batch <- time.sleep\") and its phase. One series per stalled rank, "
                       "only while it is stalled; its frames are on the agent's /api/v1/ranks.")
+RANK_COLLECTIVE_SEQ = _m("rank_collective_seq", "gauge", "count", R + ("op", "pg"),
+                         "While the rank is stalled inside a collective: that collective's sequence number in its "
+                         "process group (op: all_reduce, broadcast, ...; pg: the group's name). Ranks of one group at "
+                         "different numbers or ops are desynchronized. One series per blocked rank.")
+RANK_COLLECTIVE_WAIT = _m("rank_collective_wait_seconds", "gauge", "seconds", R + ("op", "pg"),
+                          "While the rank is stalled inside a collective: how long it has waited in it.")
 RANK_RESTARTS = _m("rank_restarts", "gauge", "count", R, "Restart count reported by the launcher.")
 CUDA_ALLOC_RETRIES = _m("cuda_alloc_retries_total", "counter", "count", R,
                         "CUDA caching allocator retries (cudaMalloc failed, cache flushed, retried): fragmentation.")

@@ -69,6 +69,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "heartbeat_missed": Opt("0m", "RanksightHeartbeatMissed for:"),
         "rank_down": Opt("1m", "RanksightRankDown for:"),
         "rank_stalled": Opt("1m", "RanksightRankStalled for:"),
+        "collective_desync": Opt("30s", "RanksightCollectiveDesync for:"),
         "straggler": Opt("10m", "RanksightStraggler for:"),
         "alloc_retries": Opt("15m", "RanksightCudaAllocRetries for:"),
         "nic_speed_low": Opt("5m", "RanksightNicSpeedLow for:"),

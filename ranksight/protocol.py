@@ -68,6 +68,9 @@ identity (all records)
           call on its line: "train.py:53 in load_batch <- time.sleep" (<= MAX_STACK_WHERE chars)
   idle    float seconds without progress when the stack was read
   phase   str   the rank's phase (PHASES)
+  cw      object (optional) the collective the rank waits in, when it has one open:
+          {"op": str (<= 64, "all_reduce"), "pg": str (<= 128, the group's name, "default_pg"),
+           "seq": int (its sequence number in that group), "wait": float (seconds since launch)}
 
 "hello" once at start: the self-check
   info  object (<= 1 level of nesting; GPU names, CUDA/NCCL versions, dirs and their free bytes)
@@ -288,6 +291,12 @@ def decode(data: bytes) -> Dict[str, Any]:
         out["where"] = _str(rec, "where", limit=MAX_STACK_WHERE)
         out["idle"] = _secs(rec, "idle", default=0.0)
         out["phase"] = _str(rec, "phase", choices=PHASES) if "phase" in rec else "other"
+        if "cw" in rec:
+            cw = rec["cw"]
+            if not isinstance(cw, dict):
+                raise ProtocolError("rejected", "bad cw")
+            out["cw"] = {"op": _str(cw, "op", limit=64), "pg": _str(cw, "pg"), "seq": _int(cw, "seq", 0, MAX_COUNT),
+                         "wait": _secs(cw, "wait", default=0.0)}
     elif t == "hello":
         info = rec.get("info", {})
         if not isinstance(info, dict):

@@ -321,6 +321,10 @@ RANK_DESC = "job={{ $labels.job }} rank={{ $labels.rank }} node={{ $labels.node 
 NODE_DESC = "node={{ $labels.node }}"
 GPU_DESC = "node={{ $labels.node }} gpu={{ $labels.gpu }}"
 VAL = '{{ printf "%.2f" $value }}'
+# RanksightCollectiveDesync's positions: each blocked rank's collective and sequence number in the group.
+DESYNC_POS = (f'{{{{ range $i, $s := query (printf "{C.RANK_COLLECTIVE_SEQ}{{job=%q,pg=%q}}" $labels.job $labels.pg)'
+              ' | sortByLabel "rank" }}{{ if $i }}, {{ end }}rank {{ $s.Labels.rank }} in {{ $s.Labels.op }} '
+              '#{{ printf "%.0f" $s.Value }}{{ end }}')
 # RankStalled's place: the stalled rank's where series (ranksight_rank_stall_where), read at notification
 # time (only firing stalls run the query; the alert's labels stay the same when the stack moves).
 STALL_WHERE = (f'{{{{ with query (printf "{C.RANK_STALL_WHERE}{{job=%q,rank=%q}}" $labels.job $labels.rank) }}}}'
@@ -353,6 +357,8 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     # a GPU cause explains the straggler or the down rank on exactly that GPU (ranksight_rank_gpu_info)
     gpu_rank = Inhibit(("RanksightStraggler", "RanksightRankDown"), ("node", "gpu"))
     retries = REC["alloc_retries"]
+    # distinct (op, sequence number) positions per group: count_values turns the number into a label
+    desync = f"count by (job, pg) (count_values by (job, pg, op) (\"seq\", {C.RANK_COLLECTIVE_SEQ}))"
     retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
                    f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
     ckpt_recent = duration_seconds(rate_w)
@@ -550,6 +556,28 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             diagnosis="Look for a rank of the same job that is stalled with reason=no_progress or down; if none, suspect the network.",
             mitigation="Fix the culprit; set TORCH_NCCL_ASYNC_ERROR_HANDLING / timeouts so hangs fail fast.",
             next_check="the stalled or down rank of the same job",
+        ),
+        Entry(
+            id="collective-desync", alert="RanksightCollectiveDesync", kind="cause", order=0,
+            title="Ranks desynchronized in their collectives", severity="critical",
+            # the blocked ranks of one group wait at more than one (op, sequence number)
+            expr=f"{desync} > 1",
+            for_=d["collective_desync"], threshold=1, unit="count",
+            indicator=desync, op=">", scope=("job", "pg"), joined=("job",),  # the training job (rank series)
+            summary="Ranks of one process group wait in different collectives: the job is desynchronized",
+            description=f"job={{{{ $labels.job }}}} group={{{{ $labels.pg }}}}: its blocked ranks wait at {VAL} "
+                        f"different positions: {DESYNC_POS}.",
+            meaning="The ranks issued collectives in a different order or a different number of times (a rank-dependent "
+                    "branch, an uneven last batch, a skipped barrier): each waits for peers that will never join its "
+                    "collective.",
+            impact="The job is hung until the collective timeout kills it.",
+            diagnosis=f"Compare each rank's position in the description ({C.RANK_COLLECTIVE_SEQ}: op and sequence "
+                      f"number in the group): the ranks at the odd position took another code path. Their stacks are on "
+                      f"the node agents' /api/v1/ranks.",
+            mitigation="Make every rank issue the same collectives in the same order (drop_last=True, no rank-dependent "
+                       "collectives); restart from the last checkpoint.",
+            next_check="the stacks of the ranks at the odd position",
+            inhibits=(Inhibit(stuck_job_targets, ("job",)),),
         ),
         Entry(
             id="straggler", alert="RanksightStraggler", kind="cause", order=0,

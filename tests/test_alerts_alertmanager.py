@@ -62,6 +62,8 @@ def alert_labels(e: triage.Entry, job: str, node: str, rank: int, gpu: str = _EX
             labels["gpu"] = gpu
     elif e.alert == "RanksightTcpRetransmits":  # aggregated by node, joined with the job of its ranks
         labels = {"node": node, "job": job}
+    elif e.alert == "RanksightCollectiveDesync":  # aggregated by the training job and process group
+        labels = {"job": job, "pg": "default_pg"}
     elif e.alert in _AGGREGATED:
         labels = {k: (node if k == "node" else gpu if k == "gpu" else _EXTRA[k]) for k in _AGGREGATED[e.alert]}
     else:
