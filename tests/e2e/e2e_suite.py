@@ -101,6 +101,10 @@ CASES: Dict[str, Case] = {c.name: c for c in (
     # the stack is read at half the suite's 3 s stall floor, as the default profile reads it at half of 30 s
     Case("hang", "hang", "RanksightRankStalled", R1, symptoms=(("RanksightRankBlocked", R0),),
          fault_after=FAULT_AFTER, args=("--hang-seconds", "300"), env={"RANKSIGHT__hooks__stack_after_seconds": "1.5"}),
+    # rank 0 calls all_reduce where rank 1 calls broadcast, at the same sequence number: both block
+    Case("desync", "desync", "RanksightCollectiveDesync", {"pg": "default_pg"},
+         symptoms=(("RanksightRankBlocked", R0), ("RanksightRankBlocked", R1)), fault_after=FAULT_AFTER,
+         train=HERE / "train_desync.py", env={"RANKSIGHT__hooks__stack_after_seconds": "1.5"}),
     # 96 MB per O_DSYNC save (the example's default is 48): rank 0 spends ~25% of wall time writing, so
     # rank 1's wait for it in the next all-reduce clearly crosses the 30% comm share (at 48 MB it read
     # 27% in one CI run: the symptom never fired, so there was nothing to inhibit)
@@ -116,7 +120,7 @@ CASES: Dict[str, Case] = {c.name: c for c in (
 # slow-data job mostly sleeps in its loader, so they share a group; the CPU-bound cases run
 # alone on the 2 cores so that one job does not distort another's step-time shares.
 GROUPS: Tuple[Tuple[str, ...], ...] = (
-    ("slow-data", "kill-rank", "hang"), ("straggler",), ("comm-heavy",), ("comm-wide",), ("slow-checkpoint",),
+    ("slow-data", "kill-rank", "hang", "desync"), ("straggler",), ("comm-heavy",), ("comm-wide",), ("slow-checkpoint",),
     ("healthy", "packet-loss"),  # the two-host cases, one after the other on the same hosts
 )
 

@@ -120,6 +120,13 @@ def test_hang_page_names_the_place(suite: Suite) -> None:
     assert re.search(r"stalled \d+ s at train_ddp\.py:\d+ in main <- time\.sleep\.$", desc), desc
 
 
+def test_desync_page_gives_each_ranks_position(suite: Suite) -> None:
+    obs = suite.observe("desync")
+    _check_ok(obs)
+    desc = obs.cause_alerts[0]["annotations"]["description"]
+    assert re.search(r"rank 0 in all_reduce #(\d+), rank 1 in broadcast #\1\.$", desc), desc
+
+
 def test_comm_bound_job_is_never_paged_as_a_straggler(suite: Suite) -> None:
     """Comm over half of the step on both ranks: CommBound names it on both ranks, unmuted, and no
     Straggler shows at any time of the watch (the timeline holds every alert Alertmanager showed)."""
@@ -129,6 +136,30 @@ def test_comm_bound_job_is_never_paged_as_a_straggler(suite: Suite) -> None:
     assert {a["labels"].get("rank") for a in comm} == {"0", "1"}, _show(obs.job_alerts)
     assert not [a for a in comm if a["status"]["inhibitedBy"]], _show(comm)
     assert not [t for t in obs.timeline if "RanksightStraggler" in t], obs.explain()
+
+
+def _place(labels: Dict[str, str]) -> Dict[str, str]:
+    return {k: labels[k] for k in ("rank", "node", "pg") if labels.get(k)}
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_triage_says_what_alertmanager_pages(suite: Suite, name: str) -> None:
+    """What `ranksight triage` names is what Alertmanager pages: the cause it names (with its rank or
+    node) is an alert Alertmanager holds active, every alert Alertmanager holds active is a cause
+    triage names, and the symptoms triage reports as explained are exactly the alerts Alertmanager
+    inhibits (by name)."""
+    obs = suite.observe(name)
+    _check_ok(obs)
+    loud = [a for a in obs.job_alerts if not a["status"]["inhibitedBy"]]
+    muted = {_name(a) for a in obs.job_alerts if a["status"]["inhibitedBy"]}
+    cause = obs.triage["cause"]
+    assert any(_name(a) == cause["alert"] and _place(a["labels"]).items() <= cause["labels"].items()
+               for a in loud), f"triage names {cause['alert']} {_place(cause['labels'])}; Alertmanager pages {_show(loud)}"
+    named = {c["alert"] for c in obs.triage["causes"]}
+    assert {_name(a) for a in loud} <= named, (_show(loud), sorted(named))
+    explained = {c["alert"] for c in obs.triage["checks"] if any(f["explained_by"] for f in c["findings"])}
+    assert muted == explained & (muted | {_name(a) for a in obs.job_alerts}), \
+        f"Alertmanager inhibits {sorted(muted)}; triage explains {sorted(explained)}"
 
 
 @pytest.mark.netns
