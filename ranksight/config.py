@@ -54,6 +54,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "step_creep_ratio": Opt(1.2, "RanksightCudaAllocRetries: (with retries) step p50 now / 1 h ago above this", 1, 100),
         "nic_min_speed_bytes": Opt(1.25e9, "RanksightNicSpeedLow: link speed below this (bytes/s; 10 Gb/s)", 0, 1e13),
         "disk_free_ratio": Opt(0.10, "RanksightDiskFilling: free share below this", 0, 1),
+        "disk_predict_free_ratio": Opt(0.40, "RanksightDiskFilling: the prediction pages only under this free share", 0, 1),
         "disk_full_horizon_seconds": Opt(3600.0, "RanksightDiskFilling: predicted full within this", 1, 1e8),
         "ingest_drop_ratio": Opt(0.01, "RanksightIngestDropping: dropped / received datagrams above this", 0, 1),
         "lint_workers_host_mem_share": Opt(0.5, "lint dataloader_workers_rss: workers of all ranks above this share of host memory", 0, 1),

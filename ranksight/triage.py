@@ -648,8 +648,13 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="disk-filling", alert="RanksightDiskFilling", kind="cause", order=0,
             title="Watched disk filling", severity="warning",
+            # The prediction pages only once its fit spans a whole window (a sample one window ago: no
+            # linear fit over the first seconds of a checkpoint burst on a new agent) and the free share
+            # is already under a guard (node-mixin's fsSpaceFillingUp does the same).
             expr=f"({C.DISK_FREE} / ({C.DISK_TOTAL} > 0) < {t['disk_free_ratio']:g}) or "
-                 f"(predict_linear({C.DISK_FREE}[{w['disk_predict']}], {t['disk_full_horizon_seconds']:g}) < 0)",
+                 f"((predict_linear({C.DISK_FREE}[{w['disk_predict']}], {t['disk_full_horizon_seconds']:g}) < 0)"
+                 f" and on (node, path) ({C.DISK_FREE} / ({C.DISK_TOTAL} > 0) < {t['disk_predict_free_ratio']:g})"
+                 f" and on (node, path) ({C.DISK_FREE} offset {w['disk_predict']}))",
             for_=d["disk_filling"], threshold=t["disk_free_ratio"], unit="ratio",
             indicator=f"{C.DISK_FREE} / ({C.DISK_TOTAL} > 0)", op="<", scope=("node", "path"),
             summary="A watched disk (tmp, log or checkpoint) is nearly full or will be within {:g} s".format(
