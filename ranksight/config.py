@@ -68,7 +68,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "checkpoint_slow": Opt("0m", "RanksightCheckpointSlow for:"),
         "checkpoint_stale": Opt("10m", "RanksightCheckpointStale for:"),
         "heartbeat_missed": Opt("0m", "RanksightHeartbeatMissed for:"),
-        "rank_down": Opt("1m", "RanksightRankDown for:"),
+        "rank_down": Opt("15s", "RanksightRankDown for: (after agent.down_after_misses heartbeats: a dead rank pages within 30 s)"),
         "rank_stalled": Opt("1m", "RanksightRankStalled for:"),
         "collective_desync": Opt("30s", "RanksightCollectiveDesync for:"),
         "straggler": Opt("10m", "RanksightStraggler for:"),

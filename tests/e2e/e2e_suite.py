@@ -51,6 +51,7 @@ class Case:
     healthy: bool = False
     dashboards: bool = False  # evaluate every dashboard query for this job while it runs
     hold: float = 0.0  # keep watching this long after the symptoms (a false page that comes late)
+    also: Tuple[Tuple[str, Mapping[str, str]], ...] = ()  # compound faults: further causes, loud too
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Observation:
     detect_s: float = float("nan")  # fault start -> cause alert in Alertmanager
     cause_alerts: List[Dict[str, Any]] = field(default_factory=list)
     symptoms: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)
+    also: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)  # compound faults: the other causes
     job_alerts: List[Dict[str, Any]] = field(default_factory=list)  # every Alertmanager alert of the job, at the end
     fired: List[Dict[str, str]] = field(default_factory=list)  # healthy: any firing alert seen while watching
     triage_rc: Optional[int] = None
@@ -110,6 +112,12 @@ CASES: Dict[str, Case] = {c.name: c for c in (
     # 27% in one CI run: the symptom never fired, so there was nothing to inhibit)
     Case("slow-checkpoint", "slow-checkpoint", "RanksightCheckpointSlow", R0,
          symptoms=(("RanksightCommBound", R1),), args=("--checkpoint-mb", "96")),
+    # Compound faults. Two independent causes at once: both are named, each mutes its own symptoms.
+    Case("data+checkpoint", "slow-data", "RanksightDataloaderBound", R1,
+         also=(("RanksightCheckpointSlow", R0),), symptoms=(("RanksightCommBound", R0),),
+         args=("--slow-data-seconds", "0.006", "--checkpoint-mb", "96", "--checkpoint-sync", "--checkpoint-every", "10")),
+    Case("straggler+checkpoint", "straggler", "RanksightCheckpointSlow", R0, also=(("RanksightStraggler", R1),),
+         args=("--checkpoint-mb", "96", "--checkpoint-sync", "--checkpoint-every", "10")),
     Case("healthy", "none", "", {}, two_hosts=True, healthy=True, dashboards=True, args=("--checkpoint-every", "40")),
     Case("packet-loss", "none", "RanksightTcpRetransmits", {"node": HOST_A},
          symptoms=(("RanksightCommBound", {"node": HOST_A}), ("RanksightCommBound", {"node": HOST_B})),
@@ -121,6 +129,7 @@ CASES: Dict[str, Case] = {c.name: c for c in (
 # alone on the 2 cores so that one job does not distort another's step-time shares.
 GROUPS: Tuple[Tuple[str, ...], ...] = (
     ("slow-data", "kill-rank", "hang", "desync"), ("straggler",), ("comm-heavy",), ("comm-wide",), ("slow-checkpoint",),
+    ("data+checkpoint",), ("straggler+checkpoint",),
     ("healthy", "packet-loss"),  # the two-host cases, one after the other on the same hosts
 )
 
@@ -253,6 +262,16 @@ class Suite:
             obs.job_alerts = self._job_alerts(job.name)
             return
         deadline = time.monotonic() + SYMPTOM_WAIT
+        for alert, labels in case.also:  # the other causes of a compound fault: loud
+            sel = {"job": job.name, **labels}
+            key = f"{alert} {json.dumps(labels, sort_keys=True)}"
+            try:
+                obs.also[key] = wait_until(f"cause {alert} {sel} active in Alertmanager",
+                                           lambda: [a for a in am_find(self.stack, alert, **sel)
+                                                    if not a["status"]["inhibitedBy"]],
+                                           max(1.0, deadline - time.monotonic()), every=POLL)
+            except AssertionError:
+                obs.also[key] = am_find(self.stack, alert, **sel)
         for alert, labels in case.symptoms:
             sel = {"job": job.name, **labels}
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"

@@ -10,6 +10,7 @@ Run: ``.venv/bin/python -m pytest -q -m e2e tests/e2e`` (root: network namespace
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any, Dict, Iterator, List
@@ -87,7 +88,8 @@ def test_fault_symptoms_are_inhibited(suite: Suite, name: str) -> None:
         loud = [a for a in alerts if not a["status"]["inhibitedBy"]]
         assert not loud, f"{key} fired but is not inhibited: {_show(loud)}"
     # and nothing else about the job is left loud: every other alert is muted by a cause
-    loud = [a for a in obs.job_alerts if _name(a) != case.cause and not a["status"]["inhibitedBy"]]
+    causes = {case.cause} | {alert for alert, _ in case.also}
+    loud = [a for a in obs.job_alerts if _name(a) not in causes and not a["status"]["inhibitedBy"]]
     assert not loud, f"alerts of {obs.job} neither the cause nor inhibited: {_show(loud)}"
 
 
@@ -136,6 +138,21 @@ def test_comm_bound_job_is_never_paged_as_a_straggler(suite: Suite) -> None:
     assert {a["labels"].get("rank") for a in comm} == {"0", "1"}, _show(obs.job_alerts)
     assert not [a for a in comm if a["status"]["inhibitedBy"]], _show(comm)
     assert not [t for t in obs.timeline if "RanksightStraggler" in t], obs.explain()
+
+
+COMPOUND = [n for n in ORDER if CASES[n].also]
+
+
+@pytest.mark.parametrize("name", COMPOUND)
+def test_compound_fault_names_every_cause(suite: Suite, name: str) -> None:
+    """Two independent causes at once: Alertmanager holds both active, and triage names both."""
+    case, obs = CASES[name], suite.observe(name)
+    _check_ok(obs)
+    named = [(c["alert"], c["labels"]) for c in obs.triage["causes"]]
+    for alert, where in case.also:
+        got = obs.also[f"{alert} {json.dumps(dict(where), sort_keys=True)}"]
+        assert got and not any(a["status"]["inhibitedBy"] for a in got), f"{alert}: {_show(got)}; {obs.explain()}"
+        assert any(n == alert and where.items() <= labels.items() for n, labels in named), obs.triage_text
 
 
 def _place(labels: Dict[str, str]) -> Dict[str, str]:
