@@ -52,7 +52,10 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "straggler_min_step_share": Opt(0.1, "RanksightStraggler: ... and the extra busy time is at least this share of the step", 0, 1),
         "alloc_retries_per_min": Opt(1.0, "RanksightCudaAllocRetries: allocator retries per minute above this", 0, 1e9),
         "step_creep_ratio": Opt(1.2, "RanksightCudaAllocRetries: (with retries) step p50 now / 1 h ago above this", 1, 100),
-        "nic_min_speed_bytes": Opt(1.25e9, "RanksightNicSpeedLow: link speed below this (bytes/s; 10 Gb/s)", 0, 1e13),
+        "nic_min_speed_bytes": Opt(1.25e9, "reference line on the link-speed panels (bytes/s; 10 Gb/s); "
+                                           "RanksightNicSpeedLow judges a NIC by its own best and its peers'", 0, 1e13),
+        "nic_min_traffic_share": Opt(0.1, "RanksightNicSpeedLow: only NICs carrying at least this share of their "
+                                          "node's interface bytes", 0, 1),
         "disk_free_ratio": Opt(0.10, "RanksightDiskFilling: free share below this", 0, 1),
         "disk_predict_free_ratio": Opt(0.40, "RanksightDiskFilling: the prediction pages only under this free share", 0, 1),
         "disk_full_horizon_seconds": Opt(3600.0, "RanksightDiskFilling: predicted full within this", 1, 1e8),

@@ -358,6 +358,16 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     gpu_rank = Inhibit(("RanksightStraggler", "RanksightRankDown"), ("node", "gpu"))
     retries = REC["alloc_retries"]
     # distinct (op, sequence number) positions per group: count_values turns the number into a label
+    # NIC speed: a node's training job (one per node; a NIC serves every job of its node), the
+    # speed of each NIC with that job, the NIC below its own day's best or its job's best for that
+    # device name, and the NICs that carry at least nic_min_traffic_share of their node's bytes.
+    node_job = f"topk by (node) (1, group by (node, job) ({C.RANK_UP}))"
+    speed_job = f"({C.NET_IF_SPEED} * on (node) group_left (job) {node_job})"
+    nic_peer_low = f"{speed_job} < on (job, device) group_left () max by (job, device) ({speed_job})"
+    nic_self_low = f"{C.NET_IF_SPEED} < max_over_time({C.NET_IF_SPEED}[1d])"
+    nic_bytes = f"sum by (node, device) (rate({C.NET_IF_BYTES}[{rate_w}]))"
+    nic_busy = (f"{nic_bytes} / on (node) group_left () (sum by (node) ({nic_bytes}) > 0)"
+                f" >= {t['nic_min_traffic_share']:g}")
     desync = f"count by (job, pg) (count_values by (job, pg, op) (\"seq\", {C.RANK_COLLECTIVE_SEQ}))"
     retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
                    f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
@@ -630,14 +640,20 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         ),
         Entry(
             id="nic-speed-low", alert="RanksightNicSpeedLow", kind="cause", order=0,
-            title="NIC link speed below expected", severity="warning",
-            expr=f"({C.NET_IF_SPEED} < {t['nic_min_speed_bytes']:g}) or "
-                 f"({C.NET_IF_SPEED} < max_over_time({C.NET_IF_SPEED}[1d]))",
-            for_=d["nic_speed_low"], threshold=t["nic_min_speed_bytes"], unit="bytes",
+            title="NIC link speed below its own or its peers'", severity="warning",
+            # Judged by what that NIC should do, not a fixed floor (a 1 GbE management NIC is fine):
+            # below its own highest speed of the last day (a renegotiation after a flap), or below the
+            # same interface on the other nodes of its job (one node's NIC up at 100 Mb/s), and only
+            # for a NIC that carries a real share of its node's traffic.
+            expr=f"{C.NET_IF_SPEED} and on (node, device) (({nic_self_low}) or on (node, device) ({nic_peer_low}))"
+                 f" and on (node, device) ({nic_busy})",
+            for_=d["nic_speed_low"], threshold=None, unit="bytes",
             indicator=f"{C.NET_IF_SPEED}", op="<", scope=("node", "device"),
-            summary="A NIC negotiated a link speed below the expected or the highest seen",
+            summary="A busy NIC negotiated a link speed below its own recent best or its job peers'",
             description=f"{NODE_DESC} device={{{{ $labels.device }}}} links at {VAL} bytes/s.",
-            meaning="The interface auto-negotiated down (a bad cable or port, e.g. 100 Mb/s instead of 100 Gb/s).",
+            meaning="The interface auto-negotiated down (a bad cable or port, e.g. 100 Mb/s instead of 100 Gb/s): it links "
+                    "below its own best of the last day, or below the same interface on the job's other nodes. A NIC "
+                    "that carries little of its node's traffic (a 1 GbE management port) is not paged.",
             impact="Every transfer through that NIC is slow: collectives, data loading, checkpoints.",
             diagnosis="ethtool DEVICE on the node; compare with other nodes; check switch port logs.",
             mitigation="Replace the cable/transceiver, force the speed, move the node to another port; exclude management "
