@@ -61,7 +61,7 @@ UNIX_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
 UNIX_QLEN_DEFAULT = 10  # the kernel's default, assumed when the file cannot be read
 UNIX_QLEN_WARN = 512
 SOCKET_MODE = 0o666  # unix socket: every local user may send (credentials decide what counts)
-MAX_OWNERS = 4096  # job -> uid entries kept; beyond it, jobs no longer in the rank table are forgotten
+MAX_OWNERS = 4096  # job -> uid entries kept (at least 2 x max_jobs); beyond it, untracked jobs are forgotten
 NSPID_REFRESH = 1.0  # seconds between two reads of one sender's /proc/PID/status
 MAX_NSPID = 4096  # senders whose namespace pids are remembered
 _UCRED = struct.Struct("iII")  # struct ucred: pid, uid, gid
@@ -115,6 +115,7 @@ class Ingest:
         self.bugs = 0  # exceptions other than ProtocolError (must stay 0; counted as rejected)
         self._bug_logged = False
         self.owners: Dict[str, int] = {}  # job -> uid that speaks for it (unix socket only)
+        self.max_owners = max(MAX_OWNERS, 2 * table.s.max_jobs)
         self.forged: Dict[str, int] = dict.fromkeys(("pid", "job", "nocred"), 0)  # rejected by the checks
         self._nspid: Dict[int, Tuple[float, Tuple[int, ...]]] = {}  # sender pid -> (read at, its pids)
         self._forged_logged: set = set()
@@ -183,7 +184,7 @@ class Ingest:
             return ""
         if owner is not None and job in self.table.jobs:  # owned while the table tracks the job
             return "" if uid == 0 else "job"
-        if len(self.owners) >= MAX_OWNERS:
+        if len(self.owners) >= self.max_owners:
             live = self.table.jobs
             self.owners = {j: u for j, u in self.owners.items() if j in live}
         self.owners[job] = uid

@@ -503,7 +503,7 @@ class Gate:
         if creds is None:
             return False
         user, password = creds
-        digest = hmac.new(self._key, user + b"\0" + password, hashlib.sha256).digest()
+        digest = hmac.new(self._key, len(user).to_bytes(4, "big") + user + password, hashlib.sha256).digest()
         with self._lock:
             if digest in self._good:
                 return True

@@ -158,3 +158,21 @@ def test_ingest_checks_in_process(tmp_path):
     assert ingest.handle_from(rec("j", 0), 0.0, cred(me, 1001)) == "ok"
     assert ingest.handle_from(rec("j", 1), 0.0, cred(me, 1000)) == "rejected"
     assert ingest.counts["rejected"] == 5 and ingest.counts["ok"] == 3
+
+
+def test_job_owners_stay_bounded():
+    """A sender inventing job names cannot grow the job -> uid map, nor free a live job's name."""
+    import struct
+
+    from ranksight.exporter.ingest import Ingest
+    from ranksight.exporter.ranks import RankSettings, RankTable
+
+    ingest = Ingest(RankTable(RankSettings(max_jobs=4)))
+    me = os.getpid()
+    cred = lambda uid: [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", me, uid, uid))]  # noqa: E731
+    assert ingest.handle_from(dgram(ident(job="live", pid=me), step()), 0.0, cred(1000)) == "ok"
+    for i in range(ingest.max_owners + 500):
+        ingest.handle_from(dgram(ident(job=f"junk{i}", pid=me), step()), 0.0, cred(1001))
+    assert len(ingest.owners) <= ingest.max_owners
+    assert ingest.owners["live"] == 1000
+    assert ingest.handle_from(dgram(ident(job="live", rank=1, pid=me), step()), 0.0, cred(1001)) == "rejected"
