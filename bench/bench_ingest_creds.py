@@ -3,7 +3,7 @@
 
 The agent's own receive code on real sockets, in one process: each round sends a chunk of step
 records (not timed), then times draining and applying them exactly as the receiver loop does
-(recv + Ingest.handle, or recvmsg + Ingest.handle_from with the sender's SCM_CREDENTIALS).
+(recv + Ingest.handle, or recvmsg + Ingest.handle with the sender's SCM_CREDENTIALS).
 Rounds of the three modes are interleaved; prints the median microseconds per datagram of each
 and the ratios to UDP. Usage: bench/bench_ingest_creds.py [--rounds 2000] [--chunk 8] [--json]
 """
@@ -64,13 +64,13 @@ def mode(kind: str, tmp: str) -> Dict[str, Callable]:
         n = 0
         now = time.monotonic()
         if kind == "unix+cred":
-            recvmsg, handle_from = rx.recvmsg, ingest.handle_from
+            recvmsg, handle = rx.recvmsg, ingest.handle
             while True:
                 try:
                     data, anc, _, _ = recvmsg(bufsize, CRED_SPACE)
                 except BlockingIOError:
                     return n
-                handle_from(data, now, anc)
+                handle(data, now, anc)
                 n += 1
         recv, handle = rx.recv, ingest.handle
         while True:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from ranksight.protocol import MAX_DATAGRAM, ProtocolError, decode
+from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, ProtocolError, decode
 
 from .ranks import RankTable
 
@@ -114,38 +114,27 @@ class Ingest:
         self.counts: Dict[str, int] = dict.fromkeys(RESULTS, 0)
         self.bugs = 0  # exceptions other than ProtocolError (must stay 0; counted as rejected)
         self._bug_logged = False
+        self._versions_logged: set = set()  # unknown protocol versions already logged (bounded)
         self.owners: Dict[str, int] = {}  # job -> uid that speaks for it (unix socket only)
         self.max_owners = max(MAX_OWNERS, 2 * table.s.max_jobs)
         self.forged: Dict[str, int] = dict.fromkeys(("pid", "job", "nocred"), 0)  # rejected by the checks
         self._nspid: Dict[int, Tuple[float, Tuple[int, ...]]] = {}  # sender pid -> (read at, its pids)
         self._forged_logged: set = set()
 
-    def handle(self, data: bytes, now: float) -> str:
-        """Validate and apply one datagram; returns its result label."""
+    def handle(self, data: bytes, now: float, ancdata: Optional[List[Tuple[int, int, bytes]]] = None) -> str:
+        """Validate and apply one datagram; returns its result label. ``ancdata`` (unix socket): the
+        recvmsg ancillary data, with the kernel's SCM_CREDENTIALS of the sender, checked first."""
         try:
             rec = decode(data)
         except ProtocolError as e:
             res = e.result
+            v = e.version
+            if v is not None and v not in self._versions_logged and len(self._versions_logged) < 16:
+                self._versions_logged.add(v)
+                log.warning("datagrams of protocol version %r rejected: this agent reads versions %s (upgrade the "
+                            "agent to read newer hooks)", v, ", ".join(map(str, ACCEPTED)))
         else:
-            try:
-                res = self.table.apply(rec, now)
-            except Exception:  # an agent bug must cost a datagram, never the agent
-                self.bugs += 1
-                if not self._bug_logged:
-                    self._bug_logged = True
-                    log.exception("datagram handling failed (dropped, counted as rejected; logged once)")
-                res = "rejected"
-        self.counts[res] += 1
-        return res
-
-    def handle_from(self, data: bytes, now: float, ancdata: List[Tuple[int, int, bytes]]) -> str:
-        """handle() for a datagram that came with the kernel's SCM_CREDENTIALS of its sender."""
-        try:
-            rec = decode(data)
-        except ProtocolError as e:
-            res = e.result
-        else:
-            why = self._forged(rec, ancdata)
+            why = self._forged(rec, ancdata) if ancdata is not None else ""
             if why:
                 self.forged[why] += 1
                 res = "rejected"
@@ -311,7 +300,7 @@ class Receiver:
         recv = sock.recv
         handle = self.ingest.handle
         creds = self.address.kind == "unix"  # with the sender's credentials: see the module doc
-        recvmsg, handle_from, space = sock.recvmsg, self.ingest.handle_from, CRED_SPACE
+        recvmsg, space = sock.recvmsg, CRED_SPACE
         clock = self.ingest.clock
         bufsize = MAX_DATAGRAM + 1  # one byte more tells an oversize datagram (the rest is truncated)
         stop = self._stop
@@ -333,7 +322,7 @@ class Receiver:
                 try:
                     if creds:
                         data, anc, _, _ = recvmsg(bufsize, space)
-                        handle_from(data, now, anc)
+                        handle(data, now, anc)
                     else:
                         handle(recv(bufsize), now)
                 except BlockingIOError:

@@ -132,7 +132,7 @@ def test_a_user_cannot_speak_for_another_users_ranks(two_users, tmp_path):
 
 
 def test_ingest_checks_in_process(tmp_path):
-    """Ingest.handle_from with hand-made credentials: ownership outlives nothing but the job."""
+    """Ingest.handle with hand-made credentials: ownership outlives nothing but the job."""
     import struct
 
     from ranksight.exporter.ingest import Ingest
@@ -146,17 +146,17 @@ def test_ingest_checks_in_process(tmp_path):
 
     me = os.getpid()
     rec = lambda job, rank, pid=me, seq=1: dgram(ident(job=job, rank=rank, ws=4, pid=pid), step(seq=seq))  # noqa: E731
-    assert ingest.handle_from(rec("j", 0), 0.0, cred(me, 1000)) == "ok"
-    assert ingest.handle_from(rec("j", 1), 0.0, cred(me, 1001)) == "rejected"  # another uid owns j
-    assert ingest.handle_from(rec("j", 1), 0.0, cred(me, 0)) == "ok"  # root speaks for any job
-    assert ingest.handle_from(rec("j", 2, pid=me + 1), 0.0, cred(me, 1000)) == "rejected"  # not the sender's pid
-    assert ingest.handle_from(rec("j", 2), 0.0, cred(0, 1000)) == "rejected"  # a sender the agent cannot see
-    assert ingest.handle_from(rec("j", 2), 0.0, []) == "rejected"  # no credentials at all
-    assert ingest.handle_from(b"{nope", 0.0, cred(me, 1000)) == "malformed"
+    assert ingest.handle(rec("j", 0), 0.0, cred(me, 1000)) == "ok"
+    assert ingest.handle(rec("j", 1), 0.0, cred(me, 1001)) == "rejected"  # another uid owns j
+    assert ingest.handle(rec("j", 1), 0.0, cred(me, 0)) == "ok"  # root speaks for any job
+    assert ingest.handle(rec("j", 2, pid=me + 1), 0.0, cred(me, 1000)) == "rejected"  # not the sender's pid
+    assert ingest.handle(rec("j", 2), 0.0, cred(0, 1000)) == "rejected"  # a sender the agent cannot see
+    assert ingest.handle(rec("j", 2), 0.0, []) == "rejected"  # no credentials at all
+    assert ingest.handle(b"{nope", 0.0, cred(me, 1000)) == "malformed"
     table.check(1e9)  # the job's ranks are silent past the TTL and forgotten: its name is free again
     assert "j" not in table.jobs
-    assert ingest.handle_from(rec("j", 0), 0.0, cred(me, 1001)) == "ok"
-    assert ingest.handle_from(rec("j", 1), 0.0, cred(me, 1000)) == "rejected"
+    assert ingest.handle(rec("j", 0), 0.0, cred(me, 1001)) == "ok"
+    assert ingest.handle(rec("j", 1), 0.0, cred(me, 1000)) == "rejected"
     assert ingest.counts["rejected"] == 5 and ingest.counts["ok"] == 3
 
 
@@ -170,9 +170,9 @@ def test_job_owners_stay_bounded():
     ingest = Ingest(RankTable(RankSettings(max_jobs=4)))
     me = os.getpid()
     cred = lambda uid: [(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("iII", me, uid, uid))]  # noqa: E731
-    assert ingest.handle_from(dgram(ident(job="live", pid=me), step()), 0.0, cred(1000)) == "ok"
+    assert ingest.handle(dgram(ident(job="live", pid=me), step()), 0.0, cred(1000)) == "ok"
     for i in range(ingest.max_owners + 500):
-        ingest.handle_from(dgram(ident(job=f"junk{i}", pid=me), step()), 0.0, cred(1001))
+        ingest.handle(dgram(ident(job=f"junk{i}", pid=me), step()), 0.0, cred(1001))
     assert len(ingest.owners) <= ingest.max_owners
     assert ingest.owners["live"] == 1000
-    assert ingest.handle_from(dgram(ident(job="live", rank=1, pid=me), step()), 0.0, cred(1001)) == "rejected"
+    assert ingest.handle(dgram(ident(job="live", rank=1, pid=me), step()), 0.0, cred(1001)) == "rejected"
