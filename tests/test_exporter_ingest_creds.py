@@ -36,6 +36,19 @@ for seq in range(first, first + n):
 print(os.getpid())
 """
 
+HOOKS = """
+import torch, ranksight
+m = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+data = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(5)]
+for x, y in ranksight.watch(m, opt, data, config={"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0,
+                                                             "table_every_seconds": 0}}):
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(m(x), y).backward()
+    opt.step()
+ranksight.unwatch()
+"""
+
 
 def _run(*argv: str) -> None:
     r = subprocess.run(list(argv), capture_output=True, text=True, timeout=30)
@@ -123,6 +136,16 @@ def test_a_user_cannot_speak_for_another_users_ranks(two_users, tmp_path):
         send_as(alice, sock, "train-alice", 0, first=4, n=2)  # alice's own records still count
         got = counts(ok=8, rejected=6)
         assert steps(got, "train-alice", 0) == 5
+
+        # the real hooks, run by alice: the pid they send is the one the kernel reports
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": shared, "RANKSIGHT_JOB": "alice-hooks",
+               "RANKSIGHT_AGENT": f"unix://{sock}"}
+        r = subprocess.run(["setpriv", f"--reuid={alice}", f"--regid={alice}", "--clear-groups", sys.executable, "-c",
+                            HOOKS], capture_output=True, text=True, timeout=120, cwd="/", env=env)
+        assert r.returncode == 0, r.stderr
+        got = wait_for(lambda: (lambda g: g if steps(g, "alice-hooks", 0) == 5 else None)(parse(http_get(url))), 15,
+                       "the hooks' 5 steps")
+        assert one(got, C.INGEST_DATAGRAMS.name, result="rejected") == 6
         log = p.text()
         assert "the job belongs to another user" in log and "its pid is not the sender's" in log
         assert "Traceback" not in log
