@@ -6,6 +6,10 @@ records (not timed), then times draining and applying them exactly as the receiv
 (recv + Ingest.handle, or recvmsg + Ingest.handle with the sender's SCM_CREDENTIALS).
 Rounds of the three modes are interleaved; prints the median microseconds per datagram of each
 and the ratios to UDP. Usage: bench/bench_ingest_creds.py [--rounds 2000] [--chunk 8] [--json]
+
+``--probe-rate R``: instead, a real ``ranksight exporter --ingest unix://...`` and a non-blocking
+sender at R datagrams/s for 3 s; prints what was sent, refused by the kernel (EAGAIN: the socket's
+queue, net.unix.max_dgram_qlen, was full) and counted by the agent.
 """
 from __future__ import annotations
 
@@ -14,13 +18,14 @@ import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
+import urllib.request
 import time
 from typing import Callable, Dict, List
 
 from ranksight import protocol as P
-from ranksight.exporter.ingest import CRED_SPACE, Ingest
-from ranksight.exporter.ranks import RankSettings, RankTable
 
 RANKS = 8
 
@@ -39,6 +44,9 @@ def records(n: int) -> List[bytes]:
 
 
 def mode(kind: str, tmp: str) -> Dict[str, Callable]:
+    from ranksight.exporter.ingest import CRED_SPACE, Ingest
+    from ranksight.exporter.ranks import RankSettings, RankTable
+
     ingest = Ingest(RankTable(RankSettings()))
     if kind == "udp":
         rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -84,12 +92,59 @@ def mode(kind: str, tmp: str) -> Dict[str, Callable]:
     return {"send": send, "drain": drain, "ingest": ingest}
 
 
+def probe(rate: float, seconds: float = 3.0) -> Dict:
+    from ranksight.stack import free_port, wait_until
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path, port = os.path.join(tmp, "ingest.sock"), free_port()
+        agent = subprocess.Popen([sys.executable, "-m", "ranksight", "exporter", "--listen", f"127.0.0.1:{port}",
+                                  "--ingest", f"unix://{path}", "--collectors", "ranks"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{port}/metrics"
+
+            def metrics() -> str:
+                try:
+                    return urllib.request.urlopen(url, timeout=5).read().decode()
+                except OSError:
+                    return ""
+
+            wait_until(metrics, 30)
+            recs = records(4096)
+            tx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            tx.setblocking(False)
+            sent = refused = 0
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                for _ in range(int((time.perf_counter() - t0) * rate) - sent - refused):
+                    try:
+                        tx.sendto(recs[(sent + refused) % len(recs)], path)
+                        sent += 1
+                    except BlockingIOError:
+                        refused += 1
+                time.sleep(0.001)
+            time.sleep(0.5)
+            ok = [ln for ln in metrics().splitlines() if ln.startswith("ranksight_ingest_datagrams_total")
+                  and 'result="ok"' in ln]
+            with open("/proc/sys/net/unix/max_dgram_qlen") as f:
+                qlen = int(f.read())
+            return {"rate": rate, "seconds": seconds, "sent": sent, "refused_eagain": refused,
+                    "counted_ok": float(ok[0].split()[-1]) if ok else None, "max_dgram_qlen": qlen}
+        finally:
+            agent.terminate()
+            agent.wait(10)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--probe-rate", type=float, default=0.0, help="run the queue probe at this rate instead")
     p.add_argument("--rounds", type=int, default=2000)
     p.add_argument("--chunk", type=int, default=8, help="datagrams per round (at most net.unix.max_dgram_qlen, 10 by default)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
+    if a.probe_rate:
+        print(json.dumps(probe(a.probe_rate)))
+        return 0
     recs = records(a.chunk * 8)
     kinds = ("udp", "unix", "unix+cred")
     with tempfile.TemporaryDirectory() as tmp:
