@@ -199,3 +199,28 @@ def test_job_owners_stay_bounded():
     assert len(ingest.owners) <= ingest.max_owners
     assert ingest.owners["live"] == 1000
     assert ingest.handle(dgram(ident(job="live", rank=1, pid=me), step()), 0.0, cred(1001)) == "rejected"
+
+
+@pytest.mark.slow
+def test_a_rank_in_its_own_pid_namespace(tmp_path):
+    """A containerized rank sends the pid it sees (1 here); the agent matches it with NSpid."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.fail("needs root with unshare (util-linux) to start a process in a new PID namespace", pytrace=False)
+    sock = str(tmp_path / "ingest.sock")
+    port = free_port()
+    p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"unix://{sock}", "--collectors", "ranks"),
+             tmp_path / "agent.log")
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        wait_for(lambda: http_get(url), 20, "the agent serving /metrics")
+        for job, pid in (("contained", "self"), ("contained-forged", "2")):
+            r = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", SENDER, str(ROOT / "tests"), sock,
+                                job, "0", pid, "1", "3"], capture_output=True, text=True, timeout=60, cwd="/")
+            assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr  # pid 1 in its namespace
+        got = wait_for(lambda: (lambda g: g if one(g, C.INGEST_DATAGRAMS.name, result="rejected") == 3 else None)(
+            parse(http_get(url))), 15, "the forged records rejected")
+        assert one(got, C.INGEST_DATAGRAMS.name, result="ok") == 3
+        assert next(iter(series(got, C.STEPS.name, job="contained").values())) == 3
+        assert not series(got, C.STEPS.name, job="contained-forged")
+    finally:
+        p.stop()
