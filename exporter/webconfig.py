@@ -29,8 +29,9 @@ the credentials. Differences from exporter-toolkit, each refused with one line w
 Basic auth: a verified (user, password) pair is remembered (as an HMAC of the pair, never the
 password), so a scrape every 15 s pays bcrypt once. bcrypt runs one verification at a time outside
 the GIL: a flood of wrong passwords costs at most one core and never delays a scrape whose
-credentials were verified before. Wrong pairs are remembered too (bounded), so a client that keeps
-sending the same wrong password costs one verification. An unknown user is checked against a dummy
+credentials were verified before; a request that waits more than BCRYPT_WAIT for its turn is
+refused (401, not remembered), so a flood holds no thread for long. Wrong pairs are remembered too
+(bounded), so a client that keeps sending the same wrong password costs one verification. An unknown user is checked against a dummy
 hash, so timing does not tell which users exist.
 """
 from __future__ import annotations
@@ -106,6 +107,7 @@ DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m"
 SUCCESS_CACHE = 64  # verified (user, password) pairs remembered
 FAILURE_CACHE = 256  # wrong pairs remembered (a client repeating one wrong password costs one bcrypt)
 BCRYPT_MAX_PASSWORD = 72  # bcrypt uses the first 72 bytes, as htpasswd and Go hash them
+BCRYPT_WAIT = 2.0  # seconds a request waits for its turn at bcrypt before it is refused (not remembered)
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -511,7 +513,10 @@ class Gate:
                 return False
         name = user.decode("utf-8", "surrogateescape")
         hashed = users.get(name)
-        ok = self._verify(password, hashed if hashed is not None else self._dummy) and hashed is not None
+        verdict = self._verify(password, hashed if hashed is not None else self._dummy)
+        if verdict is None:
+            return False
+        ok = verdict and hashed is not None
         cache, cap = (self._good, SUCCESS_CACHE) if ok else (self._bad, FAILURE_CACHE)
         with self._lock:
             cache[digest] = None
@@ -519,14 +524,18 @@ class Gate:
                 cache.popitem(last=False)
         return ok
 
-    def _verify(self, password: bytes, hashed: bytes) -> bool:
+    def _verify(self, password: bytes, hashed: bytes) -> Optional[bool]:
+        """bcrypt's verdict, or None when the turn did not come within BCRYPT_WAIT."""
         import bcrypt
 
-        with self._bcrypt:
-            try:
-                return bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD], hashed)
-            except ValueError:
-                return False
+        if not self._bcrypt.acquire(timeout=BCRYPT_WAIT):
+            return None
+        try:
+            return bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD], hashed)
+        except ValueError:
+            return False
+        finally:
+            self._bcrypt.release()
 
 
 def _basic(header: Optional[str]) -> Optional[Tuple[bytes, bytes]]:

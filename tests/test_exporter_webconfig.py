@@ -271,3 +271,16 @@ def test_cli_bad_web_config_exit_2(pki, tmp_path):
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1 and why in lines[0], (args, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+def test_a_request_waiting_too_long_for_bcrypt_is_refused_and_not_remembered(monkeypatch):
+    wc = webconfig.WebConfig(path="mem", users={USER: _hash(PASSWORD, cost=4).encode()})
+    gate = Gate(wc)
+    monkeypatch.setattr(webconfig, "BCRYPT_WAIT", 0.05)
+    header = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    gate._bcrypt.acquire()  # another request is verifying
+    try:
+        assert not gate.authorized(header)
+    finally:
+        gate._bcrypt.release()
+    assert gate.authorized(header)  # the refusal was not remembered
