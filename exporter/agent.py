@@ -168,7 +168,9 @@ class Agent:
         web = f" ({self.s.web_config.describe()})" if self.s.web_config is not None else ""
         log.info("serving %s://%s/metrics%s", scheme, self.listen_address, web)
         if self.receiver is not None:
-            log.info("ingest on %s (SO_RCVBUF %d bytes)", self.receiver.bound, self.receiver.rcvbuf)
+            creds = "" if self.receiver.bound.kind != "unix" else \
+                f"; sender credentials checked, queue {self.receiver.qlen} datagrams"
+            log.info("ingest on %s (SO_RCVBUF %d bytes%s)", self.receiver.bound, self.receiver.rcvbuf, creds)
 
     def _bind_http(self) -> None:
         host, port = parse_listen(self.s.listen)
