@@ -255,6 +255,7 @@ def test_good_web_configs_load(pki):
                              "rate limit every 0.1 s, burst 20")
 
 
+@pytest.mark.slow
 def test_cli_bad_web_config_exit_2(pki, tmp_path):
     cases = [
         (["--web.config.file", str(tmp_path / "nowhere.yml")], "no such file"),
