@@ -118,6 +118,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "rdma_counters": Opt("curated", "RDMA port counters exposed: curated (throughput, link errors, congestion: "
                                         "catalog.RDMA_CURATED_COUNTERS) | all (every counters/hw_counters file) | "
                                         "a list of counter names (a hw_counters file named like a counters file is hw_<name>)"),
+        "web_config_file": Opt("", "exporter-toolkit web config file (TLS, client certificates, basic auth) for "
+                                   "/metrics and /healthz; empty: plain HTTP (--web.config.file)"),
     },
     "hooks": {
         "agent": Opt("udp://127.0.0.1:9946", "where to send: udp://host:port | unix:///path | off (env RANKSIGHT_AGENT)"),

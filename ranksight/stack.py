@@ -17,10 +17,13 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     Path of "prometheus" / "alertmanager" / "promtool" / "amtool"; raises
     ``MissingBinary`` whose message names the Debian package to install.
     ``$RANKSIGHT_PROMETHEUS_BIN`` / ``$RANKSIGHT_ALERTMANAGER_BIN`` override.
-``render_prometheus_config(template, targets, alertmanager, rule_glob, scrape_interval, evaluation_interval) -> str``
-    deploy/prometheus.yml with local targets, Alertmanager address and rules path.
+``render_prometheus_config(template, targets, alertmanager, rule_glob, scrape_interval, evaluation_interval,
+                          scrape_options=None) -> str``
+    deploy/prometheus.yml with local targets, Alertmanager address and rules path; ``scrape_options``
+    (``scheme``, ``tls_config``, ``basic_auth``, ...) are set on the agents' scrape job, for agents
+    started with ``--web.config.file``.
 ``LocalStack(run_dir, targets=[...], cfg=None, files=None, prometheus_port=0, alertmanager_port=0,
-             scrape_interval="5s", evaluation_interval=None, daemon=False)``
+             scrape_interval="5s", evaluation_interval=None, daemon=False, scrape_options=None)``
     ``files`` maps names to text like ``render(cfg)``: every top-level ``*.yml`` but
     ``alertmanager.yml`` is a rule file; missing parts are rendered from ``cfg``
     (default: the default profile). Port 0 picks a free port.
@@ -233,9 +236,11 @@ def deploy_dir() -> Path:
 
 def render_prometheus_config(template: str, targets: Sequence[str], alertmanager: str, rule_glob: str,
                              scrape_interval: Optional[str] = None,
-                             evaluation_interval: Optional[str] = None) -> str:
+                             evaluation_interval: Optional[str] = None,
+                             scrape_options: Optional[Mapping[str, Any]] = None) -> str:
     """deploy/prometheus.yml with the ranksight-agent targets, the Alertmanager address and
-    the rules path replaced; everything else (honor_labels, timeouts) is kept."""
+    the rules path replaced; everything else (honor_labels, timeouts) is kept. ``scrape_options``
+    are Prometheus scrape_config keys (scheme, tls_config, basic_auth) set on the agents' job."""
     try:
         doc = yaml.safe_load(template)
     except yaml.YAMLError as e:
@@ -244,6 +249,7 @@ def render_prometheus_config(template: str, targets: Sequence[str], alertmanager
     if len(jobs) != 1:
         raise StackError(f"deploy/prometheus.yml: expected one scrape job named {triage.SCRAPE_JOB!r}")
     jobs[0]["static_configs"] = [{"targets": list(targets)}]
+    jobs[0].update(dict(scrape_options or {}))
     doc["rule_files"] = [rule_glob]
     doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     g = doc.setdefault("global", {})
@@ -414,8 +420,10 @@ class LocalStack:
     def __init__(self, run_dir: os.PathLike, targets: Iterable[str] = (DEFAULT_TARGET,),
                  cfg: Optional[Mapping[str, Any]] = None, files: Optional[Mapping[str, str]] = None,
                  prometheus_port: int = 0, alertmanager_port: int = 0, scrape_interval: str = "5s",
-                 evaluation_interval: Optional[str] = None, daemon: bool = False):
+                 evaluation_interval: Optional[str] = None, daemon: bool = False,
+                 scrape_options: Optional[Mapping[str, Any]] = None):
         self.run_dir = Path(run_dir).resolve()
+        self.scrape_options = dict(scrape_options or {})
         self.targets = list(targets)
         self.cfg = cfg
         self.files = dict(files) if files is not None else None
@@ -469,7 +477,7 @@ class LocalStack:
         template = (deploy_dir() / "prometheus.yml").read_text()
         (self.run_dir / "prometheus.yml").write_text(render_prometheus_config(
             template, self.targets, f"127.0.0.1:{self.alertmanager_port}", str(rules_dir / "*.yml"),
-            self.scrape_interval, self.evaluation_interval))
+            self.scrape_interval, self.evaluation_interval, self.scrape_options))
 
     @staticmethod
     def _is_rule_file(name: str) -> bool:

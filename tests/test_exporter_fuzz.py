@@ -151,7 +151,7 @@ def burst(sock_family, address, datagrams):
 
 
 def fixed_corpus(n: int):
-    base = dict(v=1, job="burst", ws=4, node="h", pid=9, ts=time.time())
+    base = dict(v=1, job="burst", ws=4, node="h", pid=os.getpid(), ts=time.time())  # the unix socket checks the pid
     out = []
     for i in range(n):
         k = i % 6
