@@ -323,3 +323,24 @@ def test_grafana_url_is_checked(tmp_path):
     cfg = config.load(None, "default", env={"RANKSIGHT__alerting__grafana_url": "grafana:3000"})
     with pytest.raises(config.ConfigError, match="alerting.grafana_url"):
         generate.render(cfg)
+
+
+def test_readme_on_call_snippets_render_and_check(tmp_path):
+    """The README's three-line configs for Slack and for PagerDuty work as written (with the
+    secret files in a temporary folder)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## On-call"):text.index("\n## ", text.index("## On-call") + 1)]
+    blocks = [b.split("```", 1)[0] for b in section.split("```yaml\n")[1:]]
+    assert len(blocks) == 2 and all(len(b.strip().splitlines()) == 3 for b in blocks), blocks
+    for i, block in enumerate(blocks):
+        (tmp_path / "slack-url").write_text("https://hooks.slack.com/services/T0/B0/x\n")
+        (tmp_path / "pagerduty-key").write_text("0123456789abcdef0123456789abcdef\n")
+        (tmp_path / f"c{i}.yml").write_text(block.replace("/etc/ranksight/", f"{tmp_path}/"))
+        cfg = config.load(str(tmp_path / f"c{i}.yml"), "default", env={})
+        out = tmp_path / f"o{i}"
+        _write(generate.render(cfg), out)
+        r = _check_config(out / "alertmanager.yml")
+        assert r.returncode == 0, r.stdout + r.stderr
+        name = next(iter(cfg["alerting"]["receivers"]))
+        assert _route(out / "alertmanager.yml", alertname="RanksightRankDown", severity="critical", job="j") == [
+            f"ranksight-{name}"]
