@@ -145,7 +145,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
 }
 
 SCHEMA["alerting"] = {  # `ranksight rules`: alerts/alertmanager.yml and runbook_url
-    "webhook_url": Opt("http://127.0.0.1:9947/alerts", "Alertmanager webhook receiver URL (http:// or https://)"),
+    "webhook_url": Opt("http://127.0.0.1:9947/alerts", "URL of the built-in `webhook` receiver (http:// or https://); "
+                                                       "every alert goes there when no receivers are configured"),
     "runbook_base_url": Opt("https://github.com/ranksight/ranksight/blob/main/alerts/runbooks",
                             "absolute URL prefix of the runbooks: runbook_url = <this>/<alert id>.md"),
     # on-call (ranksight/oncall.py): receivers, severity routes, the dashboard link of each page
