@@ -4,7 +4,8 @@ receiver (warning) and an email receiver (critical).
 
 - The Slack API endpoint is a real HTTP server on loopback; the receiver's ``api_url_file``
   holds its URL (the secret file, as in production).
-- The mail goes to a real SMTP server (aiosmtpd) on loopback.
+- The mail goes to a real SMTP server (aiosmtpd) on loopback; criticals also go to a PagerDuty
+  receiver whose Events API v2 ``url`` is the same HTTP server (routing key in ``routing_key_file``).
 - A real node agent receives protocol-v1 datagrams from the ranks that tests/test_triage_cli.py's
   sender plays: job ``oc-straggler`` (rank 1 computes 1.5x longer, rank 0 waits for it in the
   all-reduce: RanksightStraggler, warning, muting RanksightCommBound) and job ``oc-hang``
@@ -39,8 +40,13 @@ pytestmark = pytest.mark.slow
 ALERT_LINE = re.compile(r"^(Ranksight[A-Za-z]+): ", re.M)  # one per alert spelled out in a message
 
 
-class SlackStandIn:
-    """A real HTTP server that records what Alertmanager's Slack notifier POSTs."""
+SLACK_PATH = "/services/T000/B000/test"
+PD_PATH = "/v2/enqueue"
+PD_KEY = "0123456789abcdef0123456789abcdef"
+
+
+class ApiStandIn:
+    """A real HTTP server that records what Alertmanager's Slack and PagerDuty notifiers POST."""
 
     def __init__(self) -> None:
         self.posts: List[dict] = []
@@ -50,16 +56,18 @@ class SlackStandIn:
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 owner.posts.append({"path": self.path, "json": json.loads(body)})
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain")
+                pd = self.path == PD_PATH
+                self.send_response(202 if pd else 200)
+                self.send_header("Content-Type", "application/json" if pd else "text/plain")
                 self.end_headers()
-                self.wfile.write(b"ok")
+                self.wfile.write(b'{"status":"success","message":"Event processed"}' if pd else b"ok")
 
             def log_message(self, *args: object) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/T000/B000/test"
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = self.base + SLACK_PATH
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
@@ -67,7 +75,11 @@ class SlackStandIn:
         """title and text of every attachment posted to the webhook path."""
         return [{"title": a.get("title", ""), "text": a.get("text", ""), "link": a.get("title_link", ""),
                  "channel": p["json"].get("channel", "")}
-                for p in self.posts if p["path"] == "/services/T000/B000/test" for a in p["json"].get("attachments", [])]
+                for p in self.posts if p["path"] == SLACK_PATH for a in p["json"].get("attachments", [])]
+
+    def events(self) -> List[dict]:
+        """PagerDuty Events API v2 bodies."""
+        return [p["json"] for p in self.posts if p["path"] == PD_PATH]
 
     def close(self) -> None:
         self.server.shutdown()
@@ -91,12 +103,14 @@ class MailSink:
 
 @pytest.fixture
 def receivers(tmp_path: Path) -> Iterator[dict]:
-    slack = SlackStandIn()
+    slack = ApiStandIn()
     sink = MailSink()
     smtp = Controller(sink, hostname="127.0.0.1", port=free_port())
     smtp.start()
     secret = tmp_path / "slack-api-url"
     secret.write_text(slack.url + "\n")
+    pd_key = tmp_path / "pagerduty-key"
+    pd_key.write_text(PD_KEY + "\n")
     cfg_file = tmp_path / "ranksight.yml"
     cfg_file.write_text(
         "alerting:\n"
@@ -104,7 +118,8 @@ def receivers(tmp_path: Path) -> Iterator[dict]:
         f"    chat: {{type: slack, api_url_file: {secret}, channel: '#train-oncall'}}\n"
         f"    pager: {{type: email, to: oncall@example.com, from: alertmanager@example.com,"
         f" smarthost: '127.0.0.1:{smtp.port}', require_tls: false}}\n"
-        "  routes: {critical: pager, warning: chat, info: none, lint: chat}\n")
+        f"    pd: {{type: pagerduty, routing_key_file: {pd_key}, url: '{slack.base}{PD_PATH}'}}\n"
+        "  routes: {critical: [pager, pd], warning: chat, info: none, lint: chat}\n")
     try:
         yield {"slack": slack, "mail": sink, "config": str(cfg_file)}
     finally:
@@ -142,8 +157,9 @@ def test_pages_carry_the_verdict_and_follow_the_severity_routes(receivers, agent
 
         slack, mail = receivers["slack"], receivers["mail"]
         got = wait_until(lambda: "RanksightStraggler" in _alerts_in(slack.messages(), "oc-straggler")
-                         and "RanksightRankStalled" in _alerts_in(mail.messages(), "oc-hang"), 75, 0.5)
-        assert got, (f"slack: {slack.messages()}\nmail: {mail.messages()}\n"
+                         and "RanksightRankStalled" in _alerts_in(mail.messages(), "oc-hang")
+                         and slack.events(), 75, 0.5)
+        assert got, (f"slack: {slack.messages()}\nmail: {mail.messages()}\npagerduty: {slack.events()}\n"
                      f"alertmanager: {[(x['labels'], x['status']) for x in stack.am.alerts()]}")
 
         # the symptoms really fired, and Alertmanager holds them muted by their causes
@@ -174,6 +190,15 @@ def test_pages_carry_the_verdict_and_follow_the_severity_routes(receivers, agent
     assert "job oc-hang, rank 1, node oc-node" in stalled["text"], stalled["text"]
     assert by["RanksightRankStalled"].runbook in stalled["text"]
     assert "RanksightRankBlocked (same job)" in stalled["text"] and stalled["to"] == "oncall@example.com"
+    # PagerDuty (critical too): the key from its file, the verdict as summary and details, the dashboard link
+    events = slack.events()
+    assert events and all(ev["routing_key"] == PD_KEY for ev in events)
+    ev = next(ev for ev in events if "RanksightRankStalled" in ev["payload"]["summary"])
+    assert ev["event_action"] == "trigger" and ev["payload"]["severity"] == "critical"
+    assert "critical job oc-hang: RanksightRankStalled rank 1" in ev["payload"]["summary"], ev
+    assert by["RanksightRankStalled"].runbook in ev["payload"]["custom_details"]["verdict"], ev
+    assert ev["links"][0]["href"].endswith("/d/ranksight-triage/?var-job=oc-hang"), ev
+    assert all("oc-hang" in e["payload"]["summary"] for e in events), events  # criticals only
     # routes: warnings to Slack only, criticals to the mail only
     assert all(m["title"].startswith("[FIRING] warning ") or m["title"].startswith("[RESOLVED] warning ")
                for m in s_msgs), [m["title"] for m in s_msgs]
