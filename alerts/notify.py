@@ -226,21 +226,24 @@ One message per group (the route groups by job): each firing alert with its summ
 {{{{/* The symptoms a cause mutes, from the same table as the inhibit rules. Argument: an alertname. */}}}}
 {{{{ define "ranksight.mutes" }}}}{mutes_tmpl}{{{{ end }}}}
 
+{{{{/* Node alerts carry the agents' scrape job, or no job when aggregated by node: the node dashboard. */}}}}
 {{{{ define "ranksight.dashboard" -}}}}
-{{{{ if eq .GroupLabels.job "{triage.SCRAPE_JOB}" }}}}{grafana}/d/{NODE_DASHBOARD}/{{{{ with .CommonLabels.node }}}}?var-node={{{{ . | urlquery }}}}{{{{ end }}}}
+{{{{ if or (not .GroupLabels.job) (eq .GroupLabels.job "{triage.SCRAPE_JOB}") }}}}{grafana}/d/{NODE_DASHBOARD}/{{{{ with .CommonLabels.node }}}}?var-node={{{{ . | urlquery }}}}{{{{ end }}}}
 {{{{- else }}}}{grafana}/d/{TRIAGE_DASHBOARD}/?var-job={{{{ .GroupLabels.job | urlquery }}}}{{{{ end }}}}
 {{{{- end }}}}
 
 {{{{ define "ranksight.title" -}}}}
 {{{{ $a := index .Alerts 0 }}}}{{{{ if .Alerts.Firing }}}}{{{{ $a = index .Alerts.Firing 0 }}}}{{{{ end -}}}}
-[{{{{ .Status | toUpper }}}}] {{{{ .CommonLabels.severity }}}} job {{{{ .GroupLabels.job }}}}: {{{{ $a.Labels.alertname }}}}
+[{{{{ .Status | toUpper }}}}] {{{{ .CommonLabels.severity }}}} {{{{ with .GroupLabels.job }}}}job {{{{ . }}}}: {{{{ end }}}}{{{{ $a.Labels.alertname }}}}
 {{{{- with $a.Labels.rank }}}} rank {{{{ . }}}}{{{{ end }}}}{{{{ with $a.Labels.node }}}} on {{{{ . }}}}{{{{ end }}}}
-{{{{- if gt (len .Alerts) 1 }}}} (+ {{{{ len .Alerts }}}} alerts in all){{{{ end }}}}
+{{{{- if gt (len .Alerts) 1 }}}} ({{{{ len .Alerts }}}} alerts){{{{ end }}}}
 {{{{- end }}}}
 
 {{{{ define "ranksight.alert" -}}}}
 {{{{ .Labels.alertname }}}}: {{{{ .Annotations.summary }}}}
-job {{{{ .Labels.job }}}}{{{{ with .Labels.rank }}}}, rank {{{{ . }}}}{{{{ end }}}}{{{{ with .Labels.node }}}}, node {{{{ . }}}}{{{{ end }}}}{{{{ with .Labels.gpu }}}}, GPU {{{{ . }}}}{{{{ end }}}}
+{{{{ $s := "" }}}}{{{{ with .Labels.job }}}}job {{{{ . }}}}{{{{ $s = ", " }}}}{{{{ end }}}}{{{{ with .Labels.rank }}}}{{{{ $s }}}}rank {{{{ . }}}}{{{{ $s = ", " }}}}{{{{ end }}}}
+{{{{- with .Labels.node }}}}{{{{ $s }}}}node {{{{ . }}}}{{{{ $s = ", " }}}}{{{{ else }}}}{{{{ with .Labels.instance }}}}{{{{ $s }}}}instance {{{{ . }}}}{{{{ $s = ", " }}}}{{{{ end }}}}{{{{ end }}}}
+{{{{- with .Labels.gpu }}}}{{{{ $s }}}}GPU {{{{ . }}}}{{{{ end }}}}
 {{{{ with .Annotations.description }}}}{{{{ . }}}}
 {{{{ end }}}}{{{{ template "ranksight.mutes" .Labels.alertname }}}}
 {{{{- with .Annotations.next_check }}}}Next check: {{{{ . }}}}

@@ -24,6 +24,7 @@ import json
 import re
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict, Iterator, List
@@ -208,3 +209,57 @@ def test_pages_carry_the_verdict_and_follow_the_severity_routes(receivers, agent
         assert symptom not in _alerts_in(s_msgs + m_msgs, job), (symptom, s_msgs, m_msgs)
     # one incident, one page: the straggler job's warnings came as one group per notification
     assert all(m["title"].count("job ") == 1 for m in s_msgs + m_msgs)
+
+
+def _post(am_url: str, alerts: List[Dict[str, str]], annotations: Dict[str, Dict[str, str]]) -> None:
+    now = time.time()
+    fmt = "%Y-%m-%dT%H:%M:%S.000Z"
+    body = [{"labels": a, "annotations": annotations[a["alertname"]],
+             "startsAt": time.strftime(fmt, time.gmtime(now)), "endsAt": time.strftime(fmt, time.gmtime(now + 3600))}
+            for a in alerts]
+    req = urllib.request.Request(f"{am_url}/api/v2/alerts", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5):
+        pass
+
+
+def test_a_big_group_is_one_short_page_and_node_alerts_link_the_node(receivers, local_stack):
+    """Alerts POSTed to the real Alertmanager as Prometheus labels them: seven ranks of one job
+    dataloader-bound (one page, five spelled out, the rest counted, their muted comm share
+    absent), and a throttled GPU on a node (the GPU named, the node dashboard linked)."""
+    cfg = config.load(receivers["config"], "test", env={"RANKSIGHT__durations__am_group_wait": "1s"})
+    by = triage.by_alert(cfg)
+    ann = {e.alert: {"summary": e.summary, "description": f"{e.alert} test", "runbook_url": e.runbook,
+                     "next_check": e.next_check} for e in by.values()}
+    stack = local_stack(cfg=cfg)
+    rank = {"job": "oc-big", "node": "big-node", "instance": "big-node:9945"}
+    alerts = [{"alertname": "RanksightDataloaderBound", "severity": "warning", "rank": str(r), "local_rank": str(r),
+               **rank} for r in range(7)]
+    alerts.append({"alertname": "RanksightCommBound", "severity": "warning", "rank": "7", "local_rank": "7", **rank})
+    # aggregated by (node, gpu): no job label at all
+    alerts.append({"alertname": "RanksightGpuThrottling", "severity": "warning", "node": "hot-node", "gpu": "3"})
+    # the agent's own health: the scrape job and instance, no node
+    alerts.append({"alertname": "RanksightExporterDown", "severity": "warning", "job": triage.SCRAPE_JOB,
+                   "instance": "gone-node:9945"})
+    _post(stack.am_url, alerts, ann)
+    slack = receivers["slack"]
+    assert wait_until(lambda: len(slack.messages()) >= 3, 30, 0.3), slack.messages()
+    time.sleep(config.duration_seconds(cfg["durations"]["am_group_interval"]) + 2)  # nothing more may come
+    def kind(m: dict) -> str:
+        return "big" if "job oc-big" in m["title"] else "agent" if f"job {triage.SCRAPE_JOB}" in m["title"] else "node"
+    msgs = {kind(m): m for m in slack.messages()}
+    assert len(slack.messages()) == 3 and set(msgs) == {"big", "node", "agent"}, slack.messages()
+    big = msgs["big"]
+    assert "(7 alerts)" in big["title"], big["title"]
+    assert ALERT_LINE.findall(big["text"]) == ["RanksightDataloaderBound"] * 5, big["text"]
+    assert "7 alerts firing in all; the first 5 are shown." in big["text"]
+    assert "Mutes 2 symptoms while it fires: RanksightGpuSawtooth (same node), RanksightCommBound (same job)" in big["text"]
+    node = msgs["node"]
+    assert node["title"].startswith("[FIRING] warning RanksightGpuThrottling on hot-node"), node["title"]
+    assert "\nnode hot-node, GPU 3\n" in node["text"], node["text"]
+    assert node["link"].endswith("/d/ranksight-node/?var-node=hot-node"), node["link"]
+    agent = msgs["agent"]
+    assert f"\njob {triage.SCRAPE_JOB}, instance gone-node:9945\n" in agent["text"], agent["text"]
+    assert agent["link"].endswith("/d/ranksight-node/"), agent["link"]
+    assert "\njob oc-big, rank 0, node big-node\n" in big["text"], big["text"]
+    assert receivers["mail"].messages() == []  # no critical: no mail
