@@ -1,7 +1,7 @@
 """`ranksight rules`: render the alerting and recording rules, the Alertmanager config
 and the runbooks from the triage table (ranksight/triage.py).
 
-``render(cfg)`` is pure and deterministic: it maps file names relative to the
+``render(cfg)`` is deterministic (pure but for checking on-call secret files): it maps file names relative to the
 output folder to their text. ``write(cfg, out_dir)`` writes them. The committed
 files under ``alerts/`` are ``render()`` of the default profile; a test fails
 when they differ (run ``ranksight rules`` to refresh them).
@@ -189,7 +189,8 @@ def render_index(cfg: Mapping[str, Any], entries: Sequence[triage.Entry]) -> str
 
 
 def render(cfg: Mapping[str, Any]) -> Dict[str, str]:
-    """Relative file name -> text. Pure and deterministic."""
+    """Relative file name -> text. Pure and deterministic; with on-call receivers configured it
+    reads their secret files, only to check them (ranksight.oncall.check_secrets)."""
     entries = triage.table(cfg)
     notify.http_url(cfg, "runbook_base_url")
     out = {RULES_FILE: render_rules(cfg), **notify.render(cfg)}
