@@ -25,8 +25,8 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
 ``LocalStack(run_dir, targets=[...], cfg=None, files=None, prometheus_port=0, alertmanager_port=0,
              scrape_interval="5s", evaluation_interval=None, daemon=False, scrape_options=None)``
     ``files`` maps names to text like ``render(cfg)``: every top-level ``*.yml`` but
-    ``alertmanager.yml`` is a rule file; missing parts are rendered from ``cfg``
-    (default: the default profile). Port 0 picks a free port.
+    ``alertmanager*.yml`` is a rule file, ``templates/*.tmpl`` go beside alertmanager.yml;
+    missing parts are rendered from ``cfg`` (default: the default profile). Port 0 picks a free port.
     ``start(timeout=30)`` (starts both and waits ready; ``StackError`` with one line if
     not), ``stop()``, ``wait_ready(timeout)``, ``prom_url``, ``am_url``, ``prom``
     (``PrometheusAPI``), ``am`` (``AlertmanagerAPI``), ``pids()``, ``set_targets(targets)``
@@ -85,6 +85,7 @@ BINARIES: Dict[str, tuple] = {
 }
 RULES_FILE = "ranksight-rules.yml"
 ALERTMANAGER_FILE = "alertmanager.yml"
+TEMPLATES_DIR = "templates"  # Alertmanager notification templates, beside alertmanager.yml
 DEFAULT_TARGET = "127.0.0.1:9945"
 DEFAULT_PROMETHEUS_PORT = 9090
 DEFAULT_ALERTMANAGER_PORT = 9093
@@ -264,12 +265,14 @@ def render_prometheus_config(template: str, targets: Sequence[str], alertmanager
 
 
 def render_alert_files(cfg: Mapping[str, Any]) -> Dict[str, str]:
-    """Rules and alertmanager.yml for cfg, from ranksight.alerts.generate.render."""
+    """Rules, alertmanager.yml and its templates for cfg, from ranksight.alerts.generate.render
+    (not the fragment for merging into another Alertmanager, nor the runbooks)."""
     try:
         from ranksight.alerts import generate
     except ImportError as e:
         raise StackError(f"cannot render the rules: ranksight.alerts.generate is not importable ({e})") from None
-    return {k: v for k, v in generate.render(cfg).items() if "/" not in k}
+    return {k: v for k, v in generate.render(cfg).items()
+            if ("/" not in k and k != generate.notify.FRAGMENT_FILE) or k.startswith(TEMPLATES_DIR + "/")}
 
 
 # ------------------------------------------------------------------ HTTP APIs
@@ -465,7 +468,8 @@ class LocalStack:
         files = dict(self.files) if self.files is not None else {}
         if self.files is None or ALERTMANAGER_FILE not in files:
             rendered = render_alert_files(self.cfg if self.cfg is not None else config.load())
-            files = rendered if self.files is None else {**files, ALERTMANAGER_FILE: rendered[ALERTMANAGER_FILE]}
+            files = rendered if self.files is None else {
+                **files, **{k: v for k, v in rendered.items() if k == ALERTMANAGER_FILE or self._is_template(k)}}
         rules_dir = self.run_dir / "rules"
         rules_dir.mkdir(parents=True, exist_ok=True)
         for old in rules_dir.glob("*.yml"):
@@ -474,6 +478,10 @@ class LocalStack:
             if self._is_rule_file(name):
                 (rules_dir / name).write_text(text)
         (self.run_dir / ALERTMANAGER_FILE).write_text(files[ALERTMANAGER_FILE])
+        for name, text in files.items():
+            if self._is_template(name):
+                (self.run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                (self.run_dir / name).write_text(text)
         template = (deploy_dir() / "prometheus.yml").read_text()
         (self.run_dir / "prometheus.yml").write_text(render_prometheus_config(
             template, self.targets, f"127.0.0.1:{self.alertmanager_port}", str(rules_dir / "*.yml"),
@@ -481,7 +489,11 @@ class LocalStack:
 
     @staticmethod
     def _is_rule_file(name: str) -> bool:
-        return "/" not in name and name.endswith((".yml", ".yaml")) and name != ALERTMANAGER_FILE
+        return "/" not in name and name.endswith((".yml", ".yaml")) and not name.startswith("alertmanager")
+
+    @staticmethod
+    def _is_template(name: str) -> bool:
+        return name.startswith(TEMPLATES_DIR + "/") and name.endswith(".tmpl")
 
     def start(self, timeout: float = 30.0) -> "LocalStack":
         prom_bin, am_bin = find_binary("prometheus"), find_binary("alertmanager")
