@@ -1,0 +1,1 @@
+"""Deployment generators (``ranksight k8s``) and the files they write under ``deploy/``."""
