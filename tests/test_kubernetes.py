@@ -5,6 +5,7 @@ schemas (kubernetes-validate) and the prometheus-operator CRDs' own schemas, bui
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import shutil
 import subprocess
@@ -31,10 +32,10 @@ NS = k8s.NAMESPACE
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 
 
-def _tool(name: str, package: str) -> str:
+def _tool(name: str, how: str) -> str:
     path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
     if not path:
-        pytest.fail(f"{name} not found: install it (apt-get install {package}; scripts/setup does)", pytrace=False)
+        pytest.fail(f"{name} not found: {how}", pytrace=False)
     return path
 
 
@@ -81,6 +82,7 @@ def test_render_is_deterministic_and_follows_namespace_and_image(cfg, files):
     assert ds["image"] == "registry.example/ra:1"
 
 
+@pytest.mark.slow
 def test_cli_check_write_and_bad_usage(tmp_path):
     cli = [sys.executable, "-m", "ranksight", "k8s"]
     r = _run(*cli, "--check")
@@ -123,7 +125,7 @@ def test_kubernetes_validate_catches_a_misspelled_field(docs):
         kubernetes_validate.validate(bad, K8S_VERSIONS[-1], strict=True)
 
 
-class _CrdLoader(yaml.SafeLoader):
+class _CrdLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """The CRDs and kubectl write matchType values as a bare `=`, which YAML 1.1 reads as the value tag."""
 
 
@@ -145,9 +147,13 @@ def _strict(schema: Any) -> Any:
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _crds() -> List[Dict[str, Any]]:
+    return [yaml.load(p.read_text(), Loader=_CrdLoader) for p in sorted(CRDS.glob("monitoring.coreos.com_*.yaml"))]
+
+
 def _crd_validator(kind: str, api_version: str) -> jsonschema.Draft4Validator:
-    for path in CRDS.glob("monitoring.coreos.com_*.yaml"):
-        crd = yaml.load(path.read_text(), Loader=_CrdLoader)
+    for crd in _crds():
         if crd["spec"]["names"]["kind"] != kind:
             continue
         for v in crd["spec"]["versions"]:
@@ -176,7 +182,8 @@ def test_custom_resources_validate_against_the_crds(docs):
 
 # ------------------------------------------------------------------ kustomize
 def test_kubectl_kustomize_builds_every_base(docs):
-    kubectl = _tool("kubectl", "kubectl")
+    kubectl = _tool("kubectl", "it comes with the project's machine image (google-cloud-sdk's kubectl, with "
+                    "kustomize built in); Debian has no package for it")
     built: List[Dict[str, Any]] = []
     for base in k8s.BASES:
         r = _run(kubectl, "kustomize", str(OUT / base))
@@ -268,8 +275,9 @@ def _namespaced_tests(src: Path, dst: Path) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_promtool_checks_and_tests_the_prometheusrule(docs, cfg, tmp_path):
-    promtool = _tool("promtool", "prometheus")
+    promtool = _tool("promtool", "apt-get install prometheus (scripts/setup does)")
     rules = tmp_path / "ranksight-rules.yml"
     rules.write_text(yaml.safe_dump({"groups": _rule_groups(docs)}, sort_keys=False))
     r = _run(promtool, "check", "rules", str(rules))
@@ -330,7 +338,7 @@ def test_alertmanagerconfig_holds_the_generated_inhibitions(docs, cfg, tmp_path)
     assert {k: sub[k] for k in ("group_by", "group_wait", "group_interval", "repeat_interval")} == {
         k: standalone["route"][k] for k in ("group_by", "group_wait", "group_interval", "repeat_interval")}
     assert view["receivers"][1]["webhook_configs"] == standalone["receivers"][0]["webhook_configs"]
-    amtool = _tool("amtool", "prometheus-alertmanager")
+    amtool = _tool("amtool", "apt-get install prometheus-alertmanager (scripts/setup does)")
     path = tmp_path / "alertmanager.yml"
     path.write_text(yaml.safe_dump(view, sort_keys=False))
     r = _run(amtool, "check-config", str(path))
