@@ -7,9 +7,13 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import shutil
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -20,9 +24,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ranksight import config, triage
+from ranksight import catalog, config, protocol, triage
 from ranksight.alerts import generate as alerts
 from ranksight.deploy import k8s
+from ranksight.stack import free_port, set_pdeathsig, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "deploy" / "kubernetes"
@@ -74,7 +79,7 @@ def test_render_is_deterministic_and_follows_namespace_and_image(cfg, files):
     assert k8s.render(cfg) == files
     other = k8s.manifests(k8s.render(cfg, namespace="gpu-monitoring", image="registry.example/ra:1"))
     for path, doc in other.items():
-        if doc["kind"] != "Namespace":
+        if doc["kind"] != "Namespace" and path != k8s.EXAMPLE_JOB:
             assert doc["metadata"]["namespace"] == "gpu-monitoring", path
     alert_rules = [r for g in _kind(other, "PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert {r["labels"]["namespace"] for r in alert_rules} == {"gpu-monitoring"}
@@ -115,7 +120,7 @@ def test_builtin_manifests_validate_strictly(docs, version):
         except kubernetes_validate.ValidationError as e:
             pytest.fail(f"{path}: {e.message} at {'/'.join(map(str, e.path))}", pytrace=False)
         checked.append(doc["kind"])
-    assert sorted(checked) == sorted(["Namespace", "DaemonSet", "Service", "ConfigMap", "ConfigMap", "ConfigMap"])
+    assert sorted(checked) == sorted(["Namespace", "DaemonSet", "Service", "ConfigMap", "ConfigMap", "ConfigMap", "Job"])
 
 
 def test_kubernetes_validate_catches_a_misspelled_field(docs):
@@ -193,10 +198,11 @@ def test_kubectl_kustomize_builds_every_base(docs):
     assert r.returncode == 0, r.stderr
     whole = [d for d in yaml.load_all(r.stdout, Loader=_CrdLoader) if d]
     key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
-    assert sorted(map(key, whole)) == sorted(map(key, docs.values()))
-    assert sorted(map(key, built)) == sorted(key(d) for d in docs.values() if d["kind"] != "Namespace")
+    resources = [d for p, d in docs.items() if p != k8s.EXAMPLE_JOB]
+    assert sorted(map(key, whole)) == sorted(map(key, resources))
+    assert sorted(map(key, built)) == sorted(key(d) for d in resources if d["kind"] != "Namespace")
     for d in whole:  # kustomize changed nothing but the order
-        assert d in docs.values(), key(d)
+        assert d in resources, key(d)
 
 
 # ------------------------------------------------------------------ what the manifests promise
@@ -221,6 +227,91 @@ def test_daemonset_sees_the_host_without_claiming_a_gpu(docs, cfg):
     assert c["resources"] == k8s.RESOURCES and set(c["resources"]) == {"requests", "limits"}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+TRAINER = """
+import torch, ranksight
+m = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for x in ranksight.watch(m, opt, [torch.randn(2, 4) for _ in range(5)]):
+    m(x).sum().backward(); opt.step(); opt.zero_grad()
+ranksight.unwatch()
+"""
+
+
+def _metric(url: str, name: str, job: str) -> "float | None":
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:  # noqa: S310 - our loopback agent
+        text = r.read().decode()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and s.labels.get("job") == job:
+                return s.value
+    return None
+
+
+def _send_as(uid: int, path: str, data: bytes) -> int:
+    """Send one datagram to a unix socket from a forked child running as uid: its exit status."""
+    pid = os.fork()
+    if pid == 0:  # the child: no Python-level cleanup, just the send
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(data, path)
+            code = 0
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.slow
+def test_daemonset_command_and_the_training_pods_lines_reach_the_agent_as_another_user(docs):
+    """The DaemonSet's own command line (its umask wrapper and args, the host paths pointed at this
+    machine) runs the agent; a watched loop with the training Job's RANKSIGHT_AGENT sends its
+    steps through the socket folder, and so can a process of another user (uid 65534)."""
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root to run the rank as another user than the agent (uid {os.geteuid()})")
+    (c,) = _kind(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    (trainer,) = docs[k8s.EXAMPLE_JOB]["spec"]["template"]["spec"]["containers"]
+    sockdir = Path(tempfile.mkdtemp(prefix="ranksight-", dir="/tmp"))
+    sockdir.chmod(0o755)  # as kubelet creates a DirectoryOrCreate hostPath
+
+    def here(arg: str) -> str:
+        return arg.replace("/host/proc", "/proc").replace("/host/sys", "/sys").replace(k8s.SOCKET_DIR, str(sockdir))
+
+    port = free_port()
+    args = [here(a) for a in c["args"] if not a.startswith(("--listen=", "--collectors="))]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+           **{e["name"]: e["value"] for e in c["env"]}}
+    agent = subprocess.Popen([*c["command"], *args, f"--listen=127.0.0.1:{port}", "--collectors=ranks"],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=set_pdeathsig)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        probe = c["livenessProbe"]["httpGet"]["path"]
+        assert wait_until(lambda: urllib.request.urlopen(url + probe, timeout=2).status == 200, 20), "no /healthz"
+        sock = sockdir / Path(k8s.SOCKET).name
+        assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_IMODE(sock.stat().st_mode) == 0o777
+        tenv = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSIGHT", "TORCHELASTIC", "SLURM"))}
+        tenv.update({e["name"]: here(e["value"]) for e in trainer["env"]})
+        tenv["RANKSIGHT_JOB"] = "pod-job"
+        r = subprocess.run([sys.executable, "-c", TRAINER], env=tenv, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = wait_until(lambda: _metric(url, catalog.STEPS.name, "pod-job") == 5, 10)
+        assert got, (_metric(url, catalog.STEPS.name, "pod-job"), r.stderr[-2000:])
+        # a rank of another user (the interpreter lives under /root, so fork instead of exec)
+        assert _send_as(65534, str(sock), protocol.encode({
+            "v": protocol.VERSION, "t": "step", "job": "nobody-job", "rank": 0, "lr": 0, "ws": 1, "node": "n1",
+            "pid": 4242, "ts": time.time(), "seq": 1, "dur": 0.1})) == 0, "uid 65534 could not send to the socket"
+        assert wait_until(lambda: _metric(url, catalog.STEPS.name, "nobody-job") == 1, 10)
+    finally:
+        agent.terminate()
+        out = agent.communicate(timeout=15)[0]
+        shutil.rmtree(sockdir, ignore_errors=True)
+    assert agent.returncode == 0, out[-2000:]
 
 
 def test_scrape_job_is_the_one_the_health_alerts_select(docs, cfg):
