@@ -24,9 +24,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ranksight import catalog, config, protocol, triage
+from ranksight import catalog, config, k8s, protocol, triage
 from ranksight.alerts import generate as alerts
-from ranksight.deploy import k8s
 from ranksight.stack import free_port, set_pdeathsig, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent

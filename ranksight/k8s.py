@@ -42,7 +42,7 @@ import yaml
 from ranksight import __version__, config, triage
 from ranksight.alerts import generate as alerts
 
-OUT_DIR = Path(__file__).resolve().parent / "kubernetes"
+OUT_DIR = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"  # in a checkout
 NAMESPACE = "ranksight"
 IMAGE = f"ranksight-agent:{__version__}"
 APP = triage.SCRAPE_JOB  # Service name = the job label prometheus-operator gives the scrape targets

@@ -1,1 +1,0 @@
-"""Deployment generators (``ranksight k8s``) and the files they write under ``deploy/``."""
