@@ -101,7 +101,7 @@ class SlurmCluster:
                                f"--seed-file={r / 'munge' / 'munged.seed'}"])
         if not wait_until(sock.exists, 10, 0.05):
             pytest.skip(f"Slurm cannot start here: munged did not create its socket: {self._why('munged')}")
-        host = socket.gethostname()
+        host = socket.gethostname().split(".")[0]  # Slurm matches the short host name
         self.conf.write_text("\n".join([
             "ClusterName=ranksight-test",
             f"SlurmctldHost={host}(127.0.0.1)",
@@ -122,7 +122,7 @@ class SlurmCluster:
             f"PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE",
             ""]))
         self._start("slurmctld", [bins["slurmctld"], "-D", "-c", "-f", str(self.conf)])
-        self._start("slurmd", [bins["slurmd"], "-D", "-f", str(self.conf)])
+        self._start("slurmd", [bins["slurmd"], "-D", "-N", host, "-f", str(self.conf)])
         sinfo = shutil.which("sinfo") or "/usr/bin/sinfo"
 
         def idle() -> bool:
