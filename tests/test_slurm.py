@@ -1,4 +1,5 @@
-"""Slurm: the systemd unit of the node agent passes `systemd-analyze verify`, and a real one-node
+"""Slurm: the systemd unit of the node agent passes `systemd-analyze verify` and its ExecStart
+serves /healthz, and a real one-node
 Slurm cluster (Debian's munge and slurm-wlm: munged, slurmctld and slurmd started here on free
 ports, config in a tmp dir) runs a 2-rank gloo DDP job with `srun -N1 -n2` next to a real agent.
 The agent must show both ranks under the Slurm job id with their Slurm ranks and exact step
@@ -6,12 +7,14 @@ counts, and after `scancel` report them down with their heartbeat misses counted
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -39,7 +42,8 @@ def _which(name: str, package: str) -> str:
 
 
 # ------------------------------------------------------------------ systemd
-def test_systemd_unit_verifies(tmp_path):
+@pytest.mark.slow
+def test_systemd_unit_verifies_and_its_command_serves(tmp_path):
     analyze = _which("systemd-analyze", "systemd")
     # verify resolves ExecStart: point it at this checkout's ranksight in a copy of the unit
     exe = shutil.which("ranksight", path=os.path.dirname(sys.executable)) or shutil.which("ranksight")
@@ -50,6 +54,21 @@ def test_systemd_unit_verifies(tmp_path):
     unit.write_text(text.replace("/usr/local/bin/ranksight", exe))
     r = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stdout + r.stderr
+    # the ExecStart line itself starts an agent (on free ports here)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
+    argv = line.split("=", 1)[1].replace("/usr/local/bin/ranksight", exe).split()
+    port, uport = free_port(), free_port(udp=True)
+    argv = [re.sub(r":9945$", f":{port}", re.sub(r":9946$", f":{uport}", a)).replace("0.0.0.0", "127.0.0.1")
+            for a in argv]
+    agent = subprocess.Popen(argv + ["--collectors=ranks"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             preexec_fn=set_pdeathsig)
+    try:
+        ok = wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200,
+                        20)
+    finally:
+        agent.terminate()
+        out = agent.communicate(timeout=15)[0].decode(errors="replace")
+    assert ok and agent.returncode == 0, out[-2000:]
     broken = tmp_path / "broken.service"
     broken.write_text(unit.read_text().replace("Restart=", "Restrat="))
     r = subprocess.run([analyze, "verify", str(broken)], capture_output=True, text=True, timeout=60)
