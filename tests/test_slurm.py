@@ -1,8 +1,9 @@
 """Slurm: the systemd unit of the node agent passes `systemd-analyze verify` and its ExecStart
 serves /healthz, and a real one-node Slurm cluster (Debian's munge and slurm-wlm: munged,
-slurmctld and slurmd started here on free ports, config in a tmp dir) runs a 2-rank gloo DDP job with `srun -N1 -n2` next to a real agent.
-The agent must show both ranks under the Slurm job id with their Slurm ranks and exact step
-counts, and after `scancel` report them down with their heartbeat misses counted."""
+slurmctld and slurmd started here on free ports, config in a tmp dir) runs a 2-rank gloo DDP job
+with `srun -N1 -n2` next to a real agent. The agent must show both ranks under the Slurm job id
+with their Slurm ranks and exact step counts, and after `scancel` report them down with their
+heartbeat misses counted."""
 from __future__ import annotations
 
 import os
