@@ -13,10 +13,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -64,11 +63,11 @@ def test_systemd_unit_verifies_and_its_command_serves(tmp_path):
                              preexec_fn=set_pdeathsig)
     try:
         ok = wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200,
-                        20)
+                        30)
     finally:
         agent.terminate()
         out = agent.communicate(timeout=15)[0].decode(errors="replace")
-    assert ok and agent.returncode == 0, out[-2000:]
+    assert ok and agent.returncode == 0, f"ExecStart {argv}: ready={bool(ok)} rc={agent.returncode}: {out[-2000:]}"
     broken = tmp_path / "broken.service"
     broken.write_text(unit.read_text().replace("Restart=", "Restrat="))
     r = subprocess.run([analyze, "verify", str(broken)], capture_output=True, text=True, timeout=60)
