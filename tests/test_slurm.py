@@ -7,7 +7,6 @@ heartbeat misses counted."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import socket
@@ -48,19 +47,18 @@ def test_systemd_unit_verifies_and_its_command_serves(tmp_path):
     exe = shutil.which("ranksight", path=os.path.dirname(sys.executable)) or shutil.which("ranksight")
     assert exe, "the ranksight entry point is not installed next to this Python"
     text = UNIT.read_text()
-    assert "ExecStart=/usr/local/bin/ranksight exporter" in text
+    assert "\nExecStart=/usr/local/bin/ranksight exporter\n" in text
     unit = tmp_path / UNIT.name
     unit.write_text(text.replace("/usr/local/bin/ranksight", exe))
     r = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stdout + r.stderr
-    # the ExecStart line itself starts an agent (on free ports here)
+    # the ExecStart line itself starts an agent (on free ports here, through the config's env overrides)
     (line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
     argv = line.split("=", 1)[1].replace("/usr/local/bin/ranksight", exe).split()
-    port, uport = free_port(), free_port(udp=True)
-    argv = [re.sub(r":9945$", f":{port}", re.sub(r":9946$", f":{uport}", a)).replace("0.0.0.0", "127.0.0.1")
-            for a in argv]
-    agent = subprocess.Popen(argv + ["--collectors=ranks"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             preexec_fn=set_pdeathsig)
+    port = free_port()
+    env = {**os.environ, "RANKSIGHT__agent__listen": f"127.0.0.1:{port}", "RANKSIGHT__agent__collectors": "ranks",
+           "RANKSIGHT__agent__ingest": f"udp://127.0.0.1:{free_port(udp=True)}"}
+    agent = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=set_pdeathsig)
     try:
         ok = wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200,
                         30)
