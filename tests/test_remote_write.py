@@ -113,6 +113,7 @@ def test_rules_inputs_arrive_at_a_remote_write_receiver(local_stack, tmp_path):
                            f"127.0.0.1:{aport}", "--ingest", f"udp://127.0.0.1:{uport}", "--gpus", "2"],
                  tmp_path / "agent.pid", tmp_path / "agent.log", "ranksight")
     ranks = _Ranks(uport)
+    s = None
     try:
         receiver.start(daemon=False)
         agent.start(daemon=False)
@@ -161,6 +162,8 @@ def test_rules_inputs_arrive_at_a_remote_write_receiver(local_stack, tmp_path):
         assert not central.query("scrape_duration_seconds")
         assert not central.query(f'{{__name__=~"ranksight_.+",cluster!="{CLUSTER}"}}')
     finally:
+        if s is not None:
+            s.stop()  # before the receiver, or it waits for its remote_write queue to drain
         ranks.stop() if ranks.is_alive() else ranks.sock.close()
         agent.stop()
         receiver.stop()
