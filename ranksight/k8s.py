@@ -16,7 +16,8 @@ Files:
   agent/servicemonitor.yaml     ServiceMonitor with honorLabels (the series' job is the training job)
   monitoring/prometheusrule.yaml     the rule groups of ``ranksight rules``, each alert labelled with
                                      the namespace (see AlertmanagerConfig below)
-  monitoring/alertmanagerconfig.yaml the route, receiver and inhibit rules of ``ranksight rules``
+  monitoring/alertmanagerconfig.yaml the ranksight route subtree, its (webhook) receivers and the
+                                     inhibit rules of ``ranksight rules``
   dashboards/<name>.yaml        one ConfigMap per dashboard, labelled grafana_dashboard: "1"
   examples/training-job.yaml    a training Job with what a pod adds to reach its node's agent
                                 (not part of the kustomization)
@@ -32,6 +33,7 @@ the label.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -41,6 +43,7 @@ import yaml
 
 from ranksight import __version__, config, triage
 from ranksight.alerts import generate as alerts
+from ranksight.alerts import notify
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"  # in a checkout
 NAMESPACE = "ranksight"
@@ -108,8 +111,9 @@ def daemonset(cfg: Mapping[str, Any], namespace: str, image: str) -> Dict[str, A
         "name": "agent",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        # umask 0: the ingest socket is writable by the training pods' users, whoever they run as.
-        "command": ["/bin/sh", "-c", 'umask 0000 && exec ranksight exporter "$@"', "ranksight-exporter"],
+        # the image's entry point; the agent makes the socket writable by every user (mode 0666) and
+        # checks each sender's credentials (its pid, also inside the training pod's PID namespace)
+        "command": ["ranksight", "exporter"],
         "args": args,
         "env": [
             # NVML through the NVIDIA container runtime, as dcgm-exporter does: every GPU of the node
@@ -142,7 +146,9 @@ def daemonset(cfg: Mapping[str, Any], namespace: str, image: str) -> Dict[str, A
                 "metadata": {"labels": _labels("agent")},
                 "spec": {
                     "hostNetwork": True,  # the node's NICs: TCP counters, link speed, RDMA ports
-                    "hostPID": True,  # the ranks' processes
+                    # the ranks' processes; and the agent reads a sender's pids inside its pod's PID
+                    # namespace (NSpid in /proc/PID/status) to check the pid its records carry
+                    "hostPID": True,
                     "dnsPolicy": "ClusterFirstWithHostNet",
                     "runtimeClassName": "nvidia",
                     # GPU nodes as NVIDIA's GPU feature discovery labels them (GPU operator).
@@ -208,30 +214,62 @@ def prometheusrule(cfg: Mapping[str, Any], namespace: str) -> Dict[str, Any]:
     }
 
 
-def _match(names: Sequence[str]) -> List[Dict[str, str]]:
-    # the same matchers as alerts/alertmanager.yml: equality for one alert, an anchored regex for several
-    if len(names) == 1:
-        return [{"name": "alertname", "value": names[0], "matchType": "="}]
-    return [{"name": "alertname", "value": "|".join(names), "matchType": "=~"}]
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)(=~|!~|!=|=)"((?:[^"\\]|\\.)*)"')
+
+
+def _matcher(text: str) -> Dict[str, str]:
+    """'alertname=~"A|B"' (alerts/alertmanager.yml) -> the CRD's {name, value, matchType}."""
+    m = _MATCHER.fullmatch(text)
+    if not m:
+        raise config.ConfigError(f"AlertmanagerConfig: cannot convert the matcher {text!r}")
+    return {"name": m.group(1), "value": json.loads(f'"{m.group(3)}"'), "matchType": m.group(2)}
+
+
+_ROUTE_KEYS = (("group_by", "groupBy"), ("group_wait", "groupWait"), ("group_interval", "groupInterval"),
+               ("repeat_interval", "repeatInterval"), ("continue", "continue"))
+
+
+def _route(r: Mapping[str, Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"receiver": r["receiver"]}
+    out.update({dst: r[src] for src, dst in _ROUTE_KEYS if src in r})
+    if r.get("matchers"):
+        out["matchers"] = [_matcher(m) for m in r["matchers"]]
+    if r.get("routes"):
+        out["routes"] = [_route(c) for c in r["routes"]]
+    return out
+
+
+def _receiver(r: Mapping[str, Any]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"name": r["name"]}
+    for key in r:
+        if key == "webhook_configs":
+            out["webhookConfigs"] = [{"url": w["url"], "sendResolved": w.get("send_resolved", True)}
+                                     for w in r[key]]
+        elif key != "name":
+            # their secrets are files Alertmanager reads; an AlertmanagerConfig names Kubernetes Secrets
+            raise config.ConfigError(
+                f"ranksight k8s: receiver {r['name']!r} ({key[:-len('_configs')]}): the AlertmanagerConfig carries "
+                "webhook receivers only; route the other receivers in your Alertmanager's own config "
+                "(alerts/alertmanager-fragment.yml)")
+    return out
 
 
 def alertmanagerconfig(cfg: Mapping[str, Any], namespace: str) -> Dict[str, Any]:
-    am = yaml.safe_load(alerts.render_alertmanager(cfg))
-    route, receiver = am["route"], am["receivers"][0]
+    """The ranksight route subtree, its receivers and the inhibit rules of alerts/alertmanager.yml,
+    in the CRD's terms. The operator prefixes the receiver names with "<namespace>/ranksight/"."""
+    am = yaml.safe_load(notify.render_alertmanager(cfg))
+    (subtree,) = am["route"]["routes"]
     return {
         "apiVersion": "monitoring.coreos.com/v1alpha1",
         "kind": "AlertmanagerConfig",
         "metadata": _meta("ranksight", namespace, "alerting"),
         "spec": {
-            "route": {"receiver": route["receiver"], "groupBy": route["group_by"],
-                      "groupWait": route["group_wait"], "groupInterval": route["group_interval"],
-                      "repeatInterval": route["repeat_interval"]},
-            "receivers": [{"name": receiver["name"],
-                           "webhookConfigs": [{"url": w["url"], "sendResolved": w["send_resolved"]}
-                                              for w in receiver["webhook_configs"]]}],
-            "inhibitRules": [{"sourceMatch": _match([e.alert]), "targetMatch": _match(inh.targets),
-                              "equal": list(inh.equal)}
-                             for e in triage.table(cfg) for inh in e.inhibits],
+            "route": _route(subtree),
+            "receivers": [_receiver(r) for r in am["receivers"]],
+            "inhibitRules": [{"sourceMatch": [_matcher(m) for m in ir["source_matchers"]],
+                              "targetMatch": [_matcher(m) for m in ir["target_matchers"]],
+                              "equal": list(ir["equal"])}
+                             for ir in am["inhibit_rules"]],
         },
     }
 

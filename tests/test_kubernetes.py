@@ -26,6 +26,7 @@ import yaml
 
 from ranksight import catalog, config, k8s, protocol, triage
 from ranksight.alerts import generate as alerts
+from ranksight.alerts import notify
 from ranksight.stack import free_port, set_pdeathsig, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -248,8 +249,9 @@ def _metric(url: str, name: str, job: str) -> "float | None":
     return None
 
 
-def _send_as(uid: int, path: str, data: bytes) -> int:
-    """Send one datagram to a unix socket from a forked child running as uid: its exit status."""
+def _send_as(uid: int, path: str, job: str) -> int:
+    """From a forked child running as uid, send one step record (carrying the child's own pid, as
+    the agent checks the sender's credentials) to a unix socket: the child's exit status."""
     pid = os.fork()
     if pid == 0:  # the child: no Python-level cleanup, just the send
         code = 1
@@ -257,8 +259,10 @@ def _send_as(uid: int, path: str, data: bytes) -> int:
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)
+            rec = {"v": protocol.VERSION, "t": "step", "job": job, "rank": 0, "lr": 0, "ws": 1, "node": "n1",
+                   "pid": os.getpid(), "ts": time.time(), "seq": 1, "dur": 0.1}
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-                s.sendto(data, path)
+                s.sendto(protocol.encode(rec), path)
             code = 0
         finally:
             os._exit(code)
@@ -267,8 +271,7 @@ def _send_as(uid: int, path: str, data: bytes) -> int:
 
 @pytest.mark.slow
 def test_daemonset_command_and_the_training_pods_lines_reach_the_agent_as_another_user(docs):
-    """The DaemonSet's own command line (its umask wrapper and args, the host paths pointed at this
-    machine) runs the agent; a watched loop with the training Job's RANKSIGHT_AGENT sends its
+    """The DaemonSet's own command line (the host paths pointed at this machine) runs the agent; a watched loop with the training Job's RANKSIGHT_AGENT sends its
     steps through the socket folder, and so can a process of another user (uid 65534)."""
     if os.geteuid() != 0:
         pytest.skip(f"needs root to run the rank as another user than the agent (uid {os.geteuid()})")
@@ -291,7 +294,7 @@ def test_daemonset_command_and_the_training_pods_lines_reach_the_agent_as_anothe
         probe = c["livenessProbe"]["httpGet"]["path"]
         assert wait_until(lambda: urllib.request.urlopen(url + probe, timeout=2).status == 200, 20), "no /healthz"
         sock = sockdir / Path(k8s.SOCKET).name
-        assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_IMODE(sock.stat().st_mode) == 0o777
+        assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_IMODE(sock.stat().st_mode) & 0o666 == 0o666
         tenv = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSIGHT", "TORCHELASTIC", "SLURM"))}
         tenv.update({e["name"]: here(e["value"]) for e in trainer["env"]})
         tenv["RANKSIGHT_JOB"] = "pod-job"
@@ -300,9 +303,7 @@ def test_daemonset_command_and_the_training_pods_lines_reach_the_agent_as_anothe
         got = wait_until(lambda: _metric(url, catalog.STEPS.name, "pod-job") == 5, 10)
         assert got, (_metric(url, catalog.STEPS.name, "pod-job"), r.stderr[-2000:])
         # a rank of another user (the interpreter lives under /root, so fork instead of exec)
-        assert _send_as(65534, str(sock), protocol.encode({
-            "v": protocol.VERSION, "t": "step", "job": "nobody-job", "rank": 0, "lr": 0, "ws": 1, "node": "n1",
-            "pid": 4242, "ts": time.time(), "seq": 1, "dur": 0.1})) == 0, "uid 65534 could not send to the socket"
+        assert _send_as(65534, str(sock), "nobody-job") == 0, "uid 65534 could not send to the socket"
         assert wait_until(lambda: _metric(url, catalog.STEPS.name, "nobody-job") == 1, 10)
     finally:
         agent.terminate()
@@ -384,24 +385,39 @@ def _matcher(m: Dict[str, str]) -> str:
     return f'{m["name"]}{m["matchType"]}{json.dumps(m["value"])}'
 
 
+_ROUTE_KEYS = (("groupBy", "group_by"), ("groupWait", "group_wait"), ("groupInterval", "group_interval"),
+               ("repeatInterval", "repeat_interval"), ("continue", "continue"))
+
+
+def _operator_route(r: Dict[str, Any], prefix: str) -> Dict[str, Any]:
+    out: Dict[str, Any] = {"receiver": prefix + r["receiver"]}
+    out.update({dst: r[src] for src, dst in _ROUTE_KEYS if src in r})
+    if r.get("matchers"):
+        out["matchers"] = [_matcher(m) for m in r["matchers"]]
+    if r.get("routes"):
+        out["routes"] = [_operator_route(c, prefix) for c in r["routes"]]
+    return out
+
+
 def operator_view(amc: Dict[str, Any], base: Dict[str, Any]) -> Dict[str, Any]:
     """An Alertmanager config as prometheus-operator (>= 0.22 matchers, default OnNamespace strategy)
-    builds it from a base config and this AlertmanagerConfig: the receiver names prefixed with
-    "<namespace>/<name>/", the route a first child route with continue: true and a namespace
-    matcher, and namespace="<namespace>" appended to both sides of every inhibit rule."""
+    builds it from a base config and this AlertmanagerConfig: every receiver name prefixed with
+    "<namespace>/<name>/", the route a first child route of the base's with continue: true and a
+    namespace matcher, and namespace="<namespace>" appended to both sides of every inhibit rule."""
     ns, name, spec = amc["metadata"]["namespace"], amc["metadata"]["name"], amc["spec"]
     prefix = f"{ns}/{name}/"
     nsm = f'namespace="{ns}"'
     out = copy.deepcopy(base)
-    r = spec["route"]
-    route = {"receiver": prefix + r["receiver"], "group_by": r["groupBy"], "group_wait": r["groupWait"],
-             "group_interval": r["groupInterval"], "repeat_interval": r["repeatInterval"],
-             "matchers": [nsm], "continue": True}
+    route = _operator_route(spec["route"], prefix)
+    route["matchers"] = route.get("matchers", []) + [nsm]
+    route["continue"] = True
     out["route"]["routes"] = [route] + out["route"].get("routes", [])
-    out["receivers"] = out["receivers"] + [
-        {"name": prefix + rc["name"],
-         "webhook_configs": [{"url": w["url"], "send_resolved": w["sendResolved"]} for w in rc["webhookConfigs"]]}
-        for rc in spec["receivers"]]
+    for rc in spec["receivers"]:
+        assert set(rc) <= {"name", "webhookConfigs"}, rc
+        r: Dict[str, Any] = {"name": prefix + rc["name"]}
+        if rc.get("webhookConfigs"):
+            r["webhook_configs"] = [{"url": w["url"], "send_resolved": w["sendResolved"]} for w in rc["webhookConfigs"]]
+        out["receivers"].append(r)
     out["inhibit_rules"] = out.get("inhibit_rules", []) + [
         {"source_matchers": [_matcher(m) for m in ir["sourceMatch"]] + [nsm],
          "target_matchers": [_matcher(m) for m in ir["targetMatch"]] + [nsm],
@@ -413,28 +429,51 @@ def operator_view(amc: Dict[str, Any], base: Dict[str, Any]) -> Dict[str, Any]:
 BASE_AM = {"route": {"receiver": "default"}, "receivers": [{"name": "default"}]}
 
 
-def test_alertmanagerconfig_holds_the_generated_inhibitions(docs, cfg, tmp_path):
+def _unprefixed(route: Dict[str, Any], prefix: str) -> Dict[str, Any]:
+    out = {**route, "receiver": route["receiver"][len(prefix):] if route["receiver"].startswith(prefix) else "?"}
+    if "routes" in route:
+        out["routes"] = [_unprefixed(c, prefix) for c in route["routes"]]
+    return out
+
+
+def test_alertmanagerconfig_holds_the_generated_route_and_inhibitions(docs, cfg, tmp_path):
     view = operator_view(_kind(docs, "AlertmanagerConfig"), BASE_AM)
-    nsm = f'namespace="{NS}"'
+    nsm, prefix = f'namespace="{NS}"', f"{NS}/ranksight/"
     back = [{"source_matchers": [m for m in ir["source_matchers"] if m != nsm],
              "target_matchers": [m for m in ir["target_matchers"] if m != nsm],
              "equal": ir["equal"]} for ir in view["inhibit_rules"]]
-    assert back == alerts.inhibit_rules(cfg)
+    assert back == notify.inhibit_rules(cfg)
     assert all(nsm in ir["source_matchers"] and nsm in ir["target_matchers"] for ir in view["inhibit_rules"])
-    standalone = yaml.safe_load(alerts.render_alertmanager(cfg))
-    sub = view["route"]["routes"][0]
-    assert {k: sub[k] for k in ("group_by", "group_wait", "group_interval", "repeat_interval")} == {
-        k: standalone["route"][k] for k in ("group_by", "group_wait", "group_interval", "repeat_interval")}
-    assert view["receivers"][1]["webhook_configs"] == standalone["receivers"][0]["webhook_configs"]
+    standalone = yaml.safe_load(notify.render_alertmanager(cfg))
+    sub = _unprefixed(copy.deepcopy(view["route"]["routes"][0]), prefix)
+    assert sub.pop("continue") is True and sub["matchers"].pop() == nsm
+    assert sub == standalone["route"]["routes"][0]  # the ranksight subtree, routes by severity included
+    assert [{**r, "name": r["name"][len(prefix):]} for r in view["receivers"][1:]] == standalone["receivers"]
     amtool = _tool("amtool", "apt-get install prometheus-alertmanager (scripts/setup does)")
     path = tmp_path / "alertmanager.yml"
     path.write_text(yaml.safe_dump(view, sort_keys=False))
     r = _run(amtool, "check-config", str(path))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"{len(alerts.inhibit_rules(cfg))} inhibit rules" in r.stdout
+    assert f"{len(notify.inhibit_rules(cfg))} inhibit rules" in r.stdout
     r = _run(amtool, "config", "routes", "test", f"--config.file={path}", "alertname=RanksightCommBound",
-             f"namespace={NS}", "job=train")
-    assert r.returncode == 0 and r.stdout.split()[0] == f"{NS}/ranksight/ranksight-webhook", r.stdout + r.stderr
+             "severity=warning", f"namespace={NS}", "job=train")
+    assert r.returncode == 0 and r.stdout.split()[0] == f"{prefix}ranksight-webhook", r.stdout + r.stderr
+    r = _run(amtool, "config", "routes", "test", f"--config.file={path}", "alertname=RanksightCommBound",
+             "severity=warning", "namespace=elsewhere", "job=train")
+    assert r.returncode == 0 and r.stdout.split()[0] == "default", r.stdout + r.stderr
+
+
+def test_other_receivers_are_refused_in_one_line(tmp_path):
+    secret = tmp_path / "slack-url"
+    secret.write_text("https://hooks.slack.example/T0/B0/x\n")
+    conf = tmp_path / "config.yml"
+    conf.write_text(yaml.safe_dump({"alerting": {
+        "receivers": {"chat": {"type": "slack", "api_url_file": str(secret), "channel": "#oncall"}},
+        "routes": {"critical": "chat", "warning": "chat", "info": "none", "lint": "chat"}}}))
+    r = _run(sys.executable, "-m", "ranksight", "k8s", "--config", str(conf), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "webhook receivers only" in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def _post_alerts(am_url: str, alerts_: List[Dict[str, str]]) -> None:
