@@ -82,7 +82,7 @@ _perf = time.perf_counter
 # "steps" record columns: (protocol field, index in a queued step tuple; see _step_end)
 STEPS_COLUMNS = (("dur", 3), ("data", 4), ("fwd", 5), ("bwd", 6), ("opt", 7), ("b2o", 8), ("comm", 9), ("xcomm", 10),
                  ("ckpt", 11))
-STEPS_PER_RECORD = 32  # at most this many steps per "steps" record (protocol.STEPS_MAX is the agent's cap)
+STEPS_PER_RECORD = 24  # at most this many steps per "steps" record (protocol.STEPS_MAX is the agent's cap)
 
 
 def enc_fields(fields: Dict[str, Any]) -> str:
