@@ -28,7 +28,7 @@ WORKER = Path(__file__).resolve().parent / "slurm_worker.py"
 STEPS = 20
 DOWN_AFTER = 3  # agent.down_after_misses (default)
 PACKAGES = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
-            "srun": "slurm-client", "scancel": "slurm-client", "squeue": "slurm-client"}
+            "srun": "slurm-client", "scancel": "slurm-client", "squeue": "slurm-client", "sinfo": "slurm-client"}
 
 
 def _which(name: str, package: str) -> str:
@@ -80,6 +80,7 @@ class SlurmCluster:
         self.root = root
         self.conf = root / "slurm.conf"
         self.procs: List[Tuple[str, subprocess.Popen, Path]] = []
+        self.bins: Dict[str, str] = {}
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         for k in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_PROCID", "SLURM_NTASKS", "RANKSIGHT_JOB",
                   "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -102,7 +103,7 @@ class SlurmCluster:
         return "no log line"
 
     def start(self) -> "SlurmCluster":
-        bins = {n: _which(n, pkg) for n, pkg in PACKAGES.items()}
+        self.bins = bins = {n: _which(n, pkg) for n, pkg in PACKAGES.items()}
         if os.geteuid() != 0:
             pytest.skip(f"Slurm cannot start here: slurmd must run as root to start job steps (uid {os.geteuid()})")
         r = self.root
@@ -133,19 +134,20 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
             "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "MpiDefault=none", "ReturnToService=2", "KillWait=2", "MinJobAge=5",
+            "SlurmdParameters=config_overrides",  # the node as configured, whatever slurmd detects
             "SlurmctldTimeout=10", "SlurmdTimeout=10", "InactiveLimit=0",
             f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
             f"PartitionName=test Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE",
             ""]))
         self._start("slurmctld", [bins["slurmctld"], "-D", "-c", "-f", str(self.conf)])
         self._start("slurmd", [bins["slurmd"], "-D", "-N", host, "-f", str(self.conf)])
-        sinfo = shutil.which("sinfo") or "/usr/bin/sinfo"
 
         def idle() -> bool:
             for name, p, _ in self.procs:
                 if p.poll() is not None:
                     pytest.skip(f"Slurm cannot start here: {name} exited with code {p.returncode}: {self._why(name)}")
-            out = subprocess.run([sinfo, "-h", "-o", "%T"], env=self.env, capture_output=True, text=True, timeout=10)
+            out = subprocess.run([bins["sinfo"], "-h", "-o", "%T"], env=self.env, capture_output=True, text=True,
+                                 timeout=10)
             return out.stdout.strip() == "idle"
 
         if not wait_until(idle, 20, 0.2):
@@ -192,7 +194,7 @@ def test_srun_ddp_job_is_seen_by_the_agent_and_scancel_is_reported(slurm, agent,
            "PYTHONPATH": str(ROOT)}
     out = tmp_path / "srun.out"
     with open(out, "wb") as f:
-        srun = subprocess.Popen(["srun", "-N1", "-n2", "--kill-on-bad-exit=1", "--job-name=ranksight-ddp",
+        srun = subprocess.Popen([slurm.bins["srun"], "-N1", "-n2", "--kill-on-bad-exit=1", "--job-name=ranksight-ddp",
                                  sys.executable, str(WORKER), "--steps", str(STEPS)],
                                 cwd=tmp_path, env=env, stdout=f, stderr=subprocess.STDOUT, preexec_fn=set_pdeathsig)
     try:
@@ -200,7 +202,7 @@ def test_srun_ddp_job_is_seen_by_the_agent_and_scancel_is_reported(slurm, agent,
         text = out.read_text()
         assert ready and text.count("READY") == 2, f"the job did not reach its {STEPS} steps: {text[-2000:]}"
         job_ids = {line.split()[1] for line in text.splitlines() if line.startswith("READY")}
-        squeue = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], env=slurm.env, capture_output=True, text=True)
+        squeue = subprocess.run([slurm.bins["squeue"], "-h", "-o", "%i %j %T"], env=slurm.env, capture_output=True, text=True)
         assert squeue.stdout.split() == [*job_ids, "ranksight-ddp", "RUNNING"], squeue.stdout
         (job,) = job_ids
         seen = wait_until(lambda: (lambda r: r if all(v.get("steps") == STEPS for v in r.values())
@@ -209,7 +211,7 @@ def test_srun_ddp_job_is_seen_by_the_agent_and_scancel_is_reported(slurm, agent,
         assert sorted(seen) == [(job, "0", "0"), (job, "1", "1")]
         assert all(v["up"] == 1 and v["misses"] == 0 for v in seen.values()), seen
 
-        subprocess.run(["scancel", job], env=slurm.env, check=True, timeout=10)
+        subprocess.run([slurm.bins["scancel"], job], env=slurm.env, check=True, timeout=10)
         assert srun.wait(20) != 0
         gone = wait_until(lambda: (lambda r: r if all(v.get("up") == 0 for v in r.values()) and len(r) == 2
                                    else None)(_ranks(a.metrics_text())), 15)
