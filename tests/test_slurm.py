@@ -94,7 +94,8 @@ class SlurmCluster:
         self.procs.append((name, p, log))
 
     def _why(self, name: str) -> str:
-        logs = [self.root / "log" / f"{name}.log", self.root / "log" / f"{name}.out", self.root / "munge" / "munged.log"]
+        logs = [self.root / "log" / f"{name}.log", self.root / "log" / f"{name}.out",
+                self.root / "munge" / "munged.log"]
         for path in logs:
             if path.name.startswith(name) and path.exists():
                 line = last_line(path)
@@ -202,7 +203,8 @@ def test_srun_ddp_job_is_seen_by_the_agent_and_scancel_is_reported(slurm, agent,
         text = out.read_text()
         assert ready and text.count("READY") == 2, f"the job did not reach its {STEPS} steps: {text[-2000:]}"
         job_ids = {line.split()[1] for line in text.splitlines() if line.startswith("READY")}
-        squeue = subprocess.run([slurm.bins["squeue"], "-h", "-o", "%i %j %T"], env=slurm.env, capture_output=True, text=True)
+        squeue = subprocess.run([slurm.bins["squeue"], "-h", "-o", "%i %j %T"], env=slurm.env, capture_output=True,
+                                text=True, timeout=10)
         assert squeue.stdout.split() == [*job_ids, "ranksight-ddp", "RUNNING"], squeue.stdout
         (job,) = job_ids
         seen = wait_until(lambda: (lambda r: r if all(v.get("steps") == STEPS for v in r.values())
