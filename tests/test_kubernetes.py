@@ -201,6 +201,15 @@ def test_kubectl_kustomize_builds_every_base(docs):
     assert sorted(map(key, built)) == sorted(key(d) for d in resources if d["kind"] != "Namespace")
     for d in whole:  # kustomize changed nothing but the order
         assert d in resources, key(d)
+    r = _run(kubectl, "kustomize", str(OUT / Path(k8s.EXAMPLE_OVERLAY).parent))
+    assert r.returncode == 0, r.stderr
+    overlay = [d for d in yaml.load_all(r.stdout, Loader=_CrdLoader) if d]
+    assert sorted(map(key, overlay)) == sorted(map(key, built))
+    for d in overlay:
+        assert d["metadata"]["labels"]["release"] == k8s.STACK_RELEASE, key(d)
+    ds = next(d for d in overlay if d["kind"] == "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["containers"][0]["image"].startswith("registry.example.com/")
+    assert ds["spec"]["selector"] == _kind(docs, "DaemonSet")["spec"]["selector"]  # selectors untouched
 
 
 # ------------------------------------------------------------------ what the manifests promise
