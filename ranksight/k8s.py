@@ -16,8 +16,10 @@ Files:
   agent/servicemonitor.yaml     ServiceMonitor with honorLabels (the series' job is the training job)
   monitoring/prometheusrule.yaml     the rule groups of ``ranksight rules``, each alert labelled with
                                      the namespace (see AlertmanagerConfig below)
-  monitoring/alertmanagerconfig.yaml the ranksight route subtree, its (webhook) receivers and the
-                                     inhibit rules of ``ranksight rules``
+  monitoring/alertmanagerconfig.yaml the ranksight route subtree, its receivers (their secret files
+                                     as keys of the Secret ranksight-alerting) and the inhibit
+                                     rules of ``ranksight rules``
+  monitoring/alert-templates.yaml    ConfigMap with the notification template the receivers use
   dashboards/<name>.yaml        one ConfigMap per dashboard, labelled grafana_dashboard: "1"
   examples/training-job.yaml    a training Job with what a pod adds to reach its node's agent
                                 (not part of the kustomization)
@@ -243,18 +245,66 @@ def _route(r: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
+SECRET = "ranksight-alerting"  # the Secret holding the receivers' secrets (one key per secret file)
+TEMPLATES = "ranksight-alert-templates"  # the ConfigMap holding alerts/templates/ranksight.tmpl
+# alertmanager.yml receiver key -> (CRD key, field -> CRD field, or (CRD field, how)): "secret" (a
+# *_file the Secret holds), "kv" (a mapping as [{key, value}]), "links" (PagerDuty links).
+RECEIVER_FIELDS: Dict[str, Any] = {
+    "webhook_configs": ("webhookConfigs", {"url": "url", "send_resolved": "sendResolved"}),
+    "slack_configs": ("slackConfigs", {"api_url_file": ("apiURL", "secret"), "channel": "channel",
+                                       "send_resolved": "sendResolved", "title": "title",
+                                       "title_link": "titleLink", "text": "text"}),
+    "pagerduty_configs": ("pagerdutyConfigs", {"routing_key_file": ("routingKey", "secret"), "url": "url",
+                                               "send_resolved": "sendResolved", "description": "description",
+                                               "severity": "severity", "details": ("details", "kv"),
+                                               "links": ("pagerDutyLinkConfigs", "links")}),
+    "email_configs": ("emailConfigs", {"auth_password_file": ("authPassword", "secret"),
+                                       "auth_username": "authUsername", "from": "from", "smarthost": "smarthost",
+                                       "to": "to", "require_tls": "requireTLS", "send_resolved": "sendResolved",
+                                       "headers": ("headers", "kv"), "text": "text", "html": "html"}),
+    "opsgenie_configs": ("opsgenieConfigs", {"api_key_file": ("apiKey", "secret"), "api_url": "apiURL",
+                                             "send_resolved": "sendResolved", "message": "message",
+                                             "description": "description", "priority": "priority",
+                                             "source": "source"}),
+}
+
+
+def secret_key(receiver: str, field: str) -> str:
+    """The Secret's key for a receiver's *_file field: ranksight-chat, api_url_file -> chat-api-url."""
+    return f"{receiver[len(notify.PREFIX):]}-{field[:-len('_file')].replace('_', '-')}"
+
+
+def secret_files(cfg: Mapping[str, Any]) -> Dict[str, str]:
+    """The Secret's keys -> the files that hold them now (for `kubectl create secret`)."""
+    am = yaml.safe_load(notify.render_alertmanager(cfg))
+    return {secret_key(r["name"], f): v for r in am["receivers"] for key, confs in r.items() if key != "name"
+            for c in confs for f, v in c.items() if f.endswith("_file")}
+
+
 def _receiver(r: Mapping[str, Any]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"name": r["name"]}
-    for key in r:
-        if key == "webhook_configs":
-            out["webhookConfigs"] = [{"url": w["url"], "sendResolved": w.get("send_resolved", True)}
-                                     for w in r[key]]
-        elif key != "name":
-            # their secrets are files Alertmanager reads; an AlertmanagerConfig names Kubernetes Secrets
-            raise config.ConfigError(
-                f"ranksight k8s: receiver {r['name']!r} ({key[:-len('_configs')]}): the AlertmanagerConfig carries "
-                "webhook receivers only; route the other receivers in your Alertmanager's own config "
-                "(alerts/alertmanager-fragment.yml)")
+    for key, confs in r.items():
+        if key == "name":
+            continue
+        if key not in RECEIVER_FIELDS:
+            raise config.ConfigError(f"ranksight k8s: receiver {r['name']!r}: no AlertmanagerConfig form for {key}")
+        crd_key, fields = RECEIVER_FIELDS[key]
+        out[crd_key] = []
+        for c in confs:
+            conv: Dict[str, Any] = {}
+            for f, v in c.items():
+                if f not in fields:
+                    raise config.ConfigError(f"ranksight k8s: receiver {r['name']!r}: no AlertmanagerConfig "
+                                             f"field for {key}.{f}")
+                dst, how = fields[f] if isinstance(fields[f], tuple) else (fields[f], "")
+                if how == "secret":
+                    v = {"name": SECRET, "key": secret_key(r["name"], f)}
+                elif how == "kv":
+                    v = [{"key": k, "value": x} for k, x in v.items()]
+                elif how == "links":
+                    v = [{"href": link["href"], "alt": link["text"]} for link in v]
+                conv[dst] = v
+            out[crd_key].append(conv)
     return out
 
 
@@ -276,6 +326,14 @@ def alertmanagerconfig(cfg: Mapping[str, Any], namespace: str) -> Dict[str, Any]
                              for ir in am["inhibit_rules"]],
         },
     }
+
+
+def templates_configmap(cfg: Mapping[str, Any], namespace: str) -> Dict[str, Any]:
+    """The notification template the Slack, PagerDuty, e-mail and Opsgenie receivers use; the
+    Alertmanager must load it (kube-prometheus-stack: alertmanager.templateFiles)."""
+    name = notify.TEMPLATE_FILE.rsplit("/", 1)[-1]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(TEMPLATES, namespace, "alerting"),
+            "data": {name: notify.render_template(cfg)}}
 
 
 # ------------------------------------------------------------------ dashboards
@@ -355,6 +413,7 @@ def render(cfg: Mapping[str, Any], namespace: str = NAMESPACE, image: str = IMAG
         "agent/servicemonitor.yaml": servicemonitor(cfg, namespace),
         "monitoring/prometheusrule.yaml": prometheusrule(cfg, namespace),
         "monitoring/alertmanagerconfig.yaml": alertmanagerconfig(cfg, namespace),
+        "monitoring/alert-templates.yaml": templates_configmap(cfg, namespace),
     }
     for stem, cm in dashboard_configmaps(cfg, namespace).items():
         docs[f"dashboards/{stem}.yaml"] = cm
@@ -442,4 +501,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ranksight: error: cannot write to {out}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"wrote {len(files)} files to {out} (namespace {args.namespace}, profile {args.profile})")
+    secrets = secret_files(cfg)
+    if secrets:
+        print(f"the receivers' secrets: kubectl -n {args.namespace} create secret generic {SECRET} "
+              + " ".join(f"--from-file={k}={v}" for k, v in secrets.items()))
     return 0

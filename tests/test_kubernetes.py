@@ -28,6 +28,7 @@ from ranksight import catalog, config, k8s, protocol, triage
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
 from ranksight.stack import free_port, set_pdeathsig, wait_until
+from operator_view import BASE_AM, operator_view, unprefixed
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "deploy" / "kubernetes"
@@ -118,7 +119,7 @@ def test_builtin_manifests_validate_strictly(docs, version):
         except kubernetes_validate.ValidationError as e:
             pytest.fail(f"{path}: {e.message} at {'/'.join(map(str, e.path))}", pytrace=False)
         checked.append(doc["kind"])
-    assert sorted(checked) == sorted(["Namespace", "DaemonSet", "Service", "Job"] + ["ConfigMap"] * 3)
+    assert sorted(checked) == sorted(["Namespace", "DaemonSet", "Service", "Job"] + ["ConfigMap"] * 4)
 
 
 def test_kubernetes_validate_catches_a_misspelled_field(docs):
@@ -336,7 +337,9 @@ def test_scrape_job_is_the_one_the_health_alerts_select(docs, cfg):
 def test_dashboards_are_configmaps_for_grafanas_sidecar(docs, cfg):
     from ranksight.dashboards import generate as dashboards
 
-    cms = [d for d in docs.values() if d["kind"] == "ConfigMap"]
+    cms = [d for p, d in docs.items() if d["kind"] == "ConfigMap" and p.startswith("dashboards/")]
+    assert not [d for p, d in docs.items() if "grafana_dashboard" in d["metadata"].get("labels", {})
+                and not p.startswith("dashboards/")]
     models = dashboards.render(cfg)
     assert sorted(k for cm in cms for k in cm["data"]) == sorted(models)
     for cm in cms:
@@ -391,61 +394,6 @@ def test_promtool_checks_and_tests_the_prometheusrule(docs, cfg, tmp_path):
 
 
 # ------------------------------------------------------------------ inhibition: amtool
-def _matcher(m: Dict[str, str]) -> str:
-    return f'{m["name"]}{m["matchType"]}{json.dumps(m["value"])}'
-
-
-_ROUTE_KEYS = (("groupBy", "group_by"), ("groupWait", "group_wait"), ("groupInterval", "group_interval"),
-               ("repeatInterval", "repeat_interval"), ("continue", "continue"))
-
-
-def _operator_route(r: Dict[str, Any], prefix: str) -> Dict[str, Any]:
-    out: Dict[str, Any] = {"receiver": prefix + r["receiver"]}
-    out.update({dst: r[src] for src, dst in _ROUTE_KEYS if src in r})
-    if r.get("matchers"):
-        out["matchers"] = [_matcher(m) for m in r["matchers"]]
-    if r.get("routes"):
-        out["routes"] = [_operator_route(c, prefix) for c in r["routes"]]
-    return out
-
-
-def operator_view(amc: Dict[str, Any], base: Dict[str, Any]) -> Dict[str, Any]:
-    """An Alertmanager config as prometheus-operator (>= 0.22 matchers, default OnNamespace strategy)
-    builds it from a base config and this AlertmanagerConfig: every receiver name prefixed with
-    "<namespace>/<name>/", the route a first child route of the base's with continue: true and a
-    namespace matcher, and namespace="<namespace>" appended to both sides of every inhibit rule."""
-    ns, name, spec = amc["metadata"]["namespace"], amc["metadata"]["name"], amc["spec"]
-    prefix = f"{ns}/{name}/"
-    nsm = f'namespace="{ns}"'
-    out = copy.deepcopy(base)
-    route = _operator_route(spec["route"], prefix)
-    route["matchers"] = route.get("matchers", []) + [nsm]
-    route["continue"] = True
-    out["route"]["routes"] = [route] + out["route"].get("routes", [])
-    for rc in spec["receivers"]:
-        assert set(rc) <= {"name", "webhookConfigs"}, rc
-        r: Dict[str, Any] = {"name": prefix + rc["name"]}
-        if rc.get("webhookConfigs"):
-            r["webhook_configs"] = [{"url": w["url"], "send_resolved": w["sendResolved"]} for w in rc["webhookConfigs"]]
-        out["receivers"].append(r)
-    out["inhibit_rules"] = out.get("inhibit_rules", []) + [
-        {"source_matchers": [_matcher(m) for m in ir["sourceMatch"]] + [nsm],
-         "target_matchers": [_matcher(m) for m in ir["targetMatch"]] + [nsm],
-         "equal": ir["equal"]}
-        for ir in spec["inhibitRules"]]
-    return out
-
-
-BASE_AM = {"route": {"receiver": "default"}, "receivers": [{"name": "default"}]}
-
-
-def _unprefixed(route: Dict[str, Any], prefix: str) -> Dict[str, Any]:
-    out = {**route, "receiver": route["receiver"][len(prefix):] if route["receiver"].startswith(prefix) else "?"}
-    if "routes" in route:
-        out["routes"] = [_unprefixed(c, prefix) for c in route["routes"]]
-    return out
-
-
 def test_alertmanagerconfig_holds_the_generated_route_and_inhibitions(docs, cfg, tmp_path):
     view = operator_view(_kind(docs, "AlertmanagerConfig"), BASE_AM)
     nsm, prefix = f'namespace="{NS}"', f"{NS}/ranksight/"
@@ -455,7 +403,7 @@ def test_alertmanagerconfig_holds_the_generated_route_and_inhibitions(docs, cfg,
     assert back == notify.inhibit_rules(cfg)
     assert all(nsm in ir["source_matchers"] and nsm in ir["target_matchers"] for ir in view["inhibit_rules"])
     standalone = yaml.safe_load(notify.render_alertmanager(cfg))
-    sub = _unprefixed(copy.deepcopy(view["route"]["routes"][0]), prefix)
+    sub = unprefixed(copy.deepcopy(view["route"]["routes"][0]), prefix)
     assert sub.pop("continue") is True and sub["matchers"].pop() == nsm
     assert sub == standalone["route"]["routes"][0]  # the ranksight subtree, routes by severity included
     assert [{**r, "name": r["name"][len(prefix):]} for r in view["receivers"][1:]] == standalone["receivers"]
@@ -473,17 +421,57 @@ def test_alertmanagerconfig_holds_the_generated_route_and_inhibitions(docs, cfg,
     assert r.returncode == 0 and r.stdout.split()[0] == "default", r.stdout + r.stderr
 
 
-def test_other_receivers_are_refused_in_one_line(tmp_path):
-    secret = tmp_path / "slack-url"
-    secret.write_text("https://hooks.slack.example/T0/B0/x\n")
+def test_on_call_receivers_convert_with_their_secrets_in_a_secret(tmp_path):
+    """Slack, PagerDuty, e-mail and Opsgenie receivers: the AlertmanagerConfig names the Secret's keys
+    where alertmanager.yml names files; converted back as the operator does, it is the standalone
+    config again, and amtool accepts it with the template of the templates ConfigMap."""
+    files = {n: tmp_path / n for n in ("slack", "pd", "mail", "og")}
+    files["slack"].write_text("https://hooks.slack.example/services/T0/B0/x\n")
+    for n in ("pd", "mail", "og"):
+        files[n].write_text(f"{n}-secret\n")
     conf = tmp_path / "config.yml"
     conf.write_text(yaml.safe_dump({"alerting": {
-        "receivers": {"chat": {"type": "slack", "api_url_file": str(secret), "channel": "#oncall"}},
-        "routes": {"critical": "chat", "warning": "chat", "info": "none", "lint": "chat"}}}))
+        "receivers": {
+            "chat": {"type": "slack", "api_url_file": str(files["slack"]), "channel": "#oncall"},
+            "pager": {"type": "pagerduty", "routing_key_file": str(files["pd"])},
+            "mail": {"type": "email", "to": "oncall@example.com", "from": "ranksight@example.com",
+                     "smarthost": "smtp.example.com:587", "auth_username": "ranksight",
+                     "auth_password_file": str(files["mail"])},
+            "ops": {"type": "opsgenie", "api_key_file": str(files["og"])}},
+        "routes": {"critical": ["pager", "ops"], "warning": "chat", "info": "mail", "lint": "chat"}}}))
+    cfg = config.load(str(conf), "default", env={})
+    docs = k8s.manifests(k8s.render(cfg))
+    amc = _kind(docs, "AlertmanagerConfig")
+    v = _crd_validator("AlertmanagerConfig", amc["apiVersion"])
+    assert not [e.message for e in v.iter_errors(amc)]
+    secrets = k8s.secret_files(cfg)
+    assert secrets == {"chat-api-url": str(files["slack"]), "pager-routing-key": str(files["pd"]),
+                       "mail-auth-password": str(files["mail"]), "ops-api-key": str(files["og"])}
+    assert str(files["pd"]) not in json.dumps(amc) and "pd-secret" not in json.dumps(amc)
+    view = operator_view(amc, BASE_AM, secrets)
+    standalone = yaml.safe_load(notify.render_alertmanager(cfg))
+    prefix = f"{NS}/ranksight/"
+    assert [{**r, "name": r["name"][len(prefix):]} for r in view["receivers"][1:]] == standalone["receivers"]
+    sub = unprefixed(copy.deepcopy(view["route"]["routes"][0]), prefix)
+    sub.pop("continue"), sub["matchers"].pop()
+    assert sub == standalone["route"]["routes"][0]
+    (cm,) = [d for d in docs.values() if d["metadata"]["name"] == k8s.TEMPLATES]
+    ((name, text),) = cm["data"].items()
+    assert text == notify.render_template(cfg)
+    (tmp_path / name).write_text(text)
+    view["templates"] = [str(tmp_path / name)]
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(view, sort_keys=False))
+    amtool = _tool("amtool", "apt-get install prometheus-alertmanager (scripts/setup does)")
+    r = _run(amtool, "check-config", str(path))
+    assert r.returncode == 0 and f"{1 + len(standalone['receivers'])} receivers" in r.stdout, r.stdout + r.stderr
+    r = _run(amtool, "config", "routes", "test", f"--config.file={path}", "alertname=RanksightRankDown",
+             "severity=critical", f"namespace={NS}", "job=train")
+    assert r.stdout.split()[0] == f"{prefix}ranksight-pager,{prefix}ranksight-ops", r.stdout
     r = _run(sys.executable, "-m", "ranksight", "k8s", "--config", str(conf), "--out", str(tmp_path / "out"))
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "webhook receivers only" in r.stderr, r.stderr
-    assert not (tmp_path / "out").exists()
+    assert r.returncode == 0, r.stderr
+    assert f"create secret generic {k8s.SECRET} " in r.stdout
+    assert f"--from-file=chat-api-url={files['slack']}" in r.stdout
 
 
 def _post_alerts(am_url: str, alerts_: List[Dict[str, str]]) -> None:
