@@ -126,11 +126,12 @@ class StackWatch:
 
 
 def fit(base: Dict[str, Any], body: Dict[str, Any]) -> bytes:
-    """Encode ``base + body`` as one datagram, dropping the outermost frames until it fits."""
+    """Encode ``base + body`` as one datagram, dropping the outermost frames until it fits
+    ``protocol.STACK_DATAGRAM``."""
     rec = dict(base, **body)
     data = protocol.encode(rec)
     frames = list(body.get("frames", []))
-    while len(data) > protocol.MAX_DATAGRAM and frames:
+    while len(data) > protocol.STACK_DATAGRAM and frames:
         frames.pop()
         rec["frames"] = frames
         data = protocol.encode(rec)

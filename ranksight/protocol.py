@@ -72,7 +72,7 @@ identity (all records)
         progress for ``hooks.stack_after_seconds``; again when it changes (at most every
         ``hooks.stack_every_seconds``); one empty record when the rank makes progress again
   frames  [str] innermost first, "file:line function" (<= MAX_STACK_FRAMES entries of
-          <= MAX_STACK_FRAME chars; the sender drops outer frames to fit MAX_DATAGRAM)
+          <= MAX_STACK_FRAME chars; the sender drops outer frames to fit STACK_DATAGRAM)
   where   str   the innermost frame outside the standard library, torch and ranksight, with the
           call on its line: "train.py:53 in load_batch <- time.sleep" (<= MAX_STACK_WHERE chars)
   idle    float seconds without progress when the stack was read
@@ -136,6 +136,7 @@ TYPES = ("step", "steps", "hb", "bye", "hello", "ckpt", "lint", "stack")
 MAX_STACK_FRAMES = 24
 MAX_STACK_FRAME = 160
 MAX_STACK_WHERE = 120
+STACK_DATAGRAM = 2048  # a "stack" record's size budget, under MAX_DATAGRAM: agents built with a 2048-byte limit take it too
 PHASES = ("data", "forward", "backward", "optimizer", "checkpoint", "other", "idle")
 CKPT_SOURCES = ("torch.save", "dcp", "timer", "atomic_save")
 

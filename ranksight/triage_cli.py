@@ -160,6 +160,7 @@ class Report:
     cause: Optional[Finding]
     causes: List[Finding]
     notes: List[str]
+    places: List[str] = field(default_factory=list)  # where the stalled ranks are, and what the blocked ones wait in
 
     @property
     def healthy(self) -> bool:
@@ -306,7 +307,28 @@ class Walk:
                 for f in c.findings:
                     what = "" if e.kind == "lint" else "monitoring blind spot: "  # a lint's summary says "Setup lint"
                     notes.append(f"{what}{e.summary} ({_where(e, f.labels, show_job=self.job is None)})")
-        return Report(self.prom.url, self.job, self.since, self.at, checks, causes[0] if causes else None, causes, notes)
+        return Report(self.prom.url, self.job, self.since, self.at, checks, causes[0] if causes else None, causes, notes,
+                      self._places() if causes else [])
+
+    def _places(self) -> List[str]:
+        """The chain of a hang: each stalled rank's place (its stack's innermost user frame) and the
+        collective each blocked rank waits in, from the agents' where and collective series."""
+        sel = f'{{job="{self.job}"}}' if self.job is not None else ""
+        waits = {(s.labels.get("job", ""), s.labels.get("rank", "")): s for s in self.q(f"{C.RANK_COLLECTIVE_WAIT}{sel}")}
+        seqs = {(s.labels.get("job", ""), s.labels.get("rank", "")): s.value for s in self.q(f"{C.RANK_COLLECTIVE_SEQ}{sel}")}
+        out: List[Tuple[int, str]] = []
+        for s in self.q(f"{C.RANK_STALL_WHERE}{sel}"):
+            job, rank = s.labels.get("job", ""), s.labels.get("rank", "")
+            who = f"rank {rank}" if self.job is not None else f"job {job} rank {rank}"
+            w = waits.get((job, rank))
+            if w is not None:
+                seq = seqs.get((job, rank))
+                out.append((1, f"{who} waits in {w.labels.get('op', '?')} #{seq:.0f} on the {w.labels.get('pg', '?')} "
+                               f"group for {w.value:.0f} s (at {s.labels.get('where', '?')})"))
+            else:
+                what = "hangs in the data pipeline" if s.labels.get("phase") == "data" else "stuck"
+                out.append((0, f"{who} {what} at {s.labels.get('where', '?')} for {s.value:.0f} s"))
+        return [line for _, line in sorted(out)]
 
     def _rules_mismatch(self, table: Sequence[Entry]) -> List[str]:
         """The walk judges with this config's thresholds and windows; say so when Prometheus evaluates
@@ -408,6 +430,8 @@ def render_text(r: Report) -> str:
             f"  runbook:  {e.runbook}",
             f"  next:     {e.next_check}",
         ]
+        if r.places:
+            lines.append("  where:    " + "; ".join(r.places))
         if explains:
             lines.append("  explains: " + "; ".join(_finding_line(g) for g in explains))
         others = [g for g in r.causes[1:]]
@@ -446,6 +470,7 @@ def render_json(r: Report) -> Dict[str, Any]:
         } for c in r.checks],
         "cause": cause(r.cause),
         "causes": [cause(f) for f in r.causes],
+        "places": r.places,
         "notes": r.notes,
     }
 

@@ -72,7 +72,7 @@ def test_a_deep_stack_is_capped_to_one_datagram_and_decodes() -> None:
     deep = [(f"/very/long/path/to/some/package/module_{i}.py:{i} " + "f" * 140)[:protocol.MAX_STACK_FRAME] for i in range(40)]
     body = {"frames": deep[:protocol.MAX_STACK_FRAMES], "where": "x.py:1 in f", "idle": 3.0, "phase": "other"}
     data = stack.fit(dict(BASE, t="stack", ts=time.time()), body)
-    assert len(data) <= protocol.MAX_DATAGRAM
+    assert len(data) <= protocol.STACK_DATAGRAM <= protocol.MAX_DATAGRAM
     rec = protocol.decode(data)
     assert 0 < len(rec["frames"]) < protocol.MAX_STACK_FRAMES and rec["frames"][0] == deep[0]
 

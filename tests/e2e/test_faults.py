@@ -120,6 +120,12 @@ def test_hang_page_names_the_place(suite: Suite) -> None:
     _check_ok(obs)
     desc = obs.cause_alerts[0]["annotations"]["description"]
     assert re.search(r"stalled \d+ s at train_ddp\.py:\d+ in main <- time\.sleep\.$", desc), desc
+    # triage prints the chain: the culprit's place, then what its peer waits in
+    places = obs.triage["places"]
+    assert len(places) == 2 and re.match(r"rank 1 stuck at train_ddp\.py:\d+ in main <- time\.sleep for \d+ s$",
+                                         places[0]), places
+    assert re.match(r"rank 0 waits in all_?reduce #\d+ on the default_pg group for \d+ s", places[1]), places
+    assert "  where:    rank 1 stuck at train_ddp.py:" in obs.triage_text, obs.triage_text
 
 
 def test_desync_page_gives_each_ranks_position(suite: Suite) -> None:
@@ -127,6 +133,10 @@ def test_desync_page_gives_each_ranks_position(suite: Suite) -> None:
     _check_ok(obs)
     desc = obs.cause_alerts[0]["annotations"]["description"]
     assert re.search(r"rank 0 in all_reduce #(\d+), rank 1 in broadcast #\1\.$", desc), desc
+    places = obs.triage["places"]
+    assert [re.sub(r"#\d+|\d+ s", "N", p).split(" (at ")[0] for p in places] == [
+        "rank 0 waits in all_reduce N on the default_pg group for N", "rank 1 waits in broadcast N on the default_pg group for N"
+    ], places
 
 
 def test_comm_bound_job_is_never_paged_as_a_straggler(suite: Suite) -> None:
