@@ -78,13 +78,22 @@ def test_a_deep_stack_is_capped_to_one_datagram_and_decodes() -> None:
 
 
 @pytest.mark.parametrize("bad", [{"frames": "x"}, {"frames": ["a" * 500]}, {"frames": ["a"] * 99},
-                                 {"frames": [], "where": 3}, {"frames": [1]}, {"frames": [], "phase": "nap"}])
+                                 {"frames": [], "where": 3}, {"frames": [1]}, {"frames": [], "phase": "nap"},
+                                 {"frames": [], "cw": "all_reduce"}, {"frames": [], "cw": {"op": "x", "pg": "y", "seq": -1}},
+                                 {"frames": [], "cw": {"op": "x" * 65, "pg": "y", "seq": 1}}])
 def test_bad_stack_records_are_rejected(bad) -> None:
     rec = dict(BASE, t="stack", ts=1.0, where="", idle=1.0, phase="other")
     rec.update(bad)
     with pytest.raises(protocol.ProtocolError) as e:
         protocol.decode(protocol.encode(rec))
     assert e.value.result == "rejected"
+
+
+def test_a_stack_record_with_its_collective_decodes() -> None:
+    cw = {"op": "all_reduce", "pg": "default_pg", "seq": 1234, "wait": 46.0}
+    rec = protocol.decode(protocol.encode(dict(BASE, t="stack", ts=1.0, frames=["a.py:1 f"], where="a.py:1 in f",
+                                               idle=2.0, phase="other", cw=cw)))
+    assert rec["cw"] == cw and rec["frames"] == ["a.py:1 f"]
 
 
 def _exposed(table: RankTable, now: float):
@@ -185,3 +194,40 @@ def test_a_hung_process_shows_its_place_on_the_agents_api(agent, tmp_path: Path,
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_wrappers_count_each_groups_collectives_for_the_blocked_position() -> None:
+    from ranksight.hooks.comm import CommTracker
+
+    tr = CommTracker(lambda what, e: None, threading.get_ident())
+    a = tr.launch(event=False, op="all_reduce")  # the default group
+    b = tr.launch(event=False, op="broadcast")
+    tr.launch(event=False)  # no op (a comm hook that says nothing): counted nowhere
+    got = tr.waiting(a[1] + 2.0)
+    assert got == {"op": "all_reduce", "pg": "default_pg", "seq": 1, "wait": 2.0}
+    tr.complete(a[0], a[1], None)
+    got = tr.waiting(b[1] + 1.0)
+    assert (got["op"], got["seq"]) == ("broadcast", 2)
+    tr.complete(b[0], b[1], None)
+    assert tr.waiting(b[1] + 1.0) is None
+
+
+def test_agent_exposes_a_blocked_ranks_collective_position() -> None:
+    from ranksight import config
+
+    table = RankTable(RankSettings.from_config(dict(config.load(env={})["agent"], stall_min_seconds=3.0)))
+    hb = dict(BASE, t="hb", ts=1.0, seq=1, every=1.0, step=5, phase="backward", coll=0.5, probe=0.0)
+    cw = {"op": "all_reduce", "pg": "default_pg", "seq": 1234, "wait": 1.5}
+    st = dict(BASE, t="stack", ts=2.0, frames=["reducer.py:9 wait"], where="train.py:40 in main <- loss.backward",
+              idle=1.5, phase="backward", cw=cw)
+    for i in range(0, 6):
+        table.apply(protocol.decode(protocol.encode(dict(hb, seq=i + 1, coll=0.5 + i, probe=float(i)))), float(i))
+        if i == 1:
+            table.apply(protocol.decode(protocol.encode(st)), 1.5)
+    table.check(5.0)
+    fams = {f.name: f for f in RanksCollector(table, clock=lambda: 5.0).collect()}
+    [seq] = fams[C.RANK_COLLECTIVE_SEQ.name].samples
+    [wait] = fams[C.RANK_COLLECTIVE_WAIT.name].samples
+    assert (seq.labels["op"], seq.labels["pg"], seq.value) == ("all_reduce", "default_pg", 1234.0)
+    assert wait.value == pytest.approx(1.5 + 3.5)
+    assert table.describe(5.0)[0]["stack"]["collective"]["seq"] == 1234
