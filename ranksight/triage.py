@@ -261,10 +261,13 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["job_steps"], f"avg by (job) ({R['steps']})"),
         Recording(REC["job_data_share"], job_share("data_s")),
         Recording(REC["job_comm_share"], job_share("comm_s")),
-        # The comm share of the job's least-waiting rank: the time its collectives take even for the last
-        # rank to arrive (which waits for nobody), i.e. the job's own communication cost. A straggler
-        # explains only the other ranks' comm above it.
-        Recording(REC["job_comm_min"], f"min by (job) ({REC['comm_share']})"),
+        # The job's own communication cost: the comm share of its least-waiting rank (the last to arrive
+        # at a collective waits for nobody: its collectives take only their transfer), less the largest
+        # share any rank spends in its data loader or writing a checkpoint (its peers wait for that in
+        # their collectives, the last to arrive included). A straggler explains only comm above it.
+        Recording(REC["job_comm_min"],
+                  f"clamp_min(min by (job) ({REC['comm_share']}) - on (job) "
+                  f"max by (job) (({or_zero(R['data_s'])} + {or_zero(R['ckpt_s'])}) / ({R['step_s']} > 0)), 0)"),
         Recording(REC["job_xcomm_share"], job_share("xcomm_s")),
         # The job loses the largest rank's checkpoint share: the other ranks wait for it in their
         # next collective (rank-0-only saves), so the mean would understate it by the world size.
