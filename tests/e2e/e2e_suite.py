@@ -262,6 +262,7 @@ class Suite:
             obs.job_alerts = self._job_alerts(job.name)
             return
         deadline = time.monotonic() + SYMPTOM_WAIT
+        also_deadline = fault_start + DETECT_LIMIT + 15  # each further cause has the same bound as the first
         for alert, labels in case.also:  # the other causes of a compound fault: loud
             sel = {"job": job.name, **labels}
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"
@@ -269,7 +270,7 @@ class Suite:
                 obs.also[key] = wait_until(f"cause {alert} {sel} active in Alertmanager",
                                            lambda: [a for a in am_find(self.stack, alert, **sel)
                                                     if not a["status"]["inhibitedBy"]],
-                                           max(1.0, deadline - time.monotonic()), every=POLL)
+                                           max(1.0, also_deadline - time.monotonic()), every=POLL)
             except AssertionError:
                 obs.also[key] = am_find(self.stack, alert, **sel)
         for alert, labels in case.symptoms:
