@@ -213,3 +213,22 @@ RDMA_CURATED_COUNTERS: Tuple[str, ...] = (
     "local_ack_timeout_err", "np_cnp_sent", "out_of_buffer", "out_of_sequence", "packet_seq_err",
     "rnr_nak_retry_err", "rp_cnp_handled",
 )
+
+# ---------------------------------------------------------------- goodput: the agent's lifecycle accounting
+# (exporter/goodput.py). With the in-step counters above they split each rank's wall time; the
+# recording rules of ranksight/triage_goodput.py join them per job.
+GOODPUT_CATEGORIES: Tuple[str, ...] = ("productive", "data_wait", "exposed_comm", "checkpoint", "startup",
+                                       "wasted_progress", "recovery", "stalled", "other")
+BADPUT_AGENT_CATEGORIES: Tuple[str, ...] = ("startup", "wasted_progress", "recovery", "stalled")
+OVERLAP_CATEGORIES: Tuple[str, ...] = ("productive", "data_wait", "exposed_comm")
+RANK_WALL = _m("rank_wall_seconds_total", "counter", "seconds", R,
+               "Wall time since the rank's first process started (across restarts of the same job and rank); "
+               "stops growing when the rank finishes.")
+BADPUT = _m("badput_seconds_total", "counter", "seconds", R + ("category",),
+            "Lifecycle badput measured by the agent: category=startup (process start to its first step), "
+            "wasted_progress (productive step time since the last checkpoint, lost at a disruption), recovery "
+            "(a process's death to its successor's first step), stalled (alive, no progress).")
+BADPUT_OVERLAP = _m("badput_overlap_seconds_total", "counter", "seconds", R + ("category",),
+                    "The part of wasted_progress and stalled badput that also lies in an in-step counter, by that "
+                    "counter: category=productive (step minus waits)|data_wait|exposed_comm. The goodput rules "
+                    "subtract it so that no second counts twice.")

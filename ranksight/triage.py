@@ -191,8 +191,9 @@ class Entry:
 
     @property
     def rank_level(self) -> bool:
-        """True when the alert carries the training job's labels (job, node, rank)."""
-        return "rank" in self.scope
+        """True when the alert carries the training job's label: rank level (job, node, rank), or job
+        level (records aggregated by job from rank series)."""
+        return "rank" in self.scope or "job" in self.scope
 
 
 def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
@@ -205,7 +206,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     thousands of raw series."""
     w = cfg["windows"]["rate"]
     ckpt_w = cfg["windows"].get("checkpoint_share", w)
-    RANK, NODE, HIST, NODEC = RULE_GROUPS
+    RANK, NODE, HIST, NODEC = list(RULE_GROUPS)[:4]
 
     def rate(m: Any, window: str = w) -> str:
         return f"rate({m}[{window}])"
@@ -298,10 +299,11 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
         Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
     ]
+    rank += _goodput.rank_group_rules(cfg)
     out: List[Recording] = []
     for group, rules in ((RANK, rank), (NODE, node), (HIST, hist), (NODEC, node_counters)):
         out += [replace(r, group=group) for r in rules]
-    return out
+    return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
 
 
 def recording_groups(cfg: Mapping[str, Any]) -> List[Tuple[str, Optional[str], List[Recording]]]:
@@ -708,6 +710,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             mitigation=f"Fix the setup; this lint can be turned off with lints.{lint}: false in the config.",
             next_check="the rank's log line",
         ))
+    entries = _goodput.with_goodput_inhibitions(entries + _goodput.entries(cfg))
     if base != RUNBOOK_BASE:
         entries = [_with_base(e, base) for e in entries]
     return entries
@@ -729,3 +732,11 @@ def by_alert(cfg: Mapping[str, Any]) -> Dict[str, Entry]:
 def inhibit_pairs(cfg: Mapping[str, Any]) -> List[Tuple[str, str, Tuple[str, ...]]]:
     """(source alert, target alert, equal labels) for every inhibition, in table order."""
     return [(e.alert, target, inh.equal) for e in table(cfg) for inh in e.inhibits for target in inh.targets]
+
+
+# ------------------------------------------------------------------ goodput and step-time regression
+# (ranksight/triage_goodput.py; imported last: it builds on Entry, Recording and REC above)
+from . import triage_goodput as _goodput  # noqa: E402
+
+REC.update(_goodput.REC)
+RULE_GROUPS.update(_goodput.GROUPS)
