@@ -8,7 +8,9 @@ first process started, across restarts) splits into:
   productive       step time minus data wait, exposed comm and checkpoint time (busy time)
   data_wait        time in next() on the data loader
   exposed_comm     time blocked on collectives, not hidden behind compute
-  checkpoint       checkpoint writes (the blocking part)
+  checkpoint       checkpoint writes (the blocking part), the job's longest writer: the other ranks
+                   wait for it in their next collective, so that much of their exposed comm is
+                   checkpoint time
   startup          a rank's first process start to its first step (imports, restore, compile)
   wasted_progress  productive step time since the last successful checkpoint, lost at a disruption
   recovery         a process's death to its successor's first step
@@ -147,11 +149,14 @@ def goodput_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         avg(C.CHECKPOINT_SECONDS)
     overlap_all = f"sum by (job) (avg by (job, category) ({C.BADPUT_OVERLAP}))"
     badput_all = f"sum by (job) (avg by (job, category) ({C.BADPUT}))"
+    # A checkpoint blocks the whole job for its longest writer's time: the other ranks wait for it
+    # in their next collective (rank-0-only saves), which their counters show as exposed comm.
+    ckpt_max = f"max by (job) ({C.CHECKPOINT_SECONDS})"
     split = {
         "productive": f"{step} - {data} - {xcomm} - {ckpt} - {cat(C.BADPUT_OVERLAP, 'productive')}",
         "data_wait": f"{data} - {cat(C.BADPUT_OVERLAP, 'data_wait')}",
-        "exposed_comm": f"{xcomm} - {cat(C.BADPUT_OVERLAP, 'exposed_comm')}",
-        "checkpoint": ckpt,
+        "exposed_comm": f"{xcomm} - {cat(C.BADPUT_OVERLAP, 'exposed_comm')} - ({ckpt_max} - {ckpt})",
+        "checkpoint": ckpt_max,
         **{c: cat(C.BADPUT, c) for c in C.BADPUT_AGENT_CATEGORIES},
         "other": f"{avg(C.RANK_WALL)} - {step} + {overlap_all} - {badput_all}",
     }
