@@ -11,7 +11,9 @@ rank and exposed as counters (the recording rules of ranksight/triage_goodput.py
     startup          the rank's first process start (or the process start of a new run after a
                      clean exit) to its first step's start;
     recovery         a disruption (the process died: heartbeats stopped, or a new process of the
-                     same job and rank appeared without a "bye") to the new process's first step;
+                     same job and rank appeared without a "bye", or after a "bye" with a higher
+                     launcher restart count: a surviving rank whose collective failed exits
+                     cleanly before torchrun restarts it) to the new process's first step;
     wasted_progress  at a disruption, the productive step time since the last successful
                      checkpoint, which the restarted job must redo. The checkpoint is the rank's own
                      or, when it saves none (rank-0-only saves), the latest of any rank of its job on
@@ -49,7 +51,7 @@ class Ledger:
     """Lifecycle accounting of one (job, rank); all times on the agent's monotonic clock."""
 
     __slots__ = ("wall", "seg", "bad", "over", "gap", "gap_since", "stall_since", "stall_kind", "alive",
-                 "dead", "safe", "safe_ts", "own_ts", "sess_prod", "sessions")
+                 "dead", "safe", "safe_ts", "own_ts", "sess_prod", "sessions", "bye_at", "bye_wasted", "rerun")
 
     def __init__(self, now: float):
         self.wall = 0.0  # closed wall segments
@@ -66,6 +68,9 @@ class Ledger:
         self.safe_ts: Optional[float] = None  # that checkpoint's unix time
         self.own_ts: Optional[float] = None  # the rank's own last checkpoint time, as last seen here
         self.sess_prod = 0.0  # productive seconds when the current session started
+        self.bye_at: Optional[float] = None  # the last clean exit ("bye")
+        self.bye_wasted = 0.0  # progress since the checkpoint at that exit, wasted if it was a restart
+        self.rerun: Optional[int] = None  # a session after a clean exit, before its first step: the old restart count
         self.sessions = 0
 
     # ------------------------------------------------------------------ values
@@ -125,12 +130,13 @@ def new_session(r: Any, now: float, first: bool) -> None:
     g.sessions += 1
     if first:
         return
-    if r.finished is not None:  # the previous session exited cleanly: a new run of the job
+    if r.finished is not None:  # the previous session exited cleanly: a new run of the job ...
         g._close_gap(now)
         g._close_stall(now)
         g.gap, g.gap_since = STARTUP, now
         if g.seg is None:
             g.seg = now
+        g.rerun = r.restart  # ... unless its first step says the launcher restarted it (see step())
     elif not g.dead:  # a process replaced without a "bye": it died after its last record
         g.disrupt(r, g.alive, "new process")
     g.dead = False
@@ -155,6 +161,19 @@ def step(r: Any, rec: dict, now: float) -> None:
     g.dead = False  # (a rank that only froze past its down limit and came back)
     dur = rec["dur"]
     start = now - dur
+    if g.rerun is not None:
+        if rec["restart"] > g.rerun and g.bye_at is not None and g.gap == STARTUP:
+            # A launcher restart after a "bye" (a surviving rank whose collective failed exits cleanly):
+            # a disruption at the bye. Its progress since the checkpoint is wasted, the time from the
+            # bye to this first step is recovery, and the wall ran through.
+            g.bad[WASTED] += g.bye_wasted
+            g.over[PRODUCTIVE] += g.bye_wasted
+            if g.seg is not None and g.seg > g.bye_at:
+                g.wall += g.seg - g.bye_at
+            g.gap, g.gap_since = RECOVERY, g.bye_at
+            log.info("job %s rank %d: restarted by its launcher after a clean exit: %.1f s of progress wasted",
+                     r.job, r.rank, g.bye_wasted)
+        g.rerun = None
     if g.gap is not None:
         g._close_gap(max(start, g.gap_since))
     if g.stall_since is not None:
@@ -203,6 +222,8 @@ def finish(r: Any, now: float) -> None:
     g: Ledger = r.gp
     g._close_stall(now)
     g._close_gap(now)
+    g.bye_at = now
+    g.bye_wasted = max(productive(r, g) - (g.safe if g.safe is not None else g.sess_prod), 0.0)
     if g.seg is not None:
         g.wall += max(now - g.seg, 0.0)
         g.seg = None

@@ -61,6 +61,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         # goodput and step-time regression (ranksight/triage_goodput.py)
         "step_regression_ratio": Opt(1.2, "RanksightStepTimeRegression: the job's step p50 (averaged over "
                                           "windows.step_smooth) / its baseline above this", 1, 100),
+        "report_share_delta": Opt(0.02, "ranksight report: a share (goodput or a badput category) that moved by more than "
+                                        "this against the baseline run is flagged", 0, 1),
         "goodput_floor": Opt(0.8, "RanksightGoodputLow: the job's goodput (productive share of its wall time) below this", 0, 1),
     },
     "durations": {  # `for:` of each alert

@@ -154,3 +154,27 @@ def test_a_clean_exit_then_a_new_run_is_startup_not_recovery():
     assert r["recovery"] == 0 and r["wasted_progress"] == 0
     assert r["startup"] == pytest.approx((1002 - 998) + (1023 - 1019))
     assert r["wall"] == pytest.approx(12.0 + (1030 - 1019))
+
+
+def test_a_clean_exit_then_a_launcher_restart_is_a_disruption():
+    """A surviving rank whose collective fails exits through atexit (a "bye"); torchrun then restarts
+    it with a higher restart count: recovery from the bye, progress since the checkpoint wasted."""
+    tl = Timeline()
+    tl.w.now = 1000.0
+    tl.start(0, 1000, pstart=998.0)
+    tl.until(1010.0, {0: each(1003, 1010)})
+    tl.ckpt(0, 1.7e9)
+    tl.until(1014.0, {0: each(1011, 1014)})
+    tl.bye(0)
+    tl.until(1016.0)
+    tl.start(0, 1001, pstart=1015.0)
+    s = tl.senders[0]
+    s.ident = dict(s.ident)
+    tl.until(1020.0)
+    rec = s.step(1.0, data=DATA, micro=1)
+    assert tl.w.send(s.ident, dict(rec, restart=1)) == "ok"  # launcher restart count 0 -> 1
+    r = _split(tl.w.scrape(), "0")
+    assert r["wasted_progress"] == pytest.approx(4 * (1.0 - DATA - 0.005))  # steps 1011..1014
+    assert r["recovery"] == pytest.approx(1019.0 - 1014.0)  # the bye to the first step's start
+    assert r["startup"] == pytest.approx(1002.0 - 998.0)
+    assert r["wall"] == pytest.approx(1020.0 - 998.0)
