@@ -398,6 +398,18 @@ class Model:
     def _v_rank_up(self, m, profile, v):
         return {(): self._const("1", self.T)}
 
+    # goodput (exporter/goodput.py): wall time since the first start; a startup of 10 minutes, no
+    # disruption or stall in the hour modelled (their counters stay flat, as the agent exposes them)
+    def _v_rank_wall_seconds_total(self, m, profile, v):
+        start = self.STEPS0 * statistics.fmean(self.D) + 600.0
+        return {(): self._fmt(_cum([self.s] * self.T, start))}
+
+    def _v_badput_seconds_total(self, m, profile, v):
+        return {(c,): self._const("600.000" if c == "startup" else "0", self.T) for c in C.BADPUT_AGENT_CATEGORIES}
+
+    def _v_badput_overlap_seconds_total(self, m, profile, v):
+        return {(c,): self._const("0", self.T) for c in C.OVERLAP_CATEGORIES}
+
     def _v_rank_stalled(self, m, profile, v):
         return {(r,): self._const("0", self.T) for r in STALL_REASONS}
 
@@ -618,7 +630,8 @@ class Model:
 
 # ------------------------------------------------------------------------------ series layout
 EXTRA_LABEL_VALUES = {"quantile", "reason", "lint", "stat", "state", "xid", "counter", "device", "direction",
-                      "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python"}
+                      "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python",
+                      "category"}
 
 
 def _scope(m: C.Metric) -> str:

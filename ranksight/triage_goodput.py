@@ -67,6 +67,7 @@ REC: Dict[str, str] = {
     "regression_growth": "job:ranksight_step_regression_growth:seconds",  # {cause}
     "step_ratio": "job:ranksight_step_duration_seconds:baseline_ratio",
     # goodput group
+    "productive": "job:ranksight_productive_seconds:avg",
     "goodput_split": "job:ranksight_goodput_seconds:avg",  # {category}: every category, productive included
     "wall": "job:ranksight_wall_seconds:avg",
     "goodput_share": "job:ranksight_goodput_share:ratio",  # {category}
@@ -161,14 +162,17 @@ def goodput_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         "other": f"{avg(C.RANK_WALL)} - {step} + {overlap_all} - {badput_all}",
     }
     assert tuple(split) == C.GOODPUT_CATEGORIES
-    parts = [_tag(f"clamp_min({expr}, 0)", "category", c) for c, expr in split.items()]
+    bad = [_tag(f"clamp_min({expr}, 0)", "category", c) for c, expr in split.items() if c != "productive"]
+    # No record is read with a selector or a range, so every goodput record inlines into raw PromQL
+    # (the scale benchmark backfills them that way).
     rules = [
-        Recording(R["goodput_split"], " or ".join(parts)),
+        Recording(R["productive"], f"clamp_min({split['productive']}, 0)"),
+        Recording(R["badput"], " or ".join(bad)),
+        Recording(R["goodput_split"], f"{_tag(R['productive'], 'category', 'productive')} or {R['badput']}"),
         # the denominator is the sum of the parts (= the wall time while no part is clamped)
         Recording(R["wall"], f"sum by (job) ({R['goodput_split']})"),
         Recording(R["goodput_share"], f"{R['goodput_split']} / on (job) group_left () ({R['wall']} > 0)"),
-        Recording(R["goodput"], f"sum without (category) ({R['goodput_share']}{{category=\"productive\"}})"),
-        Recording(R["badput"], f"{R['goodput_split']}{{category!=\"productive\"}}"),
+        Recording(R["goodput"], f"{R['productive']} / ({R['wall']} > 0)"),
     ]
     return [replace(r, group=GOODPUT_GROUP) for r in rules]
 
