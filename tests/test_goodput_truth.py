@@ -6,8 +6,8 @@ goodput group every second), and a 2-rank gloo job under torchrun elastic
 
 1. healthy: no data wait to speak of, no checkpoint, no fault, ranks forked by the job after it
    imported torch (a short startup): goodput above 0.9 and RanksightGoodputLow never pending or firing;
-2. faulty: the data loader sleeps 40 ms per batch, rank 0 writes 1 s checkpoints every 6 s, and 10 s
-   after its second checkpoint it SIGKILLs itself; torchrun restarts both ranks. Every category of
+2. faulty: the data loader sleeps 40 ms per batch, rank 0 writes 1 s checkpoints every 5 s, and 10 s
+   after its second checkpoint it SIGKILLs itself; torchrun restarts both ranks, which run 5 s more. Every category of
    the job's split is within 2 percentage points of the same split computed from the job's own log.
 
 Then `ranksight report` on the faulty run writes its files, its PNGs decode, the plots it drew hold
@@ -116,31 +116,38 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
     a = agent(env={"RANKSIGHT__agent__rank_linger_seconds": "4"})
     s = local_stack(targets=[a.target], files=generate.render(cfg))
 
+    problems: List[str] = []  # every check of the three parts runs; the test reports them together
+
+    def check(ok: bool, what: str) -> None:
+        if not ok:
+            problems.append(what)
+
     healthy = Job(a, tmp_path, "healthy")
     t0 = time.time()
-    assert healthy.run("--seconds", "30", torchrun=False).returncode == 0, (healthy.dir / "torchrun.log").read_text()[-3000:]
+    assert healthy.run("--seconds", "25", torchrun=False).returncode == 0, (healthy.dir / "torchrun.log").read_text()[-3000:]
     time.sleep(2.5)
     gp = _shares(s.prom)
     assert gp, "no goodput shares recorded"
     assert sum(gp.values()) == pytest.approx(1.0, abs=1e-9)  # the shares sum to 1 by construction
-    assert gp["productive"] > 0.9, gp
+    check(gp["productive"] > 0.9, f"healthy goodput {gp['productive']:.3f} <= 0.9: {gp}; the job's own: {truth(healthy.dir)}")
     fired = s.prom.query(f'max_over_time(ALERTS{{alertname="{GOODPUT_LOW}", job="{JOB}"}}[{int(time.time() - t0) + 5}s])')
-    assert fired == [], fired
+    check(fired == [], f"{GOODPUT_LOW} was pending or firing on the healthy run: {fired}")
     deadline = time.time() + 15
     while not _gone(s.prom) and time.time() < deadline:
         time.sleep(0.5)
     assert _gone(s.prom), "the healthy run's series did not go away after the linger"
 
     faulty = Job(a, tmp_path, "faulty")
-    r = faulty.run("--seconds", "30", "--restart-seconds", "6", "--data-sleep", "0.04", "--ckpt-every", "6",
+    r = faulty.run("--seconds", "60", "--restart-seconds", "5", "--data-sleep", "0.04", "--ckpt-every", "5",
                    "--ckpt-seconds", "1", "--kill-after", "10")
     assert r.returncode == 0, (faulty.dir / "torchrun.log").read_text()[-3000:]
     time.sleep(2.5)
     got, want = _shares(s.prom), truth(faulty.dir)
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
     diff = {c: round(got.get(c, 0.0) - want[c], 4) for c in C.GOODPUT_CATEGORIES}
-    assert all(abs(v) <= TOLERANCE for v in diff.values()), f"measured {got}\njob's own {want}\ndiff {diff}"
-    assert want["wasted_progress"] > 0.05 and want["recovery"] > 0.03 and want["data_wait"] > 0.1, want
+    check(all(abs(v) <= TOLERANCE for v in diff.values()), f"measured {got}\njob's own {want}\ndiff {diff}")
+    check(want["wasted_progress"] > 0.05 and want["recovery"] > 0.03 and want["data_wait"] > 0.1,
+          f"the faulty job did not lose what it should have: {want}")
 
     out = tmp_path / "report"
     rep = subprocess.run([sys.executable, "-m", "ranksight", "report", "--prometheus", s.prom_url, "--job", JOB,
@@ -156,16 +163,17 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
 
     for plot in doc["plots"]:
         img = mpimg.imread(out / plot["file"])
-        assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0, plot["file"]
+        check(img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0, f"{plot['file']} is blank")
     drawn = {(p["file"], q["title"]): q for p in doc["plots"] for q in p["panels"]}
     for key in (("goodput.png", "Goodput"), ("goodput.png", "Where the wall time went"),
                 ("signal-1.png", "Dataloader wait per step"), ("ranks-heatmap.png", "Step time by rank"),
                 ("ranks-heatmap.png", "Busy time per step")):
-        assert drawn[key]["series"] > 0 and drawn[key]["points"] > 1, (key, drawn.get(key))
+        check(key in drawn and drawn[key]["series"] > 0 and drawn[key]["points"] > 1, f"{key}: {drawn.get(key)}")
     flagged = {f["what"] for f in doc["flags"]}
-    assert "data_wait share" in flagged and "restarts" in flagged, doc["flags"]
-    assert doc["summary"]["restarts"] == 1 and doc["baseline"]["restarts"] == 0
-    assert "regressed:" in rep.stdout
+    check("data_wait share" in flagged and "restarts" in flagged, f"flags {doc['flags']}")
+    check(doc["summary"]["restarts"] == 1 and (doc["baseline"] or {}).get("restarts") == 0,
+          f"restarts {doc['summary']['restarts']} vs baseline {doc['baseline']}")
+    check("regressed:" in rep.stdout, rep.stdout)
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == len(doc["plots"])  # self-contained
-
+    check(html.count("data:image/png;base64,") == len(doc["plots"]), "report.html does not embed every plot")
+    assert problems == [], "\n\n".join(problems)

@@ -11,7 +11,9 @@ Run under torchrun (``--max-restarts 1``). Each process appends JSON lines to ``
 
 The data loader sleeps ``--data-sleep`` seconds per batch; rank 0 writes a checkpoint of
 ``--ckpt-seconds`` every ``--ckpt-every`` seconds (inside ``ranksight.checkpoint_timer``), and with
-``--kill-after N`` the first process of rank 0 kills itself N seconds after its second checkpoint.
+``--kill-after N`` the first process of rank 0 kills itself N seconds after its second checkpoint
+(and writes no third). Each forward waits ``--compute-sleep`` (a device kernel the host waits for),
+so step times do not depend on how loaded this machine's CPUs are.
 Gradients are averaged with one explicit ``all_reduce`` per step, timed by the job itself; the
 same all_reduce carries rank 0's decision to stop, so both ranks stop after the same step.
 
@@ -54,6 +56,19 @@ class Log:
         self.f.flush()
 
 
+class Device(torch.nn.Module):
+    """Waits ``seconds`` in forward: the host waiting for a kernel (compute, from the job's view)."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def forward(self, x):
+        if self.seconds:
+            time.sleep(self.seconds)
+        return x
+
+
 def batches(n: int, sleep: float):
     g = torch.Generator().manual_seed(dist.get_rank())
     while True:
@@ -71,7 +86,10 @@ def main(child: bool = False) -> None:
     ap.add_argument("--ckpt-every", type=float, default=0.0)
     ap.add_argument("--ckpt-seconds", type=float, default=1.0)
     ap.add_argument("--kill-after", type=float, default=0.0)
-    ap.add_argument("--batch", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--compute-sleep", type=float, default=0.08,
+                    help="seconds each forward waits, like a device kernel the host waits for: the step's wall "
+                         "time does not depend on how busy this machine's CPUs are")
     ap.add_argument("--fork", type=int, default=0, help="launch this many ranks by fork (no torchrun)")
     a = ap.parse_args()
     if a.fork and not child:
@@ -83,8 +101,8 @@ def main(child: bool = False) -> None:
     log = Log(Path(a.events) / f"rank{rank}.jsonl")
     log(ev="start", pstart=PSTART, restart=restart)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), Device(a.compute_sleep),
+                                torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = iter(ranksight.watch(model, opt, batches(a.batch, a.data_sleep)))
     ckpt_path = Path(a.events) / "ckpt.json"
@@ -99,7 +117,8 @@ def main(child: bool = False) -> None:
         x, y = next(loader)
         data = time.time() - t
         ckpt = 0.0
-        if rank == 0 and a.ckpt_every and time.time() - last_ckpt >= a.ckpt_every:
+        dying = restart == 0 and a.kill_after > 0  # this process is killed 10 s after its second checkpoint
+        if rank == 0 and a.ckpt_every and time.time() - last_ckpt >= a.ckpt_every and not (dying and ckpts >= 2):
             c0 = time.time()
             with ranksight.checkpoint_timer(str(ckpt_path)):
                 time.sleep(a.ckpt_seconds)
