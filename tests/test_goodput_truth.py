@@ -113,8 +113,12 @@ def _gone(prom) -> bool:
 @pytest.mark.slow
 def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regression(agent, local_stack, tmp_path):
     cfg = config.load(None, "test", env={"RANKSIGHT__durations__slow_rule_interval": "1s"})
-    a = agent(env={"RANKSIGHT__agent__rank_linger_seconds": "4"})
-    s = local_stack(targets=[a.target], files=generate.render(cfg))
+    # Two agents, both scraped: the healthy run's series go away 2 s after it ends (so the two runs
+    # are apart in Prometheus at once); the faulty run's agent keeps a rank that exited cleanly for
+    # 30 s, longer than torchrun takes to restart it (beyond the linger a new process is a new run).
+    a = agent(env={"RANKSIGHT__agent__rank_linger_seconds": "2"}, name="agent-healthy")
+    b = agent(env={"RANKSIGHT__agent__rank_linger_seconds": "30"}, name="agent-faulty")
+    s = local_stack(targets=[a.target, b.target], files=generate.render(cfg))
 
     problems: List[str] = []  # every check of the three parts runs; the test reports them together
 
@@ -124,7 +128,7 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
 
     healthy = Job(a, tmp_path, "healthy")
     t0 = time.time()
-    assert healthy.run("--seconds", "25", torchrun=False).returncode == 0, (healthy.dir / "torchrun.log").read_text()[-3000:]
+    assert healthy.run("--seconds", "28", "--compute-sleep", "0.15", torchrun=False).returncode == 0, (healthy.dir / "torchrun.log").read_text()[-3000:]
     time.sleep(2.5)
     gp = _shares(s.prom)
     assert gp, "no goodput shares recorded"
@@ -137,7 +141,7 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
         time.sleep(0.5)
     assert _gone(s.prom), "the healthy run's series did not go away after the linger"
 
-    faulty = Job(a, tmp_path, "faulty")
+    faulty = Job(b, tmp_path, "faulty")
     r = faulty.run("--seconds", "60", "--restart-seconds", "5", "--data-sleep", "0.04", "--ckpt-every", "5",
                    "--ckpt-seconds", "1", "--kill-after", "10")
     assert r.returncode == 0, (faulty.dir / "torchrun.log").read_text()[-3000:]
@@ -174,6 +178,11 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
     check(doc["summary"]["restarts"] == 1 and (doc["baseline"] or {}).get("restarts") == 0,
           f"restarts {doc['summary']['restarts']} vs baseline {doc['baseline']}")
     check("regressed:" in rep.stdout, rep.stdout)
+    none = subprocess.run([sys.executable, "-m", "ranksight", "report", "--prometheus", s.prom_url, "--job", "no-such-job",
+                           "--out", str(tmp_path / "none"), "--lookback", "1h"], capture_output=True, text=True, timeout=60,
+                          cwd=str(ROOT))
+    check(none.returncode == 1 and len(none.stderr.strip().splitlines()) == 1 and JOB in none.stderr
+          and "Traceback" not in none.stderr, f"no-data report: rc {none.returncode}: {none.stderr}")
     html = (out / "report.html").read_text()
     check(html.count("data:image/png;base64,") == len(doc["plots"]), "report.html does not embed every plot")
     assert problems == [], "\n\n".join(problems)

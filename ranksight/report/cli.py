@@ -152,3 +152,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"report: {paths['html'].resolve()}")
     print(f"        {paths['md'].resolve()}")
     return 0
+
+
+def write_report(prometheus: str, job: str, out: str, profile: str = "default", start: Optional[float] = None,
+                 end: Optional[float] = None, config_path: Optional[str] = None) -> Tuple[str, Path]:
+    """The report as a library call (``ranksight demo`` ends with it): returns (verdict, report.html).
+    Raises ``make.ReportError`` (one line, ``.code``) or ``TriageError`` (Prometheus unreachable)."""
+    args = argparse.Namespace(prometheus=prometheus, job=job, start=None if start is None else str(start),
+                              end=None if end is None else str(end), baseline=None, lookback=DEFAULT_LOOKBACK,
+                              out=out, dashboard=None, config=config_path, profile=profile, timeout=15.0)
+    rep, out_dir = build(args)
+    return rep.verdict, write.write(rep, out_dir)["html"]

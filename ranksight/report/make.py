@@ -130,18 +130,22 @@ def fired_alerts(prom: Prometheus, job: str, run: Run, cfg: Mapping[str, Any]) -
         for labels, pts in prom.query_range(expr, run.start, run.end, step):
             if pts:
                 out.append(Fired(labels.get("alertname", ""), labels, pts[0][0], pts[-1][0]))
+    return mute(out, cfg)
+
+
+def mute(fired: List[Fired], cfg: Mapping[str, Any]) -> List[Fired]:
+    """Sort by triage order and mark each alert with the causes that muted it while both fired: the
+    triage table's inhibitions (source, target, equal labels), as Alertmanager applies them."""
     order = {e.alert: i for i, e in enumerate(triage.table(cfg))}
-    out.sort(key=lambda f: (order.get(f.alert, len(order)), f.start))
-    for target in out:
+    fired.sort(key=lambda f: (order.get(f.alert, len(order)), f.start))
+    for target in fired:
         for src, tgt, equal in triage.inhibit_pairs(cfg):
-            if tgt != target.alert:
+            if tgt != target.alert or src in target.muted_by:
                 continue
-            for s in out:
-                if (s.alert == src and s.start <= target.end and target.start <= s.end
-                        and all(s.labels.get(k) == target.labels.get(k) for k in equal)
-                        and src not in target.muted_by):
-                    target.muted_by.append(src)
-    return out
+            if any(s.alert == src and s.start <= target.end and target.start <= s.end
+                   and all(s.labels.get(k) == target.labels.get(k) for k in equal) for s in fired):
+                target.muted_by.append(src)
+    return fired
 
 
 def compare(now: Summary, base: Summary, cfg: Mapping[str, Any]) -> List[Flag]:

@@ -96,8 +96,15 @@ def main(child: bool = False) -> None:
         launch(a.fork)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    # One key prefix per launcher round: under torchrun's agent store the previous round's keys stay,
+    # and a restarted rank would read its dead peer's address from them.
+    from datetime import timedelta
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    master = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=master,
+                          timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"round{restart}", store), rank=rank, world_size=world)
     log = Log(Path(a.events) / f"rank{rank}.jsonl")
     log(ev="start", pstart=PSTART, restart=restart)
     torch.manual_seed(0)
@@ -106,7 +113,6 @@ def main(child: bool = False) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = iter(ranksight.watch(model, opt, batches(a.batch, a.data_sleep)))
     ckpt_path = Path(a.events) / "ckpt.json"
-    world = dist.get_world_size()
     t_prev = time.time()
     t_end = t_prev + (a.seconds if restart == 0 else a.restart_seconds)
     last_ckpt = t_prev
