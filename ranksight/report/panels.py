@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ranksight.config import duration_seconds
 from ranksight.dashboards import generate as dgen
 
 BOARDS = {"triage": "ranksight-triage.json", "ranks": "ranksight-ranks.json", "node": "ranksight-node.json"}
@@ -105,6 +106,7 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
     """Run the panel's queries for ``job`` over [start, end] (tables: instant, at ``end``)."""
     d = Drawn(p)
     rng = f"{max(int(end - start), 1)}s"
+    tail = duration_seconds(rate_interval)
     for t in p.targets:
         expr = dgen.substitute(t.expr, job=[job], rate_interval=rate_interval, range_=rng)
         if t.instant or p.type == "table":
@@ -112,6 +114,10 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
                 d.rows.append(dict(s.labels, Value=_num(s.value, p.unit)))
             continue
         for labels, pts in prom.query_range(expr, start, end, step):
+            # a per-rank series that ends within one rate window of the start is the previous run's
+            # tail (rate() windows reach back over the gap between runs), not this run
+            if "rank" in labels and pts and pts[-1][0] < start + tail and end - start > 2 * tail:
+                continue
             d.series.append((legend(t.legend, labels), pts))
     return d
 
