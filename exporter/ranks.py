@@ -183,7 +183,7 @@ class Rank:
         # step counters
         "steps", "micro", "step_s", "data_s", "fwd_s", "bwd_s", "opt_s", "comm_s", "xcomm_s",
         "h_step", "h_data", "h_b2o", "win",
-        "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "finished", "pstart", "gpu_uuid",
+        "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "recv", "lost", "lost_carried", "finished", "pstart", "gpu_uuid",
         # cumulative-per-process fields turned into counters: name -> [total, last]
         "cum",
         "mres", "malloc", "wrss", "restart",
@@ -216,6 +216,9 @@ class Rank:
         self.last_progress = now
         self.seq = 0
         self.sess = -1
+        self.recv = 0  # step records received in this session
+        self.lost = 0  # step records lost (all sessions): the totals' steps minus the records received
+        self.lost_carried = 0
         self.carried: Dict[str, float] = dict.fromkeys((a for _, a in _TOT_ATTRS), 0)
         self.carried_h: Dict[str, Tuple[List[int], float]] = {}
         self.finished: Optional[float] = None  # agent clock at a clean exit ("bye"); the linger runs from here
@@ -282,6 +285,8 @@ class Rank:
 
     def _carry(self) -> None:
         """A new session starts: what the rank counted so far is carried under its totals."""
+        self.recv = 0
+        self.lost_carried = self.lost
         for _, a in _TOT_ATTRS:
             self.carried[a] = getattr(self, a)
         for _, a, _ in _HIST_ATTRS:
@@ -292,6 +297,9 @@ class Rank:
         """Apply a v2 heartbeat's or bye's cumulative totals: counter = carried + total, never down."""
         tot = rec["tot"]
         carried = self.carried
+        lost = self.lost_carried + tot["steps"] - self.recv
+        if lost > self.lost:
+            self.lost = lost
         for k, a in _TOT_ATTRS:
             v = carried[a] + tot[k]
             if v > getattr(self, a):
@@ -335,6 +343,7 @@ class Rank:
 
     # -- records
     def step(self, rec: dict, now: float) -> None:
+        self.recv += 1
         self.steps += 1
         self.micro += rec["micro"]
         dur = rec["dur"]
@@ -370,6 +379,30 @@ class Rank:
         self.malloc = rec["malloc"]
         self.wrss = rec["wrss"]
         self.restart = rec["restart"]
+
+    def batch(self, rec: dict, now: float) -> None:
+        """A v2 "steps" record: the window quantile sees every duration; the counters and
+        histograms are the totals it carries (exact, so nothing is summed here)."""
+        n = rec["n"]
+        self.recv += n
+        win = self.win
+        for dur in rec["dur"]:
+            win.observe(dur, now)
+        self.last_step_ts = rec["ts"]
+        self.last_progress = now
+        last = rec["seq"] + n - 1
+        if last > self.seq:
+            self.seq = last
+        for k, c in self.cum.items():
+            v = rec[k]
+            if v > c[1]:
+                c[0] += v - c[1]
+                c[1] = v
+        self.mres = rec["mres"]
+        self.malloc = rec["malloc"]
+        self.wrss = rec["wrss"]
+        self.restart = rec["restart"]
+        self.totals(rec)
 
     def heartbeat(self, rec: dict, now: float) -> None:
         self.last_hb = now
@@ -464,7 +497,9 @@ class RankTable:
                 self.ranks[key] = r
                 self.jobs[job] = self.jobs.get(job, 0) + 1
             r.identify(rec, now)
-            if t == "step":
+            if t == "steps":
+                r.batch(rec, now)
+            elif t == "step":
                 r.step(rec, now)
             elif t == "hb":
                 r.heartbeat(rec, now)
@@ -577,6 +612,7 @@ _COUNTERS = (
     (C.FORWARD_SECONDS, "fwd_s"), (C.BACKWARD_SECONDS, "bwd_s"), (C.OPTIMIZER_SECONDS, "opt_s"),
     (C.COMM_SECONDS, "comm_s"), (C.EXPOSED_COMM_SECONDS, "xcomm_s"), (C.CHECKPOINT_SECONDS, "ckpt_s"),
     (C.CHECKPOINT_BYTES, "ckpt_bytes"), (C.CHECKPOINT_FAILURES, "ckpt_fail"), (C.HEARTBEAT_MISSES, "misses"),
+    (C.STEP_RECORDS_LOST, "lost"),
 )
 _CUMS = ((C.CUDA_ALLOC_RETRIES, "retries"), (C.CUDA_OOMS, "ooms"), (C.HOOK_ERRORS, "herr"), (C.HOOK_DROPPED_EVENTS, "hdrop"))
 _GAUGES = ((C.CUDA_RESERVED, "mres"), (C.CUDA_ALLOCATED, "malloc"), (C.DATALOADER_WORKERS_RSS, "wrss"),
