@@ -155,12 +155,21 @@ def hello(r: Any, pstart: float, now: float) -> None:
         g.gap_since = start
 
 
+def _end(rec: dict, now: float) -> float:
+    """When the record's last step ended, on the agent's clock: the sender's ``ts`` (same host), unless
+    it is implausible (a skewed clock), then the arrival."""
+    t = rec["ts"] - OFFSET
+    return t if now - 60.0 <= t <= now + 1.0 else now
+
+
 def step(r: Any, rec: dict, now: float) -> None:
-    """A step record: the first step of a session ends its startup or recovery; a step ends a stall."""
+    """A "step" record, or a "steps" record of several (lists per field): the first step of a session
+    ends its startup or recovery; a step ends a stall."""
     g: Ledger = r.gp
     g.dead = False  # (a rank that only froze past its down limit and came back)
-    dur = rec["dur"]
-    start = now - dur
+    end = _end(rec, now)
+    durs = rec["dur"] if isinstance(rec["dur"], list) else [rec["dur"]]
+    start = end - sum(durs)
     if g.rerun is not None:
         if rec["restart"] > g.rerun and g.bye_at is not None and g.gap == STARTUP:
             # A launcher restart after a "bye" (a surviving rank whose collective failed exits cleanly):
@@ -176,11 +185,13 @@ def step(r: Any, rec: dict, now: float) -> None:
         g.rerun = None
     if g.gap is not None:
         g._close_gap(max(start, g.gap_since))
-    if g.stall_since is not None:
-        s = g._close_stall(now)
+    if g.stall_since is not None:  # the first step of the record is the one that was stalled
+        first = (lambda k: rec[k][0]) if isinstance(rec["dur"], list) else (lambda k: rec[k])
+        dur = durs[0]
+        s = g._close_stall(max(start + dur, g.stall_since))
         inside = min(s, dur)
-        parts = {DATA: rec["data"], XCOMM: rec["xcomm"]}
-        parts[PRODUCTIVE] = max(dur - rec["data"] - rec["xcomm"] - rec["ckpt"], 0.0)
+        parts = {DATA: first("data"), XCOMM: first("xcomm")}
+        parts[PRODUCTIVE] = max(dur - parts[DATA] - parts[XCOMM] - first("ckpt"), 0.0)
         for c in dict.fromkeys((g.stall_kind, PRODUCTIVE, DATA, XCOMM)):  # its own component first
             take = min(inside, parts[c])
             g.over[c] += take
@@ -206,7 +217,7 @@ def after(ranks: Iterable[Any], r: Any, rec: dict, now: float) -> None:
     g: Ledger = r.gp
     g.alive = now
     t = rec["t"]
-    if t == "step":
+    if t == "step" or t == "steps":
         step(r, rec, now)
     elif t == "hello":
         hello(r, rec.get("pstart", 0.0), now)

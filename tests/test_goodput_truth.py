@@ -155,7 +155,7 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
 
     out = tmp_path / "report"
     rep = subprocess.run([sys.executable, "-m", "ranksight", "report", "--prometheus", s.prom_url, "--job", JOB,
-                          "--out", str(out), "--profile", "test", "--lookback", "1h"],
+                          "--out", str(out), "--profile", "test", "--lookback", "1h", "--dashboard", "ranks"],
                          capture_output=True, text=True, timeout=120, cwd=str(ROOT),
                          env=dict(os.environ, RANKSIGHT__durations__slow_rule_interval="1s"))
     assert rep.returncode == 0, rep.stdout + rep.stderr
@@ -173,6 +173,8 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
                 ("signal-1.png", "Dataloader wait per step"), ("ranks-heatmap.png", "Step time by rank"),
                 ("ranks-heatmap.png", "Busy time per step")):
         check(key in drawn and drawn[key]["series"] > 0 and drawn[key]["points"] > 1, f"{key}: {drawn.get(key)}")
+    grid = [p for p in doc["plots"] if p["file"] == "dashboard-ranks.png"]
+    check(len(grid) == 1 and len(grid[0]["panels"]) == 12, f"--dashboard ranks: {grid}")
     flagged = {f["what"] for f in doc["flags"]}
     check("data_wait share" in flagged and "restarts" in flagged, f"flags {doc['flags']}")
     check(doc["summary"]["restarts"] == 1 and (doc["baseline"] or {}).get("restarts") == 0,
