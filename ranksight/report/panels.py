@@ -116,7 +116,7 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
         for labels, pts in prom.query_range(expr, start, end, step):
             # a per-rank series that ends within one rate window of the start is the previous run's
             # tail (rate() windows reach back over the gap between runs), not this run
-            if "rank" in labels and pts and pts[-1][0] < start + tail and end - start > 2 * tail:
+            if "rank" in labels and pts and pts[-1][0] < start + tail and end - start > tail:
                 continue
             d.series.append((legend(t.legend, labels), pts))
     return d
