@@ -6,7 +6,7 @@ goodput group every second), and a 2-rank gloo job under torchrun elastic
 
 1. healthy: no data wait to speak of, no checkpoint, no fault, ranks forked by the job after it
    imported torch (a short startup): goodput above 0.9 and RanksightGoodputLow never pending or firing;
-2. faulty: the data loader sleeps 40 ms per batch, rank 0 writes 1 s checkpoints every 5 s, and 10 s
+2. faulty: the data loader sleeps 40 ms per batch, rank 0 writes 1 s checkpoints every 4 s, and 10 s
    after its second checkpoint it SIGKILLs itself; torchrun restarts both ranks, which run 5 s more. Every category of
    the job's split is within 2 percentage points of the same split computed from the job's own log.
 
@@ -128,7 +128,7 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
 
     healthy = Job(a, tmp_path, "healthy")
     t0 = time.time()
-    assert healthy.run("--seconds", "24", "--compute-sleep", "0.15", torchrun=False).returncode == 0, (healthy.dir / "torchrun.log").read_text()[-3000:]
+    assert healthy.run("--seconds", "20", "--compute-sleep", "0.15", torchrun=False).returncode == 0, (healthy.dir / "torchrun.log").read_text()[-3000:]
     time.sleep(2.5)
     gp = _shares(s.prom)
     assert gp, "no goodput shares recorded"
@@ -142,7 +142,7 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
     assert _gone(s.prom), "the healthy run's series did not go away after the linger"
 
     faulty = Job(b, tmp_path, "faulty")
-    r = faulty.run("--seconds", "60", "--restart-seconds", "5", "--data-sleep", "0.04", "--ckpt-every", "5",
+    r = faulty.run("--seconds", "60", "--restart-seconds", "5", "--data-sleep", "0.04", "--ckpt-every", "4",
                    "--ckpt-seconds", "1", "--kill-after", "10")
     assert r.returncode == 0, (faulty.dir / "torchrun.log").read_text()[-3000:]
     time.sleep(2.5)

@@ -47,6 +47,8 @@ def test_panels_come_from_the_dashboards(cfg):
     assert panels.legend("{{job}} rank {{rank}}", {"job": "j", "rank": "3"}) == "j rank 3"
     ranks = panels.panels(boards["ranks"], "ranks")
     assert panels.find(ranks, "Step time by rank").type == "heatmap"
+    table = panels.find(ranks, "Per-rank step breakdown")  # Grafana's merge: one row per rank, named columns
+    assert table.columns["Value #A"] == ("step mean", "s") and "instance" in table.hidden
 
 
 def test_muted_symptoms_follow_the_inhibitions(cfg):

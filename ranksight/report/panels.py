@@ -41,6 +41,8 @@ class Panel:
     stacked: bool = False
     threshold_lines: bool = False
     w: int = 12
+    columns: Dict[str, Tuple[str, str]] = field(default_factory=dict)  # table field -> (display name, unit)
+    hidden: Tuple[str, ...] = ()  # table fields the panel's "organize" transformation hides
 
 
 @dataclass
@@ -78,10 +80,19 @@ def panels(model: Mapping[str, Any], board: str) -> List[Panel]:
         steps = [(s.get("value"), s.get("color", "")) for s in (fc.get("thresholds") or {}).get("steps", [])]
         targets = [Target(t.get("expr", ""), t.get("legendFormat", ""), bool(t.get("instant")), t.get("format") or "time_series")
                    for t in p.get("targets", [])]
+        columns: Dict[str, Tuple[str, str]] = {}
+        for o in p.get("fieldConfig", {}).get("overrides", []) or []:
+            props = {x.get("id"): x.get("value") for x in o.get("properties", [])}
+            if (o.get("matcher") or {}).get("id") == "byName" and "displayName" in props:
+                columns[o["matcher"]["options"]] = (props["displayName"], props.get("unit", fc.get("unit", "")))
+        hidden: Tuple[str, ...] = ()
+        for tr in p.get("transformations", []) or []:
+            if tr.get("id") == "organize":
+                hidden = tuple(k for k, v in (tr.get("options", {}).get("excludeByName") or {}).items() if v)
         out.append(Panel(board, row, p.get("title", ""), p.get("type", ""), fc.get("unit", ""), p.get("description", ""),
                          targets, steps, (custom.get("stacking") or {}).get("mode") == "normal",
                          (custom.get("thresholdsStyle") or {}).get("mode", "off") != "off",
-                         (p.get("gridPos") or {}).get("w", 12)))
+                         (p.get("gridPos") or {}).get("w", 12), columns, hidden))
     return out
 
 
@@ -107,11 +118,17 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
     d = Drawn(p)
     rng = f"{max(int(end - start), 1)}s"
     tail = duration_seconds(rate_interval)
-    for t in p.targets:
+    merged: Dict[Tuple[Tuple[str, str], ...], Dict[str, str]] = {}
+    for i, t in enumerate(p.targets):
         expr = dgen.substitute(t.expr, job=[job], rate_interval=rate_interval, range_=rng)
         if t.instant or p.type == "table":
+            # Grafana's "merge": one row per label set, one column per query ("Value #A", ...)
+            col = f"Value #{chr(ord('A') + i)}" if len(p.targets) > 1 else "Value"
+            name, unit = p.columns.get(col, (col, p.unit))
             for s in prom.query(expr, end):
-                d.rows.append(dict(s.labels, Value=_num(s.value, p.unit)))
+                labels = {k: v for k, v in s.labels.items() if k != "__name__" and k not in p.hidden}
+                row = merged.setdefault(tuple(sorted(labels.items())), dict(labels))
+                row[name] = _num(s.value, unit)
             continue
         for labels, pts in prom.query_range(expr, start, end, step):
             # a per-rank series that ends within one rate window of the start is the previous run's
@@ -119,6 +136,7 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
             if "rank" in labels and pts and pts[-1][0] < start + tail and end - start > tail:
                 continue
             d.series.append((legend(t.legend, labels), pts))
+    d.rows = list(merged.values())
     return d
 
 
@@ -126,6 +144,8 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
 def _num(v: float, unit: str) -> str:
     if unit == "percentunit":
         return f"{v:.1%}"
+    if unit == "none":
+        return f"{v:.3g}"
     if unit == "s":
         return f"{v:.3g} s" if abs(v) < 100 else f"{v:.0f} s"
     if unit in ("bytes", "Bps"):
@@ -242,7 +262,7 @@ def _table(ax: Any, d: Drawn) -> None:
         ax.text(0.5, 0.5, "no rows", ha="center", va="center", fontsize=8, color="grey", transform=ax.transAxes)
         return
     skip = {"__name__", "instance", "alertstate", "local_rank"}
-    cols = [c for c in dict.fromkeys(k for r in d.rows for k in r) if c not in skip][:6]
+    cols = [c for c in dict.fromkeys(k for r in d.rows for k in r) if c not in skip][:10]
     cells = [[str(r.get(c, ""))[:28] for c in cols] for r in d.rows[:12]]
     t = ax.table(cellText=cells, colLabels=cols, loc="upper center", cellLoc="left")
     t.auto_set_font_size(False)
