@@ -128,7 +128,7 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
 
     healthy = Job(a, tmp_path, "healthy")
     t0 = time.time()
-    assert healthy.run("--seconds", "20", "--compute-sleep", "0.15", torchrun=False).returncode == 0, (healthy.dir / "torchrun.log").read_text()[-3000:]
+    assert healthy.run("--seconds", "30", "--compute-sleep", "0.15", torchrun=False).returncode == 0, (healthy.dir / "torchrun.log").read_text()[-3000:]
     time.sleep(2.5)
     gp = _shares(s.prom)
     assert gp, "no goodput shares recorded"
