@@ -184,7 +184,7 @@ def main(argv: Optional[list] = None) -> int:
                 start = now
             if not fault_on and args.fault != "none" and now - start >= args.fault_after:
                 fault_on = True
-                if rank == 0:
+                if rank == 0 and args.fault_after > 0:
                     say(f"train_ddp: fault {args.fault} on rank {bad} starts now, {now - start:.0f} s after "
                         f"the first step")
                 if faulty and args.fault == "slow-data":

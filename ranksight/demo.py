@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
 from . import catalog, config, triage
+from .cli import error
 from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, ApiError, LocalStack,
                     MissingBinary, StackError, free_port, port_in_use, render_alert_files, set_pdeathsig,
                     wait_until)
@@ -343,8 +344,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, v, lo in (("--duration", args.duration, 0.0), ("--fault-after", args.fault_after, -1e-9),
                         ("--settle", args.settle, -1e-9)):
         if not v > lo or v != v:
-            print(f"ranksight: error: {flag} must be {'positive' if lo == 0 else '0 or more'}", file=sys.stderr)
-            return 2
+            return error(f"{flag} must be {'positive' if lo == 0 else '0 or more'}")
     started: List[object] = []
 
     def on_term(signum: int, frame: object) -> None:
@@ -355,8 +355,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args, started, state)
     except StackError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+        return error(str(e))
     except KeyboardInterrupt:
         if "verdict" in state:  # Ctrl-C ends a kept stack: the normal way out
             say("\nranksight demo: stopping the kept agent and stack")

@@ -687,8 +687,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except StackError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+        from .cli import error
+
+        return error(str(e))
 
 
 def _run(args: argparse.Namespace) -> int:
