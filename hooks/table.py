@@ -96,12 +96,14 @@ class StepTable:
     def _move(self) -> str:
         if self.share_move <= 0 or self.last_shares is None:
             return ""
-        now_shares = self.shares()
-        i = max(range(len(SHARES)), key=lambda k: abs(now_shares[k] - self.last_shares[k]))  # type: ignore[index]
-        before, after = self.last_shares[i], now_shares[i]
-        if abs(after - before) < self.share_move:
-            return ""
-        return f"{SHARES[i]} {100 * before:.0f}% -> {100 * after:.0f}%"
+        now_shares, last = self.shares(), self.last_shares
+        # compute is the rest of the step: it moves whenever data, x-comm or ckpt do, so it is named
+        # only when no other share moved enough on its own
+        for ks in ((0, 2, 3, 4), (1,)):
+            i = max(ks, key=lambda k: abs(now_shares[k] - last[k]))
+            if abs(now_shares[i] - last[i]) >= self.share_move:
+                return f"{SHARES[i]} {100 * last[i]:.0f}% -> {100 * now_shares[i]:.0f}%"
+        return ""
 
     def due(self, now: float) -> bool:
         if not self.durs:

@@ -70,6 +70,8 @@ def test_demo_default_story_names_the_cause_and_keeps_the_stack(tmp_path):
     assert "ranksight step time, job demo" in out and "legend: % of step time" in out, out
     assert "train_ddp: step" in after and "ranksight info global_batch_lr" in before, out
     assert re.search(r"ranksight demo +t\+\d+s: FIRING  RanksightStraggler +job=demo rank=1", after), out
+    for marker in ("train_ddp: ", "ranksight step time", "ranksight demo ", "legend: "):  # whole lines only
+        assert all(ln.startswith(marker) for ln in out.splitlines() if marker in ln), (marker, out)
     verdict = out[out.index("\nverdict: "):]
     assert re.match(r"\nverdict: RanksightStraggler on job=demo rank=1 .*names the injected cause \(straggler", verdict)
     assert re.search(r"^ +it mutes: .*RanksightCommBound on job=demo", verdict, re.M), out
