@@ -121,7 +121,9 @@ class SeenAlert:
     summary: str
     active: bool = False  # seen firing and not muted at least once
     muted_by: Set[str] = field(default_factory=set)
-    now: str = "firing"  # the latest state: "active" or "muted" in Alertmanager, "firing" in Prometheus only
+    now: str = "firing"  # the latest state: "active" or "muted" in Alertmanager, "firing" in Prometheus
+    # only, "resolved" once gone from both
+    before_fault: bool = False  # first seen before the fault was injected
     told: Set[str] = field(default_factory=set)  # the states already printed as news
 
     @property
@@ -137,6 +139,8 @@ class AlertLog:
     def __init__(self) -> None:
         self.seen: Dict[Tuple[Tuple[str, str], ...], SeenAlert] = {}
         self.steps: Dict[str, int] = {}  # rank -> highest steps_total Prometheus saw
+        self.fault_planned = False  # a fault will be injected (not --fault none)
+        self.fault_started = False  # set by the demo once the fault is on
 
     def _get(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> SeenAlert:
         key = tuple(sorted(labels.items()))
@@ -156,8 +160,10 @@ class AlertLog:
             log.debug("alert poll failed: %s", e)
             return
         by_fp = {a["fingerprint"]: a["labels"].get("alertname", "?") for a in am_alerts}
+        present = set()
         for a in am_alerts:
             s = self._get(a["labels"], a.get("annotations", {}))
+            present.add(id(s))
             muters = a["status"].get("inhibitedBy") or []
             if muters:
                 s.muted_by.update(by_fp.get(fp, "another alert") for fp in muters)
@@ -167,17 +173,23 @@ class AlertLog:
                 s.now = "active"
         for a in prom_alerts:  # firing in Prometheus but not (yet) in Alertmanager
             if a["state"] == "firing":
-                self._get(a["labels"], a.get("annotations", {}))
+                present.add(id(self._get(a["labels"], a.get("annotations", {}))))
+        for s in self.seen.values():
+            if id(s) not in present:
+                s.now = "resolved"
+            if not self.fault_started:
+                s.before_fault = True
 
     def news(self) -> List[str]:
         """One line per problem alert that first fired or was first muted since the last call."""
         lines = []
         for s in self.problems():
-            if s.now in s.told or s.now == "firing":
+            if s.now in s.told or s.now in ("firing", "resolved"):
                 continue
             s.told.add(s.now)
             if s.now == "active":
-                lines.append(f"FIRING  {s.name:<28} {s.where}  {s.summary}".rstrip())
+                when = "  (healthy phase: before the fault)" if self.fault_planned and not self.fault_started else ""
+                lines.append(f"FIRING  {s.name:<28} {s.where}  {s.summary}{when}".rstrip())
             else:
                 lines.append(f"muted   {s.name:<28} {s.where}  (inhibited by {', '.join(sorted(s.muted_by))})")
         return lines
@@ -211,11 +223,13 @@ class AlertLog:
         say("alerts that fired (test profile):", out)
         order = {e.alert: i for i, e in enumerate(triage.table(config.load(env={})))}
         for s in sorted(self.problems(), key=lambda s: (s.now != "active", order.get(s.name, 999), s.where)):
-            state = {"active": "FIRING", "muted": "muted"}.get(s.now, "firing")  # firing: in Prometheus only
-            why = ""
-            if s.now == "muted":
-                why = f"  [inhibited by {', '.join(sorted(s.muted_by))}" + \
-                    ("; it fired before its cause did]" if s.active else "]")
+            state = {"active": "FIRING", "muted": "muted", "resolved": "resolved"}.get(s.now, "firing")
+            notes = [f"inhibited by {', '.join(sorted(s.muted_by))}"] if s.muted_by else []
+            if s.active and s.muted_by:
+                notes.append("it fired before its cause did")
+            if s.before_fault and self.fault_planned:
+                notes.append("it fired in the healthy phase, before the fault was injected")
+            why = f"  [{'; '.join(notes)}]" if notes else ""
             say(f"  {state:<7} {s.name:<28} {s.severity:<8} {s.where}{why}", out)
             if s.summary and s.now == "active":
                 say(f"          {s.summary}", out)
@@ -443,18 +457,21 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
     job = Job(script, run_dir, job_args, env)
     started.append(job)
     alerts = AlertLog()
+    alerts.fault_planned = after > 0
     launched = time.monotonic()
     first_step: Optional[float] = None
     named_at: Optional[float] = None
     while job.running():
         now = time.monotonic()
+        if first_step is None and _stepping(agent):
+            first_step = now
+        if first_step is not None and now >= first_step + after:
+            alerts.fault_started = True
         if stack is not None:
             alerts.poll(stack)
             t = f"t+{now - first_step:.0f}s" if first_step is not None else "startup"
             for line in alerts.news():
                 say(f"ranksight demo {t:>6}: {line}")
-        if first_step is None and _stepping(agent):
-            first_step = now
         # --duration counts from the first step (imports and DDP setup take ~10 s on 2 cores)
         if now > (first_step if first_step is not None else launched + STARTUP_SECONDS) + args.duration + 30:
             break
