@@ -221,7 +221,8 @@ def main(argv: Optional[list] = None) -> int:
             stop = bool(args.steps) and step >= args.steps  # the same on every rank
             if step % 10 == 0:  # every rank takes part: average loss and the shared "time is up" flag
                 elapsed = time.monotonic() - start
-                t = torch.tensor([loss_sum / 10, float(bool(args.duration) and elapsed >= args.duration or bool(asked))])
+                time_up = bool(args.duration) and elapsed >= args.duration
+                t = torch.tensor([loss_sum / 10, float(time_up or bool(asked))])
                 dist.all_reduce(t)
                 loss_sum, stop = 0.0, stop or bool(t[1] > 0)
                 if rank == 0 and args.log_every and (step % args.log_every == 0 or stop):

@@ -71,7 +71,7 @@ TERMINAL = ("kill-rank", "hang")  # faults after which the job cannot progress
 STARTUP_SECONDS = 90.0  # at most this long from launch to the first step
 SCRAPE_INTERVAL = "2s"
 POLL_SECONDS = 2.0
-LINGER_SECONDS = 12.0  # after the cause fires, wait this long at most for the symptoms it mutes
+LINGER_SECONDS = 20.0  # after the cause fires, wait this long at most for the symptoms it mutes
 STOP_SECONDS = 15.0  # SIGUSR1 to stop: the ranks stop at their next loss all-reduce, else TERM/KILL
 KEEP_DIR = "run/stack"  # `ranksight stack`'s default run dir: status/down find the kept stack there
 
@@ -205,7 +205,8 @@ class AlertLog:
         return None
 
     def muted_by(self, cause: str) -> List[SeenAlert]:
-        return [s for s in self.problems() if cause in s.muted_by and s.now == "muted"]
+        """Alerts this cause muted (and that did not fire unmuted again since)."""
+        return [s for s in self.problems() if cause in s.muted_by and s.now != "active"]
 
     def unexplained(self, causes: Sequence[str]) -> List[SeenAlert]:
         """Problem alerts firing unmuted now, other than these causes."""
@@ -415,6 +416,8 @@ def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path,
         stack = LocalStack(stack_dir, targets=[agent.target], files=render_alert_files(cfg), cfg=cfg,
                            prometheus_port=ports.get("prometheus_port", 0),
                            alertmanager_port=ports.get("alertmanager_port", 0), scrape_interval=SCRAPE_INTERVAL)
+        if args.keep:
+            stack.owner = f"ranksight demo --keep (pid {os.getpid()}, agent on :{agent.listen_port})"
         started.append(stack)
         stack.start()
     except MissingBinary as e:
@@ -477,9 +480,10 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
             break
         if fault != "none" and stack is not None:
             hit = alerts.named(fault, bad, True)
-            if hit is not None and (fault in TERMINAL or named_at is not None and (
-                    not alerts.unexplained(EXPECTED[fault][0]) or now - named_at > LINGER_SECONDS)):
-                break  # the cause is named and mutes its symptoms: the story is told
+            told = hit is not None and alerts.muted_by(hit.name) and not alerts.unexplained(EXPECTED[fault][0])
+            if hit is not None and (fault in TERMINAL or told or named_at is not None and
+                                    now - named_at > LINGER_SECONDS):
+                break  # the cause is named and has muted its symptoms: the story is told
             if hit is not None and named_at is None:
                 named_at = now
         time.sleep(POLL_SECONDS)

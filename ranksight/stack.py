@@ -426,6 +426,7 @@ class LocalStack:
         self.scrape_interval = scrape_interval
         self.evaluation_interval = evaluation_interval or scrape_interval
         self.daemon = daemon
+        self.owner = ""  # who started it, when not `ranksight stack up` (stack.json; status and down say it)
         d = self.run_dir
         self.prometheus = Proc("prometheus", [], d / "prometheus.pid", d / "prometheus.log", str(d / "prometheus.yml"))
         self.alertmanager = Proc("alertmanager", [], d / "alertmanager.pid", d / "alertmanager.log",
@@ -500,7 +501,7 @@ class LocalStack:
         (d / "stack.json").write_text(json.dumps({
             "prometheus": {"port": self.prometheus_port, "url": self.prom_url},
             "alertmanager": {"port": self.alertmanager_port, "url": self.am_url},
-            "targets": self.targets, "scrape_interval": self.scrape_interval}, indent=1) + "\n")
+            "targets": self.targets, "scrape_interval": self.scrape_interval, "owner": self.owner}, indent=1) + "\n")
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -561,9 +562,11 @@ class LocalStack:
             state = json.loads((d / "stack.json").read_text())
         except (OSError, ValueError):
             state = {"prometheus": {"port": 1}, "alertmanager": {"port": 2}, "targets": []}
-        return cls(d, state.get("targets", []), files={}, prometheus_port=state["prometheus"]["port"],
-                   alertmanager_port=state["alertmanager"]["port"], scrape_interval=state.get("scrape_interval", "15s"),
-                   daemon=True)
+        stack = cls(d, state.get("targets", []), files={}, prometheus_port=state["prometheus"]["port"],
+                    alertmanager_port=state["alertmanager"]["port"],
+                    scrape_interval=state.get("scrape_interval", "15s"), daemon=True)
+        stack.owner = str(state.get("owner") or "")
+        return stack
 
 
 # ------------------------------------------------------------------ the agent
@@ -662,7 +665,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _status_lines(stack: LocalStack) -> List[str]:
-    lines = []
+    lines = [f"started by    {stack.owner}"] if stack.owner else []
     pids = stack.pids()
     for name, url, api in (("prometheus", stack.prom_url, stack.prom), ("alertmanager", stack.am_url, stack.am)):
         pid = pids[name]
@@ -705,7 +708,8 @@ def _run(args: argparse.Namespace) -> int:
             left = {k: v for k, v in stack.pids().items() if v}
             if left:
                 raise StackError(f"still running after stop: {left}")
-            print(f"ranksight stack: stopped ({', '.join(k for k, v in pids.items() if v)})")
+            print(f"ranksight stack: stopped ({', '.join(k for k, v in pids.items() if v)})" +
+                  (f"; {stack.owner} sees that and exits" if stack.owner else ""))
             return 0
         for line in _status_lines(stack):
             print(line)

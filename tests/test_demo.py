@@ -81,6 +81,7 @@ def test_demo_default_story_names_the_cause_and_keeps_the_stack(tmp_path):
     # the printed triage line works against the kept stack and names the cause
     assert "triage rc 1" in triage and "cause: RanksightStraggler" in triage and "job=demo" in triage, triage
     assert re.search(r"^prometheus +running", status, re.M) and "status rc 0" in status, status
+    assert re.search(r"^started by +ranksight demo --keep \(pid \d+, agent on :9945\)", status, re.M), status
     assert "ranksight stack: stopped (prometheus, alertmanager)" in down and "down rc 0" in down, down
     _no_leftovers(tmp_path)
 
