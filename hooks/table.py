@@ -16,7 +16,8 @@ compute + x-comm + ckpt is 100%; comm overlaps compute, so it is counted apart. 
 first table carries a one-line legend that says so.
 
 ``emit(text)`` writes console text as whole lines, in one write under one lock, so
-the hooks' threads never split each other's lines or a line of their own.
+the hooks' threads never split each other's lines or a line of their own, and flushes
+a block-buffered stdout first, so the table lands after the script's earlier lines.
 """
 from __future__ import annotations
 
@@ -37,10 +38,19 @@ _lock = threading.Lock()
 
 
 def emit(text: str) -> None:
-    """Write text (whole lines) to stderr in one write, under the hooks' console lock."""
+    """Write text (whole lines) to stderr in one write, under the hooks' console lock. A
+    block-buffered stdout (a pipe or a file) is flushed first, so the script's lines printed
+    before the table come before it where both streams meet (a tty's stdout is line-buffered
+    and already in order; an unbuffered one has nothing to flush)."""
     if not text.endswith("\n"):
         text += "\n"
     with _lock:
+        out = sys.stdout
+        if out is not None and out is not sys.stderr and not getattr(out, "line_buffering", True):
+            try:
+                out.flush()
+            except (OSError, ValueError):  # closed or broken stdout: the table still goes out
+                pass
         sys.stderr.write(text)
         sys.stderr.flush()
 

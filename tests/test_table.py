@@ -1,6 +1,7 @@
 """The rank-0 console step table: cadence, legend, share moves, and whole-line writes."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -62,16 +63,37 @@ def test_shares_add_up_except_comm():
     assert row.split()[-5:] == ["10.0%", "65.0%", "50.0%", "20.0%", "5.0%"]
 
 
+LOAD = """
+import importlib.util, sys, threading
+spec = importlib.util.spec_from_file_location("table", {path!r})  # without torch's import time
+table = sys.modules["table"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(table)
+emit = table.emit
+"""
+
+
+def test_emit_keeps_the_scripts_earlier_lines_first():
+    """stdout block-buffered into a pipe shared with stderr (python without -u): the lines the
+    script printed before the table come out before it, not after."""
+    code = LOAD.format(path=T.__file__) + textwrap.dedent("""
+        for i in range(5):
+            print("script line", i)
+        t = threading.Thread(target=emit, args=("ranksight step time, t\\nrow\\n",))
+        t.start(); t.join()
+        print("script line 5")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    p = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=60, env=env)
+    assert p.stdout.splitlines() == [f"script line {i}" for i in range(5)] + ["ranksight step time, t", "row",
+                                                                             "script line 5"], p.stdout
+
+
 def test_emit_writes_whole_lines_from_many_threads():
     """Four threads emit three-line blocks into one pipe (python -u): no line is ever split, and
     each block stays together."""
-    code = textwrap.dedent(f"""
-        import importlib.util, sys, threading
-        spec = importlib.util.spec_from_file_location("table", {T.__file__!r})  # without torch's import time
-        table = sys.modules["table"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(table)
-        emit = table.emit
-        block = "ranksight step time, t{{i}}\\n" + "x" * 300 + "\\n" + "row {{i}}\\n"
+    code = LOAD.format(path=T.__file__) + textwrap.dedent("""
+        block = "ranksight step time, t{i}\\n" + "x" * 300 + "\\n" + "row {i}\\n"
         def go(i):
             for _ in range(200):
                 emit(block.format(i=i))
