@@ -182,7 +182,7 @@ class Rank:
         # step counters
         "steps", "micro", "step_s", "data_s", "fwd_s", "bwd_s", "opt_s", "comm_s", "xcomm_s",
         "h_step", "h_data", "h_b2o", "win",
-        "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "finished", "pstart", "gpu_uuid",
+        "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "recv", "lost", "lost_carried", "finished", "pstart", "gpu_uuid",
         # cumulative-per-process fields turned into counters: name -> [total, last]
         "cum",
         "mres", "malloc", "wrss", "restart",
@@ -215,6 +215,9 @@ class Rank:
         self.last_progress = now
         self.seq = 0
         self.sess = -1
+        self.recv = 0  # step records received in this session
+        self.lost = 0  # step records lost (all sessions): the totals' steps minus the records received
+        self.lost_carried = 0
         self.carried: Dict[str, float] = dict.fromkeys((a for _, a in _TOT_ATTRS), 0)
         self.carried_h: Dict[str, Tuple[List[int], float]] = {}
         self.finished: Optional[float] = None  # agent clock at a clean exit ("bye"); the linger runs from here
@@ -279,6 +282,8 @@ class Rank:
 
     def _carry(self) -> None:
         """A new session starts: what the rank counted so far is carried under its totals."""
+        self.recv = 0
+        self.lost_carried = self.lost
         for _, a in _TOT_ATTRS:
             self.carried[a] = getattr(self, a)
         for _, a, _ in _HIST_ATTRS:
@@ -289,6 +294,9 @@ class Rank:
         """Apply a v2 heartbeat's or bye's cumulative totals: counter = carried + total, never down."""
         tot = rec["tot"]
         carried = self.carried
+        lost = self.lost_carried + tot["steps"] - self.recv
+        if lost > self.lost:
+            self.lost = lost
         for k, a in _TOT_ATTRS:
             v = carried[a] + tot[k]
             if v > getattr(self, a):
@@ -332,6 +340,7 @@ class Rank:
 
     # -- records
     def step(self, rec: dict, now: float) -> None:
+        self.recv += 1
         self.steps += 1
         self.micro += rec["micro"]
         dur = rec["dur"]
@@ -572,6 +581,7 @@ _COUNTERS = (
     (C.FORWARD_SECONDS, "fwd_s"), (C.BACKWARD_SECONDS, "bwd_s"), (C.OPTIMIZER_SECONDS, "opt_s"),
     (C.COMM_SECONDS, "comm_s"), (C.EXPOSED_COMM_SECONDS, "xcomm_s"), (C.CHECKPOINT_SECONDS, "ckpt_s"),
     (C.CHECKPOINT_BYTES, "ckpt_bytes"), (C.CHECKPOINT_FAILURES, "ckpt_fail"), (C.HEARTBEAT_MISSES, "misses"),
+    (C.STEP_RECORDS_LOST, "lost"),
 )
 _CUMS = ((C.CUDA_ALLOC_RETRIES, "retries"), (C.CUDA_OOMS, "ooms"), (C.HOOK_ERRORS, "herr"), (C.HOOK_DROPPED_EVENTS, "hdrop"))
 _GAUGES = ((C.CUDA_RESERVED, "mres"), (C.CUDA_ALLOCATED, "malloc"), (C.DATALOADER_WORKERS_RSS, "wrss"),

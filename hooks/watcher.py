@@ -72,6 +72,7 @@ QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they 
 # CUDA: the newest step record waits this long (or for the next one) while GPU intervals are still
 # pending, so that close() can add the last steps' GPU times to it (see close())
 HOLD_SECONDS = 1.0
+BYE_COPIES = 3  # the bye carries the final totals; the agent applies copies idempotently
 CLOSE_GPU_WAIT = 0.5  # close() waits at most this long (polling query(), no sync) for the last GPU intervals
 # where fwd, bwd, opt, comm, xcomm sit in a queued step tuple (see _step_end)
 _STEP_GPU_FIELDS = ((FWD, 5), (BWD, 6), (OPT, 7), (COMM, 9), (XCOMM, 10))
@@ -1053,7 +1054,9 @@ class Watcher:
                     self._send_items(items)
                     if self._table is not None and self._table.durs:
                         self._print_table()
-                    tr.send(protocol.encode(dict(self._base, t="bye", ts=time.time(), **self.totals.fields())))
+                    bye = protocol.encode(dict(self._base, t="bye", ts=time.time(), **self.totals.fields()))
+                    for _ in range(BYE_COPIES):  # the final totals: a lost bye would lose the last steps
+                        tr.send(bye)
             except Exception as e:
                 self._hook_error("close", e)
             tr.close()

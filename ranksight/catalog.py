@@ -125,6 +125,9 @@ HOOK_ERRORS = _m("hook_errors_total", "counter", "count", R, "Exceptions caught 
 HOOK_DROPPED_EVENTS = _m("hook_dropped_events_total", "counter", "count", R,
                          "GPU timing events dropped because the pending-event queue was full.")
 LINT_ACTIVE = _m("lint_active", "gauge", "bool", R + ("lint",), "1 while a setup lint applies to the rank.")
+STEP_RECORDS_LOST = _m("step_records_lost_total", "counter", "count", R,
+                       "Step records the rank sent that never reached the agent (its totals count more steps than "
+                       "records arrived): datagram loss. The counters stay exact regardless.")
 RANK_FINISHED = _m("rank_finished", "gauge", "bool", R,
                    "1 after the rank exited cleanly, while the agent keeps its final series (agent.rank_linger_seconds); "
                    "no series otherwise.")

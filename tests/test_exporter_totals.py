@@ -98,7 +98,10 @@ def test_lost_step_datagrams_cost_no_count_once_a_heartbeat_arrives():
     before = one(w.scrape(), C.STEPS.name, **LAB)
     assert before < len(durs), "20% of the datagrams were dropped: the deltas alone fall short"
     w.send(s.ident, s.hb(seq=999))
-    _exact(w.scrape(), durs)
+    got = w.scrape()
+    _exact(got, durs)
+    received = w.table.ranks[("job", 0)].recv
+    assert one(got, C.STEP_RECORDS_LOST.name, **LAB) == len(durs) - received > 0, "the loss is counted"
 
 
 def test_counters_move_between_heartbeats_and_never_go_down():
