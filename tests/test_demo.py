@@ -78,7 +78,9 @@ def test_demo_default_story_names_the_cause_and_keeps_the_stack(tmp_path):
     assert re.search(r"^ +next: \S", verdict, re.M) and "runbook: " in verdict, out
     assert "kept running until Ctrl-C here or `ranksight stack down`" in out
     assert "ranksight demo: the stack was stopped; stopping the agent" in out
-    # the printed triage line works against the kept stack and names the cause
+    # the printed triage line is the README's, and it works against the kept stack and names the cause
+    printed = re.search(r"^  triage +(.*\S)", out, re.M).group(1)
+    assert f"`{printed}`" in (REPO / "README.md").read_text(), printed
     assert "triage rc 1" in triage and "cause: RanksightStraggler" in triage and "job=demo" in triage, triage
     assert re.search(r"^prometheus +running", status, re.M) and "status rc 0" in status, status
     assert re.search(r"^started by +ranksight demo --keep \(pid \d+, agent on :9945\)", status, re.M), status
