@@ -92,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "and the verdict: the cause, the symptoms it muted, and the next check.")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = ("faults:\n" + "\n".join(f"  {k:<16} {v}" for k, v in FAULT_HELP.items()) +
-                "\n\nexit status: 0 the injected cause was named (--fault none: no alert fired), 1 it was not, "
+                "\n\nexit status: 0 the injected cause was named (--fault none: no alert fired), 1 it was not,\n"
                 "2 bad usage or a port/binary problem, 130 interrupted")
     p.add_argument("--fault", choices=FAULTS, default=DEFAULT_FAULT, metavar="FAULT",
                    help=f"fault to inject (default {DEFAULT_FAULT}): {', '.join(FAULTS)}; see below")
@@ -545,7 +545,8 @@ def _keep(agent: AgentProcess, stack: LocalStack) -> None:
     """Keep the agent and the stack until Ctrl-C or `ranksight stack down` (it stops the stack in
     KEEP_DIR; the demo sees that and stops the agent)."""
     say()
-    say("kept running until Ctrl-C here or `ranksight stack down`:")
+    say(f"kept running until Ctrl-C here or `ranksight stack down` (in {Path.cwd()}; elsewhere add "
+        f"--run-dir {stack.run_dir}):")
     say(f"  prometheus    {stack.prom_url}   (alerts: {stack.prom_url}/alerts)")
     say(f"  alertmanager  {stack.am_url}")
     say(f"  agent         {agent.url}/metrics   (ingest {agent.ingest}, where ranksight.watch() sends by default)")

@@ -665,8 +665,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _status_lines(stack: LocalStack) -> List[str]:
-    lines = [f"started by    {stack.owner}"] if stack.owner else []
     pids = stack.pids()
+    lines = [f"started by    {stack.owner}"] if stack.owner and any(pids.values()) else []
     for name, url, api in (("prometheus", stack.prom_url, stack.prom), ("alertmanager", stack.am_url, stack.am)):
         pid = pids[name]
         if pid is None:
