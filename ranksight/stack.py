@@ -29,6 +29,8 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     (``PrometheusAPI``), ``am`` (``AlertmanagerAPI``), ``pids()``, ``set_targets(targets)``
     (re-render + /-/reload, waits until applied), context manager.
     With ``daemon=False`` (tests, demo) the processes die with their parent (PDEATHSIG).
+    ``owner``: who started it, when not ``stack up`` (saved in stack.json; ``status`` and
+    ``down`` name it: ``ranksight demo --keep`` waits for ``down`` and then exits).
 ``AgentProcess(log_dir, listen_port=0, ingest_port=0, collectors=None, env=None, args=())``
     A real ``ranksight exporter`` subprocess on loopback (config through
     ``RANKSIGHT__agent__*`` env overrides). ``start(timeout)``, ``stop()``, ``target``
