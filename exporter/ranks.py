@@ -377,6 +377,30 @@ class Rank:
         self.wrss = rec["wrss"]
         self.restart = rec["restart"]
 
+    def batch(self, rec: dict, now: float) -> None:
+        """A v2 "steps" record: the window quantile sees every duration; the counters and
+        histograms are the totals it carries (exact, so nothing is summed here)."""
+        n = rec["n"]
+        self.recv += n
+        win = self.win
+        for dur in rec["dur"]:
+            win.observe(dur, now)
+        self.last_step_ts = rec["ts"]
+        self.last_progress = now
+        last = rec["seq"] + n - 1
+        if last > self.seq:
+            self.seq = last
+        for k, c in self.cum.items():
+            v = rec[k]
+            if v > c[1]:
+                c[0] += v - c[1]
+                c[1] = v
+        self.mres = rec["mres"]
+        self.malloc = rec["malloc"]
+        self.wrss = rec["wrss"]
+        self.restart = rec["restart"]
+        self.totals(rec)
+
     def heartbeat(self, rec: dict, now: float) -> None:
         self.last_hb = now
         self.every = rec["every"]
@@ -470,7 +494,9 @@ class RankTable:
                 self.ranks[key] = r
                 self.jobs[job] = self.jobs.get(job, 0) + 1
             r.identify(rec, now)
-            if t == "step":
+            if t == "steps":
+                r.batch(rec, now)
+            elif t == "step":
                 r.step(rec, now)
             elif t == "hb":
                 r.heartbeat(rec, now)

@@ -183,6 +183,8 @@ def test_deploy_links_point_at_the_generated_alert_files():
     assert (DEPLOY / "alertmanager.yml").resolve() == (ROOT / "alerts" / "alertmanager.yml").resolve()
     assert os.readlink(DEPLOY / "rules" / "ranksight-rules.yml") == "../../alerts/ranksight-rules.yml"
     assert os.readlink(DEPLOY / "alertmanager.yml") == "../alerts/alertmanager.yml"
+    # alertmanager.yml names its template relative to itself: templates/ranksight.tmpl beside it
+    assert os.readlink(DEPLOY / "templates" / "ranksight.tmpl") == "../../alerts/templates/ranksight.tmpl"
 
 
 def _target(svc: dict, host_path: Path) -> str:
