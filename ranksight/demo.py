@@ -140,6 +140,7 @@ class AlertLog:
         self.seen: Dict[Tuple[Tuple[str, str], ...], SeenAlert] = {}
         self.steps: Dict[str, int] = {}  # rank -> highest steps_total Prometheus saw
         self.fault_planned = False  # a fault will be injected (not --fault none)
+        self.t0: Optional[float] = None  # monotonic time of the first step
         self.fault_started = False  # set by the demo once the fault is on
 
     def _get(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> SeenAlert:
@@ -179,6 +180,13 @@ class AlertLog:
                 s.now = "resolved"
             if not self.fault_started:
                 s.before_fault = True
+
+    def tick(self, stack: LocalStack) -> None:
+        """Poll, and print the news, stamped with the seconds since the first step (t0)."""
+        self.poll(stack)
+        t = f"t+{time.monotonic() - self.t0:.0f}s" if self.t0 is not None else "startup"
+        for line in self.news():
+            say(f"ranksight demo {t:>6}: {line}")
 
     def news(self) -> List[str]:
         """One line per problem alert that first fired or was first muted since the last call."""
@@ -464,17 +472,15 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
     launched = time.monotonic()
     first_step: Optional[float] = None
     named_at: Optional[float] = None
+    why = f"after {args.duration:g} s"
     while job.running():
         now = time.monotonic()
         if first_step is None and _stepping(agent):
-            first_step = now
+            first_step = alerts.t0 = now
         if first_step is not None and now >= first_step + after:
             alerts.fault_started = True
         if stack is not None:
-            alerts.poll(stack)
-            t = f"t+{now - first_step:.0f}s" if first_step is not None else "startup"
-            for line in alerts.news():
-                say(f"ranksight demo {t:>6}: {line}")
+            alerts.tick(stack)
         # --duration counts from the first step (imports and DDP setup take ~10 s on 2 cores)
         if now > (first_step if first_step is not None else launched + STARTUP_SECONDS) + args.duration + 30:
             break
@@ -483,14 +489,19 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
             told = hit is not None and alerts.muted_by(hit.name) and not alerts.unexplained(EXPECTED[fault][0])
             if hit is not None and (fault in TERMINAL or told or named_at is not None and
                                     now - named_at > LINGER_SECONDS):
-                break  # the cause is named and has muted its symptoms: the story is told
+                why = f"{hit.name} named the cause"  # and muted its symptoms: the story is told
+                break
             if hit is not None and named_at is None:
                 named_at = now
         time.sleep(POLL_SECONDS)
     if job.running():
-        say(f"ranksight demo: stopping the job (ranks still running: "
-            f"{[r for r, c in enumerate(job.returncodes()) if c is None]})")
-    job.finish()
+        running = [r for r, c in enumerate(job.returncodes()) if c is None]
+        how = "SIGTERM: it cannot progress" if fault in TERMINAL else "SIGUSR1: they stop at the same step"
+        say(f"ranksight demo: {why}: stopping the job (ranks still running: {running}; {how})")
+    if fault in TERMINAL:
+        job.stop()
+    else:
+        job.finish()
     codes = job.returncodes()
     verdict = _verdict(args, cfg, stack, alerts, codes)
     path = report_path(run_dir, alerts, verdict)
@@ -511,9 +522,9 @@ def _verdict(args: argparse.Namespace, cfg: Mapping, stack: Optional[LocalStack]
         return 0 if fault == "none" else 1
     if fault != "none" and not alerts.named(fault, bad, primary_only=True):
         say(f"ranksight demo: waiting up to {args.settle:g} s for the alerts to settle")
-        wait_until(lambda: alerts.poll(stack) or alerts.named(fault, bad, primary_only=True), args.settle,
+        wait_until(lambda: alerts.tick(stack) or alerts.named(fault, bad, primary_only=True), args.settle,
                    POLL_SECONDS)
-    alerts.poll(stack)
+    alerts.tick(stack)
     say()
     say(f"job exit codes: {codes}")
     seen = ", ".join(f"rank {r}: {n}" for r, n in sorted(alerts.steps.items())) or "none"
