@@ -394,23 +394,27 @@ def run(args: argparse.Namespace) -> int:
                 log.warning("stopping %s: %s", type(thing).__name__, e)
 
 
-def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path,
+def _keep_ports() -> Dict[str, int]:
+    """--keep: the fixed default ports, checked free (StackError, one line, if not)."""
+    d = config.defaults()["agent"]
+    ports = {"listen_port": _port(d["listen"]), "ingest_port": _port(d["ingest"]),
+             "prometheus_port": DEFAULT_PROMETHEUS_PORT, "alertmanager_port": DEFAULT_ALERTMANAGER_PORT}
+    if any(LocalStack.attach(Path(KEEP_DIR)).pids().values()):
+        raise StackError(f"a stack already runs in {KEEP_DIR}: `ranksight stack down` first, or drop --keep")
+    for what, port in (("the agent", ports["listen_port"]), ("Prometheus", ports["prometheus_port"]),
+                       ("Alertmanager", ports["alertmanager_port"])):
+        if port_in_use(port):
+            raise StackError(f"--keep: port 127.0.0.1:{port} for {what} is in use (is another demo, "
+                             "`ranksight exporter` or `ranksight stack up` running?)")
+    return ports
+
+
+def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path, ports: Dict[str, int],
            started: List[object]) -> Tuple[AgentProcess, Optional[LocalStack]]:
     """The agent and the stack: free ports, or with --keep the fixed default ones in run/stack."""
-    ports: Dict[str, int] = {}
     stack_dir = run_dir / "stack"
     if args.keep:
-        d = config.defaults()["agent"]
-        ports = {"listen_port": _port(d["listen"]), "ingest_port": _port(d["ingest"]),
-                 "prometheus_port": DEFAULT_PROMETHEUS_PORT, "alertmanager_port": DEFAULT_ALERTMANAGER_PORT}
         stack_dir = Path(KEEP_DIR).resolve()
-        if any(LocalStack.attach(stack_dir).pids().values()):
-            raise StackError(f"a stack already runs in {KEEP_DIR}: `ranksight stack down` first, or drop --keep")
-        for what, port in (("the agent", ports["listen_port"]), ("Prometheus", ports["prometheus_port"]),
-                           ("Alertmanager", ports["alertmanager_port"])):
-            if port_in_use(port):
-                raise StackError(f"--keep: port 127.0.0.1:{port} for {what} is in use (is another demo, "
-                                 "`ranksight exporter` or `ranksight stack up` running?)")
         for old in ("prometheus-data", "alertmanager-data"):  # a kept stack starts empty
             shutil.rmtree(stack_dir / old, ignore_errors=True)
     # a hang must be called within seconds, not the production 30 s
@@ -439,11 +443,12 @@ def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path,
 def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int]) -> int:
     cfg = config.load(args.config, "test")
     script = _script()
+    ports = _keep_ports() if args.keep else {}
     run_dir = Path(args.run_dir).resolve()
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    agent, stack = _start(args, cfg, run_dir, started)
+    agent, stack = _start(args, cfg, run_dir, ports, started)
     fault, bad = args.fault, args.rank_to_fault
     after = 0.0 if fault in ("none", "comm-heavy") else args.fault_after
     if fault == "none":

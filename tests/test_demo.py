@@ -117,3 +117,17 @@ def test_demo_help_lists_every_fault():
     listed = re.findall(r"^  ([a-z-]+) {2,}\S", p.stdout.split("faults:", 1)[1], re.M)
     assert listed == list(FAULTS), p.stdout
     assert "(default straggler)" in p.stdout and "--keep" in p.stdout
+
+
+def test_demo_keep_with_a_port_in_use_is_one_line(tmp_path):
+    """--keep needs the fixed ports: one taken (here Prometheus's 9090, in a private network
+    namespace) is one error line and exit 2, before anything starts."""
+    hold = ("import socket, subprocess, sys; s = socket.socket(); s.bind(('127.0.0.1', 9090)); s.listen(); "
+            "p = subprocess.run([sys.executable, '-m', 'ranksight', 'demo', '--keep'], capture_output=True, text=True); "
+            "print(p.returncode); print(p.stderr, end='')")
+    p = subprocess.run(private_network() + [sys.executable, "-c", hold], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path)
+    code, *err = p.stdout.splitlines()
+    assert code == "2" and err == ["ranksight: error: --keep: port 127.0.0.1:9090 for Prometheus is in use (is "
+                                   "another demo, `ranksight exporter` or `ranksight stack up` running?)"], p.stdout
+    assert not (tmp_path / "run" / "demo").exists()
