@@ -110,7 +110,7 @@ from ranksight import catalog as C
 
 VERSION = 2
 ACCEPTED = (1, 2)
-MAX_DATAGRAM = 8192  # bytes; larger is "oversize" (loopback and unix sockets: no fragmentation)
+MAX_DATAGRAM = 4096  # bytes; larger is "oversize"
 STEPS_MAX = 64  # steps in one "steps" record
 MAX_WORLD = 1 << 20
 MAX_STR = 128
