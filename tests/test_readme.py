@@ -102,6 +102,7 @@ def test_readme_names_every_demo_fault_and_command():
     ["rules", "--out", "/proc/ranksight"],
     ["bench"],
     ["exporter", "--listen", "nowhere"],
+    ["k8s", "--namespace", "Not_A_Label", "--out", "k8s"],
 ])
 def test_every_subcommand_has_one_error_prefix(argv, tmp_path):
     p = subprocess.run([sys.executable, "-m", "ranksight", *argv], capture_output=True, text=True, timeout=60,
