@@ -366,10 +366,14 @@ class Rank:
         h.counts[bisect_left(h.bounds, b2o)] += 1
         h.sum += b2o
         self.win.observe(dur, now)
+        self._stepped(rec, rec["seq"], now)
+
+    def _stepped(self, rec: dict, last: int, now: float) -> None:
+        """What a step or steps record says at its last step: progress and the per-process values."""
         self.last_step_ts = rec["ts"]
         self.last_progress = now
-        if rec["seq"] > self.seq:
-            self.seq = rec["seq"]
+        if last > self.seq:
+            self.seq = last
         for k, c in self.cum.items():  # retries, ooms, herr, hdrop: cumulative on the sender
             v = rec[k]
             if v > c[1]:
@@ -388,20 +392,7 @@ class Rank:
         win = self.win
         for dur in rec["dur"]:
             win.observe(dur, now)
-        self.last_step_ts = rec["ts"]
-        self.last_progress = now
-        last = rec["seq"] + n - 1
-        if last > self.seq:
-            self.seq = last
-        for k, c in self.cum.items():
-            v = rec[k]
-            if v > c[1]:
-                c[0] += v - c[1]
-                c[1] = v
-        self.mres = rec["mres"]
-        self.malloc = rec["malloc"]
-        self.wrss = rec["wrss"]
-        self.restart = rec["restart"]
+        self._stepped(rec, rec["seq"] + n - 1, now)
         self.totals(rec)
 
     def heartbeat(self, rec: dict, now: float) -> None:
