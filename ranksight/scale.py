@@ -410,6 +410,15 @@ class Model:
     def _v_badput_overlap_seconds_total(self, m, profile, v):
         return {(c,): self._const("0", self.T) for c in C.OVERLAP_CATEGORIES}
 
+    def _v_rank_finished(self, m, profile, v):
+        return {}  # only while a cleanly exited rank lingers: none in a running job
+
+    def _v_process_start_time_seconds(self, m, profile, v):
+        return {(): self._const("%.3f" % (self.scn.t0 - 3600.0), self.T)}
+
+    def _v_rank_gpu_info(self, m, profile, v):
+        return {(): self._const("1", self.T)}  # labels: _labels_extra (the rank's GPU and its UUID)
+
     def _v_rank_stalled(self, m, profile, v):
         return {(r,): self._const("0", self.T) for r in STALL_REASONS}
 
@@ -631,7 +640,7 @@ class Model:
 # ------------------------------------------------------------------------------ series layout
 EXTRA_LABEL_VALUES = {"quantile", "reason", "lint", "stat", "state", "xid", "counter", "device", "direction",
                       "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python",
-                      "category"}
+                      "category", "gpu"}
 
 
 def _scope(m: C.Metric) -> str:
@@ -712,12 +721,17 @@ class Generator:
             return f"# TYPE {m.name} histogram\n"
         return f"# TYPE {m.name} gauge\n"
 
+    def _uuid(self, node: int, gpu: int) -> str:
+        return f"GPU-{node:08x}-{gpu:04x}-4e1c-9a1f-{self.scn.seed:012x}"
+
     def _labels_extra(self, m: C.Metric, node: int, gpu: int, key: Tuple[str, ...]) -> str:
         """Render the family's extra labels from the model's key."""
         base_len = {"rank": len(C.RANK_LABELS), "gpu": len(C.GPU_LABELS), "node": len(C.NODE_LABELS)}[_scope(m)]
         extra = m.labels[base_len:]
         if m.short == "gpu_info":
-            vals = ("NVIDIA H200", f"GPU-{node:08x}-{gpu:04x}-4e1c-9a1f-{self.scn.seed:012x}", "580.159.04")
+            vals = ("NVIDIA H200", self._uuid(node, gpu), "580.159.04")
+        elif m.short == "rank_gpu_info":  # ``gpu`` is the rank's local rank here: local rank i on GPU i
+            vals = (str(gpu), self._uuid(node, gpu).lower())
         elif m.short == "build_info":
             vals = (__version__, "3.11.7")
         else:
