@@ -106,7 +106,7 @@ MLX5_HW_COUNTERS = (
     "roce_slow_restart_trans", "rp_cnp_handled", "rp_cnp_ignored", "rx_atomic_requests", "rx_dct_connect",
     "rx_icrc_encapsulated", "rx_read_requests", "rx_write_requests",
 )
-# The agent's RDMA allowlist (issue 9): throughput, the link-error and congestion counters
+# The agent's RDMA allowlist: throughput, the link-error and congestion counters
 # the runbooks name. Everything else stays readable on the node (`cat` the file).
 RDMA_CURATED = C.RDMA_CURATED_COUNTERS  # the agent's default (agent.rdma_counters: curated)
 DISK_PATHS = ("/", "/checkpoints", "/tmp")

@@ -61,7 +61,7 @@ CLOCK_EVENT_REASONS: Dict[int, str] = {
 HW_COLLECTORS = "gpu|rdma"  # collectors whose absence on a node is normal (no GPU, no InfiniBand)
 THROTTLE_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
-# Setup lints (issue 7): id -> (CamelCase, one-line summary).
+# Setup lints: id -> (CamelCase, one-line summary).
 LINTS: Dict[str, Tuple[str, str]] = {
     "io_amplification": ("IoAmplification", "every rank reads the whole dataset (no DistributedSampler)"),
     "sampler_epoch": ("SamplerEpochNotSet", "DistributedSampler.set_epoch() is never called: every epoch has the same order"),
@@ -97,7 +97,7 @@ REC = {
     "gpu_swings": "gpu:ranksight_gpu_swings:per_minute_rate",
     "node_gpu_util": "node:ranksight_gpu_utilization:ratio_rate",
     # each per-rank step counter's rate, recorded once; the shares, busy time and job aggregates
-    # above are arithmetic on these (issue 9: one rate() per raw series per evaluation)
+    # above are arithmetic on these (one rate() per raw series per evaluation)
     "step_s": "rank:ranksight_step_seconds:rate",
     "steps": "rank:ranksight_steps:rate",
     "data_s": "rank:ranksight_dataloader_wait_seconds:rate",
@@ -129,7 +129,7 @@ RANK_BY = "job, node, rank, local_rank"
 # Recording-rule groups, in the order they are written. Prometheus evaluates groups concurrently
 # and the rules of one group in order (a rule reads the earlier rules' results of the same
 # evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute
-# rates of large families run at `durations.slow_rule_interval` (issue 9: at 1,024 nodes they are
+# rates of large families run at `durations.slow_rule_interval` (at 1,024 nodes they are
 # the costliest rules and nothing alerts on them).
 RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.rank": None,  # None: Prometheus' evaluation_interval
@@ -570,7 +570,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="CUDA allocator keeps flushing its cache and retrying: memory is fragmented",
             description=f"{RANK_DESC} has {VAL} allocator retries per minute.",
             meaning="cudaMalloc failed and the caching allocator freed its cache to retry: memory is fragmented or nearly full. "
-                    "Each retry synchronizes the device, so steps slow down (30% in the seeds).",
+                    "Each retry synchronizes the device, so steps slow down (by 30% over days in one reported case).",
             impact="Steps creep up; an OOM may follow.",
             diagnosis="Watch ranksight_cuda_memory_reserved_bytes vs allocated; compare the step time with an hour ago; torch.cuda.memory_summary().",
             mitigation="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, lower the batch, free caches at phase changes, avoid varying shapes.",
@@ -718,7 +718,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             summary=f"Setup lint: {what}",
             description=f"{RANK_DESC}: {what}.",
             meaning=f"ranksight.watch() found a setup mistake: {what}.",
-            impact="This mistake is a known cause of slow or wrong training (see the seeds' incidents).",
+            impact="This mistake is a known cause of slow or wrong training: it wastes GPU hours or changes what the model learns.",
             diagnosis="The rank logged one warning line naming the object at fault.",
             mitigation=f"Fix the setup; this lint can be turned off with lints.{lint}: false in the config.",
             next_check="the rank's log line",
