@@ -44,6 +44,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from ranksight import catalog as C
 from ranksight import triage
 
+from . import goodput
 from .collectors import Family, Labels, add, add_histogram, bucket_labels, family
 
 log = logging.getLogger("ranksight.exporter.ranks")
@@ -192,7 +193,7 @@ class Rank:
         # heartbeats
         "last_hb", "every", "missed_gap", "misses", "up", "phase", "coll", "probe", "hb_step",
         "stalled", "p99", "p99_at",
-        "lints", "dirs", "expo", "stack",
+        "lints", "dirs", "expo", "gp", "stack",
     )
 
     def __init__(self, job: str, rank: int, window: float, now: float):
@@ -248,6 +249,7 @@ class Rank:
         self.lints: Set[str] = set()  # the lints active now; a lint that clears is removed
         self.dirs: Dict[str, str] = {}
         self.expo: Optional["_RankLabels"] = None  # label sets for exposition, rebuilt when labels change
+        self.gp = goodput.Ledger(now)  # lifecycle accounting (exporter/goodput.py)
         self.stack: Optional[Stack] = None  # the main thread's stack while it made no progress ("stack" records)
 
     # -- identity
@@ -267,6 +269,7 @@ class Rank:
                              self.pid, pid)
                 else:
                     log.info("job %s rank %d: new watch session in pid %d; counters continue", self.job, self.rank, pid)
+            goodput.new_session(self, now, first=self.pid == -1)
             self.pid = pid
             self.sess = sess
             self._carry()
@@ -560,6 +563,7 @@ class RankTable:
                 r.dirs = {k: os.path.normpath(v) for k, v in rec["dirs"].items() if v and os.path.isabs(v)}
                 r.pstart = rec.get("pstart", 0.0)
                 r.gpu_uuid = normalize_uuid(rec.get("gpu", ""))
+            goodput.after(self.ranks.values(), r, rec, now)
         return OK
 
     def _batch_lr_changed(self, job: str, gbatch: int, lrate: float, now: float) -> bool:
@@ -598,6 +602,7 @@ class RankTable:
                 self._remove(k)
             for r in self.ranks.values():
                 r.check(now, self.s)
+                goodput.check(r, now)
 
     def describe(self, now: float) -> List[Dict[str, object]]:
         """Every tracked rank (job, rank order) with its last stack: the agent's /api/v1/ranks."""
@@ -701,6 +706,7 @@ class RanksCollector:
         f_fin = family(C.RANK_FINISHED)
         f_pstart = family(C.PROCESS_START)
         f_gpu = family(C.RANK_GPU_INFO)
+        f_gp = goodput.Families()
         f_where = family(C.RANK_STALL_WHERE)
         f_cseq, f_cwait = family(C.RANK_COLLECTIVE_SEQ), family(C.RANK_COLLECTIVE_WAIT)
         uuids: Dict[str, str] = {}
@@ -733,6 +739,7 @@ class RanksCollector:
                 pstart = r.pstart
                 gpu = uuids.get(r.gpu_uuid) if r.gpu_uuid else None
                 uuid = r.gpu_uuid
+                gp = goodput.Snapshot(r.gp, now)
                 st = r.stack if stalled else None
             base = L.base
             for (f, _), v in zip(counters, vals):
@@ -761,6 +768,7 @@ class RanksCollector:
                 add(f_pstart, base, pstart)
             if gpu is not None:
                 add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
+            f_gp.add(base, gp)
             if st is not None and st.where:  # one series per stalled rank, gone when it recovers
                 add(f_where, base.plus("where", st.where).plus("phase", st.phase), st.idle + max(0.0, now - st.at))
             if st is not None and st.cw is not None and stalled == WAITING:
@@ -768,4 +776,5 @@ class RanksCollector:
                 add(f_cseq, cl, float(st.cw["seq"]))
                 add(f_cwait, cl, st.cw["wait"] + max(0.0, now - st.at))
         return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
-                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_where, f_cseq, f_cwait])
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_where, f_cseq,
+                                           f_cwait] + f_gp.all())

@@ -1,9 +1,10 @@
 """`ranksight` command line: one entry point, subcommands.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``. Bad usage exits 2 with one clear line (argparse's usage
-line plus the error); runtime errors that are the user's (config, ports,
-unreachable Prometheus) also print one line and exit 2.
+``run(args) -> int``. Bad usage exits 2 with one clear line; runtime errors that
+are the user's (config, ports, unreachable Prometheus) also print one line and
+exit 2. Every such line starts with ``ERROR_PREFIX``: subcommands print it with
+``error(message)``.
 """
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ from typing import List, Optional
 from . import __version__
 from .config import ConfigError
 
+ERROR_PREFIX = "ranksight: error: "
+
+
+def error(message: str, code: int = 2) -> int:
+    """Print the one error line of a subcommand (to stderr) and return its exit status."""
+    print(ERROR_PREFIX + message, file=sys.stderr)
+    return code
+
+
 # name -> (module, one-line help)
 SUBCOMMANDS = {
     "exporter": ("ranksight.exporter.main", "run the node agent: rank ingest, heartbeats, GPU/network/RDMA/disk collectors"),
@@ -27,6 +37,7 @@ SUBCOMMANDS = {
     "stack": ("ranksight.stack", "start/stop a local Prometheus + Alertmanager (Debian binaries, no Docker)"),
     "demo": ("ranksight.demo", "run the agent, the local stack and an instrumented 2-rank CPU DDP job"),
     "triage": ("ranksight.triage_cli", "walk the six triage checks against Prometheus and name the first cause"),
+    "report": ("ranksight.report.cli", "write a run report (HTML, Markdown, PNGs of the dashboards' panels) from Prometheus"),
     "bench": ("ranksight.bench", "run the benchmarks (hooks, exporter, scale) and print JSON"),
     "config": ("ranksight.config_cli", "print the effective config (validates it)"),
 }
@@ -34,7 +45,7 @@ SUBCOMMANDS = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one clear line, exit 2
-        self.exit(2, f"ranksight: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{ERROR_PREFIX}{message} (see '{self.prog} --help')\n")
 
 
 def _selected(argv: List[str], names) -> Optional[str]:
@@ -82,8 +93,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(args._run(args) or 0)
     except ConfigError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+        return error(str(e))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `ranksight config | head`
