@@ -36,7 +36,7 @@ def torchrun(nproc: int) -> List[str]:
 
 
 def accelerate_launch(nproc: int) -> List[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--multi_gpu", "--num_processes",
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes",
             str(nproc), "--num_machines", "1", "--main_process_port", str(free_port()), "--mixed_precision", "no",
             "--dynamo_backend", "no"]
 

@@ -1,0 +1,65 @@
+"""Lightning with ``RanksightCallback``: 2 ranks on gloo started by Lightning's own launcher
+(``python script.py`` with strategy="ddp", devices=2 on CPU), accumulate_grad_batches=2, a
+dataset that sleeps 20 ms per item, ModelCheckpoint every 3 steps. Read from a real agent after
+the run has ended. And a manual-optimization module stepping two optimizers per batch."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("lightning")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from integration_workloads.harness import check_rank, launch, rank_series, worker_env  # noqa: E402
+
+from ranksight.receiver import Receiver  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "lightning_worker.py")
+STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.02
+
+
+@pytest.mark.slow
+def test_ddp_two_ranks_under_lightnings_launcher(agent, tmp_path):
+    a = agent()
+    port = int(a.ingest.rsplit(":", 1)[1])
+    job = "lightning-ddp"
+    with Receiver(forward=("127.0.0.1", port), forward_bye=False) as rx:
+        run = launch([sys.executable, WORKER, "--out", str(tmp_path), "--devices", "2", "--steps", str(STEPS),
+                      "--accum", str(ACCUM), "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-every", "3"],
+                     worker_env(rx.url, job))
+        assert run["rc"] == 0, run["err"][-4000:]
+        rx.wait_for(lambda: len(rx.of("bye")) >= 2, 5)
+        assert not rx.invalid, rx.invalid[:3]
+        hello = {r["rank"]: r for r in rx.of("hello")}
+    results = {r["rank"]: r for r in run["results"]}
+    assert sorted(results) == [0, 1]
+    assert results[0]["ckpts"] == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"]
+    # identity under Lightning's launcher (LOCAL_RANK/NODE_RANK/WORLD_SIZE, no RANK): known at watch() time
+    assert {k: (h["lr"], h["ws"]) for k, h in hello.items()} == {0: (0, 2), 1: (1, 2)}
+    series = rank_series(a.metrics_text(), job)
+    assert sorted(series) == [0, 1], series
+    for rank, res in results.items():
+        assert res["global_step"] == STEPS and res["batches"] == STEPS * ACCUM
+        assert res["after"] == res["before"] and not res["watcher_left"], res
+        # ModelCheckpoint's saves (every rank enters Trainer.save_checkpoint; rank 0 writes)
+        check_rank(series[rank], STEPS, ACCUM, ACCUM * BATCH * SLEEP, ckpts=2)
+
+
+@pytest.mark.slow
+def test_two_optimizers_per_batch_make_one_step(tmp_path):
+    with Receiver() as rx:
+        run = launch([sys.executable, WORKER, "--out", str(tmp_path), "--devices", "1", "--steps", "4",
+                      "--two-optimizers", "--sleep", "0.01", "--save-every", "100"], worker_env(rx.url, "lightning-gan"))
+        assert run["rc"] == 0, run["err"][-4000:]
+        rx.wait_for(lambda: rx.of("bye"), 5)
+    res = run["results"][0]
+    # Lightning counts each optimizer's step: 4 batches x 2 optimizers
+    assert res["global_step"] == 8 and res["batches"] == 4
+    steps = rx.of("step")
+    assert [s["seq"] for s in steps] == [1, 2, 3, 4]  # one step per batch: the last optimizer closes it
+    assert all(s["micro"] == 1 for s in steps)
+    assert all(0.015 <= s["data"] <= 0.03 for s in steps[1:]), [s["data"] for s in steps]  # 2 items x 10 ms
+    assert all(s["opt"] > 0 and s["bwd"] > 0 and s["fwd"] > 0 for s in steps)
+    assert res["after"] == res["before"]
