@@ -559,6 +559,28 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
            "If one rank is above the median, it computes slower: look at its GPU. " + worst("ranks"), "s",
            [Q(top(sel(R["busy"])), who), Q(sel(R["busy_median"]), "{{job}} median")]),
     ]
+    # GPU series joined to the rank on that GPU (the rank-to-GPU info series, always 1)
+    on_rank = (f"* on (node, gpu) group_left (job, rank) max by (job, node, rank, gpu) "
+               f"({sel(C.RANK_GPU_INFO)})")
+    stat_min, stat_max = 'stat="min"', 'stat="max"'
+    low_min = bottom(f"{sel(C.GPU_UTILIZATION, stat_min)} {on_rank}")
+    gpu_max = f"{sel(C.GPU_UTILIZATION, stat_max)} {on_rank}"
+    rows = b.row("GPU of each rank")
+    rows += [
+        ts(b.lay, "GPU busy ratio by rank",
+           "The exact mean utilization of the GPU each rank runs on (the agent joins a rank to its GPU by the "
+           "device UUID). A rank whose GPU is much less busy than its peers' waits for data or for others; "
+           "a straggler's GPU is busier. If one is low, look at its dataloader wait share. "
+           + worst("ranks", "lowest busy ratio"), "percentunit",
+           [Q(bottom(f"{sel(R['gpu_util'])} {on_rank}"), who)], w=12),
+        ts(b.lay, "GPU utilization waveform by rank (window min / max)",
+           "The lowest and highest NVML utilization sample of each rank's GPU over the agent's window. A max "
+           "near 100% with a min near 0 is the sawtooth: compute alternates with idle gaps. If so, look at the "
+           f"rank's dataloader wait, then its exposed communication. Lines: the {K} ranks with the lowest "
+           "window minimum, with their maximum; select one with the $rank variable to see it alone.",
+           "percentunit",
+           [Q(low_min, who + " min"), Q(f"{gpu_max} and on (job, rank) {low_min}", who + " max")], w=12),
+    ]
     rows = b.row("Shares of step time by rank")
     for key, alert, title in (("data_share", "RanksightDataloaderBound", "Dataloader wait share"),
                               ("comm_share", "RanksightCommBound", "Communication share"),

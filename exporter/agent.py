@@ -136,7 +136,7 @@ class Agent:
             reported = self.table.watched_dirs if "ranks" in enabled else set
             self.collectors.append(DiskCollector(s.node, s.watch_paths, reported))
         if "ranks" in enabled:
-            self.collectors.append(RanksCollector(self.table))
+            self.collectors.append(RanksCollector(self.table, gpu_labels=self.gpu.uuid_labels if self.gpu else None))
         self.self_collector = SelfCollector(
             s.node, self._runs_snapshot,
             self.ingest.snapshot if self.receiver else None,

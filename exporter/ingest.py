@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 from urllib.parse import urlsplit
 
-from ranksight.protocol import MAX_DATAGRAM, ProtocolError, decode
+from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, ProtocolError, decode
 
 from .ranks import RankTable
 
@@ -85,6 +85,7 @@ class Ingest:
         self.counts: Dict[str, int] = dict.fromkeys(RESULTS, 0)
         self.bugs = 0  # exceptions other than ProtocolError (must stay 0; counted as rejected)
         self._bug_logged = False
+        self._versions_logged: set = set()  # unknown protocol versions already logged (bounded)
 
     def handle(self, data: bytes, now: float) -> str:
         """Validate and apply one datagram; returns its result label."""
@@ -92,6 +93,11 @@ class Ingest:
             rec = decode(data)
         except ProtocolError as e:
             res = e.result
+            v = e.version
+            if v is not None and v not in self._versions_logged and len(self._versions_logged) < 16:
+                self._versions_logged.add(v)
+                log.warning("datagrams of protocol version %r rejected: this agent reads versions %s (upgrade the "
+                            "agent to read newer hooks)", v, ", ".join(map(str, ACCEPTED)))
         else:
             try:
                 res = self.table.apply(rec, now)

@@ -7,17 +7,28 @@ thread calls :meth:`RankTable.check` (heartbeat misses, stalls, TTL) and the
 scrape thread calls :meth:`RanksCollector.collect`. One lock guards the table;
 each holder keeps it for microseconds (one datagram, one rank snapshot).
 
-Counters across restarts: durations arrive as per-step deltas and are summed,
-so a rank process that restarts (new pid, same job and rank) continues its
-counters. Fields the hooks send as cumulative per-process values (allocator
-retries, OOMs, hook errors, dropped events) are turned into deltas per pid, so
-they stay monotone too. An agent restart starts every counter at 0 again,
-which Prometheus' rate() reads as an ordinary counter reset.
+Counters. A watch session (one ``watch()`` in one process: pid and ``sess``) keeps cumulative
+totals of everything it sent and puts them on every heartbeat and on its "bye" (protocol v2).
+The rank's totals are the truth: a counter is ``carried + totals`` (``carried``: what earlier
+sessions of the same job and rank added, so a restarted rank continues its counters), plus the
+per-step deltas of the step records that arrived after the last heartbeat (so counters move
+between heartbeats). A lost datagram or an agent restart therefore costs no count: the next
+heartbeat restores the exact value. A counter never goes down: totals that are behind what
+the deltas already added (a reordered datagram) are ignored. Version 1 senders have no totals:
+their per-step deltas are summed, as they always were. Fields the hooks send as cumulative
+per-process values (allocator retries, OOMs, hook errors, dropped events) are turned into
+deltas per session, so they stay monotone too.
+
+Finish. A v2 "bye" applies the final totals and marks the rank finished: its series stay for
+``rank_linger_seconds`` (so a job shorter than a scrape interval still lands in Prometheus with
+its final counts), ``rank_up`` stays 1, no heartbeat miss or stall is counted, and
+``ranksight_rank_finished`` is 1. Then the rank is forgotten. A new session of the same job and
+rank during the linger continues it.
 
 Lints: ``ranksight_lint_active{lint}`` is exposed (value 1) only while the lint
 is active on the rank; a lint the hooks report fine, or that clears, has no
 series (Prometheus marks it stale, which ends the ``== 1`` alert). One series
-per lint per rank at 0 was 72 of a node's series for nothing (issue 9).
+per lint per rank at 0 would be 72 of a node's series for nothing.
 """
 from __future__ import annotations
 
@@ -28,7 +39,7 @@ import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ranksight import catalog as C
 from ranksight import triage
@@ -59,6 +70,7 @@ class RankSettings:
     max_jobs: int = 64
     quantile_window_seconds: float = 300.0
     rank_ttl_seconds: float = 900.0
+    rank_linger_seconds: float = 60.0
     down_after_misses: int = 3
     stall_min_seconds: float = 30.0
     stall_p99_factor: float = 5.0
@@ -170,7 +182,7 @@ class Rank:
         # step counters
         "steps", "micro", "step_s", "data_s", "fwd_s", "bwd_s", "opt_s", "comm_s", "xcomm_s",
         "h_step", "h_data", "h_b2o", "win",
-        "last_step_ts", "last_progress", "seq",
+        "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "recv", "lost", "lost_carried", "finished", "pstart", "gpu_uuid",
         # cumulative-per-process fields turned into counters: name -> [total, last]
         "cum",
         "mres", "malloc", "wrss", "restart",
@@ -202,6 +214,15 @@ class Rank:
         self.last_step_ts: Optional[float] = None
         self.last_progress = now
         self.seq = 0
+        self.sess = -1
+        self.recv = 0  # step records received in this session
+        self.lost = 0  # step records lost (all sessions): the totals' steps minus the records received
+        self.lost_carried = 0
+        self.carried: Dict[str, float] = dict.fromkeys((a for _, a in _TOT_ATTRS), 0)
+        self.carried_h: Dict[str, Tuple[List[int], float]] = {}
+        self.finished: Optional[float] = None  # agent clock at a clean exit ("bye"); the linger runs from here
+        self.pstart = 0.0
+        self.gpu_uuid = ""
         self.cum: Dict[str, List[int]] = {k: [0, 0] for k in ("retries", "ooms", "herr", "hdrop")}
         self.mres = self.malloc = self.wrss = self.restart = 0
         self.ckpt_s = 0.0
@@ -236,10 +257,18 @@ class Rank:
             self.expo = None
         self.ws = rec["ws"]
         pid = rec["pid"]
-        if pid != self.pid:
+        sess = rec.get("sess", 0)
+        if pid != self.pid or sess != self.sess:
             if self.pid != -1:
-                log.info("job %s rank %d: new process (pid %d -> %d); counters continue", self.job, self.rank, self.pid, pid)
+                if pid != self.pid:
+                    log.info("job %s rank %d: new process (pid %d -> %d); counters continue", self.job, self.rank,
+                             self.pid, pid)
+                else:
+                    log.info("job %s rank %d: new watch session in pid %d; counters continue", self.job, self.rank, pid)
             self.pid = pid
+            self.sess = sess
+            self._carry()
+            self.finished = None
             for c in self.cum.values():
                 c[1] = 0  # the new process counts from 0
             self.seq = 0
@@ -251,6 +280,58 @@ class Rank:
             self.ckpt_since = None
         self.last_seen = now
 
+    def _carry(self) -> None:
+        """A new session starts: what the rank counted so far is carried under its totals."""
+        self.recv = 0
+        self.lost_carried = self.lost
+        for _, a in _TOT_ATTRS:
+            self.carried[a] = getattr(self, a)
+        for _, a, _ in _HIST_ATTRS:
+            h = getattr(self, a)
+            self.carried_h[a] = (list(h.counts), h.sum)
+
+    def totals(self, rec: dict) -> None:
+        """Apply a v2 heartbeat's or bye's cumulative totals: counter = carried + total, never down."""
+        tot = rec["tot"]
+        carried = self.carried
+        lost = self.lost_carried + tot["steps"] - self.recv
+        if lost > self.lost:
+            self.lost = lost
+        for k, a in _TOT_ATTRS:
+            v = carried[a] + tot[k]
+            if v > getattr(self, a):
+                setattr(self, a, v)
+        hist = rec["hist"]
+        for k, a, sk in _HIST_ATTRS:
+            h = getattr(self, a)
+            base, base_sum = self.carried_h.get(a) or ([0] * len(h.counts), 0.0)
+            counts = hist.get(k)
+            if counts is not None:
+                hc = h.counts
+                for i, n in enumerate(counts):
+                    v = base[i] + n
+                    if v > hc[i]:
+                        hc[i] = v
+            v = base_sum + tot[sk]
+            if v > h.sum:
+                h.sum = v
+        lck = tot.get("lck")
+        if lck is not None and (self.last_ckpt_ts is None or lck > self.last_ckpt_ts):
+            self.last_ckpt_ts = lck
+            if "lckd" in tot:
+                self.last_ckpt_dur = tot["lckd"]
+
+    def finish(self, rec: dict, now: float) -> None:
+        """A clean exit: final totals, then the linger (see the module docstring)."""
+        if "tot" in rec:
+            self.totals(rec)
+        self.finished = now
+        self.up = True
+        self.stalled = None
+        self.phase = "idle"
+        self.coll = -1.0
+        self.ckpt_since = None
+
     def _cum(self, k: str, v: int) -> None:
         c = self.cum[k]
         if v > c[1]:
@@ -259,6 +340,7 @@ class Rank:
 
     # -- records
     def step(self, rec: dict, now: float) -> None:
+        self.recv += 1
         self.steps += 1
         self.micro += rec["micro"]
         dur = rec["dur"]
@@ -317,6 +399,8 @@ class Rank:
                 self.last_progress = now
             self.hb_step = rec["step"]
         self._cum("herr", rec["herr"])
+        if "tot" in rec:
+            self.totals(rec)
 
     def checkpoint(self, rec: dict) -> None:
         dur = rec["dur"]
@@ -331,6 +415,8 @@ class Rank:
 
     # -- checker
     def check(self, now: float, s: RankSettings) -> None:
+        if self.finished is not None:  # exited cleanly: lingering, neither missed nor down nor stalled
+            return
         if self.last_hb is not None:
             n = int((now - self.last_hb) / self.every - MISS_GRACE)
             if n > self.missed_gap:
@@ -375,7 +461,7 @@ class RankTable:
         with self.lock:
             r = self.ranks.get(key)
             if r is None:
-                if t == "bye":
+                if t == "bye" and rec["v"] < 2:
                     return OK
                 job = rec["job"]
                 if len(self.ranks) >= self.s.max_ranks or (job not in self.jobs and len(self.jobs) >= self.s.max_jobs):
@@ -391,7 +477,16 @@ class RankTable:
             elif t == "ckpt":
                 r.checkpoint(rec)
             elif t == "bye":
-                self._remove(key)
+                if rec["v"] < 2:
+                    self._remove(key)
+                elif self.s.rank_linger_seconds <= 0:
+                    r.finish(rec, now)
+                    self._remove(key)
+                else:
+                    if r.finished is None:
+                        log.info("job %s rank %d finished: final series kept %.0f s", r.job, r.rank,
+                                 self.s.rank_linger_seconds)
+                    r.finish(rec, now)
             elif t == "lint":
                 lint = rec["lint"]
                 if lint not in triage.LINTS:
@@ -406,6 +501,8 @@ class RankTable:
                     r.lints.discard(lint)
             elif t == "hello":
                 r.dirs = {k: os.path.normpath(v) for k, v in rec["dirs"].items() if v and os.path.isabs(v)}
+                r.pstart = rec.get("pstart", 0.0)
+                r.gpu_uuid = normalize_uuid(rec.get("gpu", ""))
         return OK
 
     def _batch_lr_changed(self, job: str, gbatch: int, lrate: float, now: float) -> bool:
@@ -433,10 +530,14 @@ class RankTable:
     def check(self, now: float) -> None:
         """Heartbeat misses, rank_up, stalls and the TTL; called a few times per heartbeat interval."""
         ttl = self.s.rank_ttl_seconds
+        linger = self.s.rank_linger_seconds
         with self.lock:
             expired = [k for k, r in self.ranks.items() if now - r.last_seen > ttl]
             for k in expired:
                 log.info("job %s rank %d silent for %.0f s: forgotten", k[0], k[1], ttl)
+                self._remove(k)
+            done = [k for k, r in self.ranks.items() if r.finished is not None and now - r.finished > linger]
+            for k in done:
                 self._remove(k)
             for r in self.ranks.values():
                 r.check(now, self.s)
@@ -459,12 +560,28 @@ class RankTable:
         return set(sorted(out)[:MAX_WATCHED_DIRS])
 
 
+def normalize_uuid(u: str) -> str:
+    """A GPU UUID as NVML prints it ("GPU-xxxxxxxx-..."), lower-case; "" when unknown."""
+    u = (u or "").strip().lower()
+    if not u:
+        return ""
+    return u if u.startswith("gpu-") or u.startswith("mig-") else "gpu-" + u
+
+
+# v2 totals: ("tot" key, Rank attribute); histograms: ("hist" key, Rank attribute, "tot" key of its sum)
+_TOT_ATTRS = (("steps", "steps"), ("micro", "micro"), ("dur", "step_s"), ("data", "data_s"), ("fwd", "fwd_s"),
+              ("bwd", "bwd_s"), ("opt", "opt_s"), ("comm", "comm_s"), ("xcomm", "xcomm_s"), ("ckpt_s", "ckpt_s"),
+              ("ckpt_bytes", "ckpt_bytes"), ("ckpt_fail", "ckpt_fail"))
+_HIST_ATTRS = (("step", "h_step", "dur"), ("data", "h_data", "data"), ("b2o", "h_b2o", "b2o"),
+               ("ckpt", "h_ckpt", "ckpt_s"))
+
 # (catalog metric, Rank attribute) for plain per-rank values
 _COUNTERS = (
     (C.STEPS, "steps"), (C.MICROBATCHES, "micro"), (C.STEP_SECONDS, "step_s"), (C.DATALOADER_WAIT, "data_s"),
     (C.FORWARD_SECONDS, "fwd_s"), (C.BACKWARD_SECONDS, "bwd_s"), (C.OPTIMIZER_SECONDS, "opt_s"),
     (C.COMM_SECONDS, "comm_s"), (C.EXPOSED_COMM_SECONDS, "xcomm_s"), (C.CHECKPOINT_SECONDS, "ckpt_s"),
     (C.CHECKPOINT_BYTES, "ckpt_bytes"), (C.CHECKPOINT_FAILURES, "ckpt_fail"), (C.HEARTBEAT_MISSES, "misses"),
+    (C.STEP_RECORDS_LOST, "lost"),
 )
 _CUMS = ((C.CUDA_ALLOC_RETRIES, "retries"), (C.CUDA_OOMS, "ooms"), (C.HOOK_ERRORS, "herr"), (C.HOOK_DROPPED_EVENTS, "hdrop"))
 _GAUGES = ((C.CUDA_RESERVED, "mres"), (C.CUDA_ALLOCATED, "malloc"), (C.DATALOADER_WORKERS_RSS, "wrss"),
@@ -501,9 +618,11 @@ class RanksCollector:
 
     name = "ranks"
 
-    def __init__(self, table: RankTable, clock=time.monotonic):
+    def __init__(self, table: RankTable, clock=time.monotonic,
+                 gpu_labels: Optional[Callable[[], Dict[str, str]]] = None):
         self.table = table
         self.clock = clock
+        self.gpu_labels = gpu_labels  # GPU UUID -> gpu label (the GPU collector's), for rank_gpu_info
 
     def collect(self) -> List[Family]:
         now = self.clock()
@@ -517,6 +636,15 @@ class RanksCollector:
         f_stall = family(C.RANK_STALLED)
         f_ckpt_now = family(C.CHECKPOINT_IN_PROGRESS)
         f_lint = family(C.LINT_ACTIVE)
+        f_fin = family(C.RANK_FINISHED)
+        f_pstart = family(C.PROCESS_START)
+        f_gpu = family(C.RANK_GPU_INFO)
+        uuids: Dict[str, str] = {}
+        if self.gpu_labels is not None:
+            try:
+                uuids = self.gpu_labels()
+            except Exception as e:  # the GPU collector's trouble must not cost the rank series
+                log.debug("gpu labels: %s", e)
         table = self.table
         with table.lock:
             ranks = list(table.ranks.values())
@@ -537,6 +665,10 @@ class RanksCollector:
                 stalled = r.stalled
                 ckpt_now = now - r.ckpt_since if r.ckpt_since is not None else 0.0
                 lints = sorted(r.lints)
+                finished = r.finished is not None
+                pstart = r.pstart
+                gpu = uuids.get(r.gpu_uuid) if r.gpu_uuid else None
+                uuid = r.gpu_uuid
             base = L.base
             for (f, _), v in zip(counters, vals):
                 add(f, base, v)
@@ -556,7 +688,13 @@ class RanksCollector:
             for lab, reason in zip(L.stall, STALL_REASONS):
                 add(f_stall, lab, 1.0 if stalled == reason else 0.0)
             add(f_ckpt_now, base, ckpt_now)
-            for lint in lints:  # only while active: a cleared lint's series goes stale (issue 9)
+            for lint in lints:  # only while active: a cleared lint's series goes stale
                 add(f_lint, L.for_lint(lint), 1.0)
+            if finished:
+                add(f_fin, base, 1.0)
+            if pstart > 0:
+                add(f_pstart, base, pstart)
+            if gpu is not None:
+                add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
         return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
-                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint])
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu])

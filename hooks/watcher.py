@@ -41,15 +41,18 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import random
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
+from ranksight import catalog as C
 from ranksight import config as rs_config
 from ranksight import protocol
 
@@ -69,6 +72,7 @@ QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they 
 # CUDA: the newest step record waits this long (or for the next one) while GPU intervals are still
 # pending, so that close() can add the last steps' GPU times to it (see close())
 HOLD_SECONDS = 1.0
+BYE_COPIES = 3  # the bye carries the final totals; the agent applies copies idempotently
 CLOSE_GPU_WAIT = 0.5  # close() waits at most this long (polling query(), no sync) for the last GPU intervals
 # where fwd, bwd, opt, comm, xcomm sit in a queued step tuple (see _step_end)
 _STEP_GPU_FIELDS = ((FWD, 5), (BWD, 6), (OPT, 7), (COMM, 9), (XCOMM, 10))
@@ -80,6 +84,90 @@ STEP_TEMPLATE = (("ts", "%.6f"), ("seq", "%d"), ("dur", "%.9g"), ("data", "%.9g"
                  ("opt", "%.9g"), ("b2o", "%.9g"), ("comm", "%.9g"), ("xcomm", "%.9g"), ("ckpt", "%.9g"),
                  ("micro", "%d"), ("retries", "%d"), ("ooms", "%d"), ("mres", "%d"), ("malloc", "%d"), ("herr", "%d"),
                  ("hdrop", "%d"), ("wrss", "%d"), ("restart", "%d"))
+
+
+# ------------------------------------------------------------------------------ totals
+class Totals:
+    """The watch session's cumulative totals of what it sent (protocol v2 "tot" and "hist").
+
+    Updated by whichever thread sends (the background thread, or close() after it stopped), as
+    each step or checkpoint record goes out, so the totals on a heartbeat or the bye cover
+    exactly the records sent before it."""
+
+    __slots__ = ("v", "ckpt", "h_step", "h_data", "h_b2o", "h_ckpt", "lck", "lckd")
+    _STEP_KEYS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm")
+
+    def __init__(self) -> None:
+        self.v = dict.fromkeys(("steps", "micro"), 0)
+        self.v.update(dict.fromkeys(self._STEP_KEYS, 0.0))
+        self.ckpt = {"ckpt_s": 0.0, "ckpt_bytes": 0, "ckpt_n": 0, "ckpt_fail": 0}
+        self.h_step = [0] * (len(C.STEP_DURATION.buckets) + 1)
+        self.h_data = [0] * (len(C.DATALOADER_WAIT_HIST.buckets) + 1)
+        self.h_b2o = [0] * (len(C.BACKWARD_TO_OPTIMIZER.buckets) + 1)
+        self.h_ckpt = [0] * (len(C.CHECKPOINT_WRITE.buckets) + 1)
+        self.lck: Optional[float] = None
+        self.lckd = 0.0
+
+    def step(self, dur: float, data: float, fwd: float, bwd: float, opt: float, b2o: float, comm: float,
+             xcomm: float, micro: int) -> None:
+        v = self.v
+        v["steps"] += 1
+        v["micro"] += micro
+        v["dur"] += dur
+        v["data"] += data
+        v["fwd"] += fwd
+        v["bwd"] += bwd
+        v["opt"] += opt
+        v["b2o"] += b2o
+        v["comm"] += comm
+        v["xcomm"] += xcomm
+        self.h_step[bisect_left(C.STEP_DURATION.buckets, dur)] += 1
+        self.h_data[bisect_left(C.DATALOADER_WAIT_HIST.buckets, data)] += 1
+        self.h_b2o[bisect_left(C.BACKWARD_TO_OPTIMIZER.buckets, b2o)] += 1
+
+    def checkpoint(self, ts: float, dur: float, nbytes: int, ok: bool) -> None:
+        c = self.ckpt
+        c["ckpt_s"] += dur
+        c["ckpt_n"] += 1
+        self.h_ckpt[bisect_left(C.CHECKPOINT_WRITE.buckets, dur)] += 1
+        if ok:
+            c["ckpt_bytes"] += nbytes
+            self.lck, self.lckd = ts, dur
+        else:
+            c["ckpt_fail"] += 1
+
+    def fields(self) -> Dict[str, Any]:
+        """The "tot" and "hist" fields of a heartbeat or bye."""
+        tot: Dict[str, Any] = {k: (round(x, 9) if type(x) is float else x) for k, x in self.v.items()}
+        tot.update(self.ckpt)
+        tot["ckpt_s"] = round(tot["ckpt_s"], 9)
+        if self.lck is not None:
+            tot["lck"] = round(self.lck, 6)
+            tot["lckd"] = round(self.lckd, 9)
+        return {"tot": tot, "hist": {"step": list(self.h_step), "data": list(self.h_data),
+                                     "b2o": list(self.h_b2o), "ckpt": list(self.h_ckpt)}}
+
+
+def _process_start() -> float:
+    """Unix time this process started (0.0 when unknown)."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return 0.0
+
+
+def _gpu_uuid(device: Any) -> str:
+    """The CUDA device's UUID as NVML prints it ("GPU-xxxxxxxx-..."); "" when unknown."""
+    try:
+        u = str(torch.cuda.get_device_properties(device).uuid)
+    except Exception:
+        return ""
+    u = u.strip()
+    if not u:
+        return ""
+    return u if u.upper().startswith(("GPU-", "MIG-")) else "GPU-" + u
 
 
 # ------------------------------------------------------------------------------ settings
@@ -307,6 +395,8 @@ class Watcher:
         self._ev_fwd = self._ev_opt = None
         self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0}
         self._queue: Deque[tuple] = deque()
+        self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
+        self.totals = Totals()
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
         self._hold_lock = threading.Lock()
         self.gpu_unsent = 0.0  # GPU seconds close() could not send (no step record left to carry them)
@@ -779,7 +869,8 @@ class Watcher:
             else:
                 sys.stderr.write(line + "\n")
         try:
-            rec = dict(self._base, t="hello", ts=time.time(), info=info, dirs=d)
+            rec = dict(self._base, t="hello", ts=time.time(), info=info, dirs=d, pstart=round(_process_start(), 3),
+                       gpu=_gpu_uuid(self._tl.device) if self._tl is not None else "")
             self._transport.send(selfcheck.fit(rec))
         except Exception as e:
             self._hook_error("hello record", e)
@@ -818,7 +909,7 @@ class Watcher:
 
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident
-        self._base = ident.base()
+        self._base = dict(ident.base(), sess=self.sess)
         # Step records are formatted from a template: 4x cheaper than json.dumps of a dict, and
         # valid JSON as long as every number is finite and non-negative (checked per record).
         self._step_prefix = protocol.encode(dict(self._base, t="step")).decode()[:-1] + ","
@@ -857,6 +948,7 @@ class Watcher:
         retries, ooms, mres, malloc = self._mem
         hdrop = self._tl.dropped if self._tl is not None else 0
         table = self._table
+        totals = self.totals
         for it in items:
             try:
                 if it[0] == "step":
@@ -871,10 +963,14 @@ class Watcher:
                     if "n" in nums or "-" in nums.replace("e-", ""):  # nan, inf or a negative number
                         raise ValueError(f"step record with a non-finite or negative value: {vals}")
                     send((prefix + nums).encode())
+                    totals.step(dur, data, fwd, bwd, opt, b2o, comm, xcomm, micro)
                 else:
                     rec = dict(self._base, ts=it[1])
                     rec.update(it[2])
                     send(enc(rec))
+                    if it[0] == "ckpt":
+                        c = it[2]
+                        totals.checkpoint(it[1], c["dur"], c["bytes"], c["ok"])
             except (ValueError, TypeError) as e:  # a NaN or a bad type: our bug, count it
                 self._hook_error("record encoding", e)
 
@@ -910,7 +1006,7 @@ class Watcher:
         rec = dict(self._base, t="hb", ts=time.time(), seq=self._hb_seq, every=self.settings.heartbeat_seconds,
                    step=self._seq, phase=self._phase, coll=round(coll, 6),
                    probe=round(max(0.0, now - self._last_progress), 6), herr=self.herr,
-                   pdur=round(max(0.0, now - self._phase_t), 6))
+                   pdur=round(max(0.0, now - self._phase_t), 6), **self.totals.fields())
         try:
             self._transport.send(protocol.encode(rec))
         except (ValueError, TypeError) as e:
@@ -1039,7 +1135,9 @@ class Watcher:
                     self._send_items(items)
                     if self._table is not None and self._table.durs:
                         self._print_table()
-                    tr.send(protocol.encode(dict(self._base, t="bye", ts=time.time())))
+                    bye = protocol.encode(dict(self._base, t="bye", ts=time.time(), **self.totals.fields()))
+                    for _ in range(BYE_COPIES):  # the final totals: a lost bye would lose the last steps
+                        tr.send(bye)
             except Exception as e:
                 self._hook_error("close", e)
             tr.close()

@@ -125,6 +125,17 @@ HOOK_ERRORS = _m("hook_errors_total", "counter", "count", R, "Exceptions caught 
 HOOK_DROPPED_EVENTS = _m("hook_dropped_events_total", "counter", "count", R,
                          "GPU timing events dropped because the pending-event queue was full.")
 LINT_ACTIVE = _m("lint_active", "gauge", "bool", R + ("lint",), "1 while a setup lint applies to the rank.")
+STEP_RECORDS_LOST = _m("step_records_lost_total", "counter", "count", R,
+                       "Step records the rank sent that never reached the agent (its totals count more steps than "
+                       "records arrived): datagram loss. The counters stay exact regardless.")
+RANK_FINISHED = _m("rank_finished", "gauge", "bool", R,
+                   "1 after the rank exited cleanly, while the agent keeps its final series (agent.rank_linger_seconds); "
+                   "no series otherwise.")
+PROCESS_START = _m("process_start_time_seconds", "gauge", "seconds", R,
+                   "Unix time the rank's process started (startup = first step minus this).")
+RANK_GPU_INFO = _m("rank_gpu_info", "gauge", "info", R + ("gpu", "uuid"),
+                   "The GPU a rank runs on (gpu: the agent's NVML index label, uuid: the device UUID); always 1. "
+                   "Join GPU series to ranks with on(node, gpu).")
 DATALOADER_WORKERS_RSS = _m("dataloader_workers_rss_bytes", "gauge", "bytes", R,
                             "Total RSS of the rank's DataLoader worker processes.")
 

@@ -105,6 +105,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "max_jobs": Opt(64, "cap on tracked jobs", 1, 100_000),
         "quantile_window_seconds": Opt(300.0, "sliding window for step p50/p99", 1, 86400),
         "rank_ttl_seconds": Opt(900.0, "forget a rank silent this long", 1, 1e7),
+        "rank_linger_seconds": Opt(60.0, "keep a cleanly exited rank's final series this long (marked finished; at "
+                                         "least two scrape intervals, so a job shorter than one scrape still lands)",
+                                   0, 1e6),
         "down_after_misses": Opt(3, "rank_up drops to 0 after this many missed heartbeats", 1, 1000),
         "stall_min_seconds": Opt(30.0, "stalled: no step for max(this, stall_p99_factor x p99)", 0.1, 1e6),
         "stall_p99_factor": Opt(5.0, "see stall_min_seconds", 1, 1000),

@@ -1,10 +1,11 @@
-"""The hooks -> agent datagram format (version 1). Torch-free; shared by both sides.
+"""The hooks -> agent datagram format (version 2; the agent also reads version 1).
+Torch-free; shared by both sides.
 
 One datagram is one compact JSON object (UTF-8), at most ``MAX_DATAGRAM`` bytes.
 Every record carries the identity fields; ``t`` selects the record type:
 
 identity (all records)
-  v       int   protocol version, == 1
+  v       int   protocol version: 2 (hooks send this); 1 is still accepted (see "Versions" below)
   t       str   "step" | "hb" | "bye" | "hello" | "ckpt" | "lint"
   job     str   job name (<= 128 chars)
   rank    int   global rank, 0 <= rank < ws
@@ -13,6 +14,8 @@ identity (all records)
   node    str   hostname (<= 128 chars)
   pid     int   rank process id
   ts      float sender wall clock (unix seconds) when the record was made
+  sess    int   (v2) watch session: random per ``watch()``, so that two watches in one process
+                (a notebook, a Trainer calling train() twice) are told apart like two processes
 
 "step"  one per optimizer step (fields are this step's durations, in seconds)
   seq     int   optimizer step number (1-based, monotone per process)
@@ -34,6 +37,8 @@ identity (all records)
   restart int   restart count from the launcher
 
 "hb"    heartbeat, every ``hb_interval`` seconds from a background thread
+  tot     object (v2, optional) the watch session's cumulative totals, see TOTALS below
+  hist    object (v2) the session's cumulative histogram bucket counts, see HISTS below
   seq     int   heartbeat counter
   every   float the sender's heartbeat interval (seconds)
   step    int   last completed optimizer step
@@ -58,7 +63,33 @@ identity (all records)
   info  object (<= 1 level of nesting; GPU names, CUDA/NCCL versions, dirs and their free bytes)
   dirs  object {"tmp": path, "log": path, "checkpoint": path} (paths may be "")
 
-"bye"   clean exit: the agent forgets the rank at once.
+"bye"   clean exit. v2: carries the final ``tot`` and ``hist`` (as "hb"); the agent keeps the rank's
+        final series for ``agent.rank_linger_seconds``, marked finished (no misses, no down), then
+        forgets it. v1: the agent forgets the rank at once.
+
+"hello" (v2) also carries:
+  pstart  float process start time (unix seconds; startup = first step - this)
+  gpu     str   the CUDA device's UUID as NVML prints it ("GPU-…"), "" without CUDA
+
+Totals (v2). The sender keeps cumulative totals of everything it sent since ``watch()``: the
+background thread adds each step and checkpoint record to them as it sends it, and every
+heartbeat and the bye carry them. The agent exposes the latest totals (plus the step records
+that arrived after them), so a lost datagram or an agent restart costs no count: the next
+heartbeat brings the true values back.
+
+  tot: {"steps", "micro": int; "dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm": float
+        (sums of the step fields); "ckpt_s": float, "ckpt_bytes", "ckpt_n", "ckpt_fail": int
+        (checkpoint records: seconds, bytes of the successful ones, count, failures);
+        "lck": float, "lckd": float (optional: unix time and duration of the last successful
+        checkpoint)}
+  hist: {"step", "data", "b2o", "ckpt": [int, ...]} non-cumulative bucket counts over the catalog's
+        buckets of step_duration_seconds, dataloader_wait_seconds, backward_to_optimizer_seconds
+        and checkpoint_write_seconds, +Inf last (len = buckets + 1)
+
+Versions. Node agents and training images upgrade on their own schedules. The agent accepts
+every version in ``ACCEPTED``: version 1 records have the old meaning (step records are deltas
+the agent sums; "bye" forgets the rank at once). A version it does not know is rejected and
+logged once per version.
 """
 from __future__ import annotations
 
@@ -66,7 +97,10 @@ import json
 import math
 from typing import Any, Dict, Optional
 
-VERSION = 1
+from ranksight import catalog as C
+
+VERSION = 2
+ACCEPTED = (1, 2)
 MAX_DATAGRAM = 2048  # bytes; larger is "oversize"
 MAX_WORLD = 1 << 20
 MAX_STR = 128
@@ -83,12 +117,28 @@ STEP_SECONDS_FIELDS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm
 STEP_COUNT_FIELDS = ("seq", "micro", "retries", "ooms", "mres", "malloc", "herr", "hdrop", "wrss", "restart")
 
 
+# Totals (v2): the integer and float keys of "tot", and the histograms of "hist" with their bucket counts.
+TOTAL_INT_KEYS = ("steps", "micro", "ckpt_bytes", "ckpt_n", "ckpt_fail")
+TOTAL_SECONDS_KEYS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm", "ckpt_s")
+MAX_TOTAL_SECONDS = 1e10  # a cumulative sum over a long job (a week's MAX_SECONDS is per step)
+
+
+def hist_sizes() -> Dict[str, int]:
+    """"hist" key -> number of bucket counts (buckets + the +Inf bucket)."""
+    return {"step": len(C.STEP_DURATION.buckets) + 1, "data": len(C.DATALOADER_WAIT_HIST.buckets) + 1,
+            "b2o": len(C.BACKWARD_TO_OPTIMIZER.buckets) + 1, "ckpt": len(C.CHECKPOINT_WRITE.buckets) + 1}
+
+
+HIST_SIZES = hist_sizes()
+
+
 class ProtocolError(Exception):
     """A datagram the agent must drop. ``result`` is the ingest counter label."""
 
-    def __init__(self, result: str, why: str):
+    def __init__(self, result: str, why: str, version: Any = None):
         super().__init__(why)
         self.result = result  # "malformed" | "oversize" | "rejected"
+        self.version = version  # set when the reason is an unknown protocol version
 
 
 def encode(rec: Dict[str, Any]) -> bytes:
@@ -150,8 +200,9 @@ def decode(data: bytes) -> Dict[str, Any]:
         raise ProtocolError("malformed", "not JSON") from None
     if not isinstance(rec, dict):
         raise ProtocolError("malformed", "not an object")
-    if rec.get("v") != VERSION or type(rec.get("v")) is not int:
-        raise ProtocolError("rejected", "version")
+    v = rec.get("v")
+    if type(v) is not int or v not in ACCEPTED:
+        raise ProtocolError("rejected", "version", version=v if type(v) in (int, str) else repr(v)[:32])
     get = rec.get
     t, job, ws, rank, lr, node, pid, ts = (get("t"), get("job"), get("ws"), get("rank"), get("lr"), get("node"),
                                            get("pid"), get("ts"))
@@ -171,7 +222,11 @@ def decode(data: bytes) -> Dict[str, Any]:
         node = _str(rec, "node")
         pid = _int(rec, "pid", 0, 1 << 31)
         ts = _secs(rec, "ts", 0.0, 1e11, default=None)
-    out: Dict[str, Any] = {"t": t, "job": job, "ws": ws, "rank": rank, "lr": lr, "node": node, "pid": pid, "ts": ts}
+    out: Dict[str, Any] = {"v": v, "t": t, "job": job, "ws": ws, "rank": rank, "lr": lr, "node": node, "pid": pid,
+                           "ts": ts}
+    if v >= 2:
+        sess = get("sess", 0)
+        out["sess"] = sess if type(sess) is int and 0 <= sess <= MAX_COUNT else _int(rec, "sess", 0, MAX_COUNT)
     if t == "step":
         # Inline checks for the common case (the agent decodes ~100 step records/s per rank);
         # anything else goes to _secs/_int, which accept or reject exactly as before.
@@ -194,6 +249,11 @@ def decode(data: bytes) -> Dict[str, Any]:
         out["probe"] = _secs(rec, "probe", 0.0, MAX_SECONDS, default=0.0)
         out["pdur"] = _secs(rec, "pdur", 0.0, MAX_SECONDS, default=0.0)
         out["herr"] = _int(rec, "herr", 0, MAX_COUNT) if "herr" in rec else 0
+        if v >= 2 and "tot" in rec:
+            _totals(rec, out)
+    elif t == "bye":
+        if v >= 2 and "tot" in rec:
+            _totals(rec, out)
     elif t == "ckpt":
         out["dur"] = _secs(rec, "dur", default=None)
         out["bytes"] = _int(rec, "bytes", 0, MAX_BYTES)
@@ -218,4 +278,39 @@ def decode(data: bytes) -> Dict[str, Any]:
         ):
             raise ProtocolError("rejected", "bad dirs")
         out["dirs"] = dirs
+        if v >= 2:
+            out["pstart"] = _secs(rec, "pstart", 0.0, 1e11, default=0.0)
+            gpu = rec.get("gpu", "")
+            if not isinstance(gpu, str) or len(gpu) > 96:
+                raise ProtocolError("rejected", "bad gpu")
+            out["gpu"] = gpu
     return out
+
+
+def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
+    """Validate "tot" and "hist" (v2 heartbeat and bye) into out["tot"], out["hist"]."""
+    tot = rec.get("tot")
+    if not isinstance(tot, dict):
+        raise ProtocolError("rejected", "bad tot")
+    t: Dict[str, Any] = {}
+    for k in TOTAL_INT_KEYS:
+        t[k] = _int(tot, k, 0, MAX_COUNT) if k in tot else 0
+    for k in TOTAL_SECONDS_KEYS:
+        t[k] = _secs(tot, k, 0.0, MAX_TOTAL_SECONDS)
+    for k in ("lck", "lckd"):
+        if k in tot:
+            t[k] = _secs(tot, k, 0.0, 1e11, default=None)
+    hist = rec.get("hist", {})
+    if not isinstance(hist, dict):
+        raise ProtocolError("rejected", "bad hist")
+    h: Dict[str, Any] = {}
+    for k, n in HIST_SIZES.items():
+        counts = hist.get(k)
+        if counts is None:
+            continue
+        if (not isinstance(counts, list) or len(counts) != n
+                or not all(type(c) is int and 0 <= c <= MAX_COUNT for c in counts)):
+            raise ProtocolError("rejected", f"bad hist {k}")
+        h[k] = counts
+    out["tot"] = t
+    out["hist"] = h

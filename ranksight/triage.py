@@ -317,6 +317,15 @@ GPU_DESC = "node={{ $labels.node }} gpu={{ $labels.gpu }}"
 VAL = '{{ printf "%.2f" $value }}'
 
 
+def with_gpu(expr: str) -> str:
+    """``expr`` (a rank alert's expression) with the ``gpu`` label of the rank's GPU added where the
+    agent knows it (``ranksight_rank_gpu_info``), and unchanged for ranks without one (CPU jobs).
+    A GPU cause (throttling, XID, PCIe) then mutes exactly the alert of the rank on that GPU
+    (``equal: [node, gpu]``). Matched on job, node and rank: a rank is on one GPU of one node."""
+    info = f"max by (job, node, rank, gpu) ({C.RANK_GPU_INFO})"
+    return f"(({expr}) * on (job, node, rank) group_left (gpu) {info}) or on (job, node, rank) ({expr})"
+
+
 def table(cfg: Mapping[str, Any]) -> List[Entry]:
     t = cfg["thresholds"]
     d = cfg["durations"]
@@ -329,6 +338,8 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     comm = ("RanksightCommBound",)
     stuck_job_targets = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked")
     on_node = Inhibit(("RanksightGpuSawtooth",), ("node",))
+    # a GPU cause explains the straggler or the down rank on exactly that GPU (ranksight_rank_gpu_info)
+    gpu_rank = Inhibit(("RanksightStraggler", "RanksightRankDown"), ("node", "gpu"))
     retries = REC["alloc_retries"]
     retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
                    f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
@@ -477,8 +488,8 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="rank-down", alert="RanksightRankDown", kind="signal", order=6,
             title="Rank down", severity="critical",
-            expr=f"{C.RANK_UP} == 0",
-            for_=d["rank_down"], threshold=0.5, unit="bool",
+            expr=with_gpu(f"{C.RANK_UP} == 0"),
+            for_=d["rank_down"], threshold=0.5, unit="bool", joined=("gpu",),
             indicator=f"{C.RANK_UP}", op="<", scope=R,
             summary="A rank stopped heartbeating: the job is stuck in its next collective",
             description=f"{RANK_DESC} has missed several heartbeats in a row and is considered down.",
@@ -527,10 +538,10 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             # The ratio alone is not enough: on a short, communication-heavy step a 2 ms difference in
             # 10 ms of busy time reads 1.2x while nobody waits for anyone. The extra busy time must
             # also be a real part of the step the job loses.
-            expr=f"({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
-                 f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
-                 f" > {t['straggler_min_step_share']:g})",
-            for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio",
+            expr=with_gpu(f"({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
+                          f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
+                          f" > {t['straggler_min_step_share']:g})"),
+            for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu",),
             indicator=REC["straggler"], op=">", scope=R,
             summary="One rank computes over {:.0%} slower than the job median: every other rank waits for it".format(
                 t["straggler_ratio"] - 1),
@@ -612,6 +623,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             diagnosis="nvidia-smi -q -d PCIE; lspci -vv for LnkSta vs LnkCap; XID errors.",
             mitigation="Reseat the GPU/riser; drain the node.",
             next_check="straggler ratio of the ranks on that node",
+            inhibits=(gpu_rank,),
         ),
         Entry(
             id="gpu-xid", alert="RanksightGpuXidError", kind="cause", order=0,
@@ -627,7 +639,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             diagnosis="dmesg | grep -i xid; nvidia-smi -q; NVIDIA's XID table for the number.",
             mitigation="Drain the node; reset the GPU; RMA on repeated hardware XIDs.",
             next_check="rank down / stalled on that node",
-            inhibits=(Inhibit(("RanksightStraggler", "RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)),),
+            inhibits=(Inhibit(("RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)), gpu_rank),
         ),
         Entry(
             id="gpu-throttling", alert="RanksightGpuThrottling", kind="cause", order=0,
@@ -643,6 +655,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             diagnosis="nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER; check airflow, fans, power supplies.",
             mitigation="Fix cooling/power; lower the power cap consistently across GPUs; drain the node.",
             next_check="straggler ratio of the rank on that GPU",
+            inhibits=(gpu_rank,),
         ),
         # ------------------------------------------------------------ the stack's own health
         Entry(

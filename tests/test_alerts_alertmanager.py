@@ -50,7 +50,7 @@ _AGGREGATED = {"RanksightGpuThrottling": ("node", "gpu"), "RanksightIngestDroppi
 _EXTRA = {"gpu": "0", "device": "eth0", "path": "/ckpt", "collector": "gpu", "xid": "79"}
 
 
-def alert_labels(e: triage.Entry, job: str, node: str, rank: int) -> Labels:
+def alert_labels(e: triage.Entry, job: str, node: str, rank: int, gpu: str = _EXTRA["gpu"]) -> Labels:
     """The label set Prometheus sends for this alert (see the module docstring)."""
     if e.rank_level:
         labels = {"job": job, "node": node, "rank": str(rank), "local_rank": str(rank), "instance": f"{node}:9945"}
@@ -58,13 +58,16 @@ def alert_labels(e: triage.Entry, job: str, node: str, rank: int) -> Labels:
             labels["reason"] = "no_progress" if e.alert == "RanksightRankStalled" else "waiting_in_collective"
         if e.kind == "lint":
             labels["lint"] = "numa_binding"
+        if "gpu" in e.joined:  # the rank's GPU, from ranksight_rank_gpu_info
+            labels["gpu"] = gpu
     elif e.alert == "RanksightTcpRetransmits":  # aggregated by node, joined with the job of its ranks
         labels = {"node": node, "job": job}
     elif e.alert in _AGGREGATED:
-        labels = {k: (node if k == "node" else _EXTRA[k]) for k in _AGGREGATED[e.alert]}
+        labels = {k: (node if k == "node" else gpu if k == "gpu" else _EXTRA[k]) for k in _AGGREGATED[e.alert]}
     else:
         labels = {"job": triage.SCRAPE_JOB, "instance": f"{node}:9945"}
-        labels.update({k: (node if k == "node" else _EXTRA[k]) for k in e.scope if k != "instance"})
+        labels.update({k: (node if k == "node" else gpu if k == "gpu" else _EXTRA[k])
+                       for k in e.scope if k != "instance"})
     return {"alertname": e.alert, "severity": e.severity, **labels}
 
 
@@ -78,7 +81,7 @@ class Case:
 
 def _variant(t: triage.Entry, job: str, node: str, rank: int, differ: FrozenSet[str]) -> Labels:
     return alert_labels(t, job + "x" if "job" in differ else job, node + "x" if "node" in differ else node,
-                        5 if "rank" in differ else rank)
+                        5 if "rank" in differ else rank, "7" if "gpu" in differ else _EXTRA["gpu"])
 
 
 def build_cases(cfg: config.Config, tag: str) -> List[Case]:
@@ -95,7 +98,7 @@ def build_cases(cfg: config.Config, tag: str) -> List[Case]:
         job, node = f"{tag}job{k}", f"{tag}n{k}"
         s, t = by[source], by[target]
         union = sorted({label for eq in rules for label in eq})
-        assert set(union) <= {"job", "node", "rank"}, f"no variant for {union}"
+        assert set(union) <= {"job", "node", "rank", "gpu"}, f"no variant for {union}"
         rank = 0 if "rank" in union else 1  # "the other ranks of its job", unless a rule is per rank
         case = Case(f"{source} -> {target} on {rules}", alert_labels(s, job, node, 0))
         for differ in [frozenset()] + [frozenset([label]) for label in union] + [frozenset(union)]:

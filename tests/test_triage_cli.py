@@ -73,7 +73,8 @@ class Sender(threading.Thread):
                     self._send(j, r, {"t": "bye"})
 
     def _send(self, job: str, rank: int, rec: dict) -> None:
-        base = {"v": protocol.VERSION, "job": job, "rank": rank, "lr": rank, "ws": 2, "node": self.node,
+        # version 1: per-step deltas and a "bye" that ends the rank's series at once (the ended-job case)
+        base = {"v": 1, "job": job, "rank": rank, "lr": rank, "ws": 2, "node": self.node,
                 "pid": 40000 + rank + 10 * (hash(job) % 1000), "ts": time.time()}
         base.update(rec)
         data = protocol.encode(base)

@@ -365,6 +365,11 @@ class GpuCollector:
                 log.debug("nvmlEventSetFree: %s", e)
 
     # ------------------------------------------------------------------ exposition
+    def uuid_labels(self) -> Dict[str, str]:
+        """GPU UUID (lower-case, as NVML prints it) -> the ``gpu`` label of this collector's series."""
+        with self.lock:
+            return {g.uuid.strip().lower(): g.label for g in self.gpus if g.uuid}
+
     def _labels(self, g: GpuState) -> Dict[str, Any]:
         L = g.expo
         if L is None:
