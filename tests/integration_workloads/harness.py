@@ -30,9 +30,10 @@ def worker_env(agent: str, job: str, extra: Optional[Mapping[str, str]] = None) 
     return env
 
 
-def torchrun(nproc: int) -> List[str]:
+def torchrun(nproc: int, max_restarts: int = 0) -> List[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts",
+            str(max_restarts)]
 
 
 def accelerate_launch(nproc: int) -> List[str]:
@@ -55,17 +56,22 @@ def launch(cmd: Sequence[str], env: Mapping[str, str], timeout: float = 240.0) -
 
 
 def rank_series(text: str, job: str) -> Dict[int, Dict[str, float]]:
-    """rank -> {sample name: value} for the job's unlabelled-beyond-identity rank series
-    (counters as ``<name>_total``, histograms as ``<name>_count``/``_sum``)."""
+    """rank -> {sample name: value} for the job's rank series without labels beyond the identity
+    (counters as ``<name>_total``, histograms as ``<name>_count``/``_sum``); also the rank's
+    ``local_rank`` label as "local_rank". Fails on any datagram the agent did not take."""
     out: Dict[int, Dict[str, float]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
+            if s.name == catalog.INGEST_DATAGRAMS.name and s.labels.get("result") != "ok":
+                assert s.value == 0, f"the agent dropped datagrams: {s}"
             if s.labels.get("job") != job or "rank" not in s.labels:
                 continue
             extra = set(s.labels) - {"job", "rank", "local_rank", "node", "le", "quantile"}
             if extra or "le" in s.labels or "quantile" in s.labels:
                 continue
-            out.setdefault(int(s.labels["rank"]), {})[s.name] = s.value
+            r = out.setdefault(int(s.labels["rank"]), {})
+            r[s.name] = s.value
+            r["local_rank"] = float(s.labels.get("local_rank", -1))
     return out
 
 
@@ -79,3 +85,4 @@ def check_rank(series: Dict[str, float], steps: int, accum: int, wait_per_step: 
     assert series.get(catalog.CHECKPOINT_WRITE.count) == ckpts, series
     assert series.get(catalog.CHECKPOINT_SECONDS.name, 0) > 0 and series.get(catalog.CHECKPOINT_BYTES.name, 0) > 0
     assert series.get(catalog.HOOK_ERRORS.name) == 0, series
+    assert series.get(catalog.RANK_FINISHED.name) == 1, series  # read after a clean exit: the linger
