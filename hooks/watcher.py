@@ -56,7 +56,7 @@ from ranksight import catalog as C
 from ranksight import config as rs_config
 from ranksight import protocol
 
-from . import selfcheck
+from . import forksafe, selfcheck
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
@@ -835,11 +835,13 @@ class Watcher:
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
         try:
-            self._transport = Transport(self.settings.agent)
-            self._bg_start()
+            with forksafe.working():  # a fork waits for the start and each tick (see forksafe.py)
+                self._transport = Transport(self.settings.agent)
+                self._bg_start()
             while not self._stop.wait(self._tick_s):
                 try:
-                    self._tick()
+                    with forksafe.working():
+                        self._tick()
                 except Exception as e:
                     self._hook_error("heartbeat thread", e)
         except Exception as e:
@@ -1164,6 +1166,19 @@ def active() -> Optional[Watcher]:
 def _forget(w: Watcher) -> None:
     if _ACTIVE and _ACTIVE[0] is w:
         _ACTIVE.clear()
+
+
+def _forked_child() -> None:
+    """In a forked child: the inherited copy of the watch is switched off (see ``forksafe.py``)."""
+    for w in _ACTIVE:
+        w._active = False
+        w.comm.active = False
+        w.ckpt.active = False
+        w._closed = True  # its threads are not here; close() in the child must not touch the parent's agent
+    _ACTIVE.clear()
+
+
+forksafe.on_child(_forked_child)
 
 
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
