@@ -33,12 +33,19 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from gpu_workload import write_json  # noqa: E402
 
 WARM = 3  # steps before sync debug mode is switched on
-OURS = (os.sep + "hooks" + os.sep, os.sep + "integrations" + os.sep, "ranksight")
+
+
+def _our_dirs() -> tuple:
+    """The folders of ranksight's hooks and integrations (wherever the package is installed)."""
+    import ranksight.hooks
+    import ranksight.integrations
+
+    return tuple(os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (ranksight.hooks, ranksight.integrations))
 
 
 def _ours(stack: List[traceback.FrameSummary]) -> bool:
-    return any(any(k in f.filename for k in OURS) and "site-packages" + os.sep + "lightning" not in f.filename
-               and "transformers" + os.sep not in f.filename for f in stack)
+    dirs = _our_dirs()
+    return any(os.path.realpath(f.filename).startswith(dirs) for f in stack)
 
 
 class SyncRecorder:
