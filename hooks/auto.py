@@ -159,6 +159,7 @@ class Discovery:
                 try:
                     if w.loader is None:
                         w.loader = loader
+                        self._lints_loader(loader)
                     if loader is w.loader:
                         w._epoch_start(loader)
                 except Exception as e:
@@ -230,12 +231,40 @@ class Discovery:
         self.model_found = True
         log.debug("ranksight: watch() found the model: %s", type(best).__name__)
         self.w._attach_model(best)
-        lints = getattr(self.w, "lints", None)  # its first-step checks hook the model's forward
-        if lints is not None and getattr(lints, "_fwd_handle", None) is None:
-            try:
-                lints._install_forward_hook()
-            except Exception as e:
-                self.w._hook_error("lint forward hook", e)
+        self._lints_model()
+
+    # ------------------------------------------------------------------ the lints (hooks/lints.py)
+    # The lints look at the loader and the model when watch() starts; with discovery they arrive
+    # later, so the watch-time checks run when each is found.
+    def _lints_loader(self, loader: Any) -> None:
+        lints = getattr(self.w, "lints", None)
+        if lints is None:
+            return
+        try:
+            from .lints import loader_facts
+
+            lints.facts = loader_facts(loader)
+            for name, fn in (("io_amplification", lints._static_io), ("uneven_last_batch", lints._static_uneven),
+                             ("rank_disagreement", lints._static_seed)):
+                if lints.on(name):
+                    fn()
+        except Exception as e:
+            self.w._hook_error("lints on the discovered loader", e)
+
+    def _lints_model(self) -> None:
+        """The first-step checks hook the model's forward (parameter digest); the global batch is
+        counted from the step that just ended (its forwards are the accumulation steps)."""
+        lints = getattr(self.w, "lints", None)
+        if lints is None or getattr(lints, "_fwd_handle", None) is not None:
+            return
+        try:
+            batch_pending = not lints._batch_done
+            lints._install_forward_hook()
+            if batch_pending and lints.on("global_batch_lr") and lints.rank == 0:
+                lints._batch_done = True
+                lints._global_batch(max(1, self.w._micro))
+        except Exception as e:
+            self.w._hook_error("lints on the discovered model", e)
 
     def _stop_looking(self) -> None:
         for h in self._module_handles:
