@@ -1,6 +1,6 @@
 """A hand-written Accelerate loop with the zero-argument ``watch()``: 2 ranks on gloo under
 ``accelerate launch``, ``accelerator.accumulate`` over 2 micro-batches, a prepared DataLoader
-whose dataset sleeps 20 ms per item, ``save_state`` every 3 steps. Read from a real agent after
+whose dataset sleeps 50 ms per item, ``save_state`` every 3 steps. Read from a real agent after
 the run has ended."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import accelerate_launch, check_rank, launch, rank_series, worker_env  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "accelerate_worker.py")
-STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.02
+STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.05
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Lightning with ``RanksightCallback``: 2 ranks on gloo started by Lightning's own launcher
 (``python script.py`` with strategy="ddp", devices=2 on CPU), accumulate_grad_batches=2, a
-dataset that sleeps 20 ms per item, ModelCheckpoint every 3 steps. Read from a real agent after
+dataset that sleeps 50 ms per item, ModelCheckpoint every 3 steps. Read from a real agent after
 the run has ended. And a manual-optimization module stepping two optimizers per batch."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from integration_workloads.harness import check_rank, launch, rank_series, worke
 from ranksight.receiver import Receiver  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "lightning_worker.py")
-STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.02
+STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.05
 
 
 @pytest.mark.slow

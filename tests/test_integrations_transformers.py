@@ -1,6 +1,6 @@
 """The Hugging Face Trainer with ``RanksightCallback``: 2 ranks on gloo under torchrun, a tiny
 GPT-2 built from a config (nothing downloaded), gradient accumulation 2, a dataset that sleeps
-20 ms per item. Read from a real agent after the run has ended."""
+50 ms per item. Read from a real agent after the run has ended."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import check_rank, launch, rank_series, torchrun, worker_env  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "hf_worker.py")
-STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.02
+STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.05
 
 
 @pytest.mark.slow
