@@ -3,7 +3,8 @@
 Threads: one ingest receiver, one checker (heartbeat misses, stalls, TTL; it
 runs four times per heartbeat interval), the GPU sampler and XID threads, and
 the HTTP server (one thread per connection, so a slow client cannot block
-Prometheus). A scrape runs every enabled collector in turn; the GPU collector
+Prometheus; with a web config the TLS handshake and basic auth run on that thread too,
+see webconfig.py). A scrape runs every enabled collector in turn; the GPU collector
 only reads what its sampler stored.
 """
 from __future__ import annotations
@@ -12,6 +13,8 @@ import errno
 import gzip
 import logging
 import socket
+import ssl
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +34,7 @@ from .collectors.self import SelfCollector
 from .exposition import TextWriter
 from .ingest import Ingest, IngestError, Receiver, parse_address
 from .ranks import RankSettings, RanksCollector, RankTable
+from .webconfig import Gate, WebConfig, WebConfigError
 
 log = logging.getLogger("ranksight.exporter")
 
@@ -60,6 +64,7 @@ class AgentSettings:
     nic_include: str = ""
     nic_exclude: str = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
     rdma_counters: Union[str, List[str]] = "curated"  # agent.rdma_counters: curated | all | names
+    web_config: Optional[WebConfig] = None  # --web.config.file: TLS and basic auth; None: plain HTTP
 
 
 def parse_listen(s: str) -> Tuple[str, int]:
@@ -75,6 +80,14 @@ def parse_listen(s: str) -> Tuple[str, int]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up or fails the TLS handshake costs one debug line, not a traceback."""
+        e = sys.exc_info()[1]
+        if isinstance(e, (OSError, ssl.SSLError)):
+            log.debug("http %s: %s", client_address[0] if client_address else "?", e)
+        else:
+            log.exception("http request from %s failed", client_address[0] if client_address else "?")
 
 
 class _Server6(_Server):
@@ -108,6 +121,7 @@ class Agent:
         self._threads: List[threading.Thread] = []
         self.registry = CollectorRegistry(auto_describe=False)
         self.listen_address = ""
+        self.gate: Optional[Gate] = None
         self.started = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -120,7 +134,7 @@ class Agent:
                 self.receiver = Receiver(parse_address(s.ingest), self.ingest)
                 self.receiver.bind()
             self._bind_http()
-        except (IngestError, ValueError) as e:
+        except (IngestError, ValueError) as e:  # WebConfigError is a ValueError
             self._close_sockets()
             raise AgentError(str(e)) from None
         if "gpu" in enabled:
@@ -150,13 +164,19 @@ class Agent:
         assert self.http is not None
         self._spawn(self.http.serve_forever, "http")
         self.started = True
-        log.info("serving http://%s/metrics", self.listen_address)
+        scheme = "https" if self.gate is not None and self.gate.tls else "http"
+        web = f" ({self.s.web_config.describe()})" if self.s.web_config is not None else ""
+        log.info("serving %s://%s/metrics%s", scheme, self.listen_address, web)
         if self.receiver is not None:
-            log.info("ingest on %s (SO_RCVBUF %d bytes)", self.receiver.bound, self.receiver.rcvbuf)
+            creds = "" if self.receiver.bound.kind != "unix" else \
+                f"; sender credentials checked, queue {self.receiver.qlen} datagrams"
+            log.info("ingest on %s (SO_RCVBUF %d bytes%s)", self.receiver.bound, self.receiver.rcvbuf, creds)
 
     def _bind_http(self) -> None:
         host, port = parse_listen(self.s.listen)
         cls = _Server6 if ":" in host else _Server
+        if self.s.web_config is not None:
+            self.gate = Gate(self.s.web_config)  # the files may have changed since the config was checked
         handler = _make_handler(self)
         try:
             self.http = cls((host, port), handler)
@@ -252,6 +272,8 @@ class Agent:
 def _make_handler(agent: Agent):
     registry = agent.registry
     writer = TextWriter()
+    gate = agent.gate
+    extra_headers = gate.headers if gate is not None else []
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "ranksight-agent"
@@ -259,11 +281,39 @@ def _make_handler(agent: Agent):
         timeout = 30  # a client that stalls mid-request holds only its own thread, and not for long
 
         def setup(self) -> None:
+            if gate is not None and gate.tls:
+                # The handshake runs here, on this connection's thread, under the request timeout:
+                # a client that never finishes it holds only its own thread.
+                raw = self.request
+                raw.settimeout(self.timeout)
+                conn = gate.context().wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+                try:
+                    conn.do_handshake()
+                    if not gate.san_ok(conn.getpeercert()):
+                        raise ssl.SSLError("client certificate has none of client_allowed_sans")
+                except BaseException:
+                    conn.close()
+                    raise
+                self.request = conn
             super().setup()
             # headers and body are two writes: without NODELAY, Nagle + delayed ACK add 40 ms
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+        def finish(self) -> None:
+            try:
+                super().finish()
+            finally:
+                if isinstance(self.request, ssl.SSLSocket):  # the server closes only the raw socket it accepted
+                    self.request.close()
+
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+            if gate is not None:
+                if not gate.allow():
+                    self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
+                    return
+                if not gate.authorized(self.headers.get("Authorization")):
+                    self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8", auth=True)
+                    return
             path = urlsplit(self.path).path
             if path == "/metrics":
                 # Always the classic text format (as node_exporter serves by default): nothing here needs
@@ -284,8 +334,13 @@ def _make_handler(agent: Agent):
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
 
-        def _send(self, code: int, body: bytes, ctype: str, encoding: Optional[str] = None) -> None:
+        def _send(self, code: int, body: bytes, ctype: str, encoding: Optional[str] = None,
+                  auth: bool = False) -> None:
             self.send_response(code)
+            for k, v in extra_headers:
+                self.send_header(k, v)
+            if auth:
+                self.send_header("WWW-Authenticate", "Basic")
             self.send_header("Content-Type", ctype)
             if encoding:
                 self.send_header("Content-Encoding", encoding)

@@ -3,7 +3,8 @@ scrape), the agent's CPU % and RSS, and the highest ingest rate with no drops.
 
 Setup: the agent runs as its own process with all collectors on the real /proc and /sys
 and 8 stand-in GPUs serving the recorded H200 traces (``ranksight.exporter.nvml_standin``);
-a sender process plays 8 ranks at 100 steps/s each plus one heartbeat per rank per second.
+a sender process plays 8 ranks at 100 steps/s each as the hooks send them: per rank one "steps"
+record per 0.25 s tick and one heartbeat a second, both carrying the totals.
 
 - scrape: interleaved A/B, one agent scrape then one node_exporter scrape
   (``collect[]=netstat&collect[]=netdev&collect[]=netclass``), each on its own keep-alive
@@ -35,7 +36,8 @@ from ranksight.stack import free_port
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 NE_QUERY = "/metrics?collect[]=netstat&collect[]=netdev&collect[]=netclass"
-TARGETS = {"cpu_percent": 2.0, "rss_mb": 60.0, "ingest_per_s": 50_000}
+TARGETS = {"cpu_percent": 1.0, "rss_mb": 60.0, "ingest_per_s": 50_000}
+BATCH_EVERY = 0.25  # the hooks' background tick: each rank sends one "steps" record per tick
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,7 +98,11 @@ def _send(argv: List[str]) -> int:
     p.add_argument("--seconds", type=float)
     p.add_argument("--ranks", type=int)
     p.add_argument("--heartbeats", action="store_true")
+    p.add_argument("--batched", action="store_true",
+                   help="as the hooks send: per rank one 'steps' record per tick, totals on it and the heartbeat")
     a = p.parse_args(argv)
+    if a.batched:
+        return _send_batched(a)
     recs = _records(a.ranks, 4096)
     hbs = [P.encode(dict(v=1, t="hb", job="bench", rank=r, lr=r, ws=a.ranks, node=socket.gethostname(), pid=4242,
                          ts=time.time(), seq=1, every=1.0, step=1, phase="forward", coll=-1.0, probe=0.001))
@@ -128,6 +134,53 @@ def _send(argv: List[str]) -> int:
             i = (i + 1) % n
             sent += 1
         time.sleep(max(0.0, 0.01 - (time.perf_counter() - now)))
+    print(json.dumps({"sent": sent, "seconds": time.perf_counter() - t0}))
+    return 0
+
+
+def _send_batched(a: argparse.Namespace) -> int:
+    """Every BATCH_EVERY seconds, per rank, one "steps" record of rate/ranks*BATCH_EVERY steps with
+    the totals after them; per rank one heartbeat with the totals every second (the hooks' traffic)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dest = ("127.0.0.1", a.port)
+    per = max(1, round(a.rate / a.ranks * BATCH_EVERY))
+    tot = [dict(steps=0, micro=0, dur=0.0, data=0.0, fwd=0.0, bwd=0.0, opt=0.0, b2o=0.0, comm=0.0, xcomm=0.0,
+                ckpt_s=0.0) for _ in range(a.ranks)]
+    hist = [[0] * (len(C.STEP_DURATION.buckets) + 1) for _ in range(a.ranks)]
+    base = dict(v=P.VERSION, job="bench", ws=a.ranks, node=socket.gethostname(), pid=4242, sess=1)
+    t0 = time.perf_counter()
+    end = t0 + a.seconds
+    sent = 0
+    tick = 0
+    while True:
+        now = time.perf_counter()
+        if now >= end:
+            break
+        for r in range(a.ranks):
+            durs = [0.01 * (1 + ((tick * per + i) % 17) / 100) for i in range(per)]
+            t = tot[r]
+            seq = t["steps"] + 1
+            t["steps"] += per
+            t["micro"] += per
+            for k, f in (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
+                         ("comm", 0.2), ("xcomm", 0.02)):
+                t[k] += f * sum(durs)
+            hist[r][2] += per  # (0.01, 0.025]
+            fields = {k: [round(f * d, 9) for d in durs] for k, f in (
+                ("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
+                ("comm", 0.2), ("xcomm", 0.02), ("ckpt", 0.0))}
+            rec = dict(base, t="steps", rank=r, lr=r, ts=time.time(), seq=seq, micro=[1] * per, retries=0, ooms=0,
+                       mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0,
+                       tot=dict(t), hist={"step": hist[r], "data": hist[r], "b2o": hist[r]}, **fields)
+            s.sendto(P.encode(rec), dest)
+            sent += 1
+            if tick % round(1 / BATCH_EVERY) == 0:
+                s.sendto(P.encode(dict(base, t="hb", rank=r, lr=r, ts=time.time(), seq=tick + 1, every=1.0,
+                                       step=t["steps"], phase="forward", coll=-1.0, probe=0.001, tot=dict(t),
+                                       hist={"step": hist[r], "data": hist[r], "b2o": hist[r]})), dest)
+                sent += 1
+        tick += 1
+        time.sleep(max(0.0, t0 + tick * BATCH_EVERY - time.perf_counter()))
     print(json.dumps({"sent": sent, "seconds": time.perf_counter() - t0}))
     return 0
 
@@ -236,7 +289,7 @@ def measure(args: argparse.Namespace) -> Dict:
         rate = args.ranks * args.steps_per_second
         load_seconds = 3600.0
         load = subprocess.Popen([py, "-m", mod, "_send", "--port", str(uport), "--rate", str(rate), "--seconds",
-                                 str(load_seconds), "--ranks", str(args.ranks), "--heartbeats"],
+                                 str(load_seconds), "--ranks", str(args.ranks), "--heartbeats", "--batched"],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         time.sleep(3.0)  # warm-up: ranks known, windows filling, GPU sampler running
         a_scr = Scraper(port, "/metrics")
@@ -281,7 +334,7 @@ def measure(args: argparse.Namespace) -> Dict:
         result["agent_cpu_percent"] = 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / wall
         result["agent_rss_mb"] = pa.memory_info().rss / 2**20
         result["cpu_window"] = {"seconds": wall, "scrape_interval_s": args.scrape_interval,
-                                "datagrams_per_s": rate + args.ranks}
+                                "steps_per_s": rate, "datagrams_per_s": args.ranks * (1 / BATCH_EVERY + 1)}
         _stop(load)
         load = None
         # ingest: rising bursts

@@ -22,6 +22,8 @@ from ranksight.config import ConfigError
 from .agent import COLLECTORS, Agent, AgentError, AgentSettings, parse_listen
 from .ingest import parse_address
 from .ranks import RankSettings
+from .webconfig import WebConfigError
+from .webconfig import load as load_web_config
 
 log = logging.getLogger("ranksight.exporter")
 
@@ -44,6 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML config file (else $RANKSIGHT_CONFIG; env RANKSIGHT__agent__KEY overrides)")
     p.add_argument("--profile", default="default", choices=sorted(cfgmod.PROFILES),
                    help="config profile (test shortens alert durations and windows; default: default)")
+    p.add_argument("--web.config.file", metavar="FILE", dest="web_config_file",
+                   help="exporter-toolkit web config (as node_exporter's): TLS, client certificates, basic auth "
+                        "with bcrypt hashes, headers; it covers every path, /healthz too "
+                        "(agent.web_config_file; default none: plain HTTP, no auth)")
     p.add_argument("--node", metavar="NAME", help="value of the node label on node and GPU series (default: the hostname)")
 
 
@@ -51,7 +57,7 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
     """Config file + profile + env, then flags. Raises ConfigError with one line."""
     cfg = cfgmod.load(args.config, args.profile)
     a = dict(cfg["agent"])
-    for key in ("listen", "ingest", "procfs", "sysfs", "collectors"):
+    for key in ("listen", "ingest", "procfs", "sysfs", "collectors", "web_config_file"):
         v = getattr(args, key, None)
         if v is not None:
             a[key] = v
@@ -72,6 +78,12 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
             re.compile(a[key])
         except re.error as e:
             raise ConfigError(f"config agent.{key}: bad regular expression: {e}") from None
+    web = None
+    if a["web_config_file"]:
+        try:
+            web = load_web_config(a["web_config_file"])
+        except WebConfigError as e:
+            raise ConfigError(str(e)) from None
     watch: List[str] = list(a["watch_paths"]) + list(args.watch_path or [])
     t = cfg["thresholds"]
     if t["gpu_swing_low"] >= t["gpu_swing_high"]:
@@ -92,6 +104,7 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
         nic_include=a["nic_include"],
         nic_exclude=a["nic_exclude"],
         rdma_counters=a["rdma_counters"],
+        web_config=web,
     )
 
 

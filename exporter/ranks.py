@@ -363,10 +363,14 @@ class Rank:
         h.counts[bisect_left(h.bounds, b2o)] += 1
         h.sum += b2o
         self.win.observe(dur, now)
+        self._stepped(rec, rec["seq"], now)
+
+    def _stepped(self, rec: dict, last: int, now: float) -> None:
+        """What a step or steps record says at its last step: progress and the per-process values."""
         self.last_step_ts = rec["ts"]
         self.last_progress = now
-        if rec["seq"] > self.seq:
-            self.seq = rec["seq"]
+        if last > self.seq:
+            self.seq = last
         for k, c in self.cum.items():  # retries, ooms, herr, hdrop: cumulative on the sender
             v = rec[k]
             if v > c[1]:
@@ -376,6 +380,17 @@ class Rank:
         self.malloc = rec["malloc"]
         self.wrss = rec["wrss"]
         self.restart = rec["restart"]
+
+    def batch(self, rec: dict, now: float) -> None:
+        """A v2 "steps" record: the window quantile sees every duration; the counters and
+        histograms are the totals it carries (exact, so nothing is summed here)."""
+        n = rec["n"]
+        self.recv += n
+        win = self.win
+        for dur in rec["dur"]:
+            win.observe(dur, now)
+        self._stepped(rec, rec["seq"] + n - 1, now)
+        self.totals(rec)
 
     def heartbeat(self, rec: dict, now: float) -> None:
         self.last_hb = now
@@ -470,7 +485,9 @@ class RankTable:
                 self.ranks[key] = r
                 self.jobs[job] = self.jobs.get(job, 0) + 1
             r.identify(rec, now)
-            if t == "step":
+            if t == "steps":
+                r.batch(rec, now)
+            elif t == "step":
                 r.step(rec, now)
             elif t == "hb":
                 r.heartbeat(rec, now)

@@ -45,14 +45,12 @@ import random
 import sys
 import threading
 import time
-from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
 
-from ranksight import catalog as C
 from ranksight import config as rs_config
 from ranksight import protocol
 
@@ -63,6 +61,7 @@ from .identity import Identity
 from .patch import Patcher, like
 from .table import make_table
 from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline, drain
+from .totals import Totals
 from .transport import Address, Transport, parse_address
 
 log = logging.getLogger("ranksight.hooks")
@@ -79,73 +78,15 @@ _STEP_GPU_FIELDS = ((FWD, 5), (BWD, 6), (OPT, 7), (COMM, 9), (XCOMM, 10))
 _perf = time.perf_counter
 
 
-# Step record fields after the identity and "t", in the protocol's order, with their formats.
-STEP_TEMPLATE = (("ts", "%.6f"), ("seq", "%d"), ("dur", "%.9g"), ("data", "%.9g"), ("fwd", "%.9g"), ("bwd", "%.9g"),
-                 ("opt", "%.9g"), ("b2o", "%.9g"), ("comm", "%.9g"), ("xcomm", "%.9g"), ("ckpt", "%.9g"),
-                 ("micro", "%d"), ("retries", "%d"), ("ooms", "%d"), ("mres", "%d"), ("malloc", "%d"), ("herr", "%d"),
-                 ("hdrop", "%d"), ("wrss", "%d"), ("restart", "%d"))
+# "steps" record columns: (protocol field, index in a queued step tuple; see _step_end)
+STEPS_COLUMNS = (("dur", 3), ("data", 4), ("fwd", 5), ("bwd", 6), ("opt", 7), ("b2o", 8), ("comm", 9), ("xcomm", 10),
+                 ("ckpt", 11))
+STEPS_PER_RECORD = 24  # at most this many steps per "steps" record (protocol.STEPS_MAX is the agent's cap)
 
 
-# ------------------------------------------------------------------------------ totals
-class Totals:
-    """The watch session's cumulative totals of what it sent (protocol v2 "tot" and "hist").
-
-    Updated by whichever thread sends (the background thread, or close() after it stopped), as
-    each step or checkpoint record goes out, so the totals on a heartbeat or the bye cover
-    exactly the records sent before it."""
-
-    __slots__ = ("v", "ckpt", "h_step", "h_data", "h_b2o", "h_ckpt", "lck", "lckd")
-    _STEP_KEYS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm")
-
-    def __init__(self) -> None:
-        self.v = dict.fromkeys(("steps", "micro"), 0)
-        self.v.update(dict.fromkeys(self._STEP_KEYS, 0.0))
-        self.ckpt = {"ckpt_s": 0.0, "ckpt_bytes": 0, "ckpt_n": 0, "ckpt_fail": 0}
-        self.h_step = [0] * (len(C.STEP_DURATION.buckets) + 1)
-        self.h_data = [0] * (len(C.DATALOADER_WAIT_HIST.buckets) + 1)
-        self.h_b2o = [0] * (len(C.BACKWARD_TO_OPTIMIZER.buckets) + 1)
-        self.h_ckpt = [0] * (len(C.CHECKPOINT_WRITE.buckets) + 1)
-        self.lck: Optional[float] = None
-        self.lckd = 0.0
-
-    def step(self, dur: float, data: float, fwd: float, bwd: float, opt: float, b2o: float, comm: float,
-             xcomm: float, micro: int) -> None:
-        v = self.v
-        v["steps"] += 1
-        v["micro"] += micro
-        v["dur"] += dur
-        v["data"] += data
-        v["fwd"] += fwd
-        v["bwd"] += bwd
-        v["opt"] += opt
-        v["b2o"] += b2o
-        v["comm"] += comm
-        v["xcomm"] += xcomm
-        self.h_step[bisect_left(C.STEP_DURATION.buckets, dur)] += 1
-        self.h_data[bisect_left(C.DATALOADER_WAIT_HIST.buckets, data)] += 1
-        self.h_b2o[bisect_left(C.BACKWARD_TO_OPTIMIZER.buckets, b2o)] += 1
-
-    def checkpoint(self, ts: float, dur: float, nbytes: int, ok: bool) -> None:
-        c = self.ckpt
-        c["ckpt_s"] += dur
-        c["ckpt_n"] += 1
-        self.h_ckpt[bisect_left(C.CHECKPOINT_WRITE.buckets, dur)] += 1
-        if ok:
-            c["ckpt_bytes"] += nbytes
-            self.lck, self.lckd = ts, dur
-        else:
-            c["ckpt_fail"] += 1
-
-    def fields(self) -> Dict[str, Any]:
-        """The "tot" and "hist" fields of a heartbeat or bye."""
-        tot: Dict[str, Any] = {k: (round(x, 9) if type(x) is float else x) for k, x in self.v.items()}
-        tot.update(self.ckpt)
-        tot["ckpt_s"] = round(tot["ckpt_s"], 9)
-        if self.lck is not None:
-            tot["lck"] = round(self.lck, 6)
-            tot["lckd"] = round(self.lckd, 9)
-        return {"tot": tot, "hist": {"step": list(self.h_step), "data": list(self.h_data),
-                                     "b2o": list(self.h_b2o), "ckpt": list(self.h_ckpt)}}
+def enc_fields(fields: Dict[str, Any]) -> str:
+    """``{"tot": ..., "hist": ...}`` as the JSON members of a record (no braces)."""
+    return protocol.encode(fields).decode()[1:-1]
 
 
 def _process_start() -> float:
@@ -914,8 +855,7 @@ class Watcher:
         self._base = dict(ident.base(), sess=self.sess)
         # Step records are formatted from a template: 4x cheaper than json.dumps of a dict, and
         # valid JSON as long as every number is finite and non-negative (checked per record).
-        self._step_prefix = protocol.encode(dict(self._base, t="step")).decode()[:-1] + ","
-        self._step_fmt = ",".join(f'"{k}":{f}' for k, f in STEP_TEMPLATE) + "}"
+        self._steps_prefix = protocol.encode(dict(self._base, t="steps")).decode()[:-1] + ","
 
     def _take_items(self) -> List[tuple]:
         """The queued records, the held-back step record first (background thread, or close())."""
@@ -943,14 +883,15 @@ class Watcher:
         self._send_items(items)
 
     def _send_items(self, items: List[tuple]) -> None:
+        """Send queued records in order. Consecutive step records go out as "steps" records (up
+        to STEPS_PER_RECORD steps each, with the totals after their last step): one datagram per
+        tick per rank, not one per step."""
         if not items:
             return
-        send, enc, fmt, prefix = self._transport.send, protocol.encode, self._step_fmt, self._step_prefix
-        w0, p0 = self._wall0, self._pc0
-        retries, ooms, mres, malloc = self._mem
-        hdrop = self._tl.dropped if self._tl is not None else 0
+        send, enc = self._transport.send, protocol.encode
         table = self._table
         totals = self.totals
+        batch: List[tuple] = []
         for it in items:
             try:
                 if it[0] == "step":
@@ -959,22 +900,62 @@ class Watcher:
                         table.add(seq, dur, data, comm, xcomm, ckpt)
                         if table.due(_perf()):
                             self._print_table()
-                    vals = (w0 + (t - p0), seq, dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt, micro, retries,
-                            ooms, mres, malloc, self.herr, hdrop, self._wrss, self.identity.restart)
-                    nums = fmt % vals
-                    if "n" in nums or "-" in nums.replace("e-", ""):  # nan, inf or a negative number
-                        raise ValueError(f"step record with a non-finite or negative value: {vals}")
-                    send((prefix + nums).encode())
-                    totals.step(dur, data, fwd, bwd, opt, b2o, comm, xcomm, micro)
-                else:
-                    rec = dict(self._base, ts=it[1])
-                    rec.update(it[2])
-                    send(enc(rec))
-                    if it[0] == "ckpt":
-                        c = it[2]
-                        totals.checkpoint(it[1], c["dur"], c["bytes"], c["ok"])
+                    if batch and (seq != batch[-1][1] + 1 or len(batch) >= STEPS_PER_RECORD):
+                        self._send_steps(batch)
+                        batch = []
+                    batch.append(it)
+                    continue
+                if batch:
+                    self._send_steps(batch)
+                    batch = []
+                rec = dict(self._base, ts=it[1])
+                rec.update(it[2])
+                send(enc(rec))
+                if it[0] == "ckpt":
+                    c = it[2]
+                    totals.checkpoint(it[1], c["dur"], c["bytes"], c["ok"])
             except (ValueError, TypeError) as e:  # a NaN or a bad type: our bug, count it
                 self._hook_error("record encoding", e)
+        if batch:
+            self._send_steps(batch)
+
+    def _send_steps(self, batch: List[tuple]) -> None:
+        """One "steps" record for consecutive step tuples (split in two while it is too big)."""
+        try:
+            cols = []
+            for k, j in STEPS_COLUMNS:
+                nums = ",".join(["%.9g" % it[j] for it in batch])
+                if "n" in nums or "-" in nums.replace("e-", ""):  # nan, inf or a negative number
+                    raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
+                cols.append(f'"{k}":[{nums}]')
+            micro = ",".join(["%d" % it[12] for it in batch])
+        except (ValueError, TypeError) as e:  # our bug: counted; these steps stay out of the totals too
+            self._hook_error("record encoding", e)
+            return
+        totals = self.totals
+        for it in batch:
+            totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12])
+        try:
+            retries, ooms, mres, malloc = self._mem
+            hdrop = self._tl.dropped if self._tl is not None else 0
+            last = batch[-1]
+            tail = enc_fields(totals.fields())
+            body = "%s\"ts\":%.6f,\"seq\":%d,%s,\"micro\":[%s],\"retries\":%d,\"ooms\":%d,\"mres\":%d,\"malloc\":%d," \
+                   "\"herr\":%d,\"hdrop\":%d,\"wrss\":%d,\"restart\":%d,%s}" % (
+                       self._steps_prefix, self._wall0 + (last[2] - self._pc0), batch[0][1], ",".join(cols), micro,
+                       retries, ooms, mres, malloc, self.herr, hdrop, self._wrss, self.identity.restart, tail)
+            data = body.encode()
+        except (ValueError, TypeError) as e:
+            self._hook_error("record encoding", e)
+            return
+        if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
+            for it in batch:
+                totals.unstep(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12])
+            half = len(batch) // 2
+            self._send_steps(batch[:half])
+            self._send_steps(batch[half:])
+            return
+        self._transport.send(data)
 
     def _heartbeat(self, now: float) -> None:
         if not self.identity.from_pg:

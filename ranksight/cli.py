@@ -22,6 +22,8 @@ SUBCOMMANDS = {
     "exporter": ("ranksight.exporter.main", "run the node agent: rank ingest, heartbeats, GPU/network/RDMA/disk collectors"),
     "rules": ("ranksight.alerts.generate", "write alert and recording rules, Alertmanager config and runbooks"),
     "dashboards": ("ranksight.dashboards.generate", "write the Grafana dashboards"),
+    "k8s": ("ranksight.k8s", "write the Kubernetes manifests (agent DaemonSet, ServiceMonitor, PrometheusRule, "
+                                    "AlertmanagerConfig, dashboard ConfigMaps)"),
     "stack": ("ranksight.stack", "start/stop a local Prometheus + Alertmanager (Debian binaries, no Docker)"),
     "demo": ("ranksight.demo", "run the agent, the local stack and an instrumented 2-rank CPU DDP job"),
     "triage": ("ranksight.triage_cli", "walk the six triage checks against Prometheus and name the first cause"),

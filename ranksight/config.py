@@ -118,6 +118,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "rdma_counters": Opt("curated", "RDMA port counters exposed: curated (throughput, link errors, congestion: "
                                         "catalog.RDMA_CURATED_COUNTERS) | all (every counters/hw_counters file) | "
                                         "a list of counter names (a hw_counters file named like a counters file is hw_<name>)"),
+        "web_config_file": Opt("", "exporter-toolkit web config file (TLS, client certificates, basic auth) for "
+                                   "/metrics and /healthz; empty: plain HTTP (--web.config.file)"),
     },
     "hooks": {
         "agent": Opt("udp://127.0.0.1:9946", "where to send: udp://host:port | unix:///path | off (env RANKSIGHT_AGENT)"),
@@ -145,9 +147,16 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
 }
 
 SCHEMA["alerting"] = {  # `ranksight rules`: alerts/alertmanager.yml and runbook_url
-    "webhook_url": Opt("http://127.0.0.1:9947/alerts", "Alertmanager webhook receiver URL (http:// or https://)"),
+    "webhook_url": Opt("http://127.0.0.1:9947/alerts", "URL of the built-in `webhook` receiver (http:// or https://); "
+                                                       "every alert goes there when no receivers are configured"),
     "runbook_base_url": Opt("https://github.com/ranksight/ranksight/blob/main/alerts/runbooks",
                             "absolute URL prefix of the runbooks: runbook_url = <this>/<alert id>.md"),
+    # on-call (ranksight/oncall.py): receivers, severity routes, the dashboard link of each page
+    "receivers": Opt({}, "on-call receivers: name -> {type: slack|pagerduty|email|opsgenie|webhook, ...}, "
+                         "secrets in files (ranksight/oncall.py); none: everything to webhook_url"),
+    "routes": Opt({}, "severity -> receiver name(s) or none: critical, warning, info, lint (setup lints); "
+                      "unset ones default to critical: pager, warning: chat, info: none, lint: chat"),
+    "grafana_url": Opt("http://localhost:3000", "Grafana base URL for the triage-dashboard link in every page"),
 }
 
 # The test profile shortens durations and windows, nothing else.
@@ -181,6 +190,10 @@ def _check(section: str, key: str, value: Any) -> Any:
     where = f"{section}.{key}"
     if (section, key) == ("agent", "rdma_counters"):
         return _rdma_counters(where, value)
+    if (section, key) in (("alerting", "receivers"), ("alerting", "routes")):
+        from . import oncall
+
+        return oncall.check_receivers(value) if key == "receivers" else oncall.check_routes(value)
     d = opt.default
     if isinstance(d, bool):
         if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -273,6 +286,9 @@ def load(path: Optional[str] = None, profile: str = "default", env: Optional[Map
             raise ConfigError(f"env {name}: expected RANKSIGHT__<section>__<key>")
         section, key = parts[0].lower(), parts[1].lower()
         _merge(cfg, {section: {key: value}}, f"env {name}")
+    from . import oncall
+
+    oncall.check_refs(cfg["alerting"])
     out = Config(cfg)
     out.profile = profile
     return out

@@ -36,6 +36,15 @@ identity (all records)
   wrss    int   DataLoader workers' total RSS bytes (0 when none)
   restart int   restart count from the launcher
 
+"steps" (v2) consecutive optimizer steps in one datagram: what the hooks send (one per rank per
+        background tick, about 4 a second, instead of one per step)
+  seq     int   the first step's number; the others follow (seq+1, ...)
+  ts      float (identity field) when the last of them ended
+  dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt   [float, ...]  per step, as in "step"
+  micro   [int, ...]  per step (>= 1); all lists have the same length n, 1 <= n <= STEPS_MAX
+  retries, ooms, mres, malloc, herr, hdrop, wrss, restart   int  as in "step", at the last step
+  tot, hist   the session's totals after the last of these steps (as in "hb"; required)
+
 "hb"    heartbeat, every ``hb_interval`` seconds from a background thread
   tot     object (v2, optional) the watch session's cumulative totals, see TOTALS below
   hist    object (v2) the session's cumulative histogram bucket counts, see HISTS below
@@ -101,7 +110,8 @@ from ranksight import catalog as C
 
 VERSION = 2
 ACCEPTED = (1, 2)
-MAX_DATAGRAM = 2048  # bytes; larger is "oversize"
+MAX_DATAGRAM = 4096  # bytes; larger is "oversize"
+STEPS_MAX = 64  # steps in one "steps" record
 MAX_WORLD = 1 << 20
 MAX_STR = 128
 MAX_MSG = 512
@@ -109,12 +119,13 @@ MAX_SECONDS = 7 * 24 * 3600.0  # no single duration is longer than a week
 MAX_BYTES = 1 << 60
 MAX_COUNT = 1 << 62
 
-TYPES = ("step", "hb", "bye", "hello", "ckpt", "lint")
+TYPES = ("step", "steps", "hb", "bye", "hello", "ckpt", "lint")
 PHASES = ("data", "forward", "backward", "optimizer", "checkpoint", "other", "idle")
 CKPT_SOURCES = ("torch.save", "dcp", "timer", "atomic_save")
 
 STEP_SECONDS_FIELDS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm", "ckpt")
 STEP_COUNT_FIELDS = ("seq", "micro", "retries", "ooms", "mres", "malloc", "herr", "hdrop", "wrss", "restart")
+STEPS_LAST_FIELDS = ("retries", "ooms", "mres", "malloc", "herr", "hdrop", "wrss", "restart")
 
 
 # Totals (v2): the integer and float keys of "tot", and the histograms of "hist" with their bucket counts.
@@ -240,6 +251,10 @@ def decode(data: bytes) -> Dict[str, Any]:
             out["micro"] = 1
         if out["seq"] < 1:
             raise ProtocolError("rejected", "bad seq")
+    elif t == "steps":
+        if v < 2:
+            raise ProtocolError("rejected", "steps needs v2")
+        _steps(rec, out)
     elif t == "hb":
         out["seq"] = _int(rec, "seq", 0, MAX_COUNT)
         out["every"] = _secs(rec, "every", 0.01, 3600.0, default=1.0)
@@ -284,6 +299,60 @@ def decode(data: bytes) -> Dict[str, Any]:
             if not isinstance(gpu, str) or len(gpu) > 96:
                 raise ProtocolError("rejected", "bad gpu")
             out["gpu"] = gpu
+    return out
+
+
+def _steps(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
+    """Validate a "steps" record into ``out`` (lists as sent, scalars, totals)."""
+    seq = rec.get("seq")
+    if type(seq) is not int or not 1 <= seq <= MAX_COUNT:
+        raise ProtocolError("rejected", "bad seq")
+    out["seq"] = seq
+    durs = rec.get("dur")
+    if type(durs) is not list or not 1 <= len(durs) <= STEPS_MAX:
+        raise ProtocolError("rejected", "bad dur")
+    n = out["n"] = len(durs)
+    for k in STEP_SECONDS_FIELDS:
+        vals = rec.get(k)
+        if type(vals) is not list or len(vals) != n:
+            raise ProtocolError("rejected", f"bad {k}")
+        for x in vals:  # int or float (a formatter writes 0.0 as 0); NaN and inf fail the range
+            if not ((type(x) is float or type(x) is int) and 0 <= x <= MAX_SECONDS):
+                raise ProtocolError("rejected", f"bad {k}")
+        out[k] = vals
+    micro = rec.get("micro")
+    if type(micro) is not list or len(micro) != n or not all(type(x) is int and 0 <= x <= MAX_COUNT for x in micro):
+        raise ProtocolError("rejected", "bad micro")
+    out["micro"] = [x if x >= 1 else 1 for x in micro]
+    get = rec.get
+    for k in STEPS_LAST_FIELDS:
+        x = get(k, 0)
+        out[k] = x if type(x) is int and 0 <= x <= MAX_COUNT else _int(rec, k, 0, MAX_COUNT)
+    if "tot" not in rec:
+        raise ProtocolError("rejected", "steps without tot")
+    _totals(rec, out)
+
+
+def expand_steps(rec: Dict[str, Any]) -> list:
+    """A decoded "steps" record as the equivalent "step" records (for tools that look at each
+    step). A step's ``ts`` is the batch's minus the durations of the steps after it."""
+    n = rec["n"]
+    out = []
+    ts = rec["ts"]
+    ends = [ts] * n
+    for i in range(n - 2, -1, -1):
+        ends[i] = ends[i + 1] - rec["dur"][i + 1]
+    ident = {k: rec[k] for k in ("v", "job", "ws", "rank", "lr", "node", "pid") if k in rec}
+    if "sess" in rec:
+        ident["sess"] = rec["sess"]
+    for i in range(n):
+        step = dict(ident, t="step", ts=ends[i], seq=rec["seq"] + i)
+        for k in STEP_SECONDS_FIELDS:
+            step[k] = float(rec[k][i])
+        step["micro"] = rec["micro"][i]
+        for k in STEPS_LAST_FIELDS:
+            step[k] = rec[k]
+        out.append(step)
     return out
 
 

@@ -17,13 +17,16 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     Path of "prometheus" / "alertmanager" / "promtool" / "amtool"; raises
     ``MissingBinary`` whose message names the Debian package to install.
     ``$RANKSIGHT_PROMETHEUS_BIN`` / ``$RANKSIGHT_ALERTMANAGER_BIN`` override.
-``render_prometheus_config(template, targets, alertmanager, rule_glob, scrape_interval, evaluation_interval) -> str``
-    deploy/prometheus.yml with local targets, Alertmanager address and rules path.
+``render_prometheus_config(template, targets, alertmanager, rule_glob, scrape_interval, evaluation_interval,
+                          scrape_options=None) -> str``
+    deploy/prometheus.yml with local targets, Alertmanager address and rules path; ``scrape_options``
+    (``scheme``, ``tls_config``, ``basic_auth``, ...) are set on the agents' scrape job, for agents
+    started with ``--web.config.file``.
 ``LocalStack(run_dir, targets=[...], cfg=None, files=None, prometheus_port=0, alertmanager_port=0,
-             scrape_interval="5s", evaluation_interval=None, daemon=False)``
+             scrape_interval="5s", evaluation_interval=None, daemon=False, scrape_options=None)``
     ``files`` maps names to text like ``render(cfg)``: every top-level ``*.yml`` but
-    ``alertmanager.yml`` is a rule file; missing parts are rendered from ``cfg``
-    (default: the default profile). Port 0 picks a free port.
+    ``alertmanager*.yml`` is a rule file, ``templates/*.tmpl`` go beside alertmanager.yml;
+    missing parts are rendered from ``cfg`` (default: the default profile). Port 0 picks a free port.
     ``start(timeout=30)`` (starts both and waits ready; ``StackError`` with one line if
     not), ``stop()``, ``wait_ready(timeout)``, ``prom_url``, ``am_url``, ``prom``
     (``PrometheusAPI``), ``am`` (``AlertmanagerAPI``), ``pids()``, ``set_targets(targets)``
@@ -82,6 +85,7 @@ BINARIES: Dict[str, tuple] = {
 }
 RULES_FILE = "ranksight-rules.yml"
 ALERTMANAGER_FILE = "alertmanager.yml"
+TEMPLATES_DIR = "templates"  # Alertmanager notification templates, beside alertmanager.yml
 DEFAULT_TARGET = "127.0.0.1:9945"
 DEFAULT_PROMETHEUS_PORT = 9090
 DEFAULT_ALERTMANAGER_PORT = 9093
@@ -233,9 +237,11 @@ def deploy_dir() -> Path:
 
 def render_prometheus_config(template: str, targets: Sequence[str], alertmanager: str, rule_glob: str,
                              scrape_interval: Optional[str] = None,
-                             evaluation_interval: Optional[str] = None) -> str:
+                             evaluation_interval: Optional[str] = None,
+                             scrape_options: Optional[Mapping[str, Any]] = None) -> str:
     """deploy/prometheus.yml with the ranksight-agent targets, the Alertmanager address and
-    the rules path replaced; everything else (honor_labels, timeouts) is kept."""
+    the rules path replaced; everything else (honor_labels, timeouts) is kept. ``scrape_options``
+    are Prometheus scrape_config keys (scheme, tls_config, basic_auth) set on the agents' job."""
     try:
         doc = yaml.safe_load(template)
     except yaml.YAMLError as e:
@@ -244,6 +250,7 @@ def render_prometheus_config(template: str, targets: Sequence[str], alertmanager
     if len(jobs) != 1:
         raise StackError(f"deploy/prometheus.yml: expected one scrape job named {triage.SCRAPE_JOB!r}")
     jobs[0]["static_configs"] = [{"targets": list(targets)}]
+    jobs[0].update(dict(scrape_options or {}))
     doc["rule_files"] = [rule_glob]
     doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     g = doc.setdefault("global", {})
@@ -258,12 +265,14 @@ def render_prometheus_config(template: str, targets: Sequence[str], alertmanager
 
 
 def render_alert_files(cfg: Mapping[str, Any]) -> Dict[str, str]:
-    """Rules and alertmanager.yml for cfg, from ranksight.alerts.generate.render."""
+    """Rules, alertmanager.yml and its templates for cfg, from ranksight.alerts.generate.render
+    (not the fragment for merging into another Alertmanager, nor the runbooks)."""
     try:
         from ranksight.alerts import generate
     except ImportError as e:
         raise StackError(f"cannot render the rules: ranksight.alerts.generate is not importable ({e})") from None
-    return {k: v for k, v in generate.render(cfg).items() if "/" not in k}
+    return {k: v for k, v in generate.render(cfg).items()
+            if ("/" not in k and k != generate.notify.FRAGMENT_FILE) or k.startswith(TEMPLATES_DIR + "/")}
 
 
 # ------------------------------------------------------------------ HTTP APIs
@@ -414,8 +423,10 @@ class LocalStack:
     def __init__(self, run_dir: os.PathLike, targets: Iterable[str] = (DEFAULT_TARGET,),
                  cfg: Optional[Mapping[str, Any]] = None, files: Optional[Mapping[str, str]] = None,
                  prometheus_port: int = 0, alertmanager_port: int = 0, scrape_interval: str = "5s",
-                 evaluation_interval: Optional[str] = None, daemon: bool = False):
+                 evaluation_interval: Optional[str] = None, daemon: bool = False,
+                 scrape_options: Optional[Mapping[str, Any]] = None):
         self.run_dir = Path(run_dir).resolve()
+        self.scrape_options = dict(scrape_options or {})
         self.targets = list(targets)
         self.cfg = cfg
         self.files = dict(files) if files is not None else None
@@ -457,7 +468,8 @@ class LocalStack:
         files = dict(self.files) if self.files is not None else {}
         if self.files is None or ALERTMANAGER_FILE not in files:
             rendered = render_alert_files(self.cfg if self.cfg is not None else config.load())
-            files = rendered if self.files is None else {**files, ALERTMANAGER_FILE: rendered[ALERTMANAGER_FILE]}
+            files = rendered if self.files is None else {
+                **files, **{k: v for k, v in rendered.items() if k == ALERTMANAGER_FILE or self._is_template(k)}}
         rules_dir = self.run_dir / "rules"
         rules_dir.mkdir(parents=True, exist_ok=True)
         for old in rules_dir.glob("*.yml"):
@@ -466,14 +478,22 @@ class LocalStack:
             if self._is_rule_file(name):
                 (rules_dir / name).write_text(text)
         (self.run_dir / ALERTMANAGER_FILE).write_text(files[ALERTMANAGER_FILE])
+        for name, text in files.items():
+            if self._is_template(name):
+                (self.run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+                (self.run_dir / name).write_text(text)
         template = (deploy_dir() / "prometheus.yml").read_text()
         (self.run_dir / "prometheus.yml").write_text(render_prometheus_config(
             template, self.targets, f"127.0.0.1:{self.alertmanager_port}", str(rules_dir / "*.yml"),
-            self.scrape_interval, self.evaluation_interval))
+            self.scrape_interval, self.evaluation_interval, self.scrape_options))
 
     @staticmethod
     def _is_rule_file(name: str) -> bool:
-        return "/" not in name and name.endswith((".yml", ".yaml")) and name != ALERTMANAGER_FILE
+        return "/" not in name and name.endswith((".yml", ".yaml")) and not name.startswith("alertmanager")
+
+    @staticmethod
+    def _is_template(name: str) -> bool:
+        return name.startswith(TEMPLATES_DIR + "/") and name.endswith(".tmpl")
 
     def start(self, timeout: float = 30.0) -> "LocalStack":
         prom_bin, am_bin = find_binary("prometheus"), find_binary("alertmanager")

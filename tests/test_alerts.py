@@ -65,7 +65,8 @@ def test_render_is_pure_and_deterministic(default_cfg, tmp_path):
     a, b = generate.render(default_cfg), generate.render(default_cfg)
     assert a == b and dict(default_cfg) == before
     entries = triage.table(default_cfg)
-    assert set(a) == {"ranksight-rules.yml", "alertmanager.yml", "runbooks/README.md"} | {
+    assert set(a) == {"ranksight-rules.yml", "alertmanager.yml", "alertmanager-fragment.yml",
+                      "templates/ranksight.tmpl", "runbooks/README.md"} | {
         f"runbooks/{e.id}.md" for e in entries}
     written = generate.write(default_cfg, tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == sorted(a)
@@ -164,12 +165,14 @@ def test_test_profile_differs_only_in_for_and_windows(default_cfg, test_cfg):
     assert all(config.duration_seconds(tf) <= config.duration_seconds(df) for df, tf in ivals if df)
     assert all(config.duration_seconds(tf) <= config.duration_seconds(df) for df, tf in fors)
     assert any(tf != df for df, tf in fors)
-    # the Alertmanager config differs in its route timings only
-    ad = yaml.safe_load(generate.render(default_cfg)["alertmanager.yml"])
-    at = yaml.safe_load(generate.render(test_cfg)["alertmanager.yml"])
-    for k in ("group_wait", "group_interval", "repeat_interval"):
-        ad["route"].pop(k), at["route"].pop(k)
-    assert ad == at
+    # the Alertmanager config and the fragment differ in the ranksight route's timings only
+    for name, route in (("alertmanager.yml", lambda doc: doc["route"]["routes"][0]),
+                        ("alertmanager-fragment.yml", lambda doc: doc["routes"][0])):
+        ad = yaml.safe_load(generate.render(default_cfg)[name])
+        at = yaml.safe_load(generate.render(test_cfg)[name])
+        for k in ("group_wait", "group_interval", "repeat_interval"):
+            route(ad).pop(k), route(at).pop(k)
+        assert ad == at, name
 
 
 # ------------------------------------------------------------------ the table's own rules

@@ -42,7 +42,7 @@ def test_protocol_roundtrip_and_rejects():
         (_rec(dur=-1), "rejected"),
         (json.dumps({"v": 1, "t": "step", "job": "j", "rank": 0, "lr": 0, "ws": 1, "node": "n", "pid": 1,
                      "ts": 1.0, "seq": 1, "dur": float("nan")}).encode(), "rejected"),
-        (b"{" + b" " * 5000 + b"}", "oversize"),
+        (b"{" + b" " * protocol.MAX_DATAGRAM + b"}", "oversize"),
         (_rec(job="x" * 500), "rejected"),
         (_rec(t="nope"), "rejected"),
     ]:

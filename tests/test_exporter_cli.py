@@ -3,6 +3,7 @@ exit 2, SIGTERM stops it cleanly, /healthz answers, a slow client does not block
 flags override the config, and the agent runs without torch."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -89,7 +90,7 @@ def test_serves_flags_override_config_and_stops_on_sigterm(tmp_path):
         assert one(got, C.DISK_FREE.name, path=str(tmp_path)) > 0
         s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         for r in range(9):  # max_ranks 7 from the config: two overflow
-            s.sendto(dgram(ident(rank=r, ws=9), step()), str(sock))
+            s.sendto(dgram(ident(rank=r, ws=9, pid=os.getpid()), step()), str(sock))  # the unix socket checks the pid
         s.close()
         got = wait_for(lambda: (lambda g: g if one(g, C.INGEST_DATAGRAMS.name, result="overflow") == 2 else None)(
             parse(http_get(url + "/metrics"))), 10, "overflow counted")

@@ -151,7 +151,7 @@ def burst(sock_family, address, datagrams):
 
 
 def fixed_corpus(n: int):
-    base = dict(v=1, job="burst", ws=4, node="h", pid=9, ts=time.time())
+    base = dict(v=1, job="burst", ws=4, node="h", pid=os.getpid(), ts=time.time())  # the unix socket checks the pid
     out = []
     for i in range(n):
         k = i % 6
@@ -166,7 +166,7 @@ def fixed_corpus(n: int):
         elif k == 3:
             out.append(P.encode(dict(base, t="step", rank=r, lr=r, seq=1, dur=-1.0)))  # rejected
         elif k == 4:
-            out.append(P.encode(dict(base, t="hb", rank=r, lr=r, seq=i, pad="x" * (P.MAX_DATAGRAM + i % 5000))))
+            out.append(P.encode(dict(base, t="hb", rank=r, lr=r, seq=i, pad="x" * (P.MAX_DATAGRAM + i % 500))))
         else:
             out.append(json.dumps({"v": 1, "t": "hb", "job": "burst", "rank": r, "ws": 4, "lr": 0, "node": "h",
                                    "pid": 1, "ts": float("nan")}, allow_nan=True).encode())

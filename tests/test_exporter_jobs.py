@@ -148,7 +148,7 @@ def test_sigkilled_rank_misses_within_5s_and_goes_down(tmp_path, cleanup):
 def test_rank_that_stops_stepping_is_stalled_and_its_peer_waits(tmp_path, cleanup):
     port, uport = free_port(), free_port(socket.SOCK_DGRAM)
     agent = Agent(tmp_path, "agent", port, uport, env={"RANKSIGHT__agent__stall_min_seconds": "2",
-                                                       "RANKSIGHT__agent__rank_linger_seconds": "4"})
+                                                       "RANKSIGHT__agent__rank_linger_seconds": "10"})
     cleanup.append(agent.proc)
     job = Job(tmp_path, f"udp://127.0.0.1:{uport}", "hangjob", "--steps", "50", "--hang-rank", "1",
               "--hang-step", "20", "--hang-secs", "6")
@@ -172,7 +172,7 @@ def test_rank_that_stops_stepping_is_stalled_and_its_peer_waits(tmp_path, cleanu
     assert steps_by_rank(got, "hangjob") == {"0": 50, "1": 50}
     assert all(v == 1 for v in series(got, C.RANK_UP.name, job="hangjob").values())
     assert all(v == 0 for v in series(got, C.RANK_STALLED.name, job="hangjob").values())
-    wait_for(lambda: not series(agent.metrics(), C.RANK_UP.name, job="hangjob"), 10, "the linger ends")
+    wait_for(lambda: not series(agent.metrics(), C.RANK_UP.name, job="hangjob"), 20, "the linger ends")
 
 
 def test_agent_restart_mid_run(tmp_path, cleanup):

@@ -16,11 +16,11 @@ from test_exporter_helpers import dgram, hb, ident, one, parse, series, step
 
 
 class World:
-    def __init__(self, **settings):
+    def __init__(self, gpu_labels=None, **settings):
         self.now = 1000.0
         self.table = RankTable(RankSettings(**settings))
         self.ingest = Ingest(self.table, clock=lambda: self.now)
-        self.col = RanksCollector(self.table, clock=lambda: self.now)
+        self.col = RanksCollector(self.table, clock=lambda: self.now, gpu_labels=gpu_labels)
 
     def send(self, identity: dict, body: dict) -> str:
         return self.ingest.handle(dgram(identity, body), self.now)

@@ -7,47 +7,23 @@ from __future__ import annotations
 import importlib.util
 import logging
 import random
-from bisect import bisect_left
 
 import pytest
 
 from ranksight import catalog as C
 from ranksight import protocol as P
-from ranksight.exporter.ingest import Ingest
-from ranksight.exporter.ranks import RankSettings, RanksCollector, RankTable
 
-from test_exporter_helpers import FIXTURES, dgram, hb, ident, one, parse, series, step
+from test_exporter_helpers import FIXTURES, dgram, hb, ident, one, series, step
+from test_exporter_ranks import World
 
 LAB = dict(job="job", node="host", rank="0", local_rank="0")
-
-
-class World:
-    def __init__(self, gpu_labels=None, **settings):
-        self.now = 1000.0
-        self.table = RankTable(RankSettings(**settings))
-        self.ingest = Ingest(self.table, clock=lambda: self.now)
-        self.col = RanksCollector(self.table, clock=lambda: self.now, gpu_labels=gpu_labels)
-
-    def send(self, identity: dict, body: dict) -> str:
-        return self.ingest.handle(dgram(identity, body), self.now)
-
-    def tick(self, seconds: float, every: float = 0.25) -> None:
-        end = self.now + seconds
-        while self.now < end - 1e-9:
-            self.now = min(end, self.now + every)
-            self.table.check(self.now)
-
-    def scrape(self):
-        from ranksight.exporter.exposition import TextWriter
-
-        return parse(TextWriter().render(self.col.collect()).decode())
 
 
 class Sender:
     """A v2 sender: keeps totals exactly as the hooks do (hooks.watcher.Totals)."""
 
     def __init__(self, sess: int = 7, pid: int = 1000, **kw):
-        from ranksight.hooks.watcher import Totals
+        from ranksight.hooks.totals import Totals
 
         self.ident = dict(ident(pid=pid, **kw), v=2, sess=sess)
         self.totals = Totals()

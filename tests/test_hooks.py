@@ -177,11 +177,11 @@ def test_unix_socket_agent(tmp_path):
     srv.settimeout(0.5)
     try:
         while True:
-            kinds.add(protocol.decode(srv.recv(4096))["t"])
+            kinds.add(protocol.decode(srv.recv(protocol.MAX_DATAGRAM + 1))["t"])
     except socket.timeout:
         pass
     srv.close()
-    assert {"hello", "step", "bye"} <= kinds
+    assert {"hello", "steps", "bye"} <= kinds
 
 
 def test_broken_config_falls_back_to_defaults(rx, monkeypatch, tmp_path, caplog):
