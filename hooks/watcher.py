@@ -13,7 +13,9 @@ Step path (main thread, a few microseconds per hook):
                         that fires inside the autograd graph (a tensor/grad_fn hook on the
                         output, a final callback) measured 10-15 us per backward on this
                         machine, half of the 30 us budget; the wrapper costs about 1 us.
-  optimizer pre/post    optimizer time; the post-hook closes the step (step boundary)
+  optimizer pre/post    optimizer time; the post-hook closes the step (step boundary). Optimizers
+                        found by ``auto.py`` (``watch()`` given none) leave it open until the next
+                        iteration's first fetch: several optimizers in one iteration make one step
 See ``comm.py`` for the communication definitions and ``checkpoint.py`` for checkpoints.
 
 On CUDA the forward/backward/optimizer/exposed-comm spans are CUDA events recorded on the

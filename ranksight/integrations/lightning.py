@@ -1,6 +1,6 @@
 """Lightning integration: ``L.Trainer(callbacks=[RanksightCallback()])``.
 
-``on_fit_start`` starts a watch on the strategy's model (the DDP/FSDP wrapper, else the
+``on_train_start`` (after the sanity validation) starts a watch on the strategy's model (the DDP/FSDP wrapper, else the
 LightningModule). Lightning calls ``training_step`` itself, so the callback's batch hooks time
 the forward: ``on_train_batch_start`` starts it and counts one micro-batch, ``on_before_backward``
 ends it. Optimizers (Lightning's ``LightningOptimizer`` steps the torch optimizer) are found
@@ -10,8 +10,8 @@ batch (manual optimization, a GAN) make one step. Lightning runs forward and bac
 ``optimizer.step(closure)``: the optimizer's time starts at the backward's end. Data wait is time
 in ``next()`` on every DataLoader iterator (Lightning's prefetching shifts a fetch by one batch,
 not the sum), which Lightning itself does not measure. ``Trainer.save_checkpoint`` (what
-``ModelCheckpoint`` calls) is timed as one checkpoint write. ``on_fit_end`` and
-``on_exception`` unwatch and restore everything. A watch the user started before is left as it is.
+``ModelCheckpoint`` calls) is timed as one checkpoint write. ``on_train_end``, ``on_exception``
+and the fit's teardown unwatch and restore everything. A watch the user started before is left as it is.
 
 Importing this module imports ``lightning`` (or ``pytorch_lightning`` when only that is installed).
 """
@@ -48,7 +48,7 @@ class RanksightCallback(pl.Callback):
         """The watch this callback started (None outside ``fit()``)."""
         return self._own.w
 
-    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         model = getattr(trainer.strategy, "model", None) or pl_module
         w = self._own.begin(model, self.config, self.agent, forward_hooks=False)
         if w is not None and w is self._own.w:
@@ -67,7 +67,7 @@ class RanksightCallback(pl.Callback):
         if w is not None:
             w._fwd_post(pl_module, (), loss)
 
-    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._own.end()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
