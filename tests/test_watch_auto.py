@@ -254,6 +254,35 @@ def test_unwatch_in_the_middle_of_a_loop_restores_everything(rx):
         opt.step()
 
 
+def test_the_fsdp2_module_is_the_model_found(rx):
+    """fully_shard (FSDP2) on a 1-rank gloo group: the sharded root is the model, not a submodule."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    from ranksight.stack import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model, _ = model_opt()
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        ranksight.watch(agent=rx.url, config=FAST)
+        for x, y in DataLoader(Sleepy(16, 0), batch_size=4):
+            loss_of(model, x, y).backward()
+            opt.step()
+            opt.zero_grad()
+        w = ranksight.hooks.current()
+        assert w.model is model and isinstance(w.model, FSDPModule)
+        ranksight.unwatch()
+        steps = steps_of(rx, 4)
+        assert [s["seq"] for s in steps] == [1, 2, 3, 4] and all(s["micro"] == 1 for s in steps)
+        assert w.herr == 0
+    finally:
+        dist.destroy_process_group()
+
+
 def test_importing_ranksight_imports_no_framework():
     code = ("import sys, json, ranksight, ranksight.integrations, ranksight.cli; "
             "print(json.dumps(sorted(m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning', "

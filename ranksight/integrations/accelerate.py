@@ -19,6 +19,10 @@ __all__ = ["watch"]
 
 
 def _state_dir(acc: Any, output_dir: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """The state folder on the main process, which writes the weights and optimizer (its size is the
+    write's bytes there); the other ranks' saves are timed with 0 bytes."""
+    if not acc.is_main_process:
+        return None
     out = kwargs.get("output_dir", output_dir)
     if out is None:
         try:

@@ -30,7 +30,9 @@ __all__ = ["RanksightCallback"]
 
 
 def _checkpoint_path(trainer: Any, filepath: Any = None, *args: Any, **kwargs: Any) -> Any:
-    return kwargs.get("filepath", filepath)
+    """The checkpoint file on global rank 0, which writes it (its size is the write's bytes there);
+    the other ranks' saves are timed with 0 bytes."""
+    return kwargs.get("filepath", filepath) if trainer.is_global_zero else None
 
 
 class RanksightCallback(pl.Callback):

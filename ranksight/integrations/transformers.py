@@ -24,6 +24,10 @@ __all__ = ["RanksightCallback"]
 
 
 def _checkpoint_dir(trainer: Any, *args: Any, **kwargs: Any) -> Optional[str]:
+    """The checkpoint folder, on the process that writes the weights and optimizer (``should_save``):
+    its size is the write's bytes there. The other ranks' saves are timed with 0 bytes."""
+    if not trainer.args.should_save:
+        return None
     trial = kwargs.get("trial", args[1] if len(args) > 1 else None)
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
