@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.02)
     ap.add_argument("--save-every", type=int, default=3)
     ap.add_argument("--two-optimizers", action="store_true")
+    ap.add_argument("--strategy", default="ddp", help="with --devices > 1: ddp or fsdp")
     a = ap.parse_args()
     accum = 1 if a.two_optimizers else a.accum  # (Lightning's global_step counts each optimizer's step)
     n = a.steps * accum * a.batch * a.devices
@@ -65,13 +66,14 @@ def main() -> None:
     before = hooks_state()
     cb = RanksightCallback()
     ckpt = ModelCheckpoint(dirpath=a.out, every_n_train_steps=a.save_every, save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", devices=a.devices, strategy="ddp" if a.devices > 1 else "auto",
+    trainer = L.Trainer(accelerator="cpu", devices=a.devices, strategy=a.strategy if a.devices > 1 else "auto",
                         max_steps=a.steps * (2 if a.two_optimizers else 1), accumulate_grad_batches=accum, callbacks=[cb, ckpt], logger=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         use_distributed_sampler=True)
     trainer.fit(Tiny(a.two_optimizers), loader)
+    found = type(trainer.strategy.model).__name__
     result(rank=trainer.global_rank, global_step=trainer.global_step, accum=accum, batches=trainer.fit_loop.total_batch_idx + 1,
-           before=before, after=hooks_state(), watcher_left=cb.watcher is not None,
+           before=before, after=hooks_state(), watcher_left=cb.watcher is not None, model=found,
            ckpts=sorted(os.listdir(a.out)) if trainer.global_rank == 0 else [])
 
 
