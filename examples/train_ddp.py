@@ -10,26 +10,28 @@ agent the hooks still print their step table)::
 
     torchrun --standalone --nproc-per-node 2 examples/train_ddp.py --duration 60
 
-The model is a token classifier (an MLP over 64-dim token features, 256 tokens per
-sequence, 16 sequences per rank per step = 4096 tokens). On a 2-core machine a step
+The model is a token classifier (an MLP over 64-dim token features). A sample is one
+sequence of 256 tokens; a rank takes 16 samples (4096 tokens) per step. On a 2-core machine a step
 takes about 60 ms with under 10% of it in the gradient all-reduce and under 5% in
 the data loader: a healthy, compute-bound job.
 
 Fault injection (used by `ranksight demo` and the end-to-end tests; --rank-to-fault
-picks the rank, default 1):
+picks the rank, default 1; each fault but comm-heavy starts --fault-after seconds after
+the first step, default 10 for kill-rank and hang, 0 for the others):
 
   slow-data        that rank's dataset sleeps per sample (slow storage): data-loader bound
   straggler        that rank runs extra real compute every step (--straggler-extra of a step)
   comm-heavy       all ranks: a wide model (1024) on a tiny batch (32 tokens) with SGD: the gradient
                    all-reduce dominates the step (a single-threaded AdamW over 2.4 M parameters
                    would itself take longer than the all-reduce on a 2-core machine)
-  kill-rank        that rank SIGKILLs itself --fault-after seconds in
-  hang             that rank sleeps inside a step --fault-after seconds in (its peer blocks in all-reduce)
+  kill-rank        that rank SIGKILLs itself
+  hang             that rank sleeps inside a step (its peer blocks in all-reduce)
   slow-checkpoint  rank 0 checkpoints a large state every few steps to a file opened with
                    O_DSYNC (every write waits for the disk), so checkpoints eat > 5% of wall time
 
 Every rank agrees when to stop: the stop flag travels with the periodic loss
-all-reduce, so no rank leaves while its peer waits in a collective.
+all-reduce, so no rank leaves while its peer waits in a collective. SIGUSR1 asks for
+that stop early (``ranksight demo`` ends the job that way once it has its verdict).
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import argparse
 import copy
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Dict, Optional
@@ -58,7 +61,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=0, help="stop after this many optimizer steps (0: no limit)")
     p.add_argument("--duration", type=float, default=60.0, help="stop after this many seconds (0: no limit)")
-    p.add_argument("--batch-seqs", type=int, default=16, help="sequences per rank per step")
+    p.add_argument("--batch-seqs", type=int, default=16, help="samples (sequences) per rank per step")
     p.add_argument("--seq-len", type=int, default=256, help="tokens per sequence")
     p.add_argument("--hidden", type=int, default=256, help="MLP hidden width")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
@@ -71,7 +74,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     g = p.add_argument_group("fault injection")
     g.add_argument("--fault", choices=FAULTS, default="none")
     g.add_argument("--rank-to-fault", type=int, default=1, help="the rank that misbehaves (default 1)")
-    g.add_argument("--fault-after", type=float, default=10.0, help="kill-rank / hang: seconds after the first step")
+    g.add_argument("--fault-after", type=float, default=None, metavar="S",
+                   help="the fault starts this many seconds after the first step (default 10 for kill-rank and hang, "
+                        "0 for the others; comm-heavy is the model's shape and always on)")
     g.add_argument("--slow-data-seconds", type=float, default=0.003, help="slow-data: sleep per sequence read")
     g.add_argument("--straggler-extra", type=float, default=1.0,
                    help="straggler: extra compute per step, as a fraction of a normal step's forward+backward "
@@ -82,13 +87,19 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     g.add_argument("--checkpoint-sync", action="store_true",
                    help="open checkpoint files with O_DSYNC (slow-checkpoint turns it on)")
     args = p.parse_args(argv)
+    if args.fault_after is None:
+        args.fault_after = 10.0 if args.fault in ("kill-rank", "hang") else 0.0
+    if args.fault_after < 0:
+        p.error("--fault-after must be 0 or more")
     if args.fault == "comm-heavy":  # large gradients, tiny compute
         args.hidden, args.batch_seqs, args.seq_len, args.optimizer = 1024, 1, 32, "sgd"
-    if args.fault == "slow-checkpoint":
-        args.checkpoint_every = min(args.checkpoint_every, 10)
-        args.checkpoint_mb = args.checkpoint_mb or 48.0
-        args.checkpoint_sync = True
     return args
+
+
+def say(line: str) -> None:
+    """One write per line, so another thread's output (the hooks' table) never lands inside it."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 class TokenSequences(Dataset):
@@ -134,8 +145,7 @@ def main(argv: Optional[list] = None) -> int:
     faulty = args.fault != "none" and rank == args.rank_to_fault % world
     torch.manual_seed(args.seed)  # same initial weights on every rank
 
-    data = TokenSequences(n=16 * world * args.batch_seqs, seq_len=args.seq_len, seed=args.seed,
-                          read_delay=args.slow_data_seconds if faulty and args.fault == "slow-data" else 0.0)
+    data = TokenSequences(n=16 * world * args.batch_seqs, seq_len=args.seq_len, seed=args.seed)
     sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_seqs, sampler=sampler, drop_last=True)
     model = DDP(make_model(64, args.hidden, 8))
@@ -148,27 +158,43 @@ def main(argv: Optional[list] = None) -> int:
     loader = ranksight.watch(model, optimizer, loader)  # ranksight line 2 of 2
 
     shadow = copy.deepcopy(model.module) if faulty and args.fault == "straggler" else None
+    slow_ckpt = args.fault == "slow-checkpoint"  # from its start: large O_DSYNC checkpoints every <= 10 steps
     ckpt_dir = Path(args.checkpoint_dir)
-    if rank == 0 and args.checkpoint_every:
+    if rank == 0 and (args.checkpoint_every or slow_ckpt):
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-    pad = torch.zeros(int(args.checkpoint_mb * 2**20 / 4))  # e.g. EMA weights of a bigger model
+    pad_mb = args.checkpoint_mb or (48.0 if slow_ckpt else 0.0)
+    pad = torch.zeros(int(pad_mb * 2**20 / 4))  # e.g. EMA weights of a bigger model
+    bad = args.rank_to_fault % world
     if rank == 0:
-        fault = "" if args.fault == "none" else f", fault {args.fault} on rank {args.rank_to_fault % world}"
-        print(f"train_ddp: {world} ranks{fault}, global batch {world * args.batch_seqs * args.seq_len} tokens, "
-              f"lr {args.lr}", flush=True)
+        when = f" from {args.fault_after:g} s in" if args.fault_after and args.fault != "comm-heavy" else ""
+        fault = "" if args.fault == "none" else f", fault {args.fault} on rank {bad}{when}"
+        g = world * args.batch_seqs
+        say(f"train_ddp: {world} ranks{fault}, global batch {g} samples of {args.seq_len} tokens "
+            f"({g * args.seq_len} tokens), lr {args.lr}")
 
+    asked: list = []  # SIGUSR1: stop at the next loss all-reduce, on every rank
+    signal.signal(signal.SIGUSR1, lambda signum, frame: asked.append(signum))
     step, epoch, loss_sum, start, stop = 0, 0, 0.0, None, False
+    fault_on = args.fault == "comm-heavy"  # the model's shape: on from the start
     while not stop:
         sampler.set_epoch(epoch)
         for x, y in loader:
+            now = time.monotonic()
             if start is None:
-                start = time.monotonic()
-            if faulty and args.fault in ("kill-rank", "hang") and time.monotonic() - start > args.fault_after:
+                start = now
+            if not fault_on and args.fault != "none" and now - start >= args.fault_after:
+                fault_on = True
+                if rank == 0 and args.fault_after > 0:
+                    say(f"train_ddp: fault {args.fault} on rank {bad} starts now, {now - start:.0f} s after "
+                        f"the first step")
+                if faulty and args.fault == "slow-data":
+                    data.read_delay = args.slow_data_seconds  # slow storage from now on
+            if faulty and fault_on and args.fault in ("kill-rank", "hang"):
                 if args.fault == "kill-rank":
                     os.kill(os.getpid(), signal.SIGKILL)
-                print(f"train_ddp: rank {rank} hangs for {args.hang_seconds:.0f} s (fault)", flush=True)
+                say(f"train_ddp: rank {rank} hangs for {args.hang_seconds:.0f} s (fault)")
                 time.sleep(args.hang_seconds)
-            if shadow is not None:  # a slower rank: real extra compute outside DDP
+            if shadow is not None and fault_on:  # a slower rank: real extra compute outside DDP
                 n = max(1, int(round(args.straggler_extra * len(x))))
                 reps, rest = divmod(n, len(x))
                 for chunk in [x] * reps + ([x[:rest]] if rest else []):
@@ -183,22 +209,25 @@ def main(argv: Optional[list] = None) -> int:
             step += 1
             loss_sum += loss.item()
 
-            if rank == 0 and args.checkpoint_every and step % args.checkpoint_every == 0:
+            slow = slow_ckpt and fault_on
+            every = min(args.checkpoint_every or 10, 10) if slow else args.checkpoint_every
+            if rank == 0 and every and step % every == 0:
                 save_checkpoint(ckpt_dir / "last.pt", {
                     "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
                     "sampler": {"epoch": epoch, "seed": args.seed}, "rng": torch.get_rng_state(),
-                    "extra": pad}, sync=args.checkpoint_sync)
+                    "extra": pad if slow or not slow_ckpt else pad[:0]}, sync=args.checkpoint_sync or slow)
 
             stop = bool(args.steps) and step >= args.steps  # the same on every rank
             if step % 10 == 0:  # every rank takes part: average loss and the shared "time is up" flag
                 elapsed = time.monotonic() - start
-                t = torch.tensor([loss_sum / 10, float(bool(args.duration) and elapsed >= args.duration)])
+                time_up = bool(args.duration) and elapsed >= args.duration
+                t = torch.tensor([loss_sum / 10, float(time_up or bool(asked))])
                 dist.all_reduce(t)
                 loss_sum, stop = 0.0, stop or bool(t[1] > 0)
                 if rank == 0 and args.log_every and (step % args.log_every == 0 or stop):
-                    print(f"train_ddp: step {step} loss {t[0].item() / world:.4f} "
-                          f"({step / elapsed:.1f} steps/s)", flush=True)
+                    say(f"train_ddp: step {step} loss {t[0].item() / world:.4f} ({step / elapsed:.1f} steps/s, "
+                        f"{step * world * args.batch_seqs / elapsed:.0f} samples/s)")
             if stop:
                 break
         epoch += 1

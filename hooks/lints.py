@@ -1029,17 +1029,19 @@ class Lints:
         groups = len(getattr(opt, "param_groups", []))
         lr_txt = ", ".join(lrs) + (f" (+{groups - 8} more groups)" if groups > 8 else "") if lrs else "no optimizer"
         if b:
-            msg = (f"global batch {b * dp * acc} = {b} per rank x {dp} data-parallel ranks x {acc} accumulation steps "
-                   f"(forwards per optimizer step); lr {lr_txt}")
+            msg = (f"global batch {b * dp * acc} samples = {b} samples per rank x {dp} data-parallel ranks x {acc} "
+                   f"accumulation step{'' if acc == 1 else 's'} (forwards per optimizer step); lr {lr_txt}")
         else:
-            msg = f"global batch unknown (per-rank batch size not found) x {dp} ranks x {acc} accumulation; lr {lr_txt}"
+            msg = (f"global batch unknown (per-rank batch size in samples not found) x {dp} ranks x {acc} accumulation; "
+                   f"lr {lr_txt}")
         # Not an active lint: one info line here; the agent keeps each job's global batch and base LR
         # across restarts and raises the lint when the batch changed but the LR did not.
         if not self.on("global_batch_lr"):
             return
         with self._lock:
             self.evaluations["global_batch_lr"] = self.evaluations.get("global_batch_lr", 0) + 1
-        self._line(logging.INFO, f"ranksight lint global_batch_lr on rank {self.rank}: {msg}")
+        # information, not a problem: the line says "info", where an active lint's says "lint"
+        self._line(logging.INFO, f"ranksight info global_batch_lr on rank {self.rank}: {msg}")
         groups0 = getattr(opt, "param_groups", [])[:1]
         base = None
         if groups0:

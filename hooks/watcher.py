@@ -61,7 +61,7 @@ from .checkpoint import CheckpointTimer, Recorder, atomic_write
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
 from .patch import Patcher, like
-from .table import make_table
+from .table import emit as table_emit, make_table
 from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline, drain
 from .totals import Totals
 from .transport import Address, Transport, parse_address
@@ -125,6 +125,8 @@ class Settings:
     checkpoint_dir: str
     log_dir: str
     ddp_stats_every: int = 20
+    table_min_seconds: float = 0.0
+    table_share_move: float = 0.0
 
 
 def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
@@ -159,6 +161,8 @@ def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
     return Settings(agent=addr, heartbeat_seconds=float(checked["heartbeat_seconds"]),
                     table_every_steps=int(checked["table_every_steps"]),
                     table_every_seconds=float(checked["table_every_seconds"]),
+                    table_min_seconds=float(checked["table_min_seconds"]),
+                    table_share_move=float(checked["table_share_move"]),
                     max_pending_events=int(checked["max_pending_events"]),
                     ddp_stats_every=int(checked["ddp_stats_every"]),
                     patch_torch_save=bool(checked["patch_torch_save"]),
@@ -800,8 +804,9 @@ class Watcher:
         self._wrss = 0
         self._next_wrss = 0.0
         now = _perf()
-        self._table = make_table(self.settings.table_every_steps, self.settings.table_every_seconds, now) \
-            if self.identity.rank == 0 else None
+        st = self.settings
+        self._table = make_table(st.table_every_steps, st.table_every_seconds, now, st.table_min_seconds,
+                                 st.table_share_move) if self.identity.rank == 0 else None
         self._set_identity(self.identity)
         d = selfcheck.dirs(self.settings.log_dir, self.settings.checkpoint_dir)
         info = selfcheck.collect(d, self.backend)
@@ -839,9 +844,9 @@ class Watcher:
 
     def _print_table(self) -> None:
         now = _perf()
-        sys.stderr.write(self._table.render(self.identity.job, now))  # type: ignore[union-attr]
-        sys.stderr.flush()
+        text = self._table.render(self.identity.job, now)  # type: ignore[union-attr]
         self._table.reset(now)  # type: ignore[union-attr]
+        table_emit(text)  # whole lines, one write, under the hooks' console lock
 
     def _probe(self, now: float) -> None:
         f = sys._current_frames().get(self._main_tid)

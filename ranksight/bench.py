@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from .cli import error
+
 BENCHES = {
     "hooks": ("ranksight.hooks.bench", "host us per step and wall ratio of the hooks on a 2-rank gloo DDP step"),
     "exporter": ("ranksight.exporter.bench", "agent scrape p50/p99, CPU, RSS and max ingest rate"),
@@ -37,6 +39,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     fn = getattr(args, "_bench_run", None)
     if fn is None:
-        print("ranksight: error: name a benchmark: " + ", ".join(BENCHES))
-        return 2
+        return error("name a benchmark: " + ", ".join(BENCHES))
     return int(fn(args) or 0)

@@ -1,9 +1,10 @@
 """`ranksight` command line: one entry point, subcommands.
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int``. Bad usage exits 2 with one clear line (argparse's usage
-line plus the error); runtime errors that are the user's (config, ports,
-unreachable Prometheus) also print one line and exit 2.
+``run(args) -> int``. Bad usage exits 2 with one clear line; runtime errors that
+are the user's (config, ports, unreachable Prometheus) also print one line and
+exit 2. Every such line starts with ``ERROR_PREFIX``: subcommands print it with
+``error(message)``.
 """
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ from typing import List, Optional
 
 from . import __version__
 from .config import ConfigError
+
+ERROR_PREFIX = "ranksight: error: "
+
+
+def error(message: str, code: int = 2) -> int:
+    """Print the one error line of a subcommand (to stderr) and return its exit status."""
+    print(ERROR_PREFIX + message, file=sys.stderr)
+    return code
+
 
 # name -> (module, one-line help)
 SUBCOMMANDS = {
@@ -34,7 +44,7 @@ SUBCOMMANDS = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one clear line, exit 2
-        self.exit(2, f"ranksight: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{ERROR_PREFIX}{message} (see '{self.prog} --help')\n")
 
 
 def _selected(argv: List[str], names) -> Optional[str]:
@@ -82,8 +92,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(args._run(args) or 0)
     except ConfigError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+        return error(str(e))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `ranksight config | head`

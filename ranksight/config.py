@@ -124,8 +124,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
     "hooks": {
         "agent": Opt("udp://127.0.0.1:9946", "where to send: udp://host:port | unix:///path | off (env RANKSIGHT_AGENT)"),
         "heartbeat_seconds": Opt(1.0, "heartbeat period", 0.05, 60),
-        "table_every_steps": Opt(100, "console table every N steps (0: never)", 0, 1e9),
-        "table_every_seconds": Opt(60.0, "... or every this many seconds (0: never)", 0, 1e9),
+        "table_every_steps": Opt(100, "rank 0's console table every N steps (0: this trigger off)", 0, 1e9),
+        "table_every_seconds": Opt(60.0, "... or every this many seconds (0: this trigger off; both 0: no table)",
+                                   0, 1e9),
+        "table_min_seconds": Opt(30.0, "... but at most one table per this many seconds (0: no limit)", 0, 1e9),
+        "table_share_move": Opt(0.1, "... or sooner when a share of step time moved by this fraction since the "
+                                     "last table (0: off)", 0, 1),
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "
                                    "(1: every one); the others are estimated from it", 1, 1e6),

@@ -1,16 +1,26 @@
-"""`ranksight demo`: the agent, a local Prometheus + Alertmanager and a 2-rank CPU DDP job.
+"""`ranksight demo`: a healthy phase, one injected fault, and the verdict.
 
-It starts ``ranksight exporter`` on free loopback ports, the local stack (Debian's
-binaries, ``ranksight.stack.LocalStack``) with the *test* profile rules (``for:`` 10 s,
-rate windows 30 s) scraping it every 2 s, and ``examples/train_ddp.py`` as two gloo
-ranks (launched like torchrun's static launch: RANK/WORLD_SIZE/MASTER_* in the env),
-optionally with an injected fault. Rank 0's output (the hooks' step table) goes to
-the console; everything is logged under the run dir. Every 2 s it reads the alerts
-from Alertmanager (with inhibition) and Prometheus; at the end it prints the alerts
-that fired, marks the muted ones, and says whether the injected cause was named:
-exit 0 when it was (or, for ``--fault none``, when no alert fired), 1 otherwise.
-Without the Debian binaries it says so in one line and runs the agent and the job
-only (alerts cannot be evaluated then). Ctrl-C stops everything it started.
+It starts ``ranksight exporter``, the local stack (Debian's binaries,
+``ranksight.stack.LocalStack``) with the *test* profile rules (``for:`` 10 s, rate
+windows 30 s) scraping it every 2 s, and ``examples/train_ddp.py`` as two gloo ranks
+(launched like torchrun's static launch: RANK/WORLD_SIZE/MASTER_* in the env). The job
+runs healthy for ``--fault-after`` seconds, then one rank misbehaves (``--fault``,
+default straggler). Rank 0's output (the script's lines and the hooks' step table) goes
+to the console line by line; everything is logged under the run dir. Every 2 s the demo
+reads the alerts from Alertmanager (with inhibition) and Prometheus and prints each one
+as it fires or is muted. Once the injected cause fires and its symptoms are muted (or
+after ``--duration``), it stops the job (SIGUSR1: both ranks stop at the same step) and
+prints the verdict: the cause, the symptoms it muted, and the next check and runbook of
+its triage entry. Exit 0 when the cause was named (``--fault none``: when no alert
+fired), 1 otherwise.
+
+``--keep`` runs everything on the fixed default ports (agent :9945 and udp :9946,
+Prometheus :9090, Alertmanager :9093, the stack's files in ``run/stack``, where
+``ranksight stack status|down`` look) and, after the verdict, keeps the agent and the
+stack running until Ctrl-C or ``ranksight stack down``.
+
+Without the Debian binaries it says so in one line and runs the agent and the job only
+(alerts cannot be evaluated then). Ctrl-C stops everything it started.
 """
 from __future__ import annotations
 
@@ -28,12 +38,25 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
 from . import catalog, config, triage
-from .stack import (AgentProcess, ApiError, LocalStack, MissingBinary, StackError, free_port, render_alert_files,
-                    set_pdeathsig, wait_until)
+from .cli import error
+from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, ApiError, LocalStack,
+                    MissingBinary, StackError, free_port, port_in_use, render_alert_files, set_pdeathsig,
+                    wait_until)
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("none", "slow-data", "straggler", "kill-rank", "hang", "slow-checkpoint", "comm-heavy")
+# fault -> what it does, for --help and the README
+FAULT_HELP: Dict[str, str] = {
+    "straggler": "one rank runs extra compute every step; its peer waits in the all-reduce",
+    "slow-data": "one rank's dataset sleeps on every read: dataloader-bound",
+    "slow-checkpoint": "rank 0 writes large O_DSYNC checkpoints every 10 steps",
+    "kill-rank": "one rank SIGKILLs itself",
+    "hang": "one rank sleeps inside a step; its peer blocks in the all-reduce",
+    "comm-heavy": "a wide model on a tiny batch, gradients dominate (from the start: no healthy phase)",
+    "none": "no fault: a healthy run, no alert may fire",
+}
+FAULTS = tuple(FAULT_HELP)
+DEFAULT_FAULT = "straggler"
 # fault -> (alerts that name it, does the alert sit on the faulty rank?, what was injected)
 EXPECTED: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
     "slow-data": (("RanksightDataloaderBound",), True, "rank {r}'s dataset sleeps on every read"),
@@ -48,25 +71,43 @@ TERMINAL = ("kill-rank", "hang")  # faults after which the job cannot progress
 STARTUP_SECONDS = 90.0  # at most this long from launch to the first step
 SCRAPE_INTERVAL = "2s"
 POLL_SECONDS = 2.0
+LINGER_SECONDS = 20.0  # after the cause fires, wait this long at most for the symptoms it mutes
+STOP_SECONDS = 15.0  # SIGUSR1 to stop: the ranks stop at their next loss all-reduce, else TERM/KILL
+KEEP_DIR = "run/stack"  # `ranksight stack`'s default run dir: status/down find the kept stack there
+
+_console = threading.Lock()
+
+
+def say(line: str = "", out: Optional[TextIO] = None) -> None:
+    """One line to the console, whole, under the lock the job's output pumps share."""
+    out = out or sys.stdout
+    with _console:
+        out.write(line + "\n")
+        out.flush()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Run the agent, a local Prometheus + Alertmanager (test-profile rules) and an instrumented "
-                     "2-rank CPU DDP job with an optional injected fault; print the alerts that fired and "
-                     "whether they name the injected cause.")
-    p.epilog = ("exit status: 0 the injected cause was named (--fault none: no alert fired), 1 it was not, "
+                     "2-rank CPU DDP job: healthy first, then one injected fault; print the alerts as they fire "
+                     "and the verdict: the cause, the symptoms it muted, and the next check.")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = ("faults:\n" + "\n".join(f"  {k:<16} {v}" for k, v in FAULT_HELP.items()) +
+                "\n\nexit status: 0 the injected cause was named (--fault none: no alert fired), 1 it was not,\n"
                 "2 bad usage or a port/binary problem, 130 interrupted")
-    p.add_argument("--fault", choices=FAULTS, default="none",
-                   help="fault to inject (default none): slow-data, straggler, comm-heavy: one rank slow or a "
-                        "comm-bound model; kill-rank, hang: one rank dies or hangs --fault-after s in; "
-                        "slow-checkpoint: large synchronous checkpoints on rank 0")
+    p.add_argument("--fault", choices=FAULTS, default=DEFAULT_FAULT, metavar="FAULT",
+                   help=f"fault to inject (default {DEFAULT_FAULT}): {', '.join(FAULTS)}; see below")
+    p.add_argument("--fault-after", type=float, default=30.0, metavar="S",
+                   help="the healthy phase: the fault starts this many seconds after the first step (default 30)")
     p.add_argument("--duration", type=float, default=120.0, metavar="S",
-                   help="seconds of training, counted from the first step (default 120; startup adds ~10-20 s)")
+                   help="at most this many seconds of training, from the first step (default 120; startup adds "
+                        "~10-20 s); with a fault the job stops once the cause has fired and muted its symptoms")
+    p.add_argument("--keep", action="store_true",
+                   help="fixed ports (agent :9945, udp :9946, Prometheus :9090, Alertmanager :9093; stack files in "
+                        f"{KEEP_DIR}); after the verdict keep the agent and stack running until Ctrl-C or "
+                        "`ranksight stack down`")
     p.add_argument("--run-dir", default="run/demo", metavar="DIR",
                    help="logs, configs, data and checkpoints (default ./run/demo; emptied first)")
     p.add_argument("--rank-to-fault", type=int, default=1, choices=(0, 1), help="the misbehaving rank (default 1)")
-    p.add_argument("--fault-after", type=float, default=10.0, metavar="S",
-                   help="kill-rank / hang: seconds after the first step (default 10)")
     p.add_argument("--settle", type=float, default=45.0, metavar="S",
                    help="after the job, wait up to this long for the injected cause to fire (default 45)")
     p.add_argument("--config", metavar="FILE", help="YAML config file (thresholds; the test profile is applied)")
@@ -80,6 +121,10 @@ class SeenAlert:
     summary: str
     active: bool = False  # seen firing and not muted at least once
     muted_by: Set[str] = field(default_factory=set)
+    now: str = "firing"  # the latest state: "active" or "muted" in Alertmanager, "firing" in Prometheus
+    # only, "resolved" once gone from both
+    before_fault: bool = False  # first seen before the fault was injected
+    told: Set[str] = field(default_factory=set)  # the states already printed as news
 
     @property
     def where(self) -> str:
@@ -94,6 +139,9 @@ class AlertLog:
     def __init__(self) -> None:
         self.seen: Dict[Tuple[Tuple[str, str], ...], SeenAlert] = {}
         self.steps: Dict[str, int] = {}  # rank -> highest steps_total Prometheus saw
+        self.fault_planned = False  # a fault will be injected (not --fault none)
+        self.t0: Optional[float] = None  # monotonic time of the first step
+        self.fault_started = False  # set by the demo once the fault is on
 
     def _get(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> SeenAlert:
         key = tuple(sorted(labels.items()))
@@ -113,16 +161,46 @@ class AlertLog:
             log.debug("alert poll failed: %s", e)
             return
         by_fp = {a["fingerprint"]: a["labels"].get("alertname", "?") for a in am_alerts}
+        present = set()
         for a in am_alerts:
             s = self._get(a["labels"], a.get("annotations", {}))
+            present.add(id(s))
             muters = a["status"].get("inhibitedBy") or []
             if muters:
                 s.muted_by.update(by_fp.get(fp, "another alert") for fp in muters)
+                s.now = "muted"
             elif a["status"].get("state") == "active":
                 s.active = True
+                s.now = "active"
         for a in prom_alerts:  # firing in Prometheus but not (yet) in Alertmanager
             if a["state"] == "firing":
-                self._get(a["labels"], a.get("annotations", {}))
+                present.add(id(self._get(a["labels"], a.get("annotations", {}))))
+        for s in self.seen.values():
+            if id(s) not in present:
+                s.now = "resolved"
+            if not self.fault_started:
+                s.before_fault = True
+
+    def tick(self, stack: LocalStack) -> None:
+        """Poll, and print the news, stamped with the seconds since the first step (t0)."""
+        self.poll(stack)
+        t = f"t+{time.monotonic() - self.t0:.0f}s" if self.t0 is not None else "startup"
+        for line in self.news():
+            say(f"ranksight demo {t:>6}: {line}")
+
+    def news(self) -> List[str]:
+        """One line per problem alert that first fired or was first muted since the last call."""
+        lines = []
+        for s in self.problems():
+            if s.now in s.told or s.now in ("firing", "resolved"):
+                continue
+            s.told.add(s.now)
+            if s.now == "active":
+                when = "  (healthy phase: before the fault)" if self.fault_planned and not self.fault_started else ""
+                lines.append(f"FIRING  {s.name:<28} {s.where}  {s.summary}{when}".rstrip())
+            else:
+                lines.append(f"muted   {s.name:<28} {s.where}  (inhibited by {', '.join(sorted(s.muted_by))})")
+        return lines
 
     def named(self, fault: str, rank: int, primary_only: bool = False) -> Optional[SeenAlert]:
         """The alert that names the injected cause: seen firing unmuted (on the faulty rank where
@@ -134,6 +212,14 @@ class AlertLog:
                     return s
         return None
 
+    def muted_by(self, cause: str) -> List[SeenAlert]:
+        """Alerts this cause muted (and that did not fire unmuted again since)."""
+        return [s for s in self.problems() if cause in s.muted_by and s.now != "active"]
+
+    def unexplained(self, causes: Sequence[str]) -> List[SeenAlert]:
+        """Problem alerts firing unmuted now, other than these causes."""
+        return [s for s in self.problems() if s.now == "active" and s.name not in causes]
+
     def problems(self) -> List[SeenAlert]:
         """Alerts that flag a problem (severity info is information, e.g. the global-batch lint line)."""
         return [s for s in self.seen.values() if s.severity != "info"]
@@ -141,58 +227,73 @@ class AlertLog:
     def report(self, out: TextIO) -> None:
         info = sorted(s.name for s in self.seen.values() if s.severity == "info")
         if not self.problems():
-            print("alerts: none fired" + (f" (information only: {', '.join(info)})" if info else ""), file=out)
+            say("alerts: none fired" + (f" (information only: {', '.join(info)})" if info else ""), out)
             return
-        print("alerts that fired (test profile):", file=out)
+        say("alerts that fired (test profile):", out)
         order = {e.alert: i for i, e in enumerate(triage.table(config.load(env={})))}
-        for s in sorted(self.problems(), key=lambda s: (not s.active, order.get(s.name, 999), s.where)):
-            if s.active:
-                state = "FIRING"
-            elif s.muted_by:
-                state = "muted"
-            else:
-                state = "firing"  # seen in Prometheus only
-            why = f"  [inhibited by {', '.join(sorted(s.muted_by))}]" if s.muted_by and not s.active else ""
-            print(f"  {state:<7} {s.name:<28} {s.severity:<8} {s.where}{why}", file=out)
-            if s.summary and s.active:
-                print(f"          {s.summary}", file=out)
+        for s in sorted(self.problems(), key=lambda s: (s.now != "active", order.get(s.name, 999), s.where)):
+            state = {"active": "FIRING", "muted": "muted", "resolved": "resolved"}.get(s.now, "firing")
+            notes = [f"inhibited by {', '.join(sorted(s.muted_by))}"] if s.muted_by else []
+            if s.active and s.muted_by:
+                notes.append("it fired before its cause did")
+            if s.before_fault and self.fault_planned:
+                notes.append("it fired in the healthy phase, before the fault was injected")
+            why = f"  [{'; '.join(notes)}]" if notes else ""
+            say(f"  {state:<7} {s.name:<28} {s.severity:<8} {s.where}{why}", out)
+            if s.summary and s.now == "active":
+                say(f"          {s.summary}", out)
         if info:
-            print(f"  information (severity info, not a problem): {', '.join(info)}", file=out)
+            say(f"  information (severity info, not a problem): {', '.join(info)}", out)
 
 
 class Job:
-    """examples/train_ddp.py as 2 gloo ranks, each in its own session; rank 0 echoes to the console."""
+    """examples/train_ddp.py as 2 gloo ranks, each in its own session. Rank 0's stdout and stderr
+    (the hooks' table) are pumped apart, line by line, so neither splits a line of the other."""
 
     def __init__(self, script: Path, run_dir: Path, args: Sequence[str], env: Mapping[str, str], world: int = 2):
         self.procs: List[subprocess.Popen] = []
         self.threads: List[threading.Thread] = []
+        self.logs: List[TextIO] = []
         master_port = str(free_port())
         for rank in range(world):
             e = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                      GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=master_port)
             logf = open(run_dir / f"rank{rank}.log", "w", buffering=1)
+            lock = threading.Lock()
             p = subprocess.Popen([sys.executable, "-u", str(script), *args], env=e, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                                  start_new_session=True, preexec_fn=set_pdeathsig)
-            t = threading.Thread(target=self._pump, args=(p.stdout, logf, rank == 0), daemon=True)
-            t.start()
+            for src in (p.stdout, p.stderr):
+                t = threading.Thread(target=self._pump, args=(src, logf, lock, rank == 0), daemon=True)
+                t.start()
+                self.threads.append(t)
             self.procs.append(p)
-            self.threads.append(t)
+            self.logs.append(logf)
 
     @staticmethod
-    def _pump(src: TextIO, logf: TextIO, echo: bool) -> None:
-        with logf:
-            for line in src:
+    def _pump(src: TextIO, logf: TextIO, lock: threading.Lock, echo: bool) -> None:
+        for line in src:
+            with lock:
                 logf.write(line)
-                if echo:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
+            if echo:
+                say(line.rstrip("\n"))
 
     def running(self) -> bool:
         return any(p.poll() is None for p in self.procs)
 
     def returncodes(self) -> List[Optional[int]]:
         return [p.poll() for p in self.procs]
+
+    def finish(self, grace: float = STOP_SECONDS) -> None:
+        """Ask every rank to stop at the same step (SIGUSR1), then stop() what is left."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        wait_until(lambda: not self.running(), grace, 0.1)
+        self.stop()
 
     def stop(self, grace: float = 5.0) -> None:
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -208,6 +309,8 @@ class Job:
             p.wait()
         for t in self.threads:
             t.join(2.0)
+        for f in self.logs:
+            f.close()
 
 
 def _has_numpy() -> bool:
@@ -250,23 +353,37 @@ def _script() -> Path:
     raise StackError("examples/train_ddp.py not found: run from a ranksight checkout")
 
 
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def report_path(run_dir: Path, alerts: AlertLog, verdict: int) -> Optional[Path]:
+    """The run report of this demo, when one was written; the demo prints its path last.
+    No run report is written yet: None."""
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.duration <= 0:
-        print("ranksight: error: --duration must be positive", file=sys.stderr)
-        return 2
+    for flag, v, lo in (("--duration", args.duration, 0.0), ("--fault-after", args.fault_after, -1e-9),
+                        ("--settle", args.settle, -1e-9)):
+        if not v > lo or v != v:
+            return error(f"{flag} must be {'positive' if lo == 0 else '0 or more'}")
     started: List[object] = []
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)  # `kill` cleans up like Ctrl-C
+    state: Dict[str, int] = {}
     try:
-        return _run(args, started)
+        return _run(args, started, state)
     except StackError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+        return error(str(e))
     except KeyboardInterrupt:
-        print("\nranksight demo: interrupted, stopping everything", flush=True)
+        if "verdict" in state:  # Ctrl-C ends a kept stack: the normal way out
+            say("\nranksight demo: stopping the kept agent and stack")
+            return state["verdict"]
+        say("\nranksight demo: interrupted, stopping everything")
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -277,96 +394,179 @@ def run(args: argparse.Namespace) -> int:
                 log.warning("stopping %s: %s", type(thing).__name__, e)
 
 
-def _run(args: argparse.Namespace, started: List[object]) -> int:
-    cfg = config.load(args.config, "test")
-    script = _script()
-    run_dir = Path(args.run_dir).resolve()
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    out = sys.stdout
+def _keep_ports() -> Dict[str, int]:
+    """--keep: the fixed default ports, checked free (StackError, one line, if not)."""
+    d = config.defaults()["agent"]
+    ports = {"listen_port": _port(d["listen"]), "ingest_port": _port(d["ingest"]),
+             "prometheus_port": DEFAULT_PROMETHEUS_PORT, "alertmanager_port": DEFAULT_ALERTMANAGER_PORT}
+    if any(LocalStack.attach(Path(KEEP_DIR)).pids().values()):
+        raise StackError(f"a stack already runs in {KEEP_DIR}: `ranksight stack down` first, or drop --keep")
+    for what, port in (("the agent", ports["listen_port"]), ("Prometheus", ports["prometheus_port"]),
+                       ("Alertmanager", ports["alertmanager_port"])):
+        if port_in_use(port):
+            raise StackError(f"--keep: port 127.0.0.1:{port} for {what} is in use (is another demo, "
+                             "`ranksight exporter` or `ranksight stack up` running?)")
+    return ports
 
+
+def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path, ports: Dict[str, int],
+           started: List[object]) -> Tuple[AgentProcess, Optional[LocalStack]]:
+    """The agent and the stack: free ports, or with --keep the fixed default ones in run/stack."""
+    stack_dir = run_dir / "stack"
+    if args.keep:
+        stack_dir = Path(KEEP_DIR).resolve()
+        for old in ("prometheus-data", "alertmanager-data"):  # a kept stack starts empty
+            shutil.rmtree(stack_dir / old, ignore_errors=True)
     # a hang must be called within seconds, not the production 30 s
-    agent = AgentProcess(run_dir, collectors=_collectors(),
+    agent = AgentProcess(run_dir, listen_port=ports.get("listen_port", 0), ingest_port=ports.get("ingest_port", 0),
+                         collectors=_collectors(),
                          env={"RANKSIGHT__agent__stall_min_seconds": "10", "RANKSIGHT__agent__stall_p99_factor": "5"})
     started.append(agent)
     agent.start()
     stack: Optional[LocalStack] = None
     try:
-        stack = LocalStack(run_dir / "stack", targets=[agent.target], files=render_alert_files(cfg), cfg=cfg,
-                           scrape_interval=SCRAPE_INTERVAL)
+        stack = LocalStack(stack_dir, targets=[agent.target], files=render_alert_files(cfg), cfg=cfg,
+                           prometheus_port=ports.get("prometheus_port", 0),
+                           alertmanager_port=ports.get("alertmanager_port", 0), scrape_interval=SCRAPE_INTERVAL)
+        if args.keep:
+            stack.owner = f"ranksight demo --keep (pid {os.getpid()}, agent on :{agent.listen_port})"
         started.append(stack)
         stack.start()
     except MissingBinary as e:
         stack = None
-        print(f"ranksight demo: no local stack ({e}); running the agent and the job only", file=out)
-    print(f"agent         {agent.url}/metrics   (ingest {agent.ingest})", file=out)
-    if stack is not None:
-        print(f"prometheus    {stack.prom_url}/alerts", file=out)
-        print(f"alertmanager  {stack.am_url}", file=out)
-    print(f"logs          {run_dir}", file=out, flush=True)
+        if args.keep:
+            raise
+        say(f"ranksight demo: no local stack ({e}); running the agent and the job only")
+    return agent, stack
 
-    job_args = ["--duration", f"{args.duration:g}", "--fault", args.fault, "--rank-to-fault", str(args.rank_to_fault),
-                "--fault-after", f"{args.fault_after:g}", "--checkpoint-dir", str(run_dir / "checkpoints")]
+
+def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int]) -> int:
+    cfg = config.load(args.config, "test")
+    script = _script()
+    ports = _keep_ports() if args.keep else {}
+    run_dir = Path(args.run_dir).resolve()
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    agent, stack = _start(args, cfg, run_dir, ports, started)
+    fault, bad = args.fault, args.rank_to_fault
+    after = 0.0 if fault in ("none", "comm-heavy") else args.fault_after
+    if fault == "none":
+        say(f"ranksight demo: a 2-rank CPU DDP job, healthy for up to {args.duration:g} s (no fault)")
+    else:
+        phase = f"healthy for {after:g} s, then" if after else "from the start:"
+        say(f"ranksight demo: a 2-rank CPU DDP job, {phase} fault {fault} ({EXPECTED[fault][2].format(r=bad)})")
+    say(f"agent         {agent.url}/metrics   (ingest {agent.ingest})")
+    if stack is not None:
+        say(f"prometheus    {stack.prom_url}/alerts")
+        say(f"alertmanager  {stack.am_url}")
+    say(f"logs          {run_dir}")
+    say()
+
+    job_args = ["--duration", f"{args.duration:g}", "--fault", fault, "--rank-to-fault", str(bad),
+                "--fault-after", f"{after:g}", "--checkpoint-dir", str(run_dir / "checkpoints")]
     env = dict(os.environ, RANKSIGHT_AGENT=agent.ingest, RANKSIGHT_JOB=JOB, OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
     if not _has_numpy():  # torch warns at import when numpy is absent; harmless for this job
         env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"),
                                                        "ignore:Failed to initialize NumPy:UserWarning"]))
-    what = "no fault" if args.fault == "none" else f"fault {args.fault} on rank {args.rank_to_fault}"
-    print(f"training      2 ranks for {args.duration:g} s with {what}; the alerts and the verdict follow the run",
-          file=out, flush=True)
     job = Job(script, run_dir, job_args, env)
     started.append(job)
     alerts = AlertLog()
+    alerts.fault_planned = after > 0
     launched = time.monotonic()
     first_step: Optional[float] = None
+    named_at: Optional[float] = None
+    why = f"after {args.duration:g} s"
     while job.running():
         now = time.monotonic()
-        if stack is not None:
-            alerts.poll(stack)
         if first_step is None and _stepping(agent):
-            first_step = now
+            first_step = alerts.t0 = now
+        if first_step is not None and now >= first_step + after:
+            alerts.fault_started = True
+        if stack is not None:
+            alerts.tick(stack)
         # --duration counts from the first step (imports and DDP setup take ~10 s on 2 cores)
         if now > (first_step if first_step is not None else launched + STARTUP_SECONDS) + args.duration + 30:
             break
-        if args.fault in TERMINAL and stack is not None and alerts.named(args.fault, args.rank_to_fault, True):
-            break  # the job cannot make progress any more and the cause is named
+        if fault != "none" and stack is not None:
+            hit = alerts.named(fault, bad, True)
+            told = hit is not None and alerts.muted_by(hit.name) and not alerts.unexplained(EXPECTED[fault][0])
+            if hit is not None and (fault in TERMINAL or told or named_at is not None and
+                                    now - named_at > LINGER_SECONDS):
+                why = f"{hit.name} named the cause"  # and muted its symptoms: the story is told
+                break
+            if hit is not None and named_at is None:
+                named_at = now
         time.sleep(POLL_SECONDS)
-    codes = job.returncodes()
     if job.running():
-        print(f"ranksight demo: stopping the job after {args.duration:g} s (ranks still running: "
-              f"{[r for r, c in enumerate(codes) if c is None]})", file=out, flush=True)
-    job.stop()
+        running = [r for r, c in enumerate(job.returncodes()) if c is None]
+        how = "SIGTERM: it cannot progress" if fault in TERMINAL else "SIGUSR1: they stop at the same step"
+        say(f"ranksight demo: {why}: stopping the job (ranks still running: {running}; {how})")
+    if fault in TERMINAL:
+        job.stop()
+    else:
+        job.finish()
     codes = job.returncodes()
+    verdict = _verdict(args, cfg, stack, alerts, codes)
+    path = report_path(run_dir, alerts, verdict)
+    if path is not None:
+        say(f"report        {path}")
+    if args.keep and stack is not None:
+        state["verdict"] = verdict
+        _keep(agent, stack)
+    return verdict
 
+
+def _verdict(args: argparse.Namespace, cfg: Mapping, stack: Optional[LocalStack], alerts: AlertLog,
+             codes: List[Optional[int]]) -> int:
+    fault, bad = args.fault, args.rank_to_fault
     if stack is None:
-        print(f"\njob exit codes: {codes}", file=out)
-        print("alerts: not evaluated (Prometheus and Alertmanager did not run)", file=out)
-        return 0 if args.fault == "none" else 1
-    if args.fault != "none" and not alerts.named(args.fault, args.rank_to_fault, primary_only=True):
-        print(f"ranksight demo: waiting up to {args.settle:g} s for the alerts to settle", file=out, flush=True)
-        wait_until(lambda: alerts.poll(stack) or alerts.named(args.fault, args.rank_to_fault, primary_only=True),
-                   args.settle, POLL_SECONDS)
-    alerts.poll(stack)
-    print(file=out)
-    print(f"job exit codes: {codes}", file=out)
+        say(f"\njob exit codes: {codes}")
+        say("alerts: not evaluated (Prometheus and Alertmanager did not run)")
+        return 0 if fault == "none" else 1
+    if fault != "none" and not alerts.named(fault, bad, primary_only=True):
+        say(f"ranksight demo: waiting up to {args.settle:g} s for the alerts to settle")
+        wait_until(lambda: alerts.tick(stack) or alerts.named(fault, bad, primary_only=True), args.settle,
+                   POLL_SECONDS)
+    alerts.tick(stack)
+    say()
+    say(f"job exit codes: {codes}")
     seen = ", ".join(f"rank {r}: {n}" for r, n in sorted(alerts.steps.items())) or "none"
-    print(f"steps Prometheus saw: {seen}", file=out)
-    alerts.report(out)
-    if args.fault == "none":
+    say(f"steps Prometheus saw: {seen}")
+    alerts.report(sys.stdout)
+    if fault == "none":
         ok = not alerts.problems()
-        print("verdict: healthy run, no alert fired" if ok else "verdict: alerts fired on a healthy run", file=out)
+        say("verdict: healthy run, no alert fired" if ok else "verdict: alerts fired on a healthy run")
         return 0 if ok else 1
-    names, _, what = EXPECTED[args.fault]
-    injected = what.format(r=args.rank_to_fault)
-    hit = alerts.named(args.fault, args.rank_to_fault)
+    names, _, what = EXPECTED[fault]
+    injected = what.format(r=bad)
+    hit = alerts.named(fault, bad)
     if hit is None:
-        print(f"verdict: the injected cause ({args.fault}: {injected}) was NOT named; expected {' or '.join(names)}",
-              file=out)
+        say(f"verdict: the injected cause ({fault}: {injected}) was NOT named; expected {' or '.join(names)}")
         return 1
+    say(f"verdict: {hit.name} on {hit.where} names the injected cause ({fault}: {injected})")
+    muted = alerts.muted_by(hit.name)
+    if muted:
+        say(f"         it mutes: {', '.join(sorted(f'{s.name} on {s.where}' for s in muted))}")
     entry = triage.by_alert(cfg).get(hit.name)
-    print(f"verdict: {hit.name} on {hit.where} names the injected cause ({args.fault}: {injected})", file=out)
     if entry is not None:
-        print(f"         next: {entry.next_check}; runbook {entry.runbook}", file=out)
+        local = Path(__file__).resolve().parent.parent / "alerts" / "runbooks" / f"{entry.id}.md"
+        say(f"         next: {entry.next_check}")
+        say(f"         runbook: {local if local.is_file() else entry.runbook} ({entry.diagnosis})")
     return 0
+
+
+def _keep(agent: AgentProcess, stack: LocalStack) -> None:
+    """Keep the agent and the stack until Ctrl-C or `ranksight stack down` (it stops the stack in
+    KEEP_DIR; the demo sees that and stops the agent)."""
+    say()
+    say(f"kept running until Ctrl-C here or `ranksight stack down` (in {Path.cwd()}; elsewhere add "
+        f"--run-dir {stack.run_dir}):")
+    say(f"  prometheus    {stack.prom_url}   (alerts: {stack.prom_url}/alerts)")
+    say(f"  alertmanager  {stack.am_url}")
+    say(f"  agent         {agent.url}/metrics   (ingest {agent.ingest}, where ranksight.watch() sends by default)")
+    say(f"  triage        ranksight triage --prometheus {stack.prom_url} --profile test --since 10m")
+    while all(stack.pids().values()):
+        time.sleep(1.0)
+    say("ranksight demo: the stack was stopped; stopping the agent")

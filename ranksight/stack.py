@@ -32,6 +32,8 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     (``PrometheusAPI``), ``am`` (``AlertmanagerAPI``), ``pids()``, ``set_targets(targets)``
     (re-render + /-/reload, waits until applied), context manager.
     With ``daemon=False`` (tests, demo) the processes die with their parent (PDEATHSIG).
+    ``owner``: who started it, when not ``stack up`` (saved in stack.json; ``status`` and
+    ``down`` name it: ``ranksight demo --keep`` waits for ``down`` and then exits).
 ``AgentProcess(log_dir, listen_port=0, ingest_port=0, collectors=None, env=None, args=())``
     A real ``ranksight exporter`` subprocess on loopback (config through
     ``RANKSIGHT__agent__*`` env overrides). ``start(timeout)``, ``stop()``, ``target``
@@ -437,6 +439,7 @@ class LocalStack:
         self.scrape_interval = scrape_interval
         self.evaluation_interval = evaluation_interval or scrape_interval
         self.daemon = daemon
+        self.owner = ""  # who started it, when not `ranksight stack up` (stack.json; status and down say it)
         d = self.run_dir
         self.prometheus = Proc("prometheus", [], d / "prometheus.pid", d / "prometheus.log", str(d / "prometheus.yml"))
         self.alertmanager = Proc("alertmanager", [], d / "alertmanager.pid", d / "alertmanager.log",
@@ -520,7 +523,7 @@ class LocalStack:
         (d / "stack.json").write_text(json.dumps({
             "prometheus": {"port": self.prometheus_port, "url": self.prom_url},
             "alertmanager": {"port": self.alertmanager_port, "url": self.am_url},
-            "targets": self.targets, "scrape_interval": self.scrape_interval}, indent=1) + "\n")
+            "targets": self.targets, "scrape_interval": self.scrape_interval, "owner": self.owner}, indent=1) + "\n")
         try:
             self.wait_ready(timeout)
         except BaseException:
@@ -581,9 +584,11 @@ class LocalStack:
             state = json.loads((d / "stack.json").read_text())
         except (OSError, ValueError):
             state = {"prometheus": {"port": 1}, "alertmanager": {"port": 2}, "targets": []}
-        return cls(d, state.get("targets", []), files={}, prometheus_port=state["prometheus"]["port"],
-                   alertmanager_port=state["alertmanager"]["port"], scrape_interval=state.get("scrape_interval", "15s"),
-                   daemon=True)
+        stack = cls(d, state.get("targets", []), files={}, prometheus_port=state["prometheus"]["port"],
+                    alertmanager_port=state["alertmanager"]["port"],
+                    scrape_interval=state.get("scrape_interval", "15s"), daemon=True)
+        stack.owner = str(state.get("owner") or "")
+        return stack
 
 
 # ------------------------------------------------------------------ the agent
@@ -682,8 +687,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _status_lines(stack: LocalStack) -> List[str]:
-    lines = []
     pids = stack.pids()
+    lines = [f"started by    {stack.owner}"] if stack.owner and any(pids.values()) else []
     for name, url, api in (("prometheus", stack.prom_url, stack.prom), ("alertmanager", stack.am_url, stack.am)):
         pid = pids[name]
         if pid is None:
@@ -707,8 +712,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except StackError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+        from .cli import error
+
+        return error(str(e))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -724,7 +730,8 @@ def _run(args: argparse.Namespace) -> int:
             left = {k: v for k, v in stack.pids().items() if v}
             if left:
                 raise StackError(f"still running after stop: {left}")
-            print(f"ranksight stack: stopped ({', '.join(k for k, v in pids.items() if v)})")
+            print(f"ranksight stack: stopped ({', '.join(k for k, v in pids.items() if v)})" +
+                  (f"; {stack.owner} sees that and exits" if stack.owner else ""))
             return 0
         for line in _status_lines(stack):
             print(line)

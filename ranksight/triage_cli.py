@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import catalog as C
 from . import config, triage
+from .cli import error
 from .triage import Entry
 
 WALK_KINDS = ("signal", "cause", "symptom")  # what can be "the cause"; lints and health are notes
@@ -476,8 +477,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = config.load(args.config, args.profile)
         report = Walk(Prometheus(args.prometheus, args.timeout), cfg, args.job, args.since).run()
     except TriageError as e:
-        print(f"ranksight triage: error: {e}", file=sys.stderr)
-        return 2
+        return error(str(e))
     if args.json:
         json.dump(render_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")

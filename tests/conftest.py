@@ -24,6 +24,11 @@
     (nothing is skipped silently).
 
 ``require_binary(name)`` -> path, or pytest.fail naming the Debian package.
+
+``private_network()`` -> argv prefix (``unshare --net ...``) that runs a command in a new network
+    namespace whose loopback is up, so commands that use the fixed default ports (9090, 9093, 9945,
+    9946) as the README and ``ranksight demo --keep`` do cannot clash with anything else running;
+    or pytest.fail saying why it cannot (it needs root or unprivileged user namespaces).
 """
 from __future__ import annotations
 
@@ -44,6 +49,21 @@ def require_binary(name: str) -> str:
         return find_binary(name)
     except MissingBinary as e:
         pytest.fail(str(e), pytrace=False)
+
+
+def private_network() -> List[str]:
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None:
+        pytest.fail("unshare not found: install util-linux", pytrace=False)
+    argv = ["unshare", "--net"] + ([] if os.geteuid() == 0 else ["--map-root-user"])
+    probe = subprocess.run(argv + ["ip", "link", "set", "lo", "up"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.fail(f"cannot make a private network namespace ({' '.join(argv)}): {probe.stderr.strip()}",
+                    pytrace=False)
+    return argv + ["sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
 
 
 @pytest.fixture

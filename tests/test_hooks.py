@@ -471,7 +471,8 @@ def test_heartbeat_probe_sees_a_stuck_main_thread(rx):
 def test_console_table_on_rank0_and_silenced(capsys):
     def run(every):
         model, opt, data = make(12)
-        cfg = {"hooks": {"table_every_steps": every, "table_every_seconds": 0, "heartbeat_seconds": 0.05}}
+        cfg = {"hooks": {"table_every_steps": every, "table_every_seconds": 0, "table_min_seconds": 0,
+                         "heartbeat_seconds": 0.05}}
         train(model, opt, ranksight.watch(model, opt, data, agent="off", config=cfg))
         time.sleep(0.2)
         ranksight.unwatch()

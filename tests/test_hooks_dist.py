@@ -48,7 +48,7 @@ def slow_data_job(tmp_path_factory):
     d = tmp_path_factory.mktemp("ckpt")
     return job(["--steps", "16", "--slow-data-rank", "1", "--data-sleep", "0.02", "--manual", "--ckpt-dir", str(d),
                 "--verify"],
-               env={"RANKSIGHT__hooks__table_every_steps": "5"})
+               env={"RANKSIGHT__hooks__table_every_steps": "5", "RANKSIGHT__hooks__table_min_seconds": "0"})
 
 
 def test_ddp_dataloader_wait_on_the_slow_loader_rank_only(slow_data_job):

@@ -236,10 +236,11 @@ def batch_line(job: Job, rank: int, text: str, gbatch: int) -> None:
 
 def test_global_batch_lr(jobs):
     batch_line(jobs["good"], 0,
-               "global batch 64 = 16 per rank x 2 data-parallel ranks x 2 accumulation steps (forwards per optimizer step); "
+               "global batch 64 samples = 16 samples per rank x 2 data-parallel ranks x 2 accumulation steps "
+               "(forwards per optimizer step); "
                "lr 0.05", 64)
-    batch_line(jobs["bad"], 0, "global batch 16 = 16 per rank x 1 data-parallel ranks x 1 accumulation", 16)
-    batch_line(jobs["iter_same"], 0, "global batch 32 = 16 per rank x 2 data-parallel ranks x 1", 32)
+    batch_line(jobs["bad"], 0, "global batch 16 samples = 16 samples per rank x 1 data-parallel ranks x 1 accumulation", 16)
+    batch_line(jobs["iter_same"], 0, "global batch 32 samples = 16 samples per rank x 2 data-parallel ranks x 1", 32)
     for name in ("good", "bad"):  # one line per job, from rank 0
         quiet(jobs[name], "global_batch_lr", 1, checked=False)
     quiet(jobs["iter_sharded"], "global_batch_lr", 0, checked=False)  # lints.global_batch_lr: false
@@ -262,7 +263,7 @@ def test_each_lint_turns_off(jobs):
             continue
         for rank in (0, 1):
             assert not off.lints(lint, rank) and not off.lines(lint, rank), f"{lint}\n{off.describe()}"
-    batch_line(off, 0, "global batch 16", 16)  # the one left on still runs
+    batch_line(off, 0, "global batch 16 samples", 16)  # the one left on still runs
 
 
 def test_agent_exposes_each_lint_as_sent(jobs):

@@ -291,7 +291,7 @@ def test_unreachable_prometheus_is_one_line_exit_2(world):
     port = world["stack"].prometheus_port
     r = triage_cli("http://127.0.0.1:1", "--job", "x")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip().splitlines() == ["ranksight triage: error: cannot reach Prometheus at http://127.0.0.1:1: "
+    assert r.stderr.strip().splitlines() == ["ranksight: error: cannot reach Prometheus at http://127.0.0.1:1: "
                                              "[Errno 111] Connection refused"]
     # something that is not Prometheus: the agent's own HTTP port
     r = triage_cli(f"http://{world['agent'].target}")

@@ -39,8 +39,8 @@ class Job:
         return got[-1] if got else None
 
     def lines(self, lint: str, rank: int) -> List[str]:
-        tag = f"ranksight lint {lint} on rank {rank}:"
-        return [ln for ln in self.ranks[rank]["err"].splitlines() if tag in ln]
+        tags = (f"ranksight lint {lint} on rank {rank}:", f"ranksight info {lint} on rank {rank}:")
+        return [ln for ln in self.ranks[rank]["err"].splitlines() if any(t in ln for t in tags)]
 
     def describe(self) -> str:
         out = [f"args {self.args} env {self.env} ({self.seconds:.1f} s)"]
