@@ -25,12 +25,12 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 
 from .patch import Patcher, like
-from .watcher import _perf, timed_next
+from .watcher import timed_next
 
 log = logging.getLogger("ranksight.hooks")
 

@@ -492,7 +492,11 @@ class Watcher:
 
     def _close_pending(self, t: float) -> None:
         self._pending_t = None
-        self._step_end(t)
+        try:
+            self._step_end(t)
+        except Exception as e:
+            self._hook_error("step end", e)
+            self._reset_step(t)  # start the next step clean (as the optimizer post-hook does)
 
     def _close_pending_at_exit(self) -> None:
         """The step the last optimizer step left open: it ends at that step, plus the checkpoint
