@@ -190,7 +190,7 @@ def timed_next(w: "Watcher", nxt: Callable[[Any], Any], it: Any) -> Any:
     """``nxt(it)`` timed as data wait: the watched loader's iterator, and (``auto.py``) every
     DataLoader iterator when no loader was given. A fetch starts a new iteration: it closes a
     step left open by discovered optimizers (``Watcher._step_boundary``)."""
-    if not w._active or w._in_fetch:
+    if not w._active or w._in_fetch or w.data_paused:
         return nxt(it)
     try:
         t0 = _perf()
@@ -309,6 +309,7 @@ class Watcher:
         # discovery of what was not given (``auto.py``), the step boundary of discovered optimizers
         self._forward_hooks = forward_hooks
         self._in_fetch = self._fetched = self._fwd_seen = False
+        self.data_paused = False  # set by an integration while the framework evaluates: its fetches are no data wait
         self._pending_t: Optional[float] = None
         self._ckpt_pending = 0.0
         self._defer_steps = discover and optimizer is None

@@ -25,7 +25,8 @@ def test_ddp_two_ranks_under_lightnings_launcher(agent, tmp_path):
     a = agent()
     job = "lightning-ddp"
     run = launch([sys.executable, WORKER, "--out", str(tmp_path), "--devices", "2", "--steps", str(STEPS),
-                  "--accum", str(ACCUM), "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-every", "3"],
+                  "--accum", str(ACCUM), "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-every", "3",
+                  "--val-every", "4"],
                  worker_env(a.ingest, job))
     assert run["rc"] == 0, run["err"][-4000:]
     results = {r["rank"]: r for r in run["results"]}
@@ -36,6 +37,7 @@ def test_ddp_two_ranks_under_lightnings_launcher(agent, tmp_path):
     assert [series[r]["local_rank"] for r in (0, 1)] == [0, 1]  # Lightning's launcher sets LOCAL_RANK, no RANK
     for rank, res in results.items():
         assert res["global_step"] == STEPS and res["batches"] == STEPS * ACCUM
+        assert res["validated"] == 6  # 3 validations (every 4 batches) x 2 batches: not training data wait
         assert res["after"] == res["before"] and not res["watcher_left"], res
         # ModelCheckpoint's saves (every rank enters Trainer.save_checkpoint; rank 0 writes)
         check_rank(series[rank], STEPS, ACCUM, ACCUM * BATCH * SLEEP, ckpts=2, writer=rank == 0)

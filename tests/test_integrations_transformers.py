@@ -22,7 +22,7 @@ def test_trainer_two_ranks_under_torchrun(agent, tmp_path):
     a = agent()
     job = "hf-trainer"
     run = launch(torchrun(2) + [WORKER, "--out", str(tmp_path), "--steps", str(STEPS), "--accum", str(ACCUM),
-                                "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-steps", "3"],
+                                "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-steps", "3", "--eval-steps", "2"],
                  worker_env(a.ingest, job))
     assert run["rc"] == 0, run["err"][-4000:]
     assert len(run["results"]) == 2
@@ -30,6 +30,7 @@ def test_trainer_two_ranks_under_torchrun(agent, tmp_path):
     assert sorted(series) == [0, 1], series
     for res in run["results"]:
         assert res["global_steps"] == [STEPS]
+        assert res["evaluations"] == 3  # at steps 2, 4 and 6: their loader's fetches are not training data wait
         assert res["after"] == res["before"], res  # the callback's watch left nothing patched or running
         assert not res["watcher_left"]
     for rank in (0, 1):

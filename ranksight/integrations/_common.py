@@ -69,3 +69,25 @@ class Owned:
         w, self.w = self.w, None
         if w is not None:
             w.close()
+
+
+def pause_data_during(w: Any, owner: type, name: str) -> bool:
+    """Patch ``owner.name`` (a framework's evaluation entry point) through the watcher's Patcher:
+    while it runs, DataLoader fetches are not data wait (``Watcher.data_paused``); the time stays in
+    the step it interrupts."""
+    from ranksight.hooks.patch import like
+
+    orig = getattr(owner, name, None)
+    if orig is None:
+        return False
+
+    def evaluate(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not w._active or w.data_paused:
+            return orig(self, *args, **kwargs)
+        w.data_paused = True
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            w.data_paused = False
+
+    return w._patcher.set(owner, name, like(evaluate, orig, name))

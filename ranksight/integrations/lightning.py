@@ -9,7 +9,8 @@ through PyTorch's global optimizer step hooks: a step is one optimizer step, und
 batch (manual optimization, a GAN) make one step. Lightning runs forward and backward inside
 ``optimizer.step(closure)``: the optimizer's time starts at the backward's end. Data wait is time
 in ``next()`` on every DataLoader iterator (Lightning's prefetching shifts a fetch by one batch,
-not the sum), which Lightning itself does not measure. ``Trainer.save_checkpoint`` (what
+not the sum), which Lightning itself does not measure; validation inside ``fit`` pauses it (its
+time stays in the step it interrupts). ``Trainer.save_checkpoint`` (what
 ``ModelCheckpoint`` calls) is timed as one checkpoint write. ``on_train_end``, ``on_exception``
 and the fit's teardown unwatch and restore everything. A watch the user started before is left as it is.
 
@@ -68,6 +69,16 @@ class RanksightCallback(pl.Callback):
         w = self._own.w
         if w is not None:
             w._fwd_post(pl_module, (), loss)
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        w = self._own.w
+        if w is not None:
+            w.data_paused = True  # the validation loader's fetches are no training data wait
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        w = self._own.w
+        if w is not None:
+            w.data_paused = False
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._own.end()

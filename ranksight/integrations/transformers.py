@@ -6,7 +6,8 @@ hooks, the model (the DDP/FSDP wrapper the Trainer calls, else the model) at the
 step, and data wait on every DataLoader iterator. A step is one optimizer step, so under
 ``gradient_accumulation_steps=k`` each step counts k micro-batches (forwards with grad). The
 Trainer's own checkpoint saves (``Trainer._save_checkpoint``: weights, optimizer, scheduler, RNG)
-are timed as one checkpoint write each. ``on_train_end`` unwatches and restores everything; each
+are timed as one checkpoint write each; the evaluation loader's fetches during training
+(``Trainer.evaluate``) are not data wait. ``on_train_end`` unwatches and restores everything; each
 ``train()`` call is one watch. A watch the user started before ``train()`` is left as it is.
 
 Importing this module imports transformers.
@@ -18,7 +19,7 @@ from typing import Any, Optional
 
 from transformers import Trainer, TrainerCallback
 
-from ._common import Owned, time_saves
+from ._common import Owned, pause_data_during, time_saves
 
 __all__ = ["RanksightCallback"]
 
@@ -53,6 +54,7 @@ class RanksightCallback(TrainerCallback):
         if w is not None and w is self._own.w:
             try:
                 time_saves(w, Trainer, "_save_checkpoint", "transformers", _checkpoint_dir)
+                pause_data_during(w, Trainer, "evaluate")
             except Exception as e:
                 w._hook_error("transformers checkpoint setup", e)
 

@@ -24,6 +24,7 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.02)
     ap.add_argument("--save-steps", type=int, default=3)
     ap.add_argument("--train-calls", type=int, default=1)
+    ap.add_argument("--eval-steps", type=int, default=0, help="evaluate every N steps (a sleepy eval set)")
     a = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     n = a.steps * a.accum * a.batch * world  # exactly the items the steps read: no extra prefetch wait
@@ -32,10 +33,13 @@ def main() -> None:
                              logging_strategy="no", report_to="none", use_cpu=True, ddp_backend="gloo" if world > 1 else None,
                              ddp_find_unused_parameters=False,
                              dataloader_num_workers=0, dataloader_pin_memory=False, disable_tqdm=True,
-                             learning_rate=1e-3, seed=0)
+                             learning_rate=1e-3, seed=0, eval_strategy="steps" if a.eval_steps else "no",
+                             eval_steps=a.eval_steps or None, per_device_eval_batch_size=a.batch)
     before = hooks_state()
     cb = RanksightCallback()
-    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=SleepyTokens(n, sleep=a.sleep), callbacks=[cb])
+    evals = SleepyTokens(2 * a.batch * world, sleep=a.sleep) if a.eval_steps else None
+    trainer = Trainer(model=tiny_gpt2(), args=args, train_dataset=SleepyTokens(n, sleep=a.sleep), eval_dataset=evals,
+                      callbacks=[cb])
     steps = []
     for i in range(a.train_calls):
         if i:
@@ -43,7 +47,8 @@ def main() -> None:
         trainer.train()
         steps.append(trainer.state.global_step)
     after = hooks_state()
-    result(global_steps=steps, accum=a.accum, before=before, after=after, watcher_left=cb.watcher is not None)
+    evaluated = [h for h in trainer.state.log_history if "eval_loss" in h]
+    result(evaluations=len(evaluated), global_steps=steps, accum=a.accum, before=before, after=after, watcher_left=cb.watcher is not None)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ class Tiny(L.LightningModule):
             opt.step()
         return loss
 
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.validated = getattr(self, "validated", 0) + 1
+        return self.loss(batch)
+
     def configure_optimizers(self):
         if self.two:
             return [torch.optim.SGD(self.emb.parameters(), lr=0.1), torch.optim.SGD(self.head.parameters(), lr=0.1)]
@@ -58,6 +62,7 @@ def main() -> None:
     ap.add_argument("--save-every", type=int, default=3)
     ap.add_argument("--two-optimizers", action="store_true")
     ap.add_argument("--strategy", default="ddp", help="with --devices > 1: ddp or fsdp")
+    ap.add_argument("--val-every", type=int, default=0, help="validate every N training batches (2 sleepy batches)")
     a = ap.parse_args()
     accum = 1 if a.two_optimizers else a.accum  # (Lightning's global_step counts each optimizer's step)
     n = a.steps * accum * a.batch * a.devices
@@ -69,11 +74,15 @@ def main() -> None:
     trainer = L.Trainer(accelerator="cpu", devices=a.devices, strategy=a.strategy if a.devices > 1 else "auto",
                         max_steps=a.steps * (2 if a.two_optimizers else 1), accumulate_grad_batches=accum, callbacks=[cb, ckpt], logger=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        use_distributed_sampler=True)
-    trainer.fit(Tiny(a.two_optimizers), loader)
+                        use_distributed_sampler=True, val_check_interval=a.val_every or None,
+                        limit_val_batches=2 if a.val_every else 0)
+    val = torch.utils.data.DataLoader(SleepyTokens(4 * a.batch * a.devices, sleep=a.sleep, dict_items=False),
+                                      batch_size=a.batch) if a.val_every else None
+    module = Tiny(a.two_optimizers)
+    trainer.fit(module, loader, val)
     found = type(trainer.strategy.model).__name__
     result(rank=trainer.global_rank, global_step=trainer.global_step, accum=accum, batches=trainer.fit_loop.total_batch_idx + 1,
-           before=before, after=hooks_state(), watcher_left=cb.watcher is not None, model=found,
+           validated=getattr(module, "validated", 0), before=before, after=hooks_state(), watcher_left=cb.watcher is not None, model=found,
            ckpts=sorted(os.listdir(a.out)) if trainer.global_rank == 0 else [])
 
 
