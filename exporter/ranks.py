@@ -44,6 +44,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 from ranksight import catalog as C
 from ranksight import triage
 
+from . import goodput
 from .collectors import Family, Labels, add, add_histogram, bucket_labels, family
 
 log = logging.getLogger("ranksight.exporter.ranks")
@@ -191,7 +192,7 @@ class Rank:
         # heartbeats
         "last_hb", "every", "missed_gap", "misses", "up", "phase", "coll", "probe", "hb_step",
         "stalled", "p99", "p99_at",
-        "lints", "dirs", "expo",
+        "lints", "dirs", "expo", "gp",
     )
 
     def __init__(self, job: str, rank: int, window: float, now: float):
@@ -247,6 +248,7 @@ class Rank:
         self.lints: Set[str] = set()  # the lints active now; a lint that clears is removed
         self.dirs: Dict[str, str] = {}
         self.expo: Optional["_RankLabels"] = None  # label sets for exposition, rebuilt when labels change
+        self.gp = goodput.Ledger(now)  # lifecycle accounting (exporter/goodput.py)
 
     # -- identity
     def identify(self, rec: dict, now: float) -> None:
@@ -265,6 +267,7 @@ class Rank:
                              self.pid, pid)
                 else:
                     log.info("job %s rank %d: new watch session in pid %d; counters continue", self.job, self.rank, pid)
+            goodput.new_session(self, now, first=self.pid == -1)
             self.pid = pid
             self.sess = sess
             self._carry()
@@ -520,6 +523,7 @@ class RankTable:
                 r.dirs = {k: os.path.normpath(v) for k, v in rec["dirs"].items() if v and os.path.isabs(v)}
                 r.pstart = rec.get("pstart", 0.0)
                 r.gpu_uuid = normalize_uuid(rec.get("gpu", ""))
+            goodput.after(self.ranks.values(), r, rec, now)
         return OK
 
     def _batch_lr_changed(self, job: str, gbatch: int, lrate: float, now: float) -> bool:
@@ -558,6 +562,7 @@ class RankTable:
                 self._remove(k)
             for r in self.ranks.values():
                 r.check(now, self.s)
+                goodput.check(r, now)
 
     def min_interval(self) -> float:
         with self.lock:
@@ -656,6 +661,7 @@ class RanksCollector:
         f_fin = family(C.RANK_FINISHED)
         f_pstart = family(C.PROCESS_START)
         f_gpu = family(C.RANK_GPU_INFO)
+        f_gp = goodput.Families()
         uuids: Dict[str, str] = {}
         if self.gpu_labels is not None:
             try:
@@ -686,6 +692,7 @@ class RanksCollector:
                 pstart = r.pstart
                 gpu = uuids.get(r.gpu_uuid) if r.gpu_uuid else None
                 uuid = r.gpu_uuid
+                gp = goodput.Snapshot(r.gp, now)
             base = L.base
             for (f, _), v in zip(counters, vals):
                 add(f, base, v)
@@ -713,5 +720,6 @@ class RanksCollector:
                 add(f_pstart, base, pstart)
             if gpu is not None:
                 add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
+            f_gp.add(base, gp)
         return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
-                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu])
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu] + f_gp.all())

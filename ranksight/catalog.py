@@ -18,7 +18,7 @@ RANK_LABELS: Tuple[str, ...] = ("job", "node", "rank", "local_rank")
 NODE_LABELS: Tuple[str, ...] = ("node",)
 GPU_LABELS: Tuple[str, ...] = ("node", "gpu")
 
-# Histogram buckets (seconds). Chosen to keep per-node series low (issue 9):
+# Histogram buckets (seconds). Few, to keep per-node series low at 1,024 nodes:
 # 12 buckets cover 1 ms .. 2 min of step time.
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
@@ -200,7 +200,7 @@ INGEST_DATAGRAMS = _m("ingest_datagrams_total", "counter", "count", N + ("result
 TRACKED_RANKS = _m("tracked_ranks", "gauge", "count", N, "Ranks currently tracked by the agent.")
 BUILD_INFO = _m("build_info", "gauge", "info", N + ("version", "python"), "ranksight agent build info; always 1.")
 
-# ---------------------------------------------------------------- appended by the alerts work (issue 4)
+# ---------------------------------------------------------------- per rank: checkpoint in progress
 CHECKPOINT_IN_PROGRESS = _m("checkpoint_in_progress_seconds", "gauge", "seconds", R,
                             "Seconds the rank has been inside its current checkpoint write (heartbeat phase=checkpoint); "
                             "0 when not writing. Lets RanksightCheckpointSlow fire during a long write.")
@@ -210,7 +210,7 @@ def by_name(name: str) -> Metric:
     short = name[len(PREFIX):] if name.startswith(PREFIX) else name
     return CATALOG[short]
 
-# ---------------------------------------------------------------- appended by the scale work (issue 9)
+# ---------------------------------------------------------------- RDMA counters exposed by default
 # Values of the `counter` label of RDMA_PORT_COUNTER the agent exposes by default
 # (agent.rdma_counters: curated): throughput, and the link-error and congestion
 # counters the runbooks and dashboards name. Every other file under
@@ -224,3 +224,22 @@ RDMA_CURATED_COUNTERS: Tuple[str, ...] = (
     "local_ack_timeout_err", "np_cnp_sent", "out_of_buffer", "out_of_sequence", "packet_seq_err",
     "rnr_nak_retry_err", "rp_cnp_handled",
 )
+
+# ---------------------------------------------------------------- goodput: the agent's lifecycle accounting
+# (exporter/goodput.py). With the in-step counters above they split each rank's wall time; the
+# recording rules of ranksight/triage_goodput.py join them per job.
+GOODPUT_CATEGORIES: Tuple[str, ...] = ("productive", "data_wait", "exposed_comm", "checkpoint", "startup",
+                                       "wasted_progress", "recovery", "stalled", "other")
+BADPUT_AGENT_CATEGORIES: Tuple[str, ...] = ("startup", "wasted_progress", "recovery", "stalled")
+OVERLAP_CATEGORIES: Tuple[str, ...] = ("productive", "data_wait", "exposed_comm")
+RANK_WALL = _m("rank_wall_seconds_total", "counter", "seconds", R,
+               "Wall time since the rank's first process started (across restarts of the same job and rank); "
+               "stops growing when the rank finishes.")
+BADPUT = _m("badput_seconds_total", "counter", "seconds", R + ("category",),
+            "Lifecycle badput measured by the agent: category=startup (process start to its first step), "
+            "wasted_progress (productive step time since the last checkpoint, lost at a disruption), recovery "
+            "(a process's death to its successor's first step), stalled (alive, no progress).")
+BADPUT_OVERLAP = _m("badput_overlap_seconds_total", "counter", "seconds", R + ("category",),
+                    "The part of wasted_progress and stalled badput that also lies in an in-step counter, by that "
+                    "counter: category=productive (step minus waits)|data_wait|exposed_comm. The goodput rules "
+                    "subtract it so that no second counts twice.")

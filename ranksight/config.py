@@ -58,6 +58,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "ingest_drop_ratio": Opt(0.01, "RanksightIngestDropping: dropped / received datagrams above this", 0, 1),
         "lint_workers_host_mem_share": Opt(0.5, "lint dataloader_workers_rss: workers of all ranks above this share of host memory", 0, 1),
         "lint_min_free_bytes": Opt(10e9, "lint disk_headroom: minimum free bytes before the first checkpoint", 0, 1e15),
+        # goodput and step-time regression (ranksight/triage_goodput.py)
+        "step_regression_ratio": Opt(1.2, "RanksightStepTimeRegression: the job's step p50 (averaged over "
+                                          "windows.step_smooth) / its baseline above this", 1, 100),
+        "report_share_delta": Opt(0.02, "ranksight report: a share (goodput or a badput category) that moved by more than "
+                                        "this against the baseline run is flagged", 0, 1),
+        "goodput_floor": Opt(0.8, "RanksightGoodputLow: the job's goodput (productive share of its wall time) below this", 0, 1),
     },
     "durations": {  # `for:` of each alert
         "dataloader_bound": Opt("10m", "RanksightDataloaderBound for:"),
@@ -80,6 +86,10 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "collector_down": Opt("10m", "RanksightCollectorDown for:"),
         "ingest_dropping": Opt("10m", "RanksightIngestDropping for:"),
         "lint": Opt("0m", "RanksightLint* for:"),
+        "step_regression": Opt("1h", "RanksightStepTimeRegression for:"),
+        "goodput_low": Opt("30m", "RanksightGoodputLow for:"),
+        "baseline_rule_interval": Opt("5m", "evaluation interval of the step-time baseline group (hour averages and "
+                                            "their minimum over windows.step_baseline)"),
         "slow_rule_interval": Opt("1m", "evaluation interval of the recording groups of large families that only "
                                         "dashboards read (step histograms, node RDMA/interface/GPU-sample counters)"),
         "am_group_wait": Opt("30s", "Alertmanager route group_wait (alerts/alertmanager.yml)"),
@@ -93,6 +103,11 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "creep_offset": Opt("1h", "RanksightCudaAllocRetries: step-time creep compared with this long ago"),
         "checkpoint_share": Opt("1h", "RanksightCheckpointSlow: window of the checkpoint share of wall time "
                                       "(longer than the checkpoint interval, or every write looks like a big share)"),
+        "step_smooth": Opt("1h", "RanksightStepTimeRegression: the job's step p50 and step components are averaged over this"),
+        "step_baseline": Opt("7d", "RanksightStepTimeRegression: the baseline is the lowest such average within this "
+                                   "lookback (the job's best hour), so a slow creep over days still fires"),
+        "goodput_min_wall": Opt("1h", "RanksightGoodputLow: judged only once the job's goodput has been recorded this "
+                                      "long (startup dominates a young job)"),
     },
     "agent": {
         "listen": Opt("0.0.0.0:9945", "HTTP listen address for /metrics and /healthz"),
@@ -169,7 +184,7 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
     "test": {
         "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
         "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m",
-                    "checkpoint_share": "30s"},
+                    "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "20s"},
     },
 }
 

@@ -357,10 +357,24 @@ def _port(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
-def report_path(run_dir: Path, alerts: AlertLog, verdict: int) -> Optional[Path]:
-    """The run report of this demo, when one was written; the demo prints its path last.
-    No run report is written yet: None."""
-    return None
+def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
+    """Write the run report of this demo (``ranksight report`` on the demo's job, from its
+    Prometheus) and return its report.html; None, with one line saying why, when it cannot."""
+    if stack is None:
+        return None
+    try:
+        from ranksight.report.cli import write_report
+        from ranksight.report.make import ReportError
+        from ranksight.triage_cli import TriageError
+    except ImportError as e:  # the report extra (matplotlib) is not installed
+        say(f"report        not written: {e} (pip install 'ranksight[report]')")
+        return None
+    try:
+        _, html = write_report(stack.prom_url, JOB, out=str(run_dir / "report"), profile="test")
+    except (ReportError, TriageError) as e:
+        say(f"report        not written: {e}")
+        return None
+    return Path(html)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -509,7 +523,7 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
         job.finish()
     codes = job.returncodes()
     verdict = _verdict(args, cfg, stack, alerts, codes)
-    path = report_path(run_dir, alerts, verdict)
+    path = report_path(run_dir, stack)
     if path is not None:
         say(f"report        {path}")
     if args.keep and stack is not None:

@@ -106,7 +106,7 @@ MLX5_HW_COUNTERS = (
     "roce_slow_restart_trans", "rp_cnp_handled", "rp_cnp_ignored", "rx_atomic_requests", "rx_dct_connect",
     "rx_icrc_encapsulated", "rx_read_requests", "rx_write_requests",
 )
-# The agent's RDMA allowlist (issue 9): throughput, the link-error and congestion counters
+# The agent's RDMA allowlist: throughput, the link-error and congestion counters
 # the runbooks name. Everything else stays readable on the node (`cat` the file).
 RDMA_CURATED = C.RDMA_CURATED_COUNTERS  # the agent's default (agent.rdma_counters: curated)
 DISK_PATHS = ("/", "/checkpoints", "/tmp")
@@ -398,6 +398,27 @@ class Model:
     def _v_rank_up(self, m, profile, v):
         return {(): self._const("1", self.T)}
 
+    # goodput (exporter/goodput.py): wall time since the first start; a startup of 10 minutes, no
+    # disruption or stall in the hour modelled (their counters stay flat, as the agent exposes them)
+    def _v_rank_wall_seconds_total(self, m, profile, v):
+        start = self.STEPS0 * statistics.fmean(self.D) + 600.0
+        return {(): self._fmt(_cum([self.s] * self.T, start))}
+
+    def _v_badput_seconds_total(self, m, profile, v):
+        return {(c,): self._const("600.000" if c == "startup" else "0", self.T) for c in C.BADPUT_AGENT_CATEGORIES}
+
+    def _v_badput_overlap_seconds_total(self, m, profile, v):
+        return {(c,): self._const("0", self.T) for c in C.OVERLAP_CATEGORIES}
+
+    def _v_rank_finished(self, m, profile, v):
+        return {}  # only while a cleanly exited rank lingers: none in a running job
+
+    def _v_process_start_time_seconds(self, m, profile, v):
+        return {(): self._const("%.3f" % (self.scn.t0 - 3600.0), self.T)}
+
+    def _v_rank_gpu_info(self, m, profile, v):
+        return {(): self._const("1", self.T)}  # labels: _labels_extra (the rank's GPU and its UUID)
+
     def _v_rank_stalled(self, m, profile, v):
         return {(r,): self._const("0", self.T) for r in STALL_REASONS}
 
@@ -618,7 +639,8 @@ class Model:
 
 # ------------------------------------------------------------------------------ series layout
 EXTRA_LABEL_VALUES = {"quantile", "reason", "lint", "stat", "state", "xid", "counter", "device", "direction",
-                      "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python"}
+                      "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python",
+                      "category", "gpu"}
 
 
 def _scope(m: C.Metric) -> str:
@@ -699,12 +721,17 @@ class Generator:
             return f"# TYPE {m.name} histogram\n"
         return f"# TYPE {m.name} gauge\n"
 
+    def _uuid(self, node: int, gpu: int) -> str:
+        return f"GPU-{node:08x}-{gpu:04x}-4e1c-9a1f-{self.scn.seed:012x}"
+
     def _labels_extra(self, m: C.Metric, node: int, gpu: int, key: Tuple[str, ...]) -> str:
         """Render the family's extra labels from the model's key."""
         base_len = {"rank": len(C.RANK_LABELS), "gpu": len(C.GPU_LABELS), "node": len(C.NODE_LABELS)}[_scope(m)]
         extra = m.labels[base_len:]
         if m.short == "gpu_info":
-            vals = ("NVIDIA H200", f"GPU-{node:08x}-{gpu:04x}-4e1c-9a1f-{self.scn.seed:012x}", "580.159.04")
+            vals = ("NVIDIA H200", self._uuid(node, gpu), "580.159.04")
+        elif m.short == "rank_gpu_info":  # ``gpu`` is the rank's local rank here: local rank i on GPU i
+            vals = (str(gpu), self._uuid(node, gpu).lower())
         elif m.short == "build_info":
             vals = (__version__, "3.11.7")
         else:

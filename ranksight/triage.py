@@ -61,7 +61,7 @@ CLOCK_EVENT_REASONS: Dict[int, str] = {
 HW_COLLECTORS = "gpu|rdma"  # collectors whose absence on a node is normal (no GPU, no InfiniBand)
 THROTTLE_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 
-# Setup lints (issue 7): id -> (CamelCase, one-line summary).
+# Setup lints: id -> (CamelCase, one-line summary).
 LINTS: Dict[str, Tuple[str, str]] = {
     "io_amplification": ("IoAmplification", "every rank reads the whole dataset (no DistributedSampler)"),
     "sampler_epoch": ("SamplerEpochNotSet", "DistributedSampler.set_epoch() is never called: every epoch has the same order"),
@@ -97,7 +97,7 @@ REC = {
     "gpu_swings": "gpu:ranksight_gpu_swings:per_minute_rate",
     "node_gpu_util": "node:ranksight_gpu_utilization:ratio_rate",
     # each per-rank step counter's rate, recorded once; the shares, busy time and job aggregates
-    # above are arithmetic on these (issue 9: one rate() per raw series per evaluation)
+    # above are arithmetic on these (one rate() per raw series per evaluation)
     "step_s": "rank:ranksight_step_seconds:rate",
     "steps": "rank:ranksight_steps:rate",
     "data_s": "rank:ranksight_dataloader_wait_seconds:rate",
@@ -129,7 +129,7 @@ RANK_BY = "job, node, rank, local_rank"
 # Recording-rule groups, in the order they are written. Prometheus evaluates groups concurrently
 # and the rules of one group in order (a rule reads the earlier rules' results of the same
 # evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute
-# rates of large families run at `durations.slow_rule_interval` (issue 9: at 1,024 nodes they are
+# rates of large families run at `durations.slow_rule_interval` (at 1,024 nodes they are
 # the costliest rules and nothing alerts on them).
 RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.rank": None,  # None: Prometheus' evaluation_interval
@@ -191,8 +191,9 @@ class Entry:
 
     @property
     def rank_level(self) -> bool:
-        """True when the alert carries the training job's labels (job, node, rank)."""
-        return "rank" in self.scope
+        """True when the alert carries the training job's label: rank level (job, node, rank), or job
+        level (records aggregated by job from rank series)."""
+        return "rank" in self.scope or "job" in self.scope
 
 
 def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
@@ -205,7 +206,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     thousands of raw series."""
     w = cfg["windows"]["rate"]
     ckpt_w = cfg["windows"].get("checkpoint_share", w)
-    RANK, NODE, HIST, NODEC = RULE_GROUPS
+    RANK, NODE, HIST, NODEC = list(RULE_GROUPS)[:4]
 
     def rate(m: Any, window: str = w) -> str:
         return f"rate({m}[{window}])"
@@ -298,10 +299,11 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
         Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
     ]
+    rank += _goodput.rank_group_rules(cfg)
     out: List[Recording] = []
     for group, rules in ((RANK, rank), (NODE, node), (HIST, hist), (NODEC, node_counters)):
         out += [replace(r, group=group) for r in rules]
-    return out
+    return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
 
 
 def recording_groups(cfg: Mapping[str, Any]) -> List[Tuple[str, Optional[str], List[Recording]]]:
@@ -568,7 +570,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="CUDA allocator keeps flushing its cache and retrying: memory is fragmented",
             description=f"{RANK_DESC} has {VAL} allocator retries per minute.",
             meaning="cudaMalloc failed and the caching allocator freed its cache to retry: memory is fragmented or nearly full. "
-                    "Each retry synchronizes the device, so steps slow down (30% in the seeds).",
+                    "Each retry synchronizes the device, so steps slow down (by 30% over days in one reported case).",
             impact="Steps creep up; an OOM may follow.",
             diagnosis="Watch ranksight_cuda_memory_reserved_bytes vs allocated; compare the step time with an hour ago; torch.cuda.memory_summary().",
             mitigation="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, lower the batch, free caches at phase changes, avoid varying shapes.",
@@ -716,11 +718,12 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             summary=f"Setup lint: {what}",
             description=f"{RANK_DESC}: {what}.",
             meaning=f"ranksight.watch() found a setup mistake: {what}.",
-            impact="This mistake is a known cause of slow or wrong training (see the seeds' incidents).",
+            impact="This mistake is a known cause of slow or wrong training: it wastes GPU hours or changes what the model learns.",
             diagnosis="The rank logged one warning line naming the object at fault.",
             mitigation=f"Fix the setup; this lint can be turned off with lints.{lint}: false in the config.",
             next_check="the rank's log line",
         ))
+    entries = _goodput.with_goodput_inhibitions(entries + _goodput.entries(cfg))
     if base != RUNBOOK_BASE:
         entries = [_with_base(e, base) for e in entries]
     return entries
@@ -742,3 +745,11 @@ def by_alert(cfg: Mapping[str, Any]) -> Dict[str, Entry]:
 def inhibit_pairs(cfg: Mapping[str, Any]) -> List[Tuple[str, str, Tuple[str, ...]]]:
     """(source alert, target alert, equal labels) for every inhibition, in table order."""
     return [(e.alert, target, inh.equal) for e in table(cfg) for inh in e.inhibits for target in inh.targets]
+
+
+# ------------------------------------------------------------------ goodput and step-time regression
+# (ranksight/triage_goodput.py; imported last: it builds on Entry, Recording and REC above)
+from . import triage_goodput as _goodput  # noqa: E402
+
+REC.update(_goodput.REC)
+RULE_GROUPS.update(_goodput.GROUPS)

@@ -69,8 +69,31 @@ class Prometheus:
         self.timeout = timeout
 
     def query(self, expr: str, at: float) -> List[Sample]:
-        body = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}).encode()
-        req = urllib.request.Request(f"{self.url}/api/v1/query", data=body,
+        data = self._post("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, expr)
+        if data.get("resultType") == "scalar":
+            return [Sample({}, float(data["result"][1]))]
+        if data.get("resultType") != "vector":
+            raise TriageError(f"Prometheus returned a {data.get('resultType')} for an instant query")
+        out = []
+        for r in data.get("result", []):
+            v = float(r["value"][1])
+            if math.isfinite(v):
+                out.append(Sample(dict(r.get("metric", {})), v))
+        return out
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> List[Tuple[Dict[str, str], List[Tuple[float, float]]]]:
+        """Range query: [(labels, [(t, v), ...]), ...], non-finite values dropped."""
+        data = self._post("/api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                  "step": f"{step:g}"}, expr)
+        out = []
+        for r in data.get("result", []):
+            pts = [(float(t), float(v)) for t, v in r.get("values", [])]
+            out.append((dict(r.get("metric", {})), [(t, v) for t, v in pts if math.isfinite(v)]))
+        return out
+
+    def _post(self, path: str, params: Dict[str, str], expr: str) -> Dict[str, Any]:
+        body = urllib.parse.urlencode(params).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data=body,
                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
@@ -84,17 +107,7 @@ class Prometheus:
             raise TriageError(f"{self.url} did not answer with Prometheus API JSON (is it Prometheus?)") from None
         if not isinstance(doc, dict) or doc.get("status") != "success":
             raise TriageError(f"Prometheus at {self.url} refused a query: {doc.get('error') if isinstance(doc, dict) else doc}")
-        data = doc.get("data", {})
-        if data.get("resultType") == "scalar":
-            return [Sample({}, float(data["result"][1]))]
-        if data.get("resultType") != "vector":
-            raise TriageError(f"Prometheus returned a {data.get('resultType')} for an instant query")
-        out = []
-        for r in data.get("result", []):
-            v = float(r["value"][1])
-            if math.isfinite(v):
-                out.append(Sample(dict(r.get("metric", {})), v))
-        return out
+        return doc.get("data", {})
 
     def alert_rules(self) -> Dict[str, Tuple[float, Tuple[float, ...]]]:
         """alert name -> (its `for:` in seconds, the range windows in its expression, in seconds) for

@@ -251,7 +251,7 @@ def test_triage_rows_follow_the_triage_table(boards, cfg):
         by_order.setdefault(e.order, []).append(e)
     expected = [f"{order}. {entries[0].title}" for order, entries in by_order.items()]
     assert [order for order in by_order] == sorted(by_order) == [1, 2, 3, 4, 5, 6]
-    assert rows == ["Overview"] + expected
+    assert rows == ["Goodput", "Overview"] + expected
 
     # Each signal entry has a panel in its own row that names its alert and draws its threshold.
     current, in_row = None, {}
@@ -277,7 +277,8 @@ def test_triage_rows_follow_the_triage_table(boards, cfg):
 def test_triage_top_row(boards):
     model = boards["ranksight-triage.json"]
     top = []
-    for p in model["panels"][1:]:
+    rows = [i for i, p in enumerate(model["panels"]) if p["type"] == "row"]
+    for p in model["panels"][rows[1] + 1:]:  # the Overview row (the Goodput row comes first)
         if p["type"] == "row":
             break
         top.append(p)

@@ -76,6 +76,10 @@ def test_demo_default_story_names_the_cause_and_keeps_the_stack(tmp_path):
     assert re.match(r"\nverdict: RanksightStraggler on job=demo rank=1 .*names the injected cause \(straggler", verdict)
     assert re.search(r"^ +it mutes: .*RanksightCommBound on job=demo", verdict, re.M), out
     assert re.search(r"^ +next: \S", verdict, re.M) and "runbook: " in verdict, out
+    report = re.search(r"^report +(\S+report\.html)$", out, re.M)
+    assert report, out  # the demo ends with the run report of its job
+    html = Path(report.group(1)) if Path(report.group(1)).is_absolute() else tmp_path / report.group(1)
+    assert html.is_file() and "RanksightStraggler" in html.read_text(), html
     assert "kept running until Ctrl-C here or `ranksight stack down`" in out
     assert "ranksight demo: the stack was stopped; stopping the agent" in out
     # the printed triage line is the README's, and it works against the kept stack and names the cause
