@@ -9,9 +9,10 @@
   the step stays open after each optimizer step and the next iteration's first data fetch closes
   it (``Watcher._step_boundary``).
 * **Data wait**: ``torch.utils.data.DataLoader.__iter__`` and ``_BaseDataLoaderIter.__next__``
-  are patched (reversibly) while watched: time inside ``next()`` on the training thread is data
-  wait, on every DataLoader iterator (a framework's prefetching wrapper shifts a fetch by one
-  batch, never the sum). The first DataLoader iterated becomes ``watcher.loader``.
+  are patched (reversibly) while watched: time inside ``next()`` on the training thread with grad
+  enabled is data wait, on every DataLoader iterator (a framework's prefetching wrapper shifts a
+  fetch by one batch, never the sum); a fetch under ``torch.no_grad()``/``inference_mode`` (an
+  evaluation loop) is not. The first DataLoader iterated becomes ``watcher.loader``.
 * **Model**: global module forward hooks
   (``torch.nn.modules.module.register_module_forward_pre_hook``) watch the outermost module
   calls with grad enabled on the training thread until the first step ends. Then the model is
@@ -142,9 +143,11 @@ class Discovery:
         w = self.w
         tid = w._main_tid
 
+        grad = torch.is_grad_enabled
+
         def __next__(it: Any) -> Any:
-            if not w._active or threading.get_ident() != tid:
-                return orig(it)
+            if not w._active or threading.get_ident() != tid or not grad():
+                return orig(it)  # (under no_grad/inference_mode: an evaluation loop, no training data wait)
             return timed_next(w, orig, it)
 
         return like(__next__, orig, "__next__")

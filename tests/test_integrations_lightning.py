@@ -47,7 +47,8 @@ def test_ddp_two_ranks_under_lightnings_launcher(agent, tmp_path):
 def test_two_optimizers_per_batch_make_one_step(tmp_path):
     with Receiver() as rx:
         run = launch([sys.executable, WORKER, "--out", str(tmp_path), "--devices", "1", "--steps", "4",
-                      "--two-optimizers", "--sleep", "0.01", "--save-every", "100"], worker_env(rx.url, "lightning-gan"))
+                      "--two-optimizers", "--sleep", "0.01", "--save-every", "100"],
+                     worker_env(rx.url, "lightning-gan"))
         assert run["rc"] == 0, run["err"][-4000:]
         rx.wait_for(lambda: rx.of("bye"), 5)
     res = run["results"][0]

@@ -291,3 +291,21 @@ def test_importing_ranksight_imports_no_framework():
                          env=dict(os.environ, PYTHONPATH=REPO))
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_fetches_under_no_grad_are_no_data_wait(rx):
+    """An evaluation loop between training steps (under no_grad) is not training data wait."""
+    model, opt = model_opt()
+    val = DataLoader(Sleepy(8, 0.01), batch_size=4)  # 40 ms per evaluation pass
+    ranksight.watch(agent=rx.url, config=FAST)
+    for x, y in DataLoader(Sleepy(16, 0), batch_size=4):
+        loss_of(model, x, y).backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            for vx, vy in val:
+                loss_of(model, vx, vy)
+    ranksight.unwatch()
+    steps = steps_of(rx, 4)
+    assert all(s["data"] < 0.01 for s in steps), [s["data"] for s in steps]
+    assert all(s["dur"] >= 0.04 for s in steps[1:])  # the evaluation's time stays in the steps

@@ -30,7 +30,8 @@ def main() -> None:
     n = a.steps * a.accum * a.batch * world  # exactly the items the steps read: no extra prefetch wait
     args = TrainingArguments(output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=a.batch,
                              gradient_accumulation_steps=a.accum, save_strategy="steps", save_steps=a.save_steps,
-                             logging_strategy="no", report_to="none", use_cpu=True, ddp_backend="gloo" if world > 1 else None,
+                             logging_strategy="no", report_to="none", use_cpu=True,
+                             ddp_backend="gloo" if world > 1 else None,
                              ddp_find_unused_parameters=False,
                              dataloader_num_workers=0, dataloader_pin_memory=False, disable_tqdm=True,
                              learning_rate=1e-3, seed=0, eval_strategy="steps" if a.eval_steps else "no",
@@ -48,7 +49,8 @@ def main() -> None:
         steps.append(trainer.state.global_step)
     after = hooks_state()
     evaluated = [h for h in trainer.state.log_history if "eval_loss" in h]
-    result(evaluations=len(evaluated), global_steps=steps, accum=a.accum, before=before, after=after, watcher_left=cb.watcher is not None)
+    result(evaluations=len(evaluated), global_steps=steps, accum=a.accum, before=before, after=after,
+           watcher_left=cb.watcher is not None)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,8 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(64, 8), torch.nn.Linear(8, 64)).to(a.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    # first, before any DataLoader worker exists: a plain os.fork() while watched: the child's copy is off (no records, no "bye" at its exit)
+    # first, before any DataLoader worker exists: a plain os.fork() while watched: the child's copy
+    # is off (no records, no "bye" at its exit)
     ranksight.watch(model, opt, None, agent=a.agent)
     pid = os.fork()
     if pid == 0:
@@ -98,8 +99,10 @@ def main() -> None:
     del it
     fresh._iterator._shutdown_workers()
     codes = [p.exitcode for p in workers]
-    result(fork_child=pid, fork_child_status=os.waitstatus_to_exitcode(status), before=before, after=after, state_before=state0, state_after=hooks_state(), watchers_alive=alive,
-           steps=steps, fresh_batches=got, cycle_fresh_batches=fresh_runs, cycle_fresh_exitcodes=fresh_codes, fresh_worker_exitcodes=codes, fresh_workers=len(pids))
+    result(fork_child=pid, fork_child_status=os.waitstatus_to_exitcode(status), before=before, after=after,
+           state_before=state0, state_after=hooks_state(), watchers_alive=alive, steps=steps, fresh_batches=got,
+           cycle_fresh_batches=fresh_runs, cycle_fresh_exitcodes=fresh_codes, fresh_worker_exitcodes=codes,
+           fresh_workers=len(pids))
 
 
 if __name__ == "__main__":

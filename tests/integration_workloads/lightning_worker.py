@@ -72,7 +72,8 @@ def main() -> None:
     cb = RanksightCallback()
     ckpt = ModelCheckpoint(dirpath=a.out, every_n_train_steps=a.save_every, save_top_k=-1)
     trainer = L.Trainer(accelerator="cpu", devices=a.devices, strategy=a.strategy if a.devices > 1 else "auto",
-                        max_steps=a.steps * (2 if a.two_optimizers else 1), accumulate_grad_batches=accum, callbacks=[cb, ckpt], logger=False,
+                        max_steps=a.steps * (2 if a.two_optimizers else 1), accumulate_grad_batches=accum,
+                        callbacks=[cb, ckpt], logger=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         use_distributed_sampler=True, val_check_interval=a.val_every or None,
                         limit_val_batches=2 if a.val_every else 0)
@@ -81,8 +82,9 @@ def main() -> None:
     module = Tiny(a.two_optimizers)
     trainer.fit(module, loader, val)
     found = type(trainer.strategy.model).__name__
-    result(rank=trainer.global_rank, global_step=trainer.global_step, accum=accum, batches=trainer.fit_loop.total_batch_idx + 1,
-           validated=getattr(module, "validated", 0), before=before, after=hooks_state(), watcher_left=cb.watcher is not None, model=found,
+    result(rank=trainer.global_rank, global_step=trainer.global_step, accum=accum,
+           batches=trainer.fit_loop.total_batch_idx + 1, validated=getattr(module, "validated", 0), before=before,
+           after=hooks_state(), watcher_left=cb.watcher is not None, model=found,
            ckpts=sorted(os.listdir(a.out)) if trainer.global_rank == 0 else [])
 
 
