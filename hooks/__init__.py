@@ -4,7 +4,8 @@
     loader = ranksight.watch(model, optimizer, loader)   # the loop stays unchanged
 
 ``watch`` returns the loader to iterate (a ``WatchedLoader``; also a context manager
-that unwatches on exit). ``unwatch()`` removes every hook and patch. ``checkpoint_timer``
+that unwatches on exit); what it is not given it finds (``auto.py``): ``watch()`` alone
+times every optimizer, DataLoader iterator and the model of the first step. ``unwatch()`` removes every hook and patch. ``checkpoint_timer``
 and ``atomic_save`` record checkpoint writes. ``current()`` is the active ``Watcher``
 (extension points for lints: see ``Watcher``). Importing this package imports torch.
 """

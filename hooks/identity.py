@@ -3,7 +3,18 @@
 job: ``RANKSIGHT_JOB``, else ``TORCHELASTIC_RUN_ID`` (unless torchrun's default
 "none"), else ``SLURM_JOB_ID``, else the script name. rank and world size come
 from the default process group when one is initialized, else from the launcher's
-environment (``RANK``/``WORLD_SIZE``, ``SLURM_PROCID``/``SLURM_NTASKS``), else 0/1.
+environment, else 0/1 (the heartbeat thread re-reads them once a process group exists):
+
+* torchrun, ``accelerate launch`` (torchrun inside), torchrun under srun: ``RANK``/``WORLD_SIZE``;
+* Slurm ``srun`` (one task per rank): ``SLURM_PROCID``/``SLURM_NTASKS``, ``SLURM_LOCALID``;
+* Open MPI and PMI launchers: ``OMPI_COMM_WORLD_*``, ``PMI_RANK``/``PMI_SIZE``;
+* Lightning's own launcher (``python train.py`` with devices=N): ``LOCAL_RANK``, ``NODE_RANK``
+  and ``WORLD_SIZE`` but no ``RANK``; the rank is ``NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK``
+  where the local world size is known (``LOCAL_WORLD_SIZE``, or a single node), else it waits
+  for the process group.
+
+A pair (rank, world size) is taken from one launcher's variables, never mixed. restart:
+``TORCHELASTIC_RESTART_COUNT`` (torchrun elastic restarts), else ``SLURM_RESTART_COUNT`` (requeues).
 """
 from __future__ import annotations
 
@@ -11,7 +22,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ranksight import protocol
 
@@ -38,6 +49,28 @@ def job_name(env: Mapping[str, str], argv0: str) -> str:
     if not base or base in ("-c", "-m", "python", "__main__"):
         base = "python"
     return base[: protocol.MAX_STR]
+
+
+# (rank, world size) variable pairs, in the order they are tried
+RANK_PAIRS = (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
+              ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"))
+
+
+def launcher_rank(env: Mapping[str, str]) -> Tuple[Optional[int], Optional[int]]:
+    """(rank, world size) from the launcher's environment, (None, None) when it does not say."""
+    for r_name, ws_name in RANK_PAIRS:
+        rank, ws = _int(env, r_name), _int(env, ws_name)
+        if rank is not None and ws is not None:
+            return rank, ws
+    lr, ws = _int(env, "LOCAL_RANK"), _int(env, "WORLD_SIZE")  # Lightning's launcher
+    if lr is not None and ws is not None:
+        node = _int(env, "NODE_RANK", "GROUP_RANK") or 0
+        local_world = _int(env, "LOCAL_WORLD_SIZE")
+        if local_world is not None:
+            return node * local_world + lr, ws
+        if node == 0:
+            return lr, ws
+    return None, None
 
 
 @dataclass(frozen=True)
@@ -69,11 +102,10 @@ class Identity:
         except Exception:  # a half-torn-down process group: use the environment
             rank = ws = None
         if rank is None or ws is None or rank < 0:
-            rank = _int(env, "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-            ws = _int(env, "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+            rank, ws = launcher_rank(env)
         if rank is None or ws is None or not (1 <= ws <= protocol.MAX_WORLD) or not (0 <= rank < ws):
             rank, ws = 0, 1
-        lr = _int(env, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+        lr = _int(env, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
         if lr is None or not (0 <= lr <= 4095):
             lr = 0
         restart = _int(env, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")

@@ -368,9 +368,10 @@ def loader_facts(loader: Any) -> LoaderFacts:
         f.batch_size = getattr(bs, "batch_size", None)
         f.drop_last = bool(getattr(bs, "drop_last", False))
     elif isinstance(bs, BatchSampler):
-        sampler = bs.sampler
-        f.batch_size = bs.batch_size
-        f.drop_last = bs.drop_last
+        inner = getattr(bs, "batch_sampler", None)  # a sharding wrapper (Accelerate's BatchSamplerShard)
+        sampler = getattr(bs, "sampler", None) or getattr(inner, "sampler", None) or loader.sampler
+        f.batch_size = getattr(bs, "batch_size", getattr(inner, "batch_size", None))
+        f.drop_last = bool(getattr(bs, "drop_last", getattr(inner, "drop_last", False)))
     f.sampler = sampler
     if isinstance(sampler, DistributedSampler):
         f.dist_sampler = sampler

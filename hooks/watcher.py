@@ -13,7 +13,9 @@ Step path (main thread, a few microseconds per hook):
                         that fires inside the autograd graph (a tensor/grad_fn hook on the
                         output, a final callback) measured 10-15 us per backward on this
                         machine, half of the 30 us budget; the wrapper costs about 1 us.
-  optimizer pre/post    optimizer time; the post-hook closes the step (step boundary)
+  optimizer pre/post    optimizer time; the post-hook closes the step (step boundary). Optimizers
+                        found by ``auto.py`` (``watch()`` given none) leave it open until the next
+                        iteration's first fetch: several optimizers in one iteration make one step
 See ``comm.py`` for the communication definitions and ``checkpoint.py`` for checkpoints.
 
 On CUDA the forward/backward/optimizer/exposed-comm spans are CUDA events recorded on the
@@ -54,7 +56,7 @@ import torch
 from ranksight import config as rs_config
 from ranksight import protocol
 
-from . import selfcheck, stack
+from . import forksafe, selfcheck, stack
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
@@ -185,28 +187,38 @@ class _TimedIter:
         return self
 
     def __next__(self) -> Any:
-        w = self._w
-        if not w._active:
-            return next(self._it)
+        return timed_next(self._w, next, self._it)
+
+
+def timed_next(w: "Watcher", nxt: Callable[[Any], Any], it: Any) -> Any:
+    """``nxt(it)`` timed as data wait: the watched loader's iterator, and (``auto.py``) every
+    DataLoader iterator when no loader was given. A fetch starts a new iteration: it closes a
+    step left open by discovered optimizers (``Watcher._step_boundary``)."""
+    if not w._active or w._in_fetch or w.data_paused:
+        return nxt(it)
+    try:
+        t0 = _perf()
+        if w._pending_t is not None:
+            w._close_pending(t0)
+        if w._t0 is None:
+            w._t0 = t0
+        w._phase = "data"
+        w._phase_t = t0
+        w._in_fetch = w._fetched = True
+    except Exception as e:
+        w._hook_error("loader next()", e)
+        return nxt(it)
+    try:
+        return nxt(it)
+    finally:
         try:
-            t0 = _perf()
-            if w._t0 is None:
-                w._t0 = t0
-            w._phase = "data"
-            w._phase_t = t0
+            w._in_fetch = False
+            t1 = _perf()
+            w._data += t1 - t0
+            w._phase = "other"
+            w._phase_t = t1
         except Exception as e:
             w._hook_error("loader next()", e)
-            return next(self._it)
-        try:
-            return next(self._it)
-        finally:
-            try:
-                t1 = _perf()
-                w._data += t1 - t0
-                w._phase = "other"
-                w._phase_t = t1
-            except Exception as e:
-                w._hook_error("loader next()", e)
 
 
 class WatchedLoader:
@@ -292,11 +304,24 @@ class Watcher:
     ``close()``. ``watch()`` calls ``ranksight.hooks.lints.attach(watcher)`` when that module exists.
     """
 
-    def __init__(self, model: Any, optimizer: Any, loader: Any, settings: Settings):
+    def __init__(self, model: Any, optimizer: Any, loader: Any, settings: Settings, *, discover: bool = False,
+                 forward_hooks: bool = True):
         self.model = model
         self.optimizer = optimizer
         self.loader = loader
         self.settings = settings
+        # discovery of what was not given (``auto.py``), the step boundary of discovered optimizers
+        self._forward_hooks = forward_hooks
+        self._in_fetch = self._fetched = self._fwd_seen = False
+        self.data_paused = False  # set by an integration while the framework evaluates: its fetches are no data wait
+        self._pending_t: Optional[float] = None
+        self._ckpt_pending = 0.0
+        self._defer_steps = discover and optimizer is None
+        self.discovery: Any = None
+        if discover and (model is None or optimizer is None or loader is None):
+            from .auto import Discovery
+
+            self.discovery = Discovery(self, model is None, optimizer is None, loader is None)
         self.identity = Identity.detect()
         self._main_tid = threading.main_thread().ident or threading.get_ident()
         self._active = True
@@ -399,27 +424,54 @@ class Watcher:
 
     def _install(self) -> None:
         model, opt = self.model, self.optimizer
-        if model is not None:
-            if not hasattr(model, "register_forward_pre_hook"):
-                log.warning("ranksight: the model is not an nn.Module; forward/backward are not timed")
-            else:
-                self._handles.append(model.register_forward_pre_hook(self._fwd_pre, prepend=True))
-                self._handles.append(model.register_forward_hook(self._fwd_post, prepend=True))
         if opt is not None:
             if not hasattr(opt, "register_step_post_hook"):
                 log.warning("ranksight: the optimizer has no step hooks (torch >= 2.0 needed); no step records")
             else:
                 self._handles.append(opt.register_step_pre_hook(self._opt_pre))
                 self._handles.append(opt.register_step_post_hook(self._opt_post))
-        else:
+        elif self.discovery is None:
             log.warning("ranksight: watch() got no optimizer; a step is one optimizer step, so no step records")
-        if model is not None or opt is not None:
+        if model is not None or opt is not None or self.discovery is not None:
             self._patcher.set(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
         try:
             import torch.distributed as dist
 
             if dist.is_available():
                 self.comm.install(self._patcher)
+        except Exception as e:
+            self._hook_error("communication setup", e)
+        if model is not None:
+            self._attach_model(model)
+        if self.discovery is not None:
+            self.discovery.install(self._patcher, self._handles)
+        if self.settings.patch_torch_save:
+            try:
+                self.ckpt.install(self._patcher)
+                self._dcp_patched = self._patcher.patched(sys.modules.get("torch.distributed.checkpoint"), "save")
+            except Exception as e:
+                self._hook_error("checkpoint setup", e)
+
+    def _attach_model(self, model: Any) -> None:
+        """Time ``model``'s forward (its module hooks, unless a framework callback drives
+        ``_fwd_pre``/``_fwd_post`` itself) and its DDP all-reduce. At ``watch()`` for a model that
+        was given, at the end of the first step for one that ``auto.Discovery`` found."""
+        self.model = model
+        if self._tl is None:  # a model found after watch(): CUDA may have started since
+            dev = self._cuda_device(model)
+            if dev is not None:
+                self._tl = CudaTimeline(torch, dev, self.settings.max_pending_events)
+                self.comm.timeline = self._tl
+                self.comm.comm_events = not self._fr_on
+        if not hasattr(model, "register_forward_pre_hook"):
+            log.warning("ranksight: the model is not an nn.Module; forward/backward are not timed")
+        elif self._forward_hooks:
+            self._handles.append(model.register_forward_pre_hook(self._fwd_pre, prepend=True))
+            self._handles.append(model.register_forward_hook(self._fwd_post, prepend=True))
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available():
                 from torch.nn.parallel import DistributedDataParallel as DDP
 
                 inner = _unwrap(model)
@@ -428,12 +480,47 @@ class Watcher:
                                                            stats_every=self.settings.ddp_stats_every)
         except Exception as e:
             self._hook_error("communication setup", e)
-        if self.settings.patch_torch_save:
-            try:
-                self.ckpt.install(self._patcher)
-                self._dcp_patched = self._patcher.patched(sys.modules.get("torch.distributed.checkpoint"), "save")
-            except Exception as e:
-                self._hook_error("checkpoint setup", e)
+
+    # ------------------------------------------------------------------ step boundary (several optimizers)
+    # A step is one optimizer step. An optimizer given to watch() closes the step in its post-hook.
+    # Optimizers found by ``auto.Discovery`` (several may step in one iteration: a GAN, a multi-
+    # optimizer Lightning module) leave the step open; the next iteration's first data fetch (or,
+    # in a loop without a DataLoader, its first forward) closes it, so the last optimizer to step
+    # in an iteration closes that iteration's step. ``close()`` closes a step still open.
+    def _step_boundary(self, t: float) -> None:
+        if self._defer_steps and (self._fetched or self._fwd_seen):
+            if self._pending_t is None:
+                self._ckpt_pending = self._ckpt
+            self._pending_t = t
+        else:
+            self._step_end(t)
+
+    def _close_pending(self, t: float) -> None:
+        self._pending_t = None
+        try:
+            self._step_end(t)
+        except Exception as e:
+            self._hook_error("step end", e)
+            self._reset_step(t)  # start the next step clean (as the optimizer post-hook does)
+
+    def _close_pending_at_exit(self) -> None:
+        """The step the last optimizer step left open: it ends at that step, plus the checkpoint
+        time written after it (so a step's ckpt never exceeds its duration)."""
+        pt = self._pending_t
+        if pt is None:
+            return
+        try:
+            self._close_pending(min(_perf(), pt + max(0.0, self._ckpt - self._ckpt_pending)))
+        except Exception as e:
+            self._hook_error("close: open step", e)
+
+    def _closure_backward_done(self, t0: float, t1: float) -> None:
+        """A backward that ran inside an optimizer step (``optimizer.step(closure)``, as Lightning
+        does): the optimizer's own time starts at the backward's end."""
+        self._t_opt = t1
+        self._b2o = t1 - t0
+        if self._tl is not None:
+            self._ev_opt = self._tl.mark()
 
     # ------------------------------------------------------------------ errors, phase
     def _hook_error(self, where: str, exc: BaseException) -> None:
@@ -463,6 +550,9 @@ class Watcher:
             return None
         try:
             t = _perf()
+            if self._pending_t is not None and not self._fetched:
+                self._close_pending(t)
+            self._fwd_seen = True
             if self._t0 is None:
                 self._t0 = t
             self._micro += 1
@@ -547,6 +637,8 @@ class Watcher:
             tl.push(BWD, ev0, lev if lev is not None else e1)
             if lev is not None:
                 tl.push(XCOMM, lev, e1)
+        if self._t_opt is not None:
+            self._closure_backward_done(t0, t1)
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._active:
@@ -576,7 +668,7 @@ class Watcher:
                 self._t_opt = None
                 if self._tl is not None:
                     self._tl.push(OPT, self._ev_opt, self._tl.mark())
-            self._step_end(t)
+            self._step_boundary(t)
         except Exception as e:
             self._hook_error("optimizer post-hook", e)
             try:  # start the next step clean; the error above is already counted and logged
@@ -699,11 +791,13 @@ class Watcher:
     # ------------------------------------------------------------------ background thread
     def _run(self) -> None:
         try:
-            self._transport = Transport(self.settings.agent)
-            self._bg_start()
+            with forksafe.working():  # a fork waits for the start and each tick (see forksafe.py)
+                self._transport = Transport(self.settings.agent)
+                self._bg_start()
             while not self._stop.wait(self._tick_s):
                 try:
-                    self._tick()
+                    with forksafe.working():
+                        self._tick()
                 except Exception as e:
                     self._hook_error("heartbeat thread", e)
         except Exception as e:
@@ -1038,6 +1132,7 @@ class Watcher:
             if self._closed:
                 return
             self._closed = True
+        self._close_pending_at_exit()
         self._active = False
         self.comm.active = False
         self.ckpt.active = False
@@ -1106,30 +1201,56 @@ def _forget(w: Watcher) -> None:
         _ACTIVE.clear()
 
 
+def _forked_child() -> None:
+    """In a forked child: the inherited copy of the watch is switched off (see ``forksafe.py``)."""
+    for w in _ACTIVE:
+        w._active = False
+        w.comm.active = False
+        w.ckpt.active = False
+        w._closed = True  # its threads are not here; close() in the child must not touch the parent's agent
+    _ACTIVE.clear()
+
+
+forksafe.on_child(_forked_child)
+
+
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
-          agent: Optional[str] = None) -> WatchedLoader:
+          agent: Optional[str] = None, discover: bool = True) -> WatchedLoader:
     """Start timing ``model``/``optimizer``/``loader``; returns the loader to iterate.
 
+    What is not given is found (``discover``, see ``auto.py``): every optimizer through PyTorch's
+    global optimizer step hooks, every DataLoader iterator, and the model (a DDP/FSDP wrapper or
+    the module whose parameters the optimizer holds). Explicit arguments win: a given optimizer,
+    loader or model is the only one timed. ``ranksight.watch()`` alone finds all three.
     ``config``: a config path (default ``RANKSIGHT_CONFIG``) or a dict with a "hooks" section.
     ``agent``: overrides ``RANKSIGHT_AGENT`` / ``hooks.agent`` (``udp://host:port``,
     ``unix:///path`` or ``off``). A second ``watch()`` replaces the first.
     """
+    w = start(model, optimizer, loader, config=config, agent=agent, discover=discover)
+    return WatchedLoader(loader, w)
+
+
+def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
+          agent: Optional[str] = None, discover: bool = True, forward_hooks: bool = True) -> Optional[Watcher]:
+    """``watch()`` for framework integrations: returns the Watcher (None when the hooks could not
+    start). ``forward_hooks=False``: the caller drives ``_fwd_pre``/``_fwd_post`` (a framework's
+    batch callbacks) instead of the model's forward hooks."""
     prev = active()
     if prev is not None:
         log.info("ranksight: watch() called again; replacing the previous watch")
         prev.close()
     try:
         settings = load_settings(config, agent)
-        w = Watcher(model, optimizer, loader, settings)
+        w = Watcher(model, optimizer, loader, settings, discover=discover, forward_hooks=forward_hooks)
         w.config_source = config  # the lints (ranksight.hooks.lints) read their section from the same config
     except Exception as e:  # never stop training because the hooks could not start
         log.warning("ranksight: cannot start the hooks (%s: %s); training continues unwatched",
                     type(e).__name__, e)
         log.debug("ranksight: watch() traceback", exc_info=e)
-        return WatchedLoader(loader, None)
+        return None
     _ACTIVE.append(w)
     _attach_extensions(w)
-    return WatchedLoader(loader, w)
+    return w
 
 
 def _attach_extensions(w: Watcher) -> None:
