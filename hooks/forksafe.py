@@ -11,9 +11,17 @@ copy harmless:
   locks), so that the child never inherits a lock that thread held at the fork. A tick takes
   well under a millisecond; forks are rare (worker start), so the wait costs nothing in practice.
   A fork from the background thread itself does not wait (the lock is re-entrant).
+* the child never garbage-collects what it inherited: ``gc.freeze()`` right before the fork
+  (undone in the parent right after it, as the gc module's documentation describes for fork
+  without exec). A watch that ended leaves objects in reference cycles until the parent's
+  collector runs; collected in a child, a CUDA event or tensor among them is destroyed in a
+  process whose CUDA context is the parent's, and CUDA aborts the child (seen on an H200: a
+  DataLoader worker killed by SIGABRT inside "Garbage-collecting"). Frozen, the inherited
+  objects simply stay in the child's copy of memory, shared with the parent.
 """
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from typing import Any, Callable, List
@@ -38,9 +46,11 @@ def on_child(fn: Callable[[], None]) -> None:
 
 def _before() -> None:
     _held[0] = _lock.acquire(timeout=FORK_WAIT)
+    gc.freeze()
 
 
 def _after_in_parent() -> None:
+    gc.unfreeze()
     if _held[0]:
         _held[0] = False
         _lock.release()

@@ -114,11 +114,19 @@ class CudaTimeline:
     def pending(self) -> int:
         return len(self._pending)
 
+    def release(self) -> None:
+        """Drop every event (the watch ended): they are destroyed here, in this process, now."""
+        self.dropped += len(self._pending)
+        self._pending.clear()
+        self._anchor = None
+
     def resolve(self, add: Callable[[str, float], None], limit: int = 1 << 30) -> int:
         """Resolve finished intervals from the head of the queue. Never waits."""
         n = 0
         q = self._pending
         anchor = self._anchor
+        if anchor is None:  # released
+            return 0
         while q and n < limit:
             kind, s, e = q[0]
             if not (e.query() and s.query() and anchor.query()):

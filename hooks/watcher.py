@@ -1085,7 +1085,7 @@ class Watcher:
         carry-over rule of ``_step_end``); the rest on the newest one. Without any step record
         left (the background thread sent them: the watch ended more than HOLD_SECONDS after the
         last step) the seconds are counted in ``gpu_unsent``; intervals the GPU has not reached
-        after CLOSE_GPU_WAIT stay in ``self._tl.pending``."""
+        after CLOSE_GPU_WAIT are dropped (counted in ``self._tl.dropped``) when close() releases them."""
         tl = self._tl
         start = _perf()
         deadline = start + CLOSE_GPU_WAIT
@@ -1185,7 +1185,22 @@ class Watcher:
                 self._finalizer.cancel()
             except Exception:
                 pass
+        self._release_cuda()
         _forget(self)
+
+    def _release_cuda(self) -> None:
+        """Drop the CUDA events this watch still holds, so they are destroyed now, here, and never
+        by a garbage collection in a forked child (see forksafe.py). Only the background thread
+        could still touch them, and it has stopped (or is about to, sending nothing)."""
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            return  # still finishing: its last tick may resolve them; the fork freeze covers the rest
+        try:
+            if self._tl is not None:
+                self._tl.release()
+            self._ev_fwd = self._ev_opt = None
+            self.comm.last_launch = (-1.0, None)
+        except Exception as e:
+            self._hook_error("close: CUDA events", e)
 
 
 # ------------------------------------------------------------------------------ the active watch

@@ -307,5 +307,5 @@ def test_fetches_under_no_grad_are_no_data_wait(rx):
                 loss_of(model, vx, vy)
     ranksight.unwatch()
     steps = steps_of(rx, 4)
-    assert all(s["data"] < 0.01 for s in steps), [s["data"] for s in steps]
+    assert all(s["data"] < 0.02 for s in steps), [s["data"] for s in steps]  # an evaluation pass is 40 ms
     assert all(s["dur"] >= 0.04 for s in steps[1:])  # the evaluation's time stays in the steps
