@@ -1190,7 +1190,7 @@ class Lints:
     def close(self) -> None:
         """The watch ends (``Watcher.close``, usually on the main thread): judge a checkpoint round
         still open (the final save of a run; its lint record still goes out with the watcher's
-        final flush), remove the forward hook, stop the thread. Never waits more than a second."""
+        final flush), remove the forward hook, stop the thread (waiting for it at most a second more)."""
         self._stop.set()
         if self._tick_lock.acquire(timeout=1.0):
             try:
@@ -1205,6 +1205,9 @@ class Lints:
             self._remove_fwd()
         except Exception as e:
             self._error("close", e)
+        t = getattr(self, "_thread", None)
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            t.join(timeout=1.0)  # it wakes every TICK_SECONDS and sees the stop: the watch leaves no thread
 
     def tick(self, now: float) -> None:
         while self._inbox:

@@ -413,6 +413,16 @@ class Model:
     def _v_rank_finished(self, m, profile, v):
         return {}  # only while a cleanly exited rank lingers: none in a running job
 
+    # only while a rank is stalled (where it is stuck) or blocked in a collective: none when healthy
+    def _v_rank_stall_where(self, m, profile, v):
+        return {}
+
+    def _v_rank_collective_seq(self, m, profile, v):
+        return {}
+
+    def _v_rank_collective_wait_seconds(self, m, profile, v):
+        return {}
+
     def _v_process_start_time_seconds(self, m, profile, v):
         return {(): self._const("%.3f" % (self.scn.t0 - 3600.0), self.T)}
 
@@ -640,7 +650,7 @@ class Model:
 # ------------------------------------------------------------------------------ series layout
 EXTRA_LABEL_VALUES = {"quantile", "reason", "lint", "stat", "state", "xid", "counter", "device", "direction",
                       "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python",
-                      "category", "gpu"}
+                      "category", "gpu", "where", "phase", "op", "pg"}
 
 
 def _scope(m: C.Metric) -> str:

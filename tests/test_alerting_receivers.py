@@ -182,7 +182,8 @@ def test_pages_carry_the_verdict_and_follow_the_severity_routes(receivers, agent
     assert "warning job oc-straggler: RanksightStraggler rank 1" in strag["title"], strag
     assert "job oc-straggler, rank 1, node oc-node" in strag["text"], strag["text"]
     assert by["RanksightStraggler"].runbook in strag["text"] and by["RanksightStraggler"].runbook.endswith("/straggler.md")
-    assert "Mutes 1 symptom while it fires: RanksightCommBound (same job)" in strag["text"], strag["text"]
+    assert "Mutes 2 symptoms while it fires: RanksightCommBound (same job), RanksightGoodputLow (same job)" \
+        in strag["text"], strag["text"]
     assert "/d/ranksight-triage/?var-job=oc-straggler" in strag["text"] and strag["link"].endswith("var-job=oc-straggler")
     assert strag["channel"] == "#train-oncall"
     # mail (critical): the stalled rank
@@ -255,7 +256,8 @@ def test_a_big_group_is_one_short_page_and_node_alerts_link_the_node(receivers, 
     assert "(7 alerts)" in big["title"], big["title"]
     assert ALERT_LINE.findall(big["text"]) == ["RanksightDataloaderBound"] * 5, big["text"]
     assert "7 alerts firing in all; the first 5 are shown." in big["text"]
-    assert "Mutes 2 symptoms while it fires: RanksightGpuSawtooth (same node), RanksightCommBound (same job)" in big["text"]
+    assert ("Mutes 3 symptoms while it fires: RanksightGpuSawtooth (same node), RanksightCommBound (same job), "
+            "RanksightGoodputLow (same job)") in big["text"]
     node = msgs["node"]
     assert node["title"].startswith("[FIRING] warning RanksightGpuThrottling on hot-node"), node["title"]
     assert "\nnode hot-node, GPU 3\n" in node["text"], node["text"]
