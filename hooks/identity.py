@@ -13,6 +13,9 @@ environment, else 0/1 (the heartbeat thread re-reads them once a process group e
   where the local world size is known (``LOCAL_WORLD_SIZE``, or a single node), else it waits
   for the process group.
 
+node: ``RANKSIGHT_NODE`` (a Kubernetes pod sets it to its node's name from the downward API, as
+the agent's ``--node`` is), else the hostname.
+
 A pair (rank, world size) is taken from one launcher's variables, never mixed. restart:
 ``TORCHELASTIC_RESTART_COUNT`` (torchrun elastic restarts), else ``SLURM_RESTART_COUNT`` (requeues).
 """
@@ -111,6 +114,6 @@ class Identity:
         restart = _int(env, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
         if restart is None or restart < 0:
             restart = 0
-        node = (socket.gethostname() or "unknown")[: protocol.MAX_STR]
+        node = ((env.get("RANKSIGHT_NODE") or "").strip() or socket.gethostname() or "unknown")[: protocol.MAX_STR]
         return cls(job=job_name(env, sys.argv[0] if sys.argv else ""), rank=rank, local_rank=lr,
                    world_size=ws, node=node, pid=os.getpid(), restart=restart, from_pg=from_pg)

@@ -56,6 +56,13 @@ APP = triage.SCRAPE_JOB  # Service name = the job label prometheus-operator give
 SOCKET_DIR = "/run/ranksight"  # hostPath shared by the agent and the training pods of the node
 SOCKET = f"{SOCKET_DIR}/ingest.sock"
 AGENT_ENV = f"unix://{SOCKET}"  # a training pod's RANKSIGHT_AGENT
+
+
+def node_name_env(name: str) -> Dict[str, Any]:
+    """An env entry holding the pod's Kubernetes node name (downward API): the agent's --node and
+    a training pod's RANKSIGHT_NODE, so rank and node series carry the same node label (a pod not
+    on the host network would otherwise report its pod name)."""
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
 # From the measured agent cost with 8 stand-in GPUs and 8 ranks at 100 steps/s (`ranksight bench
 # exporter`, bench/RESULTS.md and a re-run on the busy 2-core CI box): 1.3-2.8% of a core and
 # 30.5-31.0 MB RSS. The requests are that cost with headroom; the limits leave room for ingest
@@ -111,7 +118,8 @@ def daemonset(cfg: Mapping[str, Any], namespace: str, image: str) -> Dict[str, A
     port = _listen_port(cfg)
     selector = {"app.kubernetes.io/name": APP}
     args = ["--procfs=/host/proc", "--sysfs=/host/sys", f"--listen=0.0.0.0:{port}",
-            f"--ingest={AGENT_ENV}", f"--collectors={cfg['agent']['collectors']}"]
+            f"--ingest={AGENT_ENV}", f"--collectors={cfg['agent']['collectors']}",
+            "--node=$(NODE_NAME)"]  # the Kubernetes node name: the same node label as the ranks' (RANKSIGHT_NODE)
     probe = {"httpGet": {"path": "/healthz", "port": "metrics"}, "timeoutSeconds": 5}
     container = {
         "name": "agent",
@@ -126,6 +134,7 @@ def daemonset(cfg: Mapping[str, Any], namespace: str, image: str) -> Dict[str, A
             # is visible, none is requested from the device plugin, so training pods can have them all.
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
             {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+            node_name_env("NODE_NAME"),
         ],
         "ports": [{"name": "metrics", "containerPort": port, "protocol": "TCP"}],
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "periodSeconds": 30, "failureThreshold": 3},
@@ -374,7 +383,8 @@ def training_job() -> Dict[str, Any]:
                     "image": "my-training-image:latest",
                     "command": ["torchrun", "--nproc-per-node=8", "train.py"],
                     "resources": {"limits": {"nvidia.com/gpu": 8}},
-                    "env": [{"name": "RANKSIGHT_AGENT", "value": AGENT_ENV}],  # ranksight: the env line
+                    "env": [{"name": "RANKSIGHT_AGENT", "value": AGENT_ENV},  # ranksight: the env lines
+                            node_name_env("RANKSIGHT_NODE")],
                     "volumeMounts": [{"name": "ranksight", "mountPath": SOCKET_DIR}],  # ranksight: the volume
                 }],
                 "volumes": [{"name": "ranksight", "hostPath": {"path": SOCKET_DIR, "type": "DirectoryOrCreate"}}],

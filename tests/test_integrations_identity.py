@@ -53,6 +53,14 @@ def test_identity_from_each_launchers_environment(env, want):
 
 
 @pytest.mark.slow
+def test_node_label_from_ranksight_node_else_the_hostname():
+    import socket
+
+    assert Identity.detect({"RANKSIGHT_NODE": "gpu-node-7"}).node == "gpu-node-7"  # a pod's spec.nodeName
+    assert Identity.detect({"RANKSIGHT_NODE": " "}).node == socket.gethostname()
+    assert Identity.detect({}).node == socket.gethostname()
+
+
 def test_torchrun_elastic_restart_is_reported(agent):
     """Rank 1 fails at the end of the first attempt; torchrun restarts both ranks once."""
     a = agent()

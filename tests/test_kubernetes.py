@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 import os
 import shutil
 import socket
@@ -213,14 +214,35 @@ def test_kubectl_kustomize_builds_every_base(docs):
     assert ds["spec"]["selector"] == _kind(docs, "DaemonSet")["spec"]["selector"]  # selectors untouched
 
 
+NODE = "k8s-node-1"  # what the downward API's spec.nodeName gives a pod in these tests
+
+
+def env_of(container: dict) -> dict:
+    """A container's env as kubelet resolves it (values, and spec.nodeName from the downward API)."""
+    out = {}
+    for e in container["env"]:
+        if "value" in e:
+            out[e["name"]] = e["value"]
+        else:
+            assert e["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, e
+            out[e["name"]] = NODE
+    return out
+
+
+def expand(arg: str, env: dict) -> str:
+    """kubelet's $(VAR) expansion in command and args."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
+
+
 # ------------------------------------------------------------------ what the manifests promise
 def test_daemonset_sees_the_host_without_claiming_a_gpu(docs, cfg):
     ds = _kind(docs, "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["hostPID"] is True and pod["runtimeClassName"] == "nvidia"
     (c,) = pod["containers"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = env_of(c)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "--node=" + NODE in [expand(a, env) for a in c["args"]], "the node label is the Kubernetes node name"
     assert not any("nvidia.com" in k for part in c["resources"].values() for k in part), "claims a GPU"
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
@@ -295,9 +317,9 @@ def test_daemonset_command_and_the_training_pods_lines_reach_the_agent_as_anothe
         return arg.replace("/host/proc", "/proc").replace("/host/sys", "/sys").replace(k8s.SOCKET_DIR, str(sockdir))
 
     port = free_port()
-    args = [here(a) for a in c["args"] if not a.startswith(("--listen=", "--collectors="))]
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-           **{e["name"]: e["value"] for e in c["env"]}}
+    cenv = env_of(c)
+    args = [here(expand(a, cenv)) for a in c["args"] if not a.startswith(("--listen=", "--collectors="))]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", **cenv}
     agent = subprocess.Popen([*c["command"], *args, f"--listen=127.0.0.1:{port}", "--collectors=ranks"],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=set_pdeathsig)
     url = f"http://127.0.0.1:{port}"
@@ -307,12 +329,17 @@ def test_daemonset_command_and_the_training_pods_lines_reach_the_agent_as_anothe
         sock = sockdir / Path(k8s.SOCKET).name
         assert stat.S_ISSOCK(sock.stat().st_mode) and stat.S_IMODE(sock.stat().st_mode) & 0o666 == 0o666
         tenv = {k: v for k, v in os.environ.items() if not k.startswith(("RANKSIGHT", "TORCHELASTIC", "SLURM"))}
-        tenv.update({e["name"]: here(e["value"]) for e in trainer["env"]})
+        tenv.update({k: here(v) for k, v in env_of(trainer).items()})
         tenv["RANKSIGHT_JOB"] = "pod-job"
         r = subprocess.run([sys.executable, "-c", TRAINER], env=tenv, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         got = wait_until(lambda: _metric(url, catalog.STEPS.name, "pod-job") == 5, 10)
         assert got, (_metric(url, catalog.STEPS.name, "pod-job"), r.stderr[-2000:])
+        text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+        assert re.search(rf'^{catalog.STEPS.name}{{[^}}]*job="pod-job"[^}}]*node="{NODE}"', text, re.M) or \
+            re.search(rf'^{catalog.STEPS.name}{{[^}}]*node="{NODE}"[^}}]*job="pod-job"', text, re.M), \
+            "the rank's node label is the Kubernetes node name, as the agent's"
+        assert re.search(rf'^{catalog.TRACKED_RANKS.name}{{[^}}]*node="{NODE}"', text, re.M), "the agent's node label"
         # a rank of another user (the interpreter lives under /root, so fork instead of exec)
         assert _send_as(65534, str(sock), "nobody-job") == 0, "uid 65534 could not send to the socket"
         assert wait_until(lambda: _metric(url, catalog.STEPS.name, "nobody-job") == 1, 10)
