@@ -1,4 +1,4 @@
-"""Setup lints (issue 7): setup mistakes that cause the seeds' slowdowns, caught at ``watch()``
+"""Setup lints: setup mistakes that slow or spoil training, caught at ``watch()``
 time or within the first epoch, before they cost a day.
 
 Each lint logs one line on the rank where it applies (when it turns on, not per step), is sent

@@ -125,16 +125,16 @@ class Shape:
     lints_exposed: str = "active"  # the agent: only lints at 1; "all": every lint the hooks checked, 0 or 1
 
 
-DESIGNS = ("as-is", "before-issue-9")
+DESIGNS = ("as-is", "all-series")
 
 
 def shape_for(design: str, gpus: int, ranks_per_node: int) -> Shape:
     """as-is: what the agent exposes today (agent.rdma_counters: curated, lint_active only while a
-    lint applies); before-issue-9: every RDMA counter file and a 0/1 series per lint checked, the
+    lint applies); all-series: every RDMA counter file and a 0/1 series per lint checked, the
     1,747 series per node the first scale run measured."""
     if design == "as-is":
         return Shape(gpus=gpus, ranks_per_node=ranks_per_node)
-    if design == "before-issue-9":
+    if design == "all-series":
         return Shape(gpus=gpus, ranks_per_node=ranks_per_node, rdma_counters=IB_PORT_COUNTERS + MLX5_HW_COUNTERS,
                      lints_exposed="all")
     raise ValueError(f"unknown design {design!r} (known: {', '.join(DESIGNS)})")
@@ -1766,7 +1766,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hours", type=_hours, default=1.0, help="data the dashboards query: hours (1) or a duration (10m) (default 1)")
     p.add_argument("--step", type=_duration_arg, default=15, help="scrape interval and query step (default 15s)")
     p.add_argument("--design", choices=DESIGNS, default="as-is",
-                   help="as-is: the series the agent exposes today; before-issue-9: every RDMA counter "
+                   help="as-is: the series the agent exposes today; all-series: every RDMA counter "
                         "file and a 0/1 series per lint (the first scale run's agent)")
     p.add_argument("--repeat", type=_pos_int, default=3, help="rounds of every query; the median is reported (default 3)")
     p.add_argument("--parts", type=int, default=0, help="node slices backfilled as separate blocks (default: 64 nodes each)")

@@ -300,7 +300,7 @@ def test_thresholds_follow_the_config(tmp_path):
     assert ranks["Straggler ratio"]["fieldConfig"]["defaults"]["thresholds"]["steps"][1]["value"] == 1.5
 
 
-# ---------------------------------------------------------------- scale (issue 9): bounded panels
+# ---------------------------------------------------------------- scale: bounded panels
 # The raw families with one series per port/counter, bucket, interface or node x result: at 1,024
 # nodes a panel reading them directly took 26-88 s. Panels read their node-level recording rules.
 RAW_HEAVY = {C.RDMA_PORT_COUNTER.name, C.GPU_UTILIZATION_SAMPLES.bucket, C.NET_IF_ERRORS.name,

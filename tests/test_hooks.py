@@ -306,7 +306,7 @@ def test_manual_collectives_are_timed_and_exposed(world1, rx):
 
 # ---------------------------------------------------------------------------------- unwatch
 def ours(hooks):
-    """Hooks that belong to the Watcher (the lints, issue 7, manage their own)."""
+    """Hooks that belong to the Watcher (the lints manage their own)."""
     return sum(isinstance(getattr(h, "__self__", None), watcher_mod.Watcher) for h in hooks.values())
 
 

@@ -1,4 +1,4 @@
-"""Setup lints (issue 7) on real 2-rank gloo jobs.
+"""Setup lints on real 2-rank gloo jobs.
 
 Six jobs run once per module (tests/lint_workloads/lint_worker.py): a right setup (GOOD), one
 with all nine mistakes (BAD), BAD with eight lints turned off (OFF), an iterable dataset that

@@ -1,4 +1,4 @@
-"""Overhead of the hooks on a real GPU training step (issue 8, run 2).
+"""Overhead of the hooks on a real GPU training step.
 
     python bench/gpu/overhead.py [--reps 16] [--steps 40] [--out overhead.json]
 
@@ -18,7 +18,7 @@ What it does
     (create + record) measured here too.
 
 Reported: median of the per-pair ratios (instrumented / plain), the ratio of the medians,
-their spread, and the medians in ms. Target (issue 8): ratio <= 1.005 on a >= 20 ms step.
+their spread, and the medians in ms. Target: ratio <= 1.005 on a >= 20 ms step.
 On a machine without CUDA it prints that it skipped and exits 0.
 """
 from __future__ import annotations

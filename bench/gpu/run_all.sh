@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every issue-8 run on the GPU machine, in one command (run from the repo root):
+# Every single-GPU run on the GPU machine, in one command (run from the repo root):
 #
 #   bash bench/gpu/run_all.sh            # results in $OUT (the device tool's folder) or /tmp/ranksight-gpu-out
 #   RANKSIGHT_STAGES="pytest overhead" bash bench/gpu/run_all.sh   # a subset (env and install always run)

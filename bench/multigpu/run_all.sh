@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every issue-10 run on a 2-8 GPU machine, in one command (run from the repo root):
+# Every multi-GPU run on a 2-8 GPU machine, in one command (run from the repo root):
 #
 #   bash bench/multigpu/prepare.sh        # here, once: copies the Prometheus binary into .devbin/ (ignored)
 #   (device tool) run kind=nvidia-h200-x2 carry=[".devbin"] command="bash bench/multigpu/run_all.sh"

@@ -1,4 +1,4 @@
-"""One rank of the multi-GPU runs of issue 10 (started by torchrun, NCCL, one process per GPU).
+"""One rank of the multi-GPU runs (started by torchrun, NCCL, one process per GPU).
 
     torchrun --nproc-per-node N bench/multigpu/train.py TASK [options]
 

@@ -4,7 +4,7 @@ and hw_counters, plus the port rate and state.
 Which counters (``agent.rdma_counters``): ``curated`` (the default) exposes only
 ``catalog.RDMA_CURATED_COUNTERS``: throughput and the link-error and congestion
 counters the runbooks and dashboards name, 17 of the ~51 files an mlx5 port has
-(issue 9: at 10 ports a node that is 340 series less); ``all`` exposes every
+(at 10 ports a node that is 340 series less); ``all`` exposes every
 file; a list exposes exactly those names. Files not exposed are not read.
 
 Values are exposed raw, as the kernel reports them: per the InfiniBand spec,

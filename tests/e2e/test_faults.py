@@ -1,4 +1,4 @@
-"""The end-to-end fault suite (issue 6): each incident injected for real into a 2-rank gloo
+"""The end-to-end fault suite: each incident injected for real into a 2-rank gloo
 DDP job, watched by the real agent, a real Prometheus and Alertmanager with the
 test-profile rules; the expected alert must fire within 60 s on the right rank or host,
 its symptoms must show as inhibited in Alertmanager, and `ranksight triage` must name

@@ -1,4 +1,4 @@
-"""NCCL Flight Recorder durations through the hooks (issue 8, run 4).
+"""NCCL Flight Recorder durations through the hooks.
 
 ``comm_fr``: DDP world size 1 plus a 256 MiB all_gather_into_tensor (async + wait) and a
 256 MiB reduce_scatter_tensor per step, with ``TORCH_NCCL_ENABLE_TIMING=1`` and
@@ -52,7 +52,7 @@ def test_flight_recorder_agrees_with_event_timing(scenario, gpu_results):
     """Two clocks for the same collectives on a GPU-bound step: NCCL's start/end events (the
     Flight Recorder, read from its dump) and the hooks' events. (At world size 1 NCCL launches no
     kernel for the in-place bucket all-reduces, so the profiler shows only the 256 MiB copy on the
-    NCCL stream: recorded, not compared; the kernel comparison is issue 10's, on 2+ GPUs.)"""
+    NCCL stream: recorded, not compared; the kernel comparison needs 2+ GPUs (bench/multigpu).)"""
     fr = scenario("comm_fr", 32)
     ev = scenario("comm_events", 32)
     assert ev["sync_debug_errors"] == [] and ev["hook_errors"] == 0

@@ -1,4 +1,4 @@
-"""The hooks on a real bf16 transformer step on the GPU (issue 8, run 1).
+"""The hooks on a real bf16 transformer step on the GPU.
 
 Each case runs in its own process (``bench/gpu/scenarios.py``): an 8-layer 1024-wide
 ``TransformerEncoder``, AdamW, watched by ``ranksight.watch``; 3 warm-up steps, then 20 steps
@@ -28,7 +28,7 @@ import gpu_workload as W
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
 
-TOLERANCE = 0.10  # issue 8: hook phase times agree with torch.profiler within 10%
+TOLERANCE = 0.10  # hook phase times agree with torch.profiler within 10%
 CASES = (("nccl_ws1", 8), ("ddp_ws1", 8), ("ddp_ws1", 32))
 IDS = [f"{n}-b{b}" for n, b in CASES]
 

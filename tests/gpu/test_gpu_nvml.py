@@ -1,4 +1,4 @@
-"""The agent's GPU collector on a real GPU with the real ``pynvml`` (issue 8, run 3).
+"""The agent's GPU collector on a real GPU with the real ``pynvml``.
 
 One module-scoped run: the collector samples every 0.5 s (window 6 s) while the test puts a
 steady load (back-to-back bf16 8192^3 matmuls) and then a sawtooth load (0.3 s of matmuls,
