@@ -402,8 +402,10 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             mitigation="Raise num_workers/prefetch_factor, move decoding off the critical path, cache or pre-shard the data, "
                        "use a DistributedSampler so each rank reads only its shard.",
             next_check="GPU utilization waveform (sawtooth) on the same node",
-            # mutes the sawtooth it causes on its node, and the comm share of the ranks waiting for it
-            inhibits=(on_node, Inhibit(comm, ("job",))),
+            # mutes the sawtooth it causes on its node, and the comm share of the ranks waiting for it;
+            # data comes first in the triage order, so a straggler call in the same job waits until the
+            # input pipeline keeps up (a peer's wait for the slow loader can read as busy time)
+            inhibits=(on_node, Inhibit(comm + ("RanksightStraggler",), ("job",))),
         ),
         # ------------------------------------------------------------ 2. GPU waveform
         Entry(

@@ -256,8 +256,8 @@ def test_a_big_group_is_one_short_page_and_node_alerts_link_the_node(receivers, 
     assert "(7 alerts)" in big["title"], big["title"]
     assert ALERT_LINE.findall(big["text"]) == ["RanksightDataloaderBound"] * 5, big["text"]
     assert "7 alerts firing in all; the first 5 are shown." in big["text"]
-    assert ("Mutes 3 symptoms while it fires: RanksightGpuSawtooth (same node), RanksightCommBound (same job), "
-            "RanksightGoodputLow (same job)") in big["text"]
+    assert ("Mutes 4 symptoms while it fires: RanksightGpuSawtooth (same node), RanksightCommBound (same job), "
+            "RanksightStraggler (same job), RanksightGoodputLow (same job)") in big["text"]
     node = msgs["node"]
     assert node["title"].startswith("[FIRING] warning RanksightGpuThrottling on hot-node"), node["title"]
     assert "\nnode hot-node, GPU 3\n" in node["text"], node["text"]
