@@ -31,39 +31,22 @@ class Totals:
         self.lckd = 0.0
 
     def step(self, dur: float, data: float, fwd: float, bwd: float, opt: float, b2o: float, comm: float,
-             xcomm: float, micro: int) -> None:
+             xcomm: float, micro: int, sign: int = 1) -> None:
+        """Add one sent step (``sign=-1`` takes back one that had to be split before it was sent)."""
         v = self.v
-        v["steps"] += 1
-        v["micro"] += micro
-        v["dur"] += dur
-        v["data"] += data
-        v["fwd"] += fwd
-        v["bwd"] += bwd
-        v["opt"] += opt
-        v["b2o"] += b2o
-        v["comm"] += comm
-        v["xcomm"] += xcomm
-        self.h_step[bisect_left(C.STEP_DURATION.buckets, dur)] += 1
-        self.h_data[bisect_left(C.DATALOADER_WAIT_HIST.buckets, data)] += 1
-        self.h_b2o[bisect_left(C.BACKWARD_TO_OPTIMIZER.buckets, b2o)] += 1
-
-    def unstep(self, dur: float, data: float, fwd: float, bwd: float, opt: float, b2o: float, comm: float,
-               xcomm: float, micro: int) -> None:
-        """Take back a step() (a record that had to be split before it was sent)."""
-        v = self.v
-        v["steps"] -= 1
-        v["micro"] -= micro
-        v["dur"] -= dur
-        v["data"] -= data
-        v["fwd"] -= fwd
-        v["bwd"] -= bwd
-        v["opt"] -= opt
-        v["b2o"] -= b2o
-        v["comm"] -= comm
-        v["xcomm"] -= xcomm
-        self.h_step[bisect_left(C.STEP_DURATION.buckets, dur)] -= 1
-        self.h_data[bisect_left(C.DATALOADER_WAIT_HIST.buckets, data)] -= 1
-        self.h_b2o[bisect_left(C.BACKWARD_TO_OPTIMIZER.buckets, b2o)] -= 1
+        v["steps"] += sign
+        v["micro"] += sign * micro
+        v["dur"] += sign * dur
+        v["data"] += sign * data
+        v["fwd"] += sign * fwd
+        v["bwd"] += sign * bwd
+        v["opt"] += sign * opt
+        v["b2o"] += sign * b2o
+        v["comm"] += sign * comm
+        v["xcomm"] += sign * xcomm
+        self.h_step[bisect_left(C.STEP_DURATION.buckets, dur)] += sign
+        self.h_data[bisect_left(C.DATALOADER_WAIT_HIST.buckets, data)] += sign
+        self.h_b2o[bisect_left(C.BACKWARD_TO_OPTIMIZER.buckets, b2o)] += sign
 
     def checkpoint(self, ts: float, dur: float, nbytes: int, ok: bool) -> None:
         c = self.ckpt

@@ -1002,7 +1002,7 @@ class Watcher:
             return
         if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
             for it in batch:
-                totals.unstep(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12])
+                totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12], sign=-1)
             half = len(batch) // 2
             self._send_steps(batch[:half])
             self._send_steps(batch[half:])
