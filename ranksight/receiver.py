@@ -30,7 +30,6 @@ class Receiver:
         self.sock.settimeout(0.05)
         self.port: int = self.sock.getsockname()[1]
         self.records: List[Dict[str, Any]] = []
-        self.batches: List[Dict[str, Any]] = []  # the "steps" records as received (records has their steps)
         self.invalid: List[str] = []  # "result: why in b'...'" for each datagram decode() refused
         self._out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM) if forward else None
         self._stop = threading.Event()
@@ -56,7 +55,6 @@ class Receiver:
                 continue
             if rec["t"] == "steps":  # consecutive steps in one datagram: one "step" record each
                 self.records.extend(protocol.expand_steps(rec))
-                self.batches.append(rec)
             else:
                 self.records.append(rec)
             if self._out is not None and (self.forward_bye or rec["t"] != "bye"):
