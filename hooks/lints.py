@@ -86,7 +86,9 @@ lints thread ("ranksight-lints", every 0.5 s; never on the step path or the hear
                      as they are (local world size x own value would be wrong whenever ranks
                      differ, e.g. rank 0 also evaluating). The lint fires on every rank with
                      workers when that node total exceeds ``thresholds.lint_workers_host_mem_share``
-                     of the host memory (or of the cgroup's limit, if lower). Without a store
+                     of the host memory (or of the cgroup's limit, if lower). During the first
+                     checks a rank waits until every local rank (LOCAL_WORLD_SIZE) has published,
+                     so the finding states the node's sum, not a partial one. Without a store
                      (no process group) it falls back to LOCAL_WORLD_SIZE x own and says so.
                      The step records' ``wrss`` (the metric) is the watcher's RSS of the children.
   disk_headroom      at start, after each checkpoint and every ``DISK_SECONDS``: free space of
@@ -1427,8 +1429,10 @@ class Lints:
             return
         budget, what = self._memory_budget(self.sysfs)
         limit = self.settings.workers_host_mem_share * budget
-        node_total, how = self._node_total(uss, budget)
+        node_total, how, settled = self._node_total(uss, budget)
         share = node_total / budget if budget else 0.0
+        if not settled and self._mem_checks < MEMORY_FAST_CHECKS:
+            return  # the node's other ranks have not published yet: report the node's sum once they have
         if node_total > limit:
             self.report("dataloader_workers_rss", True,
                         f"DataLoader workers on node {self.w.identity.node} hold {_gb(node_total)} of private memory "
@@ -1440,9 +1444,15 @@ class Lints:
         elif node_total < 0.9 * limit or self.state("dataloader_workers_rss") is None:
             self.report("dataloader_workers_rss", False)
 
-    def _node_total(self, own: int, budget: int) -> Tuple[int, str]:
+    def _node_total(self, own: int, budget: int) -> Tuple[int, str, bool]:
         """The node's total private memory of all ranks' workers: exact through the store (each
-        rank adds its change to a per-node counter), else LOCAL_WORLD_SIZE x own."""
+        rank adds its change to a per-node counter), else LOCAL_WORLD_SIZE x own. The flag says
+        whether the sum is settled: every local rank (LOCAL_WORLD_SIZE, when set) has published."""
+        lws = 1
+        try:
+            lws = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            pass
         if self.world > 1 and self._ex.store() is not None:
             key = self._ex.key("wmem", self.w.identity.node)
             delta = own - self._node_contrib
@@ -1450,15 +1460,10 @@ class Lints:
             self._node_contrib = own
             n = self._ex.add(self._ex.key("wmem-ranks", self.w.identity.node), 0 if self._joined else 1)
             self._joined = True
-            return max(total, own), f"summed over the {n} rank(s) of this node that ran workers"
-        lws = 1
-        try:
-            lws = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        except ValueError:
-            pass
+            return max(total, own), f"summed over the {n} rank(s) of this node that ran workers", n >= lws
         if lws == 1:
-            return own, "this rank only"
-        return own * lws, f"estimated as {lws} local ranks x this rank's (no process group store)"
+            return own, "this rank only", True
+        return own * lws, f"estimated as {lws} local ranks x this rank's (no process group store)", True
 
     def _leave_node(self) -> None:
         """Take this rank's workers out of the node's counter when the watch ends."""

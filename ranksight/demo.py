@@ -71,6 +71,9 @@ TERMINAL = ("kill-rank", "hang")  # faults after which the job cannot progress
 STARTUP_SECONDS = 90.0  # at most this long from launch to the first step
 SCRAPE_INTERVAL = "2s"
 POLL_SECONDS = 2.0
+# the agent, Prometheus and Alertmanager run at this niceness: the two CPU ranks fill a small machine,
+# and a stack that takes its CPU from one of them would make that rank a straggler on a healthy run
+STACK_NICE = 10
 LINGER_SECONDS = 20.0  # after the cause fires, wait this long at most for the symptoms it mutes
 STOP_SECONDS = 15.0  # SIGUSR1 to stop: the ranks stop at their next loss all-reduce, else TERM/KILL
 KEEP_DIR = "run/stack"  # `ranksight stack`'s default run dir: status/down find the kept stack there
@@ -434,14 +437,16 @@ def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path, ports: Dict[st
     # a hang must be called within seconds, not the production 30 s
     agent = AgentProcess(run_dir, listen_port=ports.get("listen_port", 0), ingest_port=ports.get("ingest_port", 0),
                          collectors=_collectors(),
-                         env={"RANKSIGHT__agent__stall_min_seconds": "10", "RANKSIGHT__agent__stall_p99_factor": "5"})
+                         env={"RANKSIGHT__agent__stall_min_seconds": "10", "RANKSIGHT__agent__stall_p99_factor": "5"},
+                         nice=STACK_NICE)
     started.append(agent)
     agent.start()
     stack: Optional[LocalStack] = None
     try:
         stack = LocalStack(stack_dir, targets=[agent.target], files=render_alert_files(cfg), cfg=cfg,
                            prometheus_port=ports.get("prometheus_port", 0),
-                           alertmanager_port=ports.get("alertmanager_port", 0), scrape_interval=SCRAPE_INTERVAL)
+                           alertmanager_port=ports.get("alertmanager_port", 0), scrape_interval=SCRAPE_INTERVAL,
+                           nice=STACK_NICE)
         if args.keep:
             stack.owner = f"ranksight demo --keep (pid {os.getpid()}, agent on :{agent.listen_port})"
         started.append(stack)

@@ -368,14 +368,23 @@ class Proc:
     marker: str  # a string its cmdline must contain (guards against pid reuse)
     env: Optional[Dict[str, str]] = None
     popen: Optional[subprocess.Popen] = field(default=None, repr=False)
+    nice: int = 0  # added to the child's niceness (the demo keeps its stack behind the job on small machines)
 
     def start(self, daemon: bool) -> None:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        nice = self.nice
+
+        def preexec() -> None:
+            if nice:
+                os.nice(nice)
+            if not daemon:
+                set_pdeathsig()
+
         with open(self.log_file, "ab") as logf:
             self.popen = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                 start_new_session=True, env=self.env, close_fds=True,
-                preexec_fn=None if daemon else set_pdeathsig)
+                preexec_fn=preexec if (nice or not daemon) else None)
         self.pid_file.write_text(f"{self.popen.pid}\n")
 
     def pid(self) -> Optional[int]:
@@ -426,7 +435,7 @@ class LocalStack:
                  cfg: Optional[Mapping[str, Any]] = None, files: Optional[Mapping[str, str]] = None,
                  prometheus_port: int = 0, alertmanager_port: int = 0, scrape_interval: str = "5s",
                  evaluation_interval: Optional[str] = None, daemon: bool = False,
-                 scrape_options: Optional[Mapping[str, Any]] = None):
+                 scrape_options: Optional[Mapping[str, Any]] = None, nice: int = 0):
         self.run_dir = Path(run_dir).resolve()
         self.scrape_options = dict(scrape_options or {})
         self.targets = list(targets)
@@ -441,9 +450,10 @@ class LocalStack:
         self.daemon = daemon
         self.owner = ""  # who started it, when not `ranksight stack up` (stack.json; status and down say it)
         d = self.run_dir
-        self.prometheus = Proc("prometheus", [], d / "prometheus.pid", d / "prometheus.log", str(d / "prometheus.yml"))
+        self.prometheus = Proc("prometheus", [], d / "prometheus.pid", d / "prometheus.log", str(d / "prometheus.yml"),
+                               nice=nice)
         self.alertmanager = Proc("alertmanager", [], d / "alertmanager.pid", d / "alertmanager.log",
-                                 str(d / ALERTMANAGER_FILE))
+                                 str(d / ALERTMANAGER_FILE), nice=nice)
 
     # -------------------------------------------------------------- URLs and clients
     @property
@@ -597,7 +607,7 @@ class AgentProcess:
 
     def __init__(self, log_dir: os.PathLike, listen_port: int = 0, ingest_port: int = 0,
                  collectors: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
-                 args: Sequence[str] = (), name: str = "agent"):
+                 args: Sequence[str] = (), name: str = "agent", nice: int = 0):
         self.log_dir = Path(log_dir)
         self.listen_port = listen_port or free_port()
         self.ingest_port = ingest_port or free_port(udp=True)
@@ -609,7 +619,7 @@ class AgentProcess:
             e["RANKSIGHT__agent__collectors"] = collectors
         e.update(env or {})
         self.proc = Proc(name, [sys.executable, "-m", "ranksight", "exporter", *args],
-                         self.log_dir / f"{name}.pid", self.log_file, "ranksight", env=e)
+                         self.log_dir / f"{name}.pid", self.log_file, "ranksight", env=e, nice=nice)
 
     @property
     def target(self) -> str:
