@@ -180,7 +180,7 @@ def load_settings(config: Any = None) -> LintSettings:
 
     def checked(section: str, key: str, value: Any) -> Any:
         try:
-            return rs_config._check(section, key, value)
+            return rs_config.validate(section, key, value)
         except rs_config.ConfigError as e:
             log.warning("ranksight: %s; using the default %r", e, d[section][key])
             return d[section][key]

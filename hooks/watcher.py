@@ -150,7 +150,7 @@ def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
     checked: Dict[str, Any] = {}
     for k, d in defaults.items():
         try:
-            checked[k] = rs_config._check("hooks", k, hooks.get(k, d))
+            checked[k] = rs_config.validate("hooks", k, hooks.get(k, d))
         except rs_config.ConfigError as e:
             log.warning("ranksight: %s; using the default %r", e, d)
             checked[k] = d

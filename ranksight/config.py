@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Tuple
 
@@ -27,10 +28,14 @@ class Opt:
     hi: Optional[float] = None
 
 
-def _dur(s: str) -> bool:
-    import re
+DURATION_RE = re.compile(r"(\d+(ms|s|m|h|d))+")  # the Prometheus duration grammar, used everywhere
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+_DURATION_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
-    return bool(re.fullmatch(r"(\d+(ms|s|m|h|d))+", s))
+
+def is_duration(s: Any) -> bool:
+    """True for a Prometheus duration such as 30s, 5m, 1h30m."""
+    return isinstance(s, str) and DURATION_RE.fullmatch(s) is not None
 
 
 # section -> key -> Opt. Comments name the alert a value drives.
@@ -212,7 +217,8 @@ def _rdma_counters(where: str, value: Any) -> Any:
     return list(dict.fromkeys(names))
 
 
-def _check(section: str, key: str, value: Any) -> Any:
+def validate(section: str, key: str, value: Any) -> Any:
+    """The checked value of ``section.key`` (strings coerced to its type); ConfigError otherwise."""
     opt = SCHEMA[section][key]
     where = f"{section}.{key}"
     if (section, key) == ("agent", "rdma_counters"):
@@ -250,7 +256,7 @@ def _check(section: str, key: str, value: Any) -> Any:
         return value
     if not isinstance(value, str):
         raise ConfigError(f"config {where}: expected a string, got {value!r}")
-    if section in ("durations", "windows") and not _dur(value):
+    if section in ("durations", "windows") and not is_duration(value):
         raise ConfigError(f"config {where}: expected a Prometheus duration like 30s, 5m or 1h, got {value!r}")
     return value
 
@@ -266,7 +272,7 @@ def _merge(cfg: Dict[str, Dict[str, Any]], over: Mapping[str, Any], origin: str)
         for key, value in vals.items():
             if key not in SCHEMA[section]:
                 raise ConfigError(f"config {origin}: unknown key {section}.{key}")
-            cfg[section][key] = _check(section, key, value)
+            cfg[section][key] = validate(section, key, value)
 
 
 class Config(dict):
@@ -323,10 +329,7 @@ def load(path: Optional[str] = None, profile: str = "default", env: Optional[Map
 
 def duration_seconds(s: str) -> float:
     """'1h30m' -> 5400.0"""
-    import re
-
-    mult = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    return sum(float(n) * mult[u] for n, u in re.findall(r"(\d+)(ms|s|m|h|d)", s))
+    return sum(float(n) * _DURATION_UNIT[u] for n, u in _DURATION_PART.findall(s))
 
 
 def describe() -> Tuple[Tuple[str, str, Any, str], ...]:

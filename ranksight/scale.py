@@ -1731,7 +1731,7 @@ class Bench:
 
 # ------------------------------------------------------------------------------ CLI
 def _duration_arg(s: str) -> int:
-    if not rconfig._dur(s):  # noqa: SLF001 - the config's own duration grammar
+    if not rconfig.is_duration(s):
         raise argparse.ArgumentTypeError(f"expected a duration like 15s or 1m, got {s!r}")
     v = rconfig.duration_seconds(s)
     if v < 1 or v != int(v):
@@ -1751,7 +1751,7 @@ def _pos_int(s: str) -> int:
 
 def _hours(s: str) -> float:
     try:
-        v = rconfig.duration_seconds(s) / 3600.0 if rconfig._dur(s) else float(s)  # noqa: SLF001
+        v = rconfig.duration_seconds(s) / 3600.0 if rconfig.is_duration(s) else float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected hours (1.5) or a duration (10m), got {s!r}") from None
     if not (1 / 60 <= v <= 24):

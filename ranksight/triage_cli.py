@@ -40,7 +40,6 @@ from .triage import Entry
 WALK_KINDS = ("signal", "cause", "symptom")  # what can be "the cause"; lints and health are notes
 # Symptoms of waiting on peers in collectives: a cause on any node of the job explains them (see Walk._explain).
 JOB_WIDE_SYMPTOMS = frozenset(("RanksightCommBound", "RanksightRankBlocked"))
-_DURATION = re.compile(r"(\d+(ms|s|m|h|d))+")
 _SHOWN_LABELS = ("job", "node", "rank", "gpu", "device", "path", "instance", "collector", "lint", "xid")
 
 
@@ -506,7 +505,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.since is not None and not _DURATION.fullmatch(args.since):
+        if args.since is not None and not config.is_duration(args.since):
             raise TriageError(f"--since: expected a Prometheus duration like 15m or 1h, got {args.since!r}")
         if args.job is not None and not args.job:
             raise TriageError("--job: empty job name")
