@@ -93,7 +93,7 @@ def mode(kind: str, tmp: str) -> Dict[str, Callable]:
 
 
 def probe(rate: float, seconds: float = 3.0) -> Dict:
-    from ranksight.stack import free_port, wait_until
+    from ranksight.tools.stack import free_port, wait_until
 
     with tempfile.TemporaryDirectory() as tmp:
         path, port = os.path.join(tmp, "ingest.sock"), free_port()

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
 from ranksight import protocol as P
-from ranksight.stack import free_port
+from ranksight.tools.stack import free_port
 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 NE_QUERY = "/metrics?collect[]=netstat&collect[]=netdev&collect[]=netclass"

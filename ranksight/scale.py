@@ -60,7 +60,7 @@ from . import __version__
 from . import catalog as C
 from . import config as rconfig
 from . import triage
-from .stack import free_port
+from .tools.stack import free_port
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from typing import Callable, Iterator, List, Mapping, Optional, Sequence
 import pytest
 
 from ranksight import config
-from ranksight.stack import AgentProcess, LocalStack, MissingBinary, StackError, find_binary
-from ranksight.stack import free_port as _free_port
+from ranksight.tools.stack import AgentProcess, LocalStack, MissingBinary, StackError, find_binary
+from ranksight.tools.stack import free_port as _free_port
 
 CPU_COLLECTORS = "network,disk,ranks"
 

@@ -114,7 +114,7 @@ def test_demo_bad_usage_is_one_line():
 
 
 def test_demo_help_lists_every_fault():
-    from ranksight.demo import FAULTS
+    from ranksight.tools.demo import FAULTS
 
     p = demo("--help")
     assert p.returncode == 0

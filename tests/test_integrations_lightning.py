@@ -14,7 +14,7 @@ pytest.importorskip("lightning")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import check_rank, launch, rank_series, worker_env  # noqa: E402
 
-from ranksight.receiver import Receiver  # noqa: E402
+from ranksight.tools.receiver import Receiver  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "lightning_worker.py")
 STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.05

@@ -28,7 +28,7 @@ import yaml
 from ranksight import catalog, config, k8s, protocol, triage
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
-from ranksight.stack import free_port, set_pdeathsig, wait_until
+from ranksight.tools.stack import free_port, set_pdeathsig, wait_until
 from operator_view import BASE_AM, operator_view, unprefixed
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import launch, worker_env  # noqa: E402
 
-from ranksight.receiver import Receiver  # noqa: E402
+from ranksight.tools.receiver import Receiver  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "lifecycle_worker.py")
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ranksight import catalog, triage
 from ranksight.hooks.lints import Lints, ranges
-from ranksight.stack import AgentProcess
+from ranksight.tools.stack import AgentProcess
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lint_workloads.harness import Job, run_job  # noqa: E402

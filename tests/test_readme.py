@@ -80,7 +80,8 @@ def test_by_hand_block_runs_as_written(tmp_path):
 
 def test_readme_names_every_demo_fault_and_command():
     """The README lists every fault `ranksight demo --fault` takes, and every subcommand."""
-    from ranksight import cli, demo
+    from ranksight import cli
+    from ranksight.tools import demo
 
     text = README.read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("`ranksight demo [--fault "))

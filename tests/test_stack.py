@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from ranksight import catalog, config, protocol, triage
-from ranksight.stack import (AlertmanagerAPI, LocalStack, PrometheusAPI, pid_alive, render_alert_files,
+from ranksight.tools.stack import (AlertmanagerAPI, LocalStack, PrometheusAPI, pid_alive, render_alert_files,
                              render_prometheus_config, wait_until)
 
 from conftest import require_binary

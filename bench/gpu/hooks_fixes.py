@@ -92,7 +92,7 @@ def run(case: str, smoke: bool) -> Dict[str, Any]:
     import torch.nn as nn
 
     import ranksight
-    from ranksight.receiver import Receiver
+    from ranksight.tools.receiver import Receiver
 
     if smoke:
         dev = torch.device("cpu")

@@ -227,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     url = "off"
     tmp = tempfile.TemporaryDirectory(prefix="rs-overhead-")
     if a.agent == "real":
-        from ranksight.stack import AgentProcess
+        from ranksight.tools.stack import AgentProcess
 
         agent = AgentProcess(Path(tmp.name), collectors="gpu,ranks" if device.type == "cuda" else "ranks",
                              name="agent").start(timeout=60)

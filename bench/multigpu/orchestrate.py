@@ -159,7 +159,7 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ agent / prometheus
     def agent(self, name: str):
-        from ranksight.stack import AgentProcess
+        from ranksight.tools.stack import AgentProcess
 
         a = AgentProcess(self.out / name, collectors="ranks" if os.environ.get("RANKSIGHT_MG_SMOKE") == "1" else "gpu,ranks", args=("--profile", "test"), name=name,
                          env={"RANKSIGHT__agent__stall_min_seconds": "20"})
@@ -174,7 +174,7 @@ class Orchestrator:
 
     def start_prometheus(self, target: str) -> Tuple[Any, str]:
         from ranksight import config
-        from ranksight.stack import deploy_dir, free_port, render_alert_files, render_prometheus_config
+        from ranksight.tools.stack import deploy_dir, free_port, render_alert_files, render_prometheus_config
 
         d = self.out / "prometheus"
         (d / "rules").mkdir(parents=True, exist_ok=True)

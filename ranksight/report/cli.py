@@ -19,7 +19,7 @@ from typing import Any, List, Optional, Tuple
 
 from ranksight import config as rconfig
 from ranksight.config import duration_seconds
-from ranksight.triage_cli import Prometheus, TriageError
+from ranksight.tools.triage_cli import Prometheus, TriageError
 
 from . import make, write
 

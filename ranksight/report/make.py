@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ranksight import catalog as C
 from ranksight import triage
-from ranksight.triage_cli import Prometheus
+from ranksight.tools.triage_cli import Prometheus
 
 log = logging.getLogger("ranksight.report")
 R = triage.REC

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ranksight import config
-from ranksight.stack import AgentProcess, LocalStack
+from ranksight.tools.stack import AgentProcess, LocalStack
 
 log = logging.getLogger("tests.e2e")
 

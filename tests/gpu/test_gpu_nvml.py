@@ -143,7 +143,7 @@ def test_agent_scrape_with_real_gpu(tmp_path, gpu_results):
     from prometheus_client.parser import text_string_to_metric_families
 
     from ranksight import catalog as C
-    from ranksight.stack import AgentProcess
+    from ranksight.tools.stack import AgentProcess
 
     agent = AgentProcess(tmp_path, collectors="gpu,ranks", name="agent-gpu")
     agent.start(timeout=60)

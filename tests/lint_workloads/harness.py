@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from ranksight.receiver import Receiver
+from ranksight.tools.receiver import Receiver
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hooks_workloads.harness import collect, free_port, reap  # noqa: E402  (one rank launcher for both suites)

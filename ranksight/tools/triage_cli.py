@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import catalog as C
-from . import config, triage
-from .cli import error
-from .triage import Entry
+from .. import catalog as C
+from .. import config, triage
+from ..cli import error
+from ..triage import Entry
 
 WALK_KINDS = ("signal", "cause", "symptom")  # what can be "the cause"; lints and health are notes
 # Symptoms of waiting on peers in collectives: a cause on any node of the job explains them (see Walk._explain).

@@ -71,7 +71,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import yaml
 
-from . import config, triage
+from .. import config, triage
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def parse_targets(text: str) -> List[str]:
 # ------------------------------------------------------------------ config rendering
 def deploy_dir() -> Path:
     """deploy/ of this checkout (next to the ranksight/ package), else ./deploy."""
-    here = Path(__file__).resolve().parent.parent / "deploy"
+    here = Path(__file__).resolve().parents[2] / "deploy"
     for d in (here, Path.cwd() / "deploy"):
         if (d / "prometheus.yml").is_file():
             return d
@@ -722,7 +722,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except StackError as e:
-        from .cli import error
+        from ..cli import error
 
         return error(str(e))
 

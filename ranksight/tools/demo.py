@@ -1,7 +1,7 @@
 """`ranksight demo`: a healthy phase, one injected fault, and the verdict.
 
 It starts ``ranksight exporter``, the local stack (Debian's binaries,
-``ranksight.stack.LocalStack``) with the *test* profile rules (``for:`` 10 s, rate
+``ranksight.tools.stack.LocalStack``) with the *test* profile rules (``for:`` 10 s, rate
 windows 30 s) scraping it every 2 s, and ``examples/train_ddp.py`` as two gloo ranks
 (launched like torchrun's static launch: RANK/WORLD_SIZE/MASTER_* in the env). The job
 runs healthy for ``--fault-after`` seconds, then one rank misbehaves (``--fault``,
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
-from . import catalog, config, triage
-from .cli import error
+from .. import catalog, config, triage
+from ..cli import error
 from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, ApiError, LocalStack,
                     MissingBinary, StackError, free_port, port_in_use, render_alert_files, set_pdeathsig,
                     wait_until)
@@ -349,7 +349,7 @@ def _collectors() -> str:
 
 
 def _script() -> Path:
-    for p in (Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py",
+    for p in (Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py",
               Path.cwd() / "examples" / "train_ddp.py"):
         if p.is_file():
             return p
@@ -368,7 +368,7 @@ def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
     try:
         from ranksight.report.cli import write_report
         from ranksight.report.make import ReportError
-        from ranksight.triage_cli import TriageError
+        from ranksight.tools.triage_cli import TriageError
     except ImportError as e:  # the report extra (matplotlib) is not installed
         say(f"report        not written: {e} (pip install 'ranksight[report]')")
         return None
@@ -570,7 +570,7 @@ def _verdict(args: argparse.Namespace, cfg: Mapping, stack: Optional[LocalStack]
         say(f"         it mutes: {', '.join(sorted(f'{s.name} on {s.where}' for s in muted))}")
     entry = triage.by_alert(cfg).get(hit.name)
     if entry is not None:
-        local = Path(__file__).resolve().parent.parent / "alerts" / "runbooks" / f"{entry.id}.md"
+        local = Path(__file__).resolve().parents[2] / "alerts" / "runbooks" / f"{entry.id}.md"
         say(f"         next: {entry.next_check}")
         say(f"         runbook: {local if local.is_file() else entry.runbook} ({entry.diagnosis})")
     return 0

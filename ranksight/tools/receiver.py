@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import protocol
+from .. import protocol
 
 
 class Receiver:
