@@ -21,9 +21,14 @@ See ``comm.py`` for the communication definitions and ``checkpoint.py`` for chec
 On CUDA the forward/backward/optimizer/exposed-comm spans are CUDA events recorded on the
 current stream and resolved on later steps with ``query()`` (``timing.CudaTimeline``);
 data wait, checkpoint and step duration are host times. Nothing here synchronizes the
-device. ``close()`` waits up to ``CLOSE_GPU_WAIT`` (polling ``query()``) for the intervals of
-the last steps and sends them on the step records not sent yet (the background thread holds
-the newest one back while intervals are pending, at most ``HOLD_SECONDS``).
+device. ``close()`` waits (polling ``query()``, while the GPU keeps reaching events: at most
+``CLOSE_GPU_WAIT`` without progress and ``CLOSE_GPU_MAX`` in all) for the intervals of the last
+steps and sends them on the step records not sent yet (the background thread holds the newest
+one back while intervals are pending, at most ``HOLD_SECONDS``).
+
+Nothing lost at the end: the background thread takes queued records and sends them under one
+lock (``_send_lock``); ``close()`` takes the same lock for its final flush and the "bye", so every
+step is sent before the bye whatever the thread was doing, and nothing is sent after it.
 
 The step path only appends a tuple to a deque. The background thread ("ranksight-hb")
 turns tuples into datagrams, sends a heartbeat every ``hooks.heartbeat_seconds`` with the
@@ -74,7 +79,10 @@ QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they 
 # pending, so that close() can add the last steps' GPU times to it (see close())
 HOLD_SECONDS = 1.0
 BYE_COPIES = 3  # the bye carries the final totals; the agent applies copies idempotently
-CLOSE_GPU_WAIT = 0.5  # close() waits at most this long (polling query(), no sync) for the last GPU intervals
+CLOSE_GPU_WAIT = 0.5  # close() stops waiting for the last GPU intervals after this long without one resolving
+CLOSE_GPU_MAX = 5.0  # ... and after this long in all (polling query(), never a sync)
+JOIN_SECONDS = 2.0  # close() waits this long for the background thread to stop (its sends are under _send_lock)
+SEND_LOCK_WAIT = 5.0  # close() waits this long for a send in progress on the background thread
 # where fwd, bwd, opt, comm, xcomm sit in a queued step tuple (see _step_end)
 _STEP_GPU_FIELDS = ((FWD, 5), (BWD, 6), (OPT, 7), (COMM, 9), (XCOMM, 10))
 _perf = time.perf_counter
@@ -350,7 +358,10 @@ class Watcher:
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
         self.totals = Totals()
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
-        self._hold_lock = threading.Lock()
+        # taking queued records and sending them is one critical section (background thread, close());
+        # after close() sent the bye (_bye_sent) nothing else is sent
+        self._send_lock = threading.Lock()
+        self._bye_sent = False
         self.gpu_unsent = 0.0  # GPU seconds close() could not send (no step record left to carry them)
         self.gpu_wait_s = 0.0  # how long close() waited for the last GPU intervals
         # extension points
@@ -885,7 +896,7 @@ class Watcher:
                 cw = self._collective_waiting(now)
                 if cw is not None:
                     body["cw"] = cw
-            if body is not None:
+            if body is not None and not self._bye_sent:
                 self._transport.send(stack.fit(dict(self._base, t="stack", ts=time.time()), body))
         except Exception as e:
             self._hook_error("stack", e)
@@ -919,7 +930,9 @@ class Watcher:
         return items
 
     def _flush(self) -> None:
-        with self._hold_lock:  # close() takes the items under it: a record is held or taken, never lost
+        with self._send_lock:  # close() flushes under it too: a record is held, sent or taken, never lost
+            if self._bye_sent:
+                return
             items = self._take_items()
             if not items:
                 return
@@ -932,7 +945,7 @@ class Watcher:
                         if _perf() - items[i][2] < HOLD_SECONDS:
                             self._held = items.pop(i)
                         break
-        self._send_items(items)
+            self._send_items(items)
 
     def _send_items(self, items: List[tuple]) -> None:
         """Send queued records in order. Consecutive step records go out as "steps" records (up
@@ -1043,9 +1056,13 @@ class Watcher:
                    probe=round(max(0.0, now - self._last_progress), 6), herr=self.herr,
                    pdur=round(max(0.0, now - self._phase_t), 6), **self.totals.fields())
         try:
-            self._transport.send(protocol.encode(rec))
+            data = protocol.encode(rec)
         except (ValueError, TypeError) as e:
             self._hook_error("heartbeat encoding", e)
+            return
+        with self._send_lock:  # its totals cover the records sent before it; none after the bye
+            if not self._bye_sent:
+                self._transport.send(data)
 
     def _refresh_identity(self) -> None:
         ident = Identity.detect()
@@ -1079,18 +1096,21 @@ class Watcher:
 
     # ------------------------------------------------------------------ close
     def _last_gpu(self, items: List[tuple]) -> None:
-        """The GPU intervals of the last steps: wait for them (at most CLOSE_GPU_WAIT, polling
-        ``query()``, never synchronizing), then add what is resolved and not sent yet to the
+        """The GPU intervals of the last steps: wait for them (polling ``query()``, never
+        synchronizing; while they keep resolving, at most CLOSE_GPU_WAIT without progress and
+        CLOSE_GPU_MAX in all), then add what is resolved and not sent yet to the
         unsent step records ``items``, newest first, each field up to its step's duration (the
         carry-over rule of ``_step_end``); the rest on the newest one. Without any step record
         left (the background thread sent them: the watch ended more than HOLD_SECONDS after the
         last step) the seconds are counted in ``gpu_unsent``; intervals the GPU has not reached
-        after CLOSE_GPU_WAIT are dropped (counted in ``self._tl.dropped``) when close() releases them."""
+        when the wait ends are dropped (counted in ``self._tl.dropped``) when close() releases them."""
         tl = self._tl
         start = _perf()
+        cap = start + CLOSE_GPU_MAX
         deadline = start + CLOSE_GPU_WAIT
         while True:
-            tl.resolve(self._gpu_add)  # type: ignore[union-attr]
+            if tl.resolve(self._gpu_add):  # type: ignore[union-attr]  # the GPU is working through them
+                deadline = min(cap, _perf() + CLOSE_GPU_WAIT)
             if not tl.pending or _perf() >= deadline:  # type: ignore[union-attr]
                 break
             time.sleep(0.002)
@@ -1155,27 +1175,18 @@ class Watcher:
                 self._hook_error(f"close callback {getattr(fn, '__name__', fn)}", e)
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
-        tr = getattr(self, "_transport", None)
-        if tr is not None:
-            try:
-                if getattr(self, "_base", None) is not None:
-                    with self._hold_lock:  # _stop is set: the thread holds nothing back after this
-                        items = self._take_items()
-                    if self._tl is not None and not self._thread.is_alive():  # (else it may still send)
-                        try:
-                            self._last_gpu(items)
-                        except Exception as e:
-                            self._hook_error("close: last GPU intervals", e)
-                    self._send_items(items)
-                    if self._table is not None and self._table.durs:
-                        self._print_table()
-                    bye = protocol.encode(dict(self._base, t="bye", ts=time.time(), **self.totals.fields()))
-                    for _ in range(BYE_COPIES):  # the final totals: a lost bye would lose the last steps
-                        tr.send(bye)
-            except Exception as e:
-                self._hook_error("close", e)
-            tr.close()
+            self._thread.join(timeout=JOIN_SECONDS)
+        # The final flush and the bye under _send_lock: a send the thread is in the middle of (it
+        # may still be running after the join timed out) ends first, and it sends nothing after.
+        locked = self._send_lock.acquire(timeout=SEND_LOCK_WAIT)
+        if not locked:
+            self._hook_error("close: send lock", TimeoutError("background thread still sending"))
+        try:
+            self._final_flush()
+        finally:
+            self._bye_sent = True
+            if locked:
+                self._send_lock.release()
         try:
             atexit.unregister(self.close)
         except Exception:
@@ -1187,6 +1198,29 @@ class Watcher:
                 pass
         self._release_cuda()
         _forget(self)
+
+    def _final_flush(self) -> None:
+        """close(): every record not sent yet (with the last steps' GPU intervals), then the bye."""
+        tr = getattr(self, "_transport", None)
+        if tr is None:
+            return
+        try:
+            if getattr(self, "_base", None) is not None and not self._bye_sent:
+                items = self._take_items()
+                if self._tl is not None:
+                    try:
+                        self._last_gpu(items)
+                    except Exception as e:
+                        self._hook_error("close: last GPU intervals", e)
+                self._send_items(items)
+                if self._table is not None and self._table.durs:
+                    self._print_table()
+                bye = protocol.encode(dict(self._base, t="bye", ts=time.time(), **self.totals.fields()))
+                for _ in range(BYE_COPIES):  # the final totals: a lost bye would lose the last steps
+                    tr.send(bye)
+        except Exception as e:
+            self._hook_error("close", e)
+        tr.close()
 
     def _release_cuda(self) -> None:
         """Drop the CUDA events this watch still holds, so they are destroyed now, here, and never
