@@ -531,7 +531,7 @@ class Watcher:
         self._t_opt = t1
         self._b2o = t1 - t0
         if self._tl is not None:
-            self._ev_opt = self._tl.mark()
+            self._ev_opt = self._tl.mark(True)
 
     # ------------------------------------------------------------------ errors, phase
     def _hook_error(self, where: str, exc: BaseException) -> None:
@@ -573,7 +573,7 @@ class Watcher:
             if self._ddp_stats is not None:
                 self._ddp_stats.on_forward()
             if self._tl is not None:
-                self._ev_fwd = self._tl.mark()
+                self._ev_fwd = self._tl.mark(True)
         except Exception as e:
             self._hook_error("forward pre-hook", e)
         return None
@@ -588,7 +588,7 @@ class Watcher:
             self._phase = "other"
             self._phase_t = t
             if self._tl is not None:
-                self._tl.push(FWD, self._ev_fwd, self._tl.mark())
+                self._tl.push(FWD, self._ev_fwd, self._tl.mark(True))
         except Exception as e:
             self._hook_error("forward hook", e)
         return None
@@ -605,7 +605,7 @@ class Watcher:
                 w._t_bwd = t0
                 w._phase = "backward"
                 w._phase_t = t0
-                ev0 = w._tl.mark() if w._tl is not None else None
+                ev0 = w._tl.mark(True) if w._tl is not None else None
             except Exception as e:
                 w._in_bwd = w.comm.in_backward = False
                 w._hook_error("backward start", e)
@@ -644,7 +644,7 @@ class Watcher:
         self._phase_t = t1
         tl = self._tl
         if tl is not None:
-            e1 = tl.mark()
+            e1 = tl.mark(True)
             tl.push(BWD, ev0, lev if lev is not None else e1)
             if lev is not None:
                 tl.push(XCOMM, lev, e1)
@@ -664,7 +664,7 @@ class Watcher:
             self._phase = "optimizer"
             self._phase_t = t
             if self._tl is not None:
-                self._ev_opt = self._tl.mark()
+                self._ev_opt = self._tl.mark(True)
         except Exception as e:
             self._hook_error("optimizer pre-hook", e)
         return None
@@ -678,7 +678,7 @@ class Watcher:
                 self._opt += t - self._t_opt
                 self._t_opt = None
                 if self._tl is not None:
-                    self._tl.push(OPT, self._ev_opt, self._tl.mark())
+                    self._tl.push(OPT, self._ev_opt, self._tl.mark(True))
             self._step_boundary(t)
         except Exception as e:
             self._hook_error("optimizer post-hook", e)
