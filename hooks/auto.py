@@ -236,7 +236,7 @@ class Discovery:
         self.w._attach_model(best)
         self._lints_model()
 
-    # ------------------------------------------------------------------ the lints (hooks/lints.py)
+    # ------------------------------------------------------------------ the lints (hooks/lints/)
     # The lints look at the loader and the model when watch() starts; with discovery they arrive
     # later, so the watch-time checks run when each is found.
     def _lints_loader(self, loader: Any) -> None:

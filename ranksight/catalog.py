@@ -254,3 +254,22 @@ BADPUT_OVERLAP = _m("badput_overlap_seconds_total", "counter", "seconds", R + ("
                     "The part of wasted_progress and stalled badput that also lies in an in-step counter, by that "
                     "counter: category=productive (step minus waits)|data_wait|exposed_comm. The goodput rules "
                     "subtract it so that no second counts twice.")
+
+# ---------------------------------------------------------------- label values: the hooks' lints and stall reasons
+# lint{} of ranksight_lint_active: one module per id in ranksight.hooks.lints (the triage table's
+# LINTS describes each); reason{} of ranksight_rank_stalled (the agent decides which).
+LINT_IO_AMPLIFICATION = "io_amplification"
+LINT_SAMPLER_EPOCH = "sampler_epoch"
+LINT_RANK_DISAGREEMENT = "rank_disagreement"
+LINT_DATALOADER_WORKERS_RSS = "dataloader_workers_rss"
+LINT_NUMA_BINDING = "numa_binding"
+LINT_UNEVEN_LAST_BATCH = "uneven_last_batch"
+LINT_INCOMPLETE_CHECKPOINT = "incomplete_checkpoint"
+LINT_GLOBAL_BATCH_LR = "global_batch_lr"
+LINT_DISK_HEADROOM = "disk_headroom"
+LINT_IDS: Tuple[str, ...] = (LINT_IO_AMPLIFICATION, LINT_SAMPLER_EPOCH, LINT_RANK_DISAGREEMENT,
+                             LINT_DATALOADER_WORKERS_RSS, LINT_NUMA_BINDING, LINT_UNEVEN_LAST_BATCH,
+                             LINT_INCOMPLETE_CHECKPOINT, LINT_GLOBAL_BATCH_LR, LINT_DISK_HEADROOM)
+STALL_NO_PROGRESS = "no_progress"
+STALL_WAITING_IN_COLLECTIVE = "waiting_in_collective"
+STALL_REASONS: Tuple[str, ...] = (STALL_NO_PROGRESS, STALL_WAITING_IN_COLLECTIVE)
