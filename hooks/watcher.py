@@ -53,7 +53,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import torch
@@ -62,6 +62,7 @@ from ranksight import config as rs_config
 from ranksight import protocol
 
 from . import forksafe, selfcheck, stack
+from . import settings as hook_settings
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
@@ -124,6 +125,9 @@ def _gpu_uuid(device: Any) -> str:
 # ------------------------------------------------------------------------------ settings
 @dataclass(frozen=True)
 class Settings:
+    """The ``hooks`` config section, typed; built by ``load_settings`` from ``ranksight.config``
+    (its defaults and validation), so no default is written here."""
+
     agent: Address
     heartbeat_seconds: float
     table_every_steps: int
@@ -132,53 +136,26 @@ class Settings:
     patch_torch_save: bool
     checkpoint_dir: str
     log_dir: str
-    ddp_stats_every: int = 20
-    table_min_seconds: float = 0.0
-    table_share_move: float = 0.0
-    stack_after_seconds: float = 15.0  # no progress this long: send the main thread's stack (hooks/stack.py)
-    stack_every_seconds: float = 5.0
+    ddp_stats_every: int
+    table_min_seconds: float
+    table_share_move: float
+    stack_after_seconds: float  # no progress this long: send the main thread's stack (hooks/stack.py)
+    stack_every_seconds: float
 
 
 def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
     """The hooks section of the config (``RANKSIGHT_CONFIG``, ``RANKSIGHT__hooks__*``) and
     ``RANKSIGHT_AGENT``. A bad value never reaches the training loop: one log line, defaults."""
     defaults = rs_config.defaults()["hooks"]
-    if isinstance(config, dict):
-        hooks = dict(defaults)
-        hooks.update(config.get("hooks", {}))
-    else:
-        try:
-            hooks = rs_config.load(config)["hooks"]
-        except rs_config.ConfigError as e:
-            log.warning("ranksight: %s; the hooks use the built-in defaults", e)
-            hooks = defaults
-        except Exception as e:  # never let config trouble stop training
-            log.warning("ranksight: cannot load the config (%s); the hooks use the built-in defaults", e)
-            hooks = defaults
-    checked: Dict[str, Any] = {}
-    for k, d in defaults.items():
-        try:
-            checked[k] = rs_config.validate("hooks", k, hooks.get(k, d))
-        except rs_config.ConfigError as e:
-            log.warning("ranksight: %s; using the default %r", e, d)
-            checked[k] = d
+    checked = hook_settings.sections(config, ("hooks",))["hooks"]
     spec = agent if agent is not None else os.environ.get("RANKSIGHT_AGENT") or checked["agent"]
     try:
         addr = parse_address(spec)
     except ValueError as e:
         log.warning("ranksight: %s; sending to the default %s", e, defaults["agent"])
         addr = parse_address(defaults["agent"])
-    return Settings(agent=addr, heartbeat_seconds=float(checked["heartbeat_seconds"]),
-                    table_every_steps=int(checked["table_every_steps"]),
-                    table_every_seconds=float(checked["table_every_seconds"]),
-                    table_min_seconds=float(checked["table_min_seconds"]),
-                    table_share_move=float(checked["table_share_move"]),
-                    max_pending_events=int(checked["max_pending_events"]),
-                    ddp_stats_every=int(checked["ddp_stats_every"]),
-                    patch_torch_save=bool(checked["patch_torch_save"]),
-                    checkpoint_dir=str(checked["checkpoint_dir"]), log_dir=str(checked["log_dir"]),
-                    stack_after_seconds=float(checked["stack_after_seconds"]),
-                    stack_every_seconds=float(checked["stack_every_seconds"]))
+    kw = {f.name: type(defaults[f.name])(checked[f.name]) for f in fields(Settings) if f.name != "agent"}
+    return Settings(agent=addr, **kw)
 
 
 # ------------------------------------------------------------------------------ loader

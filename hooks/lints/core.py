@@ -14,9 +14,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import torch
 
 from ranksight import catalog as C
-from ranksight import config as rs_config
 from ranksight import protocol, triage
 
+from .. import settings as hook_settings
 from .facts import LoaderFacts, loader_facts
 
 log = logging.getLogger("ranksight.hooks.lints")
@@ -79,32 +79,12 @@ def load_settings(config: Any = None) -> LintSettings:
     """The ``lints`` switches and the two lint thresholds, from the same config the watcher used
     (a path, a dict with sections, or None: ``RANKSIGHT_CONFIG`` and ``RANKSIGHT__lints__*``).
     A bad value never stops training: one log line and the default."""
-    d = rs_config.defaults()
-    if isinstance(config, Mapping):
-        lints = dict(d["lints"])
-        lints.update(config.get("lints") or {})
-        thr = dict(d["thresholds"])
-        thr.update(config.get("thresholds") or {})
-    else:
-        try:
-            cfg = rs_config.load(config)
-            lints, thr = dict(cfg["lints"]), dict(cfg["thresholds"])
-        except Exception as e:  # the watcher already logged a bad config
-            log.debug("ranksight: lints use the built-in defaults (%s)", e)
-            lints, thr = d["lints"], d["thresholds"]
-
-    def checked(section: str, key: str, value: Any) -> Any:
-        try:
-            return rs_config.validate(section, key, value)
-        except rs_config.ConfigError as e:
-            log.warning("ranksight: %s; using the default %r", e, d[section][key])
-            return d[section][key]
-
-    enabled = {k: bool(checked("lints", k, lints.get(k, True))) for k in d["lints"]}
-    return LintSettings(enabled=enabled,
-                        workers_host_mem_share=float(checked("thresholds", "lint_workers_host_mem_share",
-                                                             thr.get("lint_workers_host_mem_share"))),
-                        min_free_bytes=float(checked("thresholds", "lint_min_free_bytes", thr.get("lint_min_free_bytes"))))
+    got = hook_settings.sections(config, ("lints", "thresholds"), who="lints", quiet_load=True,  # the watcher warned
+                                 keys={"thresholds": ("lint_workers_host_mem_share", "lint_min_free_bytes")})
+    thr = got["thresholds"]
+    return LintSettings(enabled={k: bool(v) for k, v in got["lints"].items()},
+                        workers_host_mem_share=float(thr["lint_workers_host_mem_share"]),
+                        min_free_bytes=float(thr["lint_min_free_bytes"]))
 
 
 class StoreGone(Exception):
