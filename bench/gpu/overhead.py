@@ -158,7 +158,8 @@ def host_breakdown(b: "Bench", model: Any, opt: Any, x: Any) -> Dict[str, Any]:
     from ranksight.hooks import timing as tmod
     from ranksight.hooks import watcher as wmod
 
-    hook_methods = sorted(n for n, v in vars(wmod.Watcher).items() if callable(v) and n.startswith(HOOK_PREFIXES))
+    hook_methods = sorted(n for n in dir(wmod.Watcher)
+                          if n.startswith(HOOK_PREFIXES) and callable(getattr(wmod.Watcher, n)))
     targets = [(wmod.Watcher, n) for n in hook_methods + ["_step_end", "_arm_backward"]]
     targets += [(wmod._TimedIter, "__next__"), (tmod.CudaTimeline, "mark"), (tmod.CudaTimeline, "resolve")]
     acc: Dict[str, List[float]] = {}
@@ -178,17 +179,20 @@ def host_breakdown(b: "Bench", model: Any, opt: Any, x: Any) -> Dict[str, Any]:
 
         return timed
 
-    for cls, name in targets:
-        orig = cls.__dict__.get(name)
+    for cls, name in targets:  # (Watcher's hooks come from its mixins: patched on Watcher, removed after)
+        orig = getattr(cls, name, None)
         if orig is None:
             continue
-        saved.append((cls, name, orig))
+        saved.append((cls, name, cls.__dict__.get(name)))
         setattr(cls, name, wrap(orig, f"{cls.__name__}.{name}"))
     try:
         r = b.one_run(model, opt, x, True, "async")
     finally:
-        for cls, name, orig in saved:
-            setattr(cls, name, orig)
+        for cls, name, own in saved:
+            if own is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, own)
     n = b.warm + b.steps
     mk = acc.get("CudaTimeline.mark")
     per = {k: {"us_per_step": v[0] / n * 1e6, "calls_per_step": v[1] / n} for k, v in sorted(acc.items())}
