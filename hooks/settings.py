@@ -4,9 +4,13 @@ loop: one log line, and the default."""
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ranksight import config as rs_config
+
+from .transport import Address, parse_address
 
 log = logging.getLogger("ranksight.hooks")
 
@@ -44,3 +48,38 @@ def sections(config: Any, names: Sequence[str], *, who: str = "the hooks", quiet
                 sec[k] = dv
         out[n] = sec
     return out
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ``hooks`` config section, typed; built by ``load_settings`` from ``ranksight.config``
+    (its defaults and validation), so no default is written here."""
+
+    agent: Address
+    heartbeat_seconds: float
+    table_every_steps: int
+    table_every_seconds: float
+    max_pending_events: int
+    patch_torch_save: bool
+    checkpoint_dir: str
+    log_dir: str
+    ddp_stats_every: int
+    table_min_seconds: float
+    table_share_move: float
+    stack_after_seconds: float  # no progress this long: send the main thread's stack (hooks/stack.py)
+    stack_every_seconds: float
+
+
+def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
+    """The hooks section of the config (``RANKSIGHT_CONFIG``, ``RANKSIGHT__hooks__*``) and
+    ``RANKSIGHT_AGENT``. A bad value never reaches the training loop: one log line, defaults."""
+    defaults = rs_config.defaults()["hooks"]
+    checked = sections(config, ("hooks",))["hooks"]
+    spec = agent if agent is not None else os.environ.get("RANKSIGHT_AGENT") or checked["agent"]
+    try:
+        addr = parse_address(spec)
+    except ValueError as e:
+        log.warning("ranksight: %s; sending to the default %s", e, defaults["agent"])
+        addr = parse_address(defaults["agent"])
+    kw = {f.name: type(defaults[f.name])(checked[f.name]) for f in fields(Settings) if f.name != "agent"}
+    return Settings(agent=addr, **kw)

@@ -57,23 +57,20 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
 from typing import Any, Callable, Deque, Dict, List, Optional
 
 import torch
 
-from ranksight import config as rs_config
 from ranksight import protocol
 
 from . import forksafe
-from . import settings as hook_settings
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
 from .patch import Patcher
 from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline
 from .totals import Totals
-from .transport import Address, parse_address
+from .settings import Settings, load_settings  # noqa: F401 (public here)
 from .sender import STEPS_COLUMNS, STEPS_PER_RECORD, TICK_SECONDS, Background, enc_fields  # noqa: F401 (public here)
 from .steppath import QUEUE_CAP, StepPath, WatchedLoader, _TimedIter, timed_next  # noqa: F401 (public here)
 
@@ -87,42 +84,6 @@ SEND_LOCK_WAIT = 5.0  # close() waits this long for a send in progress on the ba
 # where fwd, bwd, opt, comm, xcomm sit in a queued step tuple (see _step_end)
 _STEP_GPU_FIELDS = ((FWD, 5), (BWD, 6), (OPT, 7), (COMM, 9), (XCOMM, 10))
 _perf = time.perf_counter
-
-
-# ------------------------------------------------------------------------------ settings
-@dataclass(frozen=True)
-class Settings:
-    """The ``hooks`` config section, typed; built by ``load_settings`` from ``ranksight.config``
-    (its defaults and validation), so no default is written here."""
-
-    agent: Address
-    heartbeat_seconds: float
-    table_every_steps: int
-    table_every_seconds: float
-    max_pending_events: int
-    patch_torch_save: bool
-    checkpoint_dir: str
-    log_dir: str
-    ddp_stats_every: int
-    table_min_seconds: float
-    table_share_move: float
-    stack_after_seconds: float  # no progress this long: send the main thread's stack (hooks/stack.py)
-    stack_every_seconds: float
-
-
-def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
-    """The hooks section of the config (``RANKSIGHT_CONFIG``, ``RANKSIGHT__hooks__*``) and
-    ``RANKSIGHT_AGENT``. A bad value never reaches the training loop: one log line, defaults."""
-    defaults = rs_config.defaults()["hooks"]
-    checked = hook_settings.sections(config, ("hooks",))["hooks"]
-    spec = agent if agent is not None else os.environ.get("RANKSIGHT_AGENT") or checked["agent"]
-    try:
-        addr = parse_address(spec)
-    except ValueError as e:
-        log.warning("ranksight: %s; sending to the default %s", e, defaults["agent"])
-        addr = parse_address(defaults["agent"])
-    kw = {f.name: type(defaults[f.name])(checked[f.name]) for f in fields(Settings) if f.name != "agent"}
-    return Settings(agent=addr, **kw)
 
 
 def _first_param_device(model: Any) -> Optional[torch.device]:
