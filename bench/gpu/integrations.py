@@ -377,6 +377,7 @@ def _spread(xs: List[float]) -> Dict[str, float]:
 
 def overhead_case(fw: str, spec: Spec, steps: int, pairs: int, out_dir: str) -> Dict[str, Any]:
     run = BENCH[fw]
+    began = time.monotonic()
     res: Dict[str, Any] = {"spec": spec.as_dict(), "steps": steps, "timed_steps": steps - 5, "pairs_n": pairs}
     # one untimed run of each arm (CUDA, cuBLAS and the frameworks warm up); on CUDA it also counts
     # the framework's syncs per step after WARM steps: no step may wait on the host
@@ -414,10 +415,12 @@ def overhead_case(fw: str, spec: Spec, steps: int, pairs: int, out_dir: str) -> 
     res.update({"pairs": rows, "ratios": ratios, "median_ratio": sp["median"], "iqr": [sp["q1"], sp["q3"]],
                 "min_ratio": sp["min"], "max_ratio": sp["max"], "ratio_of_medians": watched / plain,
                 "plain_ms_median": plain * 1e3, "watched_ms_median": watched * 1e3,
-                "plain_ms_spread": {k: v * 1e3 for k, v in _spread([r["plain"] for r in rows]).items()}})
+                "plain_ms_spread": {k: v * 1e3 for k, v in _spread([r["plain"] for r in rows]).items()},
+                "elapsed_s": time.monotonic() - began})
     print(f"{fw}: plain {plain * 1e3:.2f} ms/step, watched {watched * 1e3:.2f} ms/step (medians); ratio watched/plain "
           f"median {sp['median']:.4f}, IQR {sp['q1']:.4f}-{sp['q3']:.4f}, min {sp['min']:.4f}, max {sp['max']:.4f}, "
-          f"ratio of medians {watched / plain:.4f}, over {pairs} interleaved pairs of {steps - 5} timed steps")
+          f"ratio of medians {watched / plain:.4f}, over {pairs} interleaved pairs of {steps - 5} timed steps "
+          f"({res['elapsed_s']:.0f} s)")
     return res
 
 
