@@ -159,7 +159,7 @@ class Watcher(StepPath, Background):
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
         # taking queued records and sending them is one critical section (background thread, close());
         # after close() sent the bye (_bye_sent) nothing else is sent
-        self._send_lock = threading.Lock()
+        self._send_lock = threading.RLock()  # (close() may run on the background thread itself)
         self._bye_sent = False
         self.gpu_unsent = 0.0  # GPU seconds close() could not send (no step record left to carry them)
         self.gpu_wait_s = 0.0  # how long close() waited for the last GPU intervals
