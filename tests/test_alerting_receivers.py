@@ -33,7 +33,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from ranksight import config, triage
-from ranksight.tools.stack import free_port, wait_until
+from ranksight.tools.plumbing import free_port, wait_until
 from test_triage_cli import RankPlay, Sender  # the ranks' datagram player (real protocol-v1 records)
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from ranksight import catalog, config, protocol, triage
-from ranksight.tools.stack import PrometheusAPI, Proc, find_binary, free_port, wait_until
+from ranksight.tools.plumbing import PrometheusAPI, Proc, free_port, wait_until
+from ranksight.tools.stack import find_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "prometheus-remote-write.yml"
