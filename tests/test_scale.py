@@ -16,7 +16,10 @@ import pytest
 import yaml
 
 from ranksight import catalog as C
-from ranksight import config, scale, triage, triage_goodput
+from ranksight import config, triage, triage_goodput
+from ranksight.bench import load
+
+scale = load("scale")
 
 ROOT = Path(__file__).resolve().parents[1]
 LINE = re.compile(r'^([a-zA-Z_:][\w:]*)\{(.*)\} (\S+) (\d+)$')
