@@ -240,9 +240,9 @@ def draw(ax: Any, d: Drawn, t0: float) -> None:
 
 
 def dgen_abnormal(p: Panel) -> bool:
-    """The panel draws only abnormal series (dashboards/build.py ABNORMAL): empty means all is well."""
+    """The panel draws only abnormal series (dashboards/panels.py ABNORMAL): empty means all is well."""
     try:
-        from ranksight.dashboards.build import ABNORMAL
+        from ranksight.dashboards.panels import ABNORMAL
     except ImportError:  # no SDK: the committed JSON was read; say nothing more
         return False
     return ABNORMAL in p.description
