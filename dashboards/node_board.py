@@ -21,7 +21,7 @@ RDMA_CONGESTION_NAMED = ("port_xmit_wait", "np_cnp_sent", "rp_cnp_handled")
 def node_board(cfg: Mapping[str, Any]) -> Board:
     R = triage.REC
     t = cfg["thresholds"]
-    by = triage.by_alert(cfg)
+    by = {e.id: e for e in triage.table(cfg)}  # triage entries by id
     b = Board("ranksight-node", "ranksight / Node",
               "Per-node view: the GPU utilization waveform, GPU health, PCIe, network, RDMA and disk of the "
               f"selected nodes, from the ranksight agent. Across many nodes each panel draws the {K} worst GPUs, "
@@ -32,7 +32,7 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
     slow = cfg["durations"]["slow_rule_interval"]  # evaluation interval of the node-counter rules
     util = lambda s: sel(C.GPU_UTILIZATION, f'stat="{s}"')  # noqa: E731
     rows = b.row("GPU utilization waveform")
-    saw = by["RanksightGpuSawtooth"]
+    saw = by["gpu-sawtooth"]
     rows += [
         ts(b.lay, "GPU utilization band (min / mean / max)",
            "Across the selected GPUs: the lowest window minimum, the mean and the highest window maximum of the "
@@ -109,7 +109,7 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            "link lost lanes: reseat the GPU (RanksightGpuPcieDegraded).", "short",
            [Q(below_max(C.GPU_PCIE_WIDTH), gpu + " {{state}}")], abnormal=True),
     ]
-    ret = by["RanksightTcpRetransmits"]
+    ret = by["tcp-retransmits"]
     rows = b.row("Network")
     rows += [
         ts(b.lay, "TCP retransmit ratio", signal_description(ret, worst("nodes", "highest ratio", nodes)),
@@ -160,7 +160,7 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            "trained down. " + worst("ports", "lowest rate", one_node("ports")), "Bps",
            [Q(bottom(sel(C.RDMA_PORT_RATE)), "{{node}} {{device}}/{{port}}")], w=8),
     ]
-    disk = by["RanksightDiskFilling"]
+    disk = by["disk-filling"]
     rows = b.row("Disk")
     rows += [
         ts(b.lay, "Disk free", "Free bytes of each watched path (tmp, log and checkpoint directories). If "

@@ -13,7 +13,7 @@ from .panels import (Board, K, Q, Threshold, bottom, heatmap_panel, rate, sel, s
 def ranks_board(cfg: Mapping[str, Any]) -> Board:
     R = triage.REC
     t = cfg["thresholds"]
-    by = triage.by_alert(cfg)
+    by = {e.id: e for e in triage.table(cfg)}  # triage entries by id
     b = Board("ranksight-ranks", "ranksight / Ranks",
               "Per-rank view: spot the straggler. Under synchronous data parallel every rank's step time is the "
               "same; the slow rank shows as high busy time per step, the others as collective wait. At thousands "
@@ -63,7 +63,7 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
                              ("Value #G", "comm share", "percentunit"), ("Value #H", "checkpoint share", "percentunit")],
                     hide=("Time", "instance", "local_rank"), sort="straggler ratio", w=24, h=10),
     ]
-    straggler = by["RanksightStraggler"]
+    straggler = by["straggler"]
     rows = b.row("Stragglers")
     rows += [
         ts(b.lay, "Straggler ratio",
@@ -99,12 +99,12 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
            [Q(low_min, who + " min"), Q(f"{gpu_max} and on (job, rank) {low_min}", who + " max")], w=12),
     ]
     rows = b.row("Shares of step time by rank")
-    for key, alert, title in (("data_share", "RanksightDataloaderBound", "Dataloader wait share"),
-                              ("comm_share", "RanksightCommBound", "Communication share"),
+    for key, entry, title in (("data_share", "dataloader-bound", "Dataloader wait share"),
+                              ("comm_share", "comm-bound", "Communication share"),
                               ("xcomm_share", None, "Exposed communication share"),
-                              ("ckpt_share", "RanksightCheckpointSlow", "Checkpoint share of wall time")):
-        if alert:
-            e = by[alert]
+                              ("ckpt_share", "checkpoint-slow", "Checkpoint share of wall time")):
+        if entry:
+            e = by[entry]
             rows.append(ts(b.lay, title, signal_description(e, worst("ranks")), "percentunit",
                            [Q(top(sel(R[key])), who)], threshold=Threshold(e.threshold, e.op), w=6))
         else:
@@ -113,7 +113,7 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
                            "high on all ranks but one, that one is the straggler; if high everywhere, look at the "
                            "network (retransmits, link speed). " + worst("ranks"), "percentunit",
                            [Q(top(sel(R[key])), who)], w=6))
-    alloc = by["RanksightCudaAllocRetries"]
+    alloc = by["cuda-alloc-retries"]
     rows = b.row("Memory, allocator and hooks")
     rows += [
         ts(b.lay, "CUDA allocator retries per minute",
