@@ -1,4 +1,4 @@
-"""Issue 10: every multi-GPU run, launched with torchrun on this machine's GPUs, checked, summarized.
+"""Every multi-GPU run, launched with torchrun on this machine's GPUs, checked, summarized.
 
     python3 bench/multigpu/orchestrate.py --out DIR [--gpus N] [--only comm,fr,straggler,hang,overhead]
 

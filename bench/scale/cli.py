@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step", type=_duration_arg, default=15, help="scrape interval and query step (default 15s)")
     p.add_argument("--design", choices=DESIGNS, default="as-is",
                    help="as-is: the series the agent exposes today; all-series: every RDMA counter "
-                        "file and a 0/1 series per lint (the first scale run's agent)")
+                        "file and a 0/1 series per lint checked (agent.rdma_counters: all)")
     p.add_argument("--repeat", type=_pos_int, default=3, help="rounds of every query; the median is reported (default 3)")
     p.add_argument("--parts", type=int, default=0, help="node slices backfilled as separate blocks (default: 64 nodes each)")
     p.add_argument("--jobs", type=_pos_int, default=2, help="promtool processes at once (default 2)")

@@ -313,7 +313,7 @@ class Bench:
         # started once the data's last sample is in the past, so every rule result is an in-order
         # head append (a TSDB whose blocks reach past now takes rule results only as out-of-order
         # samples, and reading recorded series back from the out-of-order head is several times
-        # slower than from the in-order head a real server has: round 3 measured that, not the rules)
+        # slower than from the in-order head a real server has: it would time that, not the rules)
         if o.reuse:
             self.result["rules_warning"] = "--reuse: the kept data is in the past; live rule timing needs a fresh run"
         else:

@@ -77,8 +77,8 @@ DESIGNS = ("as-is", "all-series")
 
 def shape_for(design: str, gpus: int, ranks_per_node: int) -> Shape:
     """as-is: what the agent exposes today (agent.rdma_counters: curated, lint_active only while a
-    lint applies); all-series: every RDMA counter file and a 0/1 series per lint checked, the
-    1,747 series per node the first scale run measured."""
+    lint applies); all-series: every RDMA counter file (agent.rdma_counters: all) and a 0/1 series
+    per lint checked, 1,747 series per node."""
     if design == "as-is":
         return Shape(gpus=gpus, ranks_per_node=ranks_per_node)
     if design == "all-series":
