@@ -4,7 +4,8 @@ Ports
     ``free_port(udp=False) -> int``: a port free on 127.0.0.1 now (bind port 0).
     ``port_in_use(port, host) -> bool``: a TCP listener could not bind host:port.
 Waiting
-    ``wait_until(predicate, timeout, interval) -> value | None``: poll until truthy.
+    ``wait_until(predicate, timeout, interval) -> value | None``: poll until truthy;
+    ``wait_for(predicate, timeout, what)`` raises TimeoutError naming ``what`` instead of None.
     ``wait_http(url, timeout, popen) -> (ok, exit code)``: poll a server until it answers or exits.
 Processes
     ``pdeathsig(sig)``: a ``preexec_fn`` that has the child get ``sig`` when its parent dies
@@ -64,20 +65,34 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.2) -> Optional[T]:
-    """Poll predicate until it returns something truthy (returned) or timeout (None).
-    Exceptions from the predicate count as 'not yet'."""
+def _poll(predicate: Callable[[], T], timeout: float, interval: float) -> Tuple[Optional[T], Optional[BaseException]]:
     deadline = time.monotonic() + timeout
+    last: Optional[BaseException] = None
     while True:
         try:
             v = predicate()
             if v:
-                return v
-        except Exception:  # noqa: BLE001 - not ready yet (connection refused, bad JSON...)
-            pass
+                return v, None
+        except Exception as e:  # noqa: BLE001 - not ready yet (connection refused, bad JSON, no series...)
+            last = e
         if time.monotonic() >= deadline:
-            return None
+            return None, last
         time.sleep(interval)
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.2) -> Optional[T]:
+    """Poll predicate until it returns something truthy (returned) or timeout (None).
+    Exceptions from the predicate count as 'not yet'."""
+    return _poll(predicate, timeout, interval)[0]
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
+    """wait_until that fails: TimeoutError naming ``what`` (and the predicate's last error)."""
+    v, last = _poll(predicate, timeout, interval)
+    if not v:
+        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}"
+                           + (f" (last error: {last})" if last else ""))
+    return v
 
 
 def wait_http(url: str, timeout: float, popen: Optional[subprocess.Popen] = None,
@@ -154,10 +169,11 @@ def last_line(path: Path, default: str = "") -> str:
 
 
 def spawn(argv: Sequence[str], log_path: Path, *, daemon: bool = False, nice: int = 0,
-          deathsig: int = signal.SIGTERM, env: Optional[Mapping[str, str]] = None) -> subprocess.Popen:
+          deathsig: int = signal.SIGTERM, env: Optional[Mapping[str, str]] = None,
+          cwd: Optional[os.PathLike] = None) -> subprocess.Popen:
     """Start a server process: stdin closed, stdout and stderr appended to log_path, its own
-    session; unless ``daemon``, it gets ``deathsig`` when its parent dies. ``nice`` is added
-    to its niceness."""
+    session (and process group); unless ``daemon``, it gets ``deathsig`` when its parent dies.
+    ``nice`` is added to its niceness."""
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     death = None if daemon else pdeathsig(deathsig)
 
@@ -169,20 +185,37 @@ def spawn(argv: Sequence[str], log_path: Path, *, daemon: bool = False, nice: in
 
     with open(log_path, "ab") as logf:
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=dict(env) if env is not None else None, close_fds=True,
-                                preexec_fn=preexec if (nice or death is not None) else None)
+                                start_new_session=True, env=dict(env) if env is not None else None, cwd=cwd,
+                                close_fds=True, preexec_fn=preexec if (nice or death is not None) else None)
 
 
-def stop_process(popen: subprocess.Popen, grace: float = STOP_GRACE_SECONDS, name: str = "") -> Optional[int]:
-    """SIGTERM, then SIGKILL after ``grace`` seconds; waits for it and returns its exit code."""
+def _signal(popen: subprocess.Popen, sig: int, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(popen.pid, sig)  # spawn() made the child a group leader
+        else:
+            popen.send_signal(sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_process(popen: subprocess.Popen, grace: float = STOP_GRACE_SECONDS, name: str = "",
+                 group: bool = False) -> Optional[int]:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; waits for it and returns its exit code.
+    ``group``: signal its whole process group (its workers and helpers too), and SIGKILL what of
+    the group is left once the leader has exited."""
     if popen.poll() is None:
-        popen.send_signal(signal.SIGTERM)
+        _signal(popen, signal.SIGTERM, group)
         try:
             popen.wait(grace)
         except subprocess.TimeoutExpired:
             log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", name or popen.args, popen.pid, grace)
-            popen.kill()
-            popen.wait()
+    if group or popen.poll() is None:
+        _signal(popen, signal.SIGKILL, group)
+    try:
+        popen.wait(5.0)
+    except subprocess.TimeoutExpired:
+        log.error("%s (pid %d) did not die", name or popen.args, popen.pid)
     return popen.returncode
 
 
