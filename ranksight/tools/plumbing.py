@@ -5,7 +5,7 @@ Ports
     ``port_in_use(port, host) -> bool``: a TCP listener could not bind host:port.
 Waiting
     ``wait_until(predicate, timeout, interval) -> value | None``: poll until truthy;
-    ``wait_for(predicate, timeout, what)`` raises TimeoutError naming ``what`` instead of None.
+    ``wait_for(predicate, timeout, what)`` raises WaitTimeout (an AssertionError) naming ``what``.
     ``wait_http(url, timeout, popen) -> (ok, exit code)``: poll a server until it answers or exits.
 Processes
     ``pdeathsig(sig)``: a ``preexec_fn`` that has the child get ``sig`` when its parent dies
@@ -86,11 +86,15 @@ def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.2
     return _poll(predicate, timeout, interval)[0]
 
 
+class WaitTimeout(AssertionError):
+    """wait_for gave up. An AssertionError: a test or benchmark check that waits fails as one."""
+
+
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.2) -> T:
-    """wait_until that fails: TimeoutError naming ``what`` (and the predicate's last error)."""
+    """wait_until that fails: WaitTimeout naming ``what`` (and the predicate's last error)."""
     v, last = _poll(predicate, timeout, interval)
     if not v:
-        raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}"
+        raise WaitTimeout(f"timed out after {timeout:.0f} s waiting for {what}"
                            + (f" (last error: {last})" if last else ""))
     return v
 
