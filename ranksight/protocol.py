@@ -117,6 +117,7 @@ from __future__ import annotations
 
 import json
 import math
+from operator import itemgetter
 from typing import Any, Dict, Optional
 
 from ranksight import catalog as C
@@ -218,6 +219,35 @@ def _parse(data: bytes) -> Any:
     return json.loads(data)
 
 
+# The "step" record's schema, compiled once into one function of straight-line checks (no loop,
+# no call per field): it takes a parsed record that has every step field, with the usual types
+# (floats for seconds, ints for counts), in range and nothing else, and then the parsed dict itself
+# is decode()'s result. Anything it does not take (a missing field, an int where a float is usual,
+# NaN, an extra key) goes through the field-by-field checks below, which accept or reject it, with
+# their reason, as always; so the fast path changes no verdict, only the cost of the common one.
+def _compile_step_check() -> Any:
+    names = STEP_SECONDS_FIELDS + STEP_COUNT_FIELDS
+    args = ", ".join(f"_{k}" for k in names)
+    checks = [f"type(_{k}) is float and 0.0 <= _{k} <= {MAX_SECONDS!r}" for k in STEP_SECONDS_FIELDS]
+    checks += [f"type(_{k}) is int and 0 <= _{k} <= {MAX_COUNT!r}" for k in STEP_COUNT_FIELDS]
+    src = (f"def _step_fast(rec, n, _get=_fields):\n"
+           f"    if len(rec) != n:\n        return False\n"
+           f"    try:\n        {args} = _get(rec)\n    except KeyError:\n        return False\n"
+           f"    if not (" + " and ".join(checks) + " and _seq >= 1):\n        return False\n"
+           f"    if _micro < 1:\n        rec['micro'] = 1\n"
+           f"    return True\n")
+    ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
+    exec(compile(src, "<ranksight.protocol step schema>", "exec"), ns)
+    return ns["_step_fast"]
+
+
+_step_fast = _compile_step_check()
+_IDENT = itemgetter("t", "job", "ws", "rank", "lr", "node", "pid", "ts")  # the identity fields in one lookup
+# keys of a "step" record with every field present: identity (with "v"), "sess" from v2 on, the step fields
+_STEP_KEYS = (0, 9 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS),
+              10 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS))
+
+
 def decode(data: bytes) -> Dict[str, Any]:
     """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError."""
     if len(data) > MAX_DATAGRAM:
@@ -232,8 +262,11 @@ def decode(data: bytes) -> Dict[str, Any]:
     if type(v) is not int or v not in ACCEPTED:
         raise ProtocolError("rejected", "version", version=v if type(v) in (int, str) else repr(v)[:32])
     get = rec.get
-    t, job, ws, rank, lr, node, pid, ts = (get("t"), get("job"), get("ws"), get("rank"), get("lr"), get("node"),
-                                           get("pid"), get("ts"))
+    try:
+        t, job, ws, rank, lr, node, pid, ts = _IDENT(rec)
+    except KeyError:  # a missing field: the checks below say which
+        t, job, ws, rank, lr, node, pid, ts = (get("t"), get("job"), get("ws"), get("rank"), get("lr"), get("node"),
+                                               get("pid"), get("ts"))
     # The common case in one expression; otherwise the field-by-field checks, which raise
     # with the reason (or accept what they accept, e.g. an integer ts).
     if not (type(t) is str and t in TYPES and type(job) is str and 0 < len(job) <= MAX_STR
@@ -250,6 +283,12 @@ def decode(data: bytes) -> Dict[str, Any]:
         node = _str(rec, "node")
         pid = _int(rec, "pid", 0, 1 << 31)
         ts = _secs(rec, "ts", 0.0, 1e11, default=None)
+    elif t == "step" and _step_fast(rec, _STEP_KEYS[v]):
+        if v == 1:
+            return rec
+        sess = get("sess")
+        if type(sess) is int and 0 <= sess <= MAX_COUNT:
+            return rec
     out: Dict[str, Any] = {"v": v, "t": t, "job": job, "ws": ws, "rank": rank, "lr": lr, "node": node, "pid": pid,
                            "ts": ts}
     if v >= 2:
