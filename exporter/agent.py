@@ -33,7 +33,9 @@ from .collectors.network import NetworkCollector
 from .collectors.rdma import RdmaCollector
 from .collectors.self import SelfCollector
 from .exposition import TextWriter
-from .ingest import Ingest, IngestError, Receiver, parse_address
+from ranksight.protocol import parse_address
+
+from .ingest import Ingest, IngestError, Receiver
 from .ranks import RANKS_API, RankSettings, RanksCollector, RankTable
 from .webconfig import Gate, WebConfig, WebConfigError
 
@@ -132,7 +134,7 @@ class Agent:
         enabled = set(s.collectors)
         try:
             if "ranks" in enabled:
-                self.receiver = Receiver(parse_address(s.ingest), self.ingest)
+                self.receiver = Receiver(parse_address(s.ingest, listen=True), self.ingest)
                 self.receiver.bind()
             self._bind_http()
         except (IngestError, ValueError) as e:  # WebConfigError is a ValueError

@@ -41,11 +41,9 @@ import stat
 import struct
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
-from urllib.parse import urlsplit
 
-from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, ProtocolError, decode
+from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, Address, ProtocolError, decode
 
 from .ranks import RankTable
 
@@ -70,39 +68,6 @@ CRED_SPACE = socket.CMSG_SPACE(_UCRED.size) if hasattr(socket, "CMSG_SPACE") els
 
 class IngestError(Exception):
     """Cannot bind the ingest socket; the message is the one line for the user."""
-
-
-@dataclass(frozen=True)
-class Address:
-    kind: str  # "udp" | "unix"
-    host: str = ""
-    port: int = 0
-    path: str = ""
-
-    def __str__(self) -> str:
-        if self.kind == "unix":
-            return f"unix://{self.path}"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"udp://{host}:{self.port}"
-
-
-def parse_address(s: str) -> Address:
-    """'udp://host:port' or 'unix:///abs/path'; raises ValueError with a clear message."""
-    u = urlsplit(s)
-    if u.scheme == "unix":
-        path = u.path if not u.netloc else "/" + u.netloc + u.path
-        if not path or not path.startswith("/"):
-            raise ValueError(f"ingest address {s!r}: expected unix:///absolute/path")
-        return Address("unix", path=path)
-    if u.scheme == "udp":
-        try:
-            port = u.port
-        except ValueError:
-            port = None
-        if not u.hostname or port is None:
-            raise ValueError(f"ingest address {s!r}: expected udp://host:port")
-        return Address("udp", host=u.hostname, port=port)
-    raise ValueError(f"ingest address {s!r}: expected udp://host:port or unix:///path")
 
 
 class Ingest:
