@@ -24,6 +24,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
+
+from ranksight import catalog as C
+from ranksight import config
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from .collectors import CollectorError, Family, PartialError
@@ -41,7 +44,7 @@ from .webconfig import Gate, WebConfig, WebConfigError
 
 log = logging.getLogger("ranksight.exporter")
 
-COLLECTORS = ("gpu", "network", "rdma", "disk", "ranks")
+COLLECTORS = C.COLLECTOR_NAMES
 CHECK_MIN_PERIOD = 0.02
 CHECK_MAX_PERIOD = 1.0
 
@@ -50,23 +53,27 @@ class AgentError(Exception):
     """The agent cannot start (port in use, bad address); the message is the one line."""
 
 
+_AGENT = config.defaults()["agent"]  # every default below is the config's (ranksight/config.py)
+_THRESHOLDS = config.defaults()["thresholds"]
+
+
 @dataclass
 class AgentSettings:
     node: str
-    listen: str = "0.0.0.0:9945"
-    ingest: str = "udp://127.0.0.1:9946"
-    procfs: str = "/proc"
-    sysfs: str = "/sys"
-    collectors: Tuple[str, ...] = COLLECTORS
-    watch_paths: List[str] = field(default_factory=list)
+    listen: str = _AGENT["listen"]
+    ingest: str = _AGENT["ingest"]
+    procfs: str = _AGENT["procfs"]
+    sysfs: str = _AGENT["sysfs"]
+    collectors: Tuple[str, ...] = tuple(c.strip() for c in _AGENT["collectors"].split(","))
+    watch_paths: List[str] = field(default_factory=lambda: list(_AGENT["watch_paths"]))
     ranks: RankSettings = field(default_factory=RankSettings)
-    gpu_poll_seconds: float = 1.0
-    gpu_window_seconds: float = 15.0
-    gpu_swing_high: float = 0.8
-    gpu_swing_low: float = 0.5
-    nic_include: str = ""
-    nic_exclude: str = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
-    rdma_counters: Union[str, List[str]] = "curated"  # agent.rdma_counters: curated | all | names
+    gpu_poll_seconds: float = _AGENT["gpu_poll_seconds"]
+    gpu_window_seconds: float = _AGENT["gpu_window_seconds"]
+    gpu_swing_high: float = _THRESHOLDS["gpu_swing_high"]
+    gpu_swing_low: float = _THRESHOLDS["gpu_swing_low"]
+    nic_include: str = _AGENT["nic_include"]
+    nic_exclude: str = _AGENT["nic_exclude"]
+    rdma_counters: Union[str, List[str]] = _AGENT["rdma_counters"]  # agent.rdma_counters: curated | all | names
     web_config: Optional[WebConfig] = None  # --web.config.file: TLS and basic auth; None: plain HTTP
 
 

@@ -44,7 +44,7 @@ log = logging.getLogger("ranksight.exporter.goodput")
 OFFSET = time.time() - time.monotonic()  # unix = monotonic + OFFSET (this host)
 STARTUP, WASTED, RECOVERY, STALLED = C.BADPUT_AGENT_CATEGORIES
 PRODUCTIVE, DATA, XCOMM = C.OVERLAP_CATEGORIES
-WAITING = "waiting_in_collective"  # exporter.ranks.WAITING (not imported: ranks imports this module)
+WAITING = C.STALL_WAITING
 
 
 class Ledger:

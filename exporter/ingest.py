@@ -43,13 +43,14 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
+from ranksight import catalog as C
 from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, Address, ProtocolError, decode
 
 from .ranks import RankTable
 
 log = logging.getLogger("ranksight.exporter.ingest")
 
-RESULTS = ("ok", "malformed", "oversize", "rejected", "overflow")
+RESULTS = C.INGEST_RESULTS
 RCVBUF_BYTES = 32 << 20
 IDLE_SLEEP_MIN = 0.005  # between drains, seconds: at high rates ...
 IDLE_SLEEP_MAX = 0.08  # ... and at low rates (a burst from idle then still fits the buffer)
@@ -82,7 +83,7 @@ class Ingest:
         self._versions_logged: set = set()  # unknown protocol versions already logged (bounded)
         self.owners: Dict[str, int] = {}  # job -> uid that speaks for it (unix socket only)
         self.max_owners = max(MAX_OWNERS, 2 * table.s.max_jobs)
-        self.forged: Dict[str, int] = dict.fromkeys(("pid", "job", "nocred"), 0)  # rejected by the checks
+        self.forged: Dict[str, int] = dict.fromkeys(C.INGEST_FORGED_REASONS, 0)  # rejected by the checks
         self._nspid: Dict[int, Tuple[float, Tuple[int, ...]]] = {}  # sender pid -> (read at, its pids)
         self._forged_logged: set = set()
 
@@ -102,7 +103,7 @@ class Ingest:
             why = self._forged(rec, ancdata) if ancdata is not None else ""
             if why:
                 self.forged[why] += 1
-                res = "rejected"
+                res = C.INGEST_REJECTED
                 if why not in self._forged_logged:  # once per kind: a forger must not flood the log
                     self._forged_logged.add(why)
                     log.warning("rejected a record for job %r rank %d: %s (counted as rejected; logged once)",
@@ -117,7 +118,7 @@ class Ingest:
                     if not self._bug_logged:
                         self._bug_logged = True
                         log.exception("datagram handling failed (dropped, counted as rejected; logged once)")
-                    res = "rejected"
+                    res = C.INGEST_REJECTED
         self.counts[res] += 1
         return res
 

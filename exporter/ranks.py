@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from ranksight import catalog as C
+from ranksight import config
 from ranksight import triage
 
 from . import goodput
@@ -49,14 +50,11 @@ from .collectors import Family, Labels, add, add_histogram, bucket_labels, famil
 
 log = logging.getLogger("ranksight.exporter.ranks")
 
-OK = "ok"
-REJECTED = "rejected"
-OVERFLOW = "overflow"
+OK, REJECTED, OVERFLOW = C.INGEST_OK, C.INGEST_REJECTED, C.INGEST_OVERFLOW
 
-NO_PROGRESS = "no_progress"
-WAITING = "waiting_in_collective"
+NO_PROGRESS, WAITING = C.STALL_NO_PROGRESS, C.STALL_WAITING
 BATCH_LR_LINT = "global_batch_lr"  # raised by the agent from the job's history, not by the sender
-STALL_REASONS = (NO_PROGRESS, WAITING)
+STALL_REASONS = C.STALL_REASONS
 RANKS_API = "/api/v1/ranks"  # the agent's JSON view of its ranks and their last stacks
 
 # A heartbeat is late by up to this share of its interval before a miss counts
@@ -66,16 +64,19 @@ MAX_WATCHED_DIRS = 64
 P99_REFRESH_SECONDS = 5.0
 
 
+_AGENT = config.defaults()["agent"]  # the defaults below are the config's (ranksight/config.py)
+
+
 @dataclass(frozen=True)
 class RankSettings:
-    max_ranks: int = 4096
-    max_jobs: int = 64
-    quantile_window_seconds: float = 300.0
-    rank_ttl_seconds: float = 900.0
-    rank_linger_seconds: float = 60.0
-    down_after_misses: int = 3
-    stall_min_seconds: float = 30.0
-    stall_p99_factor: float = 5.0
+    max_ranks: int = _AGENT["max_ranks"]
+    max_jobs: int = _AGENT["max_jobs"]
+    quantile_window_seconds: float = _AGENT["quantile_window_seconds"]
+    rank_ttl_seconds: float = _AGENT["rank_ttl_seconds"]
+    rank_linger_seconds: float = _AGENT["rank_linger_seconds"]
+    down_after_misses: int = _AGENT["down_after_misses"]
+    stall_min_seconds: float = _AGENT["stall_min_seconds"]
+    stall_p99_factor: float = _AGENT["stall_p99_factor"]
 
     @classmethod
     def from_config(cls, agent: Dict[str, object]) -> "RankSettings":

@@ -220,7 +220,7 @@ class ProtocolError(Exception):
 
     def __init__(self, result: str, why: str, version: Any = None):
         super().__init__(why)
-        self.result = result  # "malformed" | "oversize" | "rejected"
+        self.result = result  # catalog.INGEST_MALFORMED | INGEST_OVERSIZE | INGEST_REJECTED
         self.version = version  # set when the reason is an unknown protocol version
 
 
@@ -231,28 +231,28 @@ def encode(rec: Dict[str, Any]) -> bytes:
 def _str(rec: Dict[str, Any], k: str, limit: int = MAX_STR, choices=None) -> str:
     v = rec.get(k)
     if not isinstance(v, str) or len(v) > limit or (choices is not None and v not in choices):
-        raise ProtocolError("rejected", f"bad {k}")
+        raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return v
 
 
 def _int(rec: Dict[str, Any], k: str, lo: int, hi: int) -> int:
     v = rec.get(k)
     if type(v) is not int or not (lo <= v <= hi):
-        raise ProtocolError("rejected", f"bad {k}")
+        raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return v
 
 
 def _secs(rec: Dict[str, Any], k: str, lo: float = 0.0, hi: float = MAX_SECONDS, default: Optional[float] = 0.0) -> float:
     v = rec.get(k, default)
     if v is None or type(v) not in (int, float) or not math.isfinite(v) or not (lo <= v <= hi):
-        raise ProtocolError("rejected", f"bad {k}")
+        raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return float(v)
 
 
 def _bool(rec: Dict[str, Any], k: str) -> bool:
     v = rec.get(k)
     if type(v) is not bool:
-        raise ProtocolError("rejected", f"bad {k}")
+        raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return v
 
 
@@ -305,16 +305,16 @@ _STEP_KEYS = (0, 9 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS),
 def decode(data: bytes) -> Dict[str, Any]:
     """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError."""
     if len(data) > MAX_DATAGRAM:
-        raise ProtocolError("oversize", f"{len(data)} bytes")
+        raise ProtocolError(C.INGEST_OVERSIZE, f"{len(data)} bytes")
     try:
         rec = _parse(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ProtocolError("malformed", "not JSON") from None
+        raise ProtocolError(C.INGEST_MALFORMED, "not JSON") from None
     if not isinstance(rec, dict):
-        raise ProtocolError("malformed", "not an object")
+        raise ProtocolError(C.INGEST_MALFORMED, "not an object")
     v = rec.get("v")
     if type(v) is not int or v not in ACCEPTED:
-        raise ProtocolError("rejected", "version", version=v if type(v) in (int, str) else repr(v)[:32])
+        raise ProtocolError(C.INGEST_REJECTED, "version", version=v if type(v) in (int, str) else repr(v)[:32])
     get = rec.get
     try:
         t, job, ws, rank, lr, node, pid, ts = _IDENT(rec)
@@ -330,7 +330,7 @@ def decode(data: bytes) -> Dict[str, Any]:
         t = _str(rec, "t", choices=TYPES)
         job = _str(rec, "job")
         if not job:
-            raise ProtocolError("rejected", "empty job")
+            raise ProtocolError(C.INGEST_REJECTED, "empty job")
         ws = _int(rec, "ws", 1, MAX_WORLD)
         rank = _int(rec, "rank", 0, ws - 1)
         lr = _int(rec, "lr", 0, 4095)
@@ -360,10 +360,10 @@ def decode(data: bytes) -> Dict[str, Any]:
         if out["micro"] < 1:
             out["micro"] = 1
         if out["seq"] < 1:
-            raise ProtocolError("rejected", "bad seq")
+            raise ProtocolError(C.INGEST_REJECTED, "bad seq")
     elif t == "steps":
         if v < 2:
-            raise ProtocolError("rejected", "steps needs v2")
+            raise ProtocolError(C.INGEST_REJECTED, "steps needs v2")
         _steps(rec, out)
     elif t == "hb":
         out["seq"] = _int(rec, "seq", 0, MAX_COUNT)
@@ -395,7 +395,7 @@ def decode(data: bytes) -> Dict[str, Any]:
         frames = rec.get("frames")
         if (not isinstance(frames, list) or len(frames) > MAX_STACK_FRAMES
                 or not all(isinstance(f, str) and len(f) <= MAX_STACK_FRAME for f in frames)):
-            raise ProtocolError("rejected", "bad frames")
+            raise ProtocolError(C.INGEST_REJECTED, "bad frames")
         out["frames"] = frames
         out["where"] = _str(rec, "where", limit=MAX_STACK_WHERE)
         out["idle"] = _secs(rec, "idle", default=0.0)
@@ -403,26 +403,26 @@ def decode(data: bytes) -> Dict[str, Any]:
         if "cw" in rec:
             cw = rec["cw"]
             if not isinstance(cw, dict):
-                raise ProtocolError("rejected", "bad cw")
+                raise ProtocolError(C.INGEST_REJECTED, "bad cw")
             out["cw"] = {"op": _str(cw, "op", limit=64), "pg": _str(cw, "pg"), "seq": _int(cw, "seq", 0, MAX_COUNT),
                          "wait": _secs(cw, "wait", default=0.0)}
     elif t == "hello":
         info = rec.get("info", {})
         if not isinstance(info, dict):
-            raise ProtocolError("rejected", "bad info")
+            raise ProtocolError(C.INGEST_REJECTED, "bad info")
         out["info"] = info
         dirs = rec.get("dirs", {})
         if not isinstance(dirs, dict) or not all(
             isinstance(k, str) and k in ("tmp", "log", "checkpoint") and isinstance(v, str) and len(v) <= 1024
             for k, v in dirs.items()
         ):
-            raise ProtocolError("rejected", "bad dirs")
+            raise ProtocolError(C.INGEST_REJECTED, "bad dirs")
         out["dirs"] = dirs
         if v >= 2:
             out["pstart"] = _secs(rec, "pstart", 0.0, 1e11, default=0.0)
             gpu = rec.get("gpu", "")
             if not isinstance(gpu, str) or len(gpu) > 96:
-                raise ProtocolError("rejected", "bad gpu")
+                raise ProtocolError(C.INGEST_REJECTED, "bad gpu")
             out["gpu"] = gpu
     return out
 
@@ -431,30 +431,30 @@ def _steps(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     """Validate a "steps" record into ``out`` (lists as sent, scalars, totals)."""
     seq = rec.get("seq")
     if type(seq) is not int or not 1 <= seq <= MAX_COUNT:
-        raise ProtocolError("rejected", "bad seq")
+        raise ProtocolError(C.INGEST_REJECTED, "bad seq")
     out["seq"] = seq
     durs = rec.get("dur")
     if type(durs) is not list or not 1 <= len(durs) <= STEPS_MAX:
-        raise ProtocolError("rejected", "bad dur")
+        raise ProtocolError(C.INGEST_REJECTED, "bad dur")
     n = out["n"] = len(durs)
     for k in STEP_SECONDS_FIELDS:
         vals = rec.get(k)
         if type(vals) is not list or len(vals) != n:
-            raise ProtocolError("rejected", f"bad {k}")
+            raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
         for x in vals:  # int or float (a formatter writes 0.0 as 0); NaN and inf fail the range
             if not ((type(x) is float or type(x) is int) and 0 <= x <= MAX_SECONDS):
-                raise ProtocolError("rejected", f"bad {k}")
+                raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
         out[k] = vals
     micro = rec.get("micro")
     if type(micro) is not list or len(micro) != n or not all(type(x) is int and 0 <= x <= MAX_COUNT for x in micro):
-        raise ProtocolError("rejected", "bad micro")
+        raise ProtocolError(C.INGEST_REJECTED, "bad micro")
     out["micro"] = [x if x >= 1 else 1 for x in micro]
     get = rec.get
     for k in STEPS_LAST_FIELDS:
         x = get(k, 0)
         out[k] = x if type(x) is int and 0 <= x <= MAX_COUNT else _int(rec, k, 0, MAX_COUNT)
     if "tot" not in rec:
-        raise ProtocolError("rejected", "steps without tot")
+        raise ProtocolError(C.INGEST_REJECTED, "steps without tot")
     _totals(rec, out)
 
 
@@ -485,7 +485,7 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     """Validate "tot" and "hist" (v2 heartbeat and bye) into out["tot"], out["hist"]."""
     tot = rec.get("tot")
     if not isinstance(tot, dict):
-        raise ProtocolError("rejected", "bad tot")
+        raise ProtocolError(C.INGEST_REJECTED, "bad tot")
     t: Dict[str, Any] = {}
     for k in TOTAL_INT_KEYS:
         t[k] = _int(tot, k, 0, MAX_COUNT) if k in tot else 0
@@ -496,7 +496,7 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
             t[k] = _secs(tot, k, 0.0, 1e11, default=None)
     hist = rec.get("hist", {})
     if not isinstance(hist, dict):
-        raise ProtocolError("rejected", "bad hist")
+        raise ProtocolError(C.INGEST_REJECTED, "bad hist")
     h: Dict[str, Any] = {}
     for k, n in HIST_SIZES.items():
         counts = hist.get(k)
@@ -504,7 +504,7 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
             continue
         if (not isinstance(counts, list) or len(counts) != n
                 or not all(type(c) is int and 0 <= c <= MAX_COUNT for c in counts)):
-            raise ProtocolError("rejected", f"bad hist {k}")
+            raise ProtocolError(C.INGEST_REJECTED, f"bad hist {k}")
         h[k] = counts
     out["tot"] = t
     out["hist"] = h

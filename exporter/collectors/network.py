@@ -12,11 +12,12 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
+from ranksight import config
 
 from . import Family, PartialError, family, read_int, read_text
 
 TCP_EXT_COUNTERS = ("TCPLostRetransmit", "TCPTimeouts", "TCPSynRetrans")
-DEFAULT_EXCLUDE = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
+DEFAULT_EXCLUDE: str = config.defaults()["agent"]["nic_exclude"]  # the config's agent.nic_exclude
 
 # /proc/net/dev columns after the interface name
 _DEV_FIELDS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "rx_fifo", "rx_frame", "rx_compressed", "rx_multicast",
