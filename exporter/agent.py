@@ -29,17 +29,14 @@ from ranksight import catalog as C
 from ranksight import config
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from .collectors import CollectorError, Family, PartialError
-from .collectors.disk import DiskCollector
+from .collectors import CollectorError, Context, Family, PartialError, build
+from .collectors.agent_health import AgentHealthCollector
 from .collectors.gpu import GpuCollector
-from .collectors.network import NetworkCollector
-from .collectors.rdma import RdmaCollector
-from .collectors.self import SelfCollector
 from .exposition import TextWriter
 from ranksight.protocol import parse_address
 
 from .ingest import Ingest, IngestError, Receiver
-from .ranks import RANKS_API, RankSettings, RanksCollector, RankTable
+from .ranks import RANKS_API, RankSettings, RankTable
 from .webconfig import Gate, WebConfig, WebConfigError
 
 log = logging.getLogger("ranksight.exporter")
@@ -147,21 +144,14 @@ class Agent:
         except (IngestError, ValueError) as e:  # WebConfigError is a ValueError
             self._close_sockets()
             raise AgentError(str(e)) from None
-        if "gpu" in enabled:
-            self.gpu = GpuCollector(s.node, s.gpu_poll_seconds, s.gpu_window_seconds, s.gpu_swing_high,
-                                    s.gpu_swing_low, nvml=self.nvml)
-            self.gpu.start()
-            self.collectors.append(self.gpu)
-        if "network" in enabled:
-            self.collectors.append(NetworkCollector(s.node, s.procfs, s.sysfs, s.nic_include, s.nic_exclude))
-        if "rdma" in enabled:
-            self.collectors.append(RdmaCollector(s.node, s.sysfs, s.rdma_counters))
-        if "disk" in enabled:
-            reported = self.table.watched_dirs if "ranks" in enabled else set
-            self.collectors.append(DiskCollector(s.node, s.watch_paths, reported))
-        if "ranks" in enabled:
-            self.collectors.append(RanksCollector(self.table, gpu_labels=self.gpu.uuid_labels if self.gpu else None))
-        self.self_collector = SelfCollector(
+        ctx = Context(s, table=self.table if "ranks" in enabled else None, nvml=self.nvml)
+        for name in COLLECTORS:  # registered by name in exporter/collectors/ (gpu first: ranks joins on it)
+            if name in enabled:
+                c = build(name, ctx)
+                if name == "gpu":
+                    self.gpu = ctx.gpu = c
+                self.collectors.append(c)
+        self.health = AgentHealthCollector(
             s.node, self._runs_snapshot,
             self.ingest.snapshot if self.receiver else None,
             self.table.__len__ if "ranks" in enabled else None,
@@ -263,7 +253,7 @@ class Agent:
             with self._runs_lock:
                 self.runs[c.name] = (ok, dur)
             yield from fams
-        yield from self.self_collector.collect()
+        yield from self.health.collect()
 
     def _note(self, name: str, error: str) -> bool:
         """Log a collector's failure once per distinct message (and its recovery); True when logged."""

@@ -37,7 +37,7 @@ from ranksight import catalog as C
 from ranksight import config
 from ranksight.triage import CLOCK_EVENT_REASONS
 
-from . import CollectorError, Family, Labels, add, add_histogram, bucket_labels, family
+from . import CollectorError, Context, Family, Labels, add, add_histogram, bucket_labels, family, register
 
 log = logging.getLogger("ranksight.exporter.gpu")
 
@@ -460,3 +460,12 @@ def _sample_value(nv: Any, vtype: Any, v: Any) -> float:
     if vtype == nv.NVML_VALUE_TYPE_SIGNED_INT:
         return float(v.siVal)
     return float(v.uiVal)  # utilization samples are unsigned int percent
+
+
+@register("gpu")
+def _build(ctx: Context) -> GpuCollector:
+    s = ctx.settings
+    g = GpuCollector(s.node, s.gpu_poll_seconds, s.gpu_window_seconds, s.gpu_swing_high, s.gpu_swing_low,
+                     nvml=ctx.nvml)
+    g.start()
+    return g
