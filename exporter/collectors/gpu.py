@@ -22,7 +22,7 @@ Failures: no NVML (library, driver) or no GPU -> the collector is down
 (collector_up 0, one log line). A GPU that stops answering (GPU_IS_LOST or
 another error on its sample read) is ``gpu_up 0`` alone; the others go on.
 The NVML module is a parameter: the real ``pynvml`` by default, or a stand-in
-with the same calls (``ranksight.exporter.nvml_standin``) in tests and benches.
+with the same calls (tests/support/nvml_standin.py) in tests and benches.
 """
 from __future__ import annotations
 
