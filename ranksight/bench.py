@@ -6,7 +6,7 @@ Each benchmark lives beside the code it measures and exposes
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 
 from .cli import error
 
@@ -40,7 +40,6 @@ def _load(mod: str):
     """A module by name, or a script of the checkout's bench/ folder by its path from the repository root."""
     if not mod.endswith(".py"):
         return importlib.import_module(mod)
-    import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / mod
