@@ -6,8 +6,8 @@ its docstring is its help. Adding one is adding that package: nothing here chang
 benchmarks are not installed, so from an install without ``bench/`` the command says so in one
 line (exit 2). ``load(NAME)`` imports one (as ``bench.NAME``) for scripts and tests.
 
-``INSTALLED`` lists the benchmarks that still ship inside an installed package: one line each,
-removed when that benchmark moves to ``bench/NAME/``.
+``INSTALLED`` lists the other benchmarks: a module of an installed package, or a single-file
+script of the checkout's ``bench/`` (a path from the repository root) with the same two functions.
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ from .cli import error
 
 CHECKOUT_BENCH = Path(__file__).resolve().parents[1] / "bench"
 
-# name -> (module, help) for benchmarks inside installed packages
+# name -> (module or bench/ script path, help)
 INSTALLED: Dict[str, tuple] = {
     "hooks": ("ranksight.hooks.bench", "host us per step and wall ratio of the hooks on a 2-rank gloo DDP step"),
-    "exporter": ("ranksight.exporter.bench", "agent scrape p50/p99, CPU, RSS and max ingest rate"),
+    "exporter": ("bench/bench_exporter.py", "agent scrape p50/p99, CPU, RSS and max ingest rate"),
 }
 
 
@@ -76,7 +76,17 @@ def load(name: str) -> ModuleType:
         _bench_package()
         return importlib.import_module(f"bench.{name}")
     if name in INSTALLED:
-        return importlib.import_module(INSTALLED[name][0])
+        where = INSTALLED[name][0]
+        if not where.endswith(".py"):
+            return importlib.import_module(where)
+        path = CHECKOUT_BENCH.parent / where  # a script of the checkout's bench/ folder
+        if not path.is_file():
+            raise NoBenchmark(f"{where} is missing: the benchmarks run from a ranksight checkout (pip install -e .)")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
     _bench_package()  # says "no checkout" when that is why
     raise NoBenchmark(f"no benchmark {name!r} in {CHECKOUT_BENCH} (there: {', '.join(available()) or 'none'})")
 
@@ -101,6 +111,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             p.error(f"benchmark {name} cannot run here: {e}")
         module.add_arguments(sp)
         sp.set_defaults(_bench_run=module.run)
+
+
+def _load(mod: str):
+    """A module by name, or a script of the checkout's bench/ folder by its path from the repository root."""
+    if not mod.endswith(".py"):
+        return importlib.import_module(mod)
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / mod
+    if not path.exists():
+        raise ImportError(f"{mod} is not here (the benchmarks run from a checkout)")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
 
 
 def run(args: argparse.Namespace) -> int:

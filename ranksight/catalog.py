@@ -254,3 +254,16 @@ BADPUT_OVERLAP = _m("badput_overlap_seconds_total", "counter", "seconds", R + ("
                     "The part of wasted_progress and stalled badput that also lies in an in-step counter, by that "
                     "counter: category=productive (step minus waits)|data_wait|exposed_comm. The goodput rules "
                     "subtract it so that no second counts twice.")
+
+# ---------------------------------------------------------------- exporter label values: every value the agent's
+# own labels take, spelled once (exporter/, ranksight/protocol.py and the tools use these).
+INGEST_OK, INGEST_MALFORMED, INGEST_OVERSIZE, INGEST_REJECTED, INGEST_OVERFLOW = (
+    "ok", "malformed", "oversize", "rejected", "overflow")
+INGEST_RESULTS: Tuple[str, ...] = (INGEST_OK, INGEST_MALFORMED, INGEST_OVERSIZE, INGEST_REJECTED, INGEST_OVERFLOW)
+# why a unix-socket record counted as rejected failed the sender check (exporter/ingest.py, its log line)
+INGEST_FORGED_REASONS: Tuple[str, ...] = ("pid", "job", "nocred")
+# collectors the agent can run, in the order it builds them (collector_up{collector}); agent.collectors
+COLLECTOR_NAMES: Tuple[str, ...] = ("gpu", "network", "rdma", "disk", "ranks")
+# rank_stalled{reason}: no step and no open collective (the culprit) | waiting in a collective on a peer
+STALL_NO_PROGRESS, STALL_WAITING = "no_progress", "waiting_in_collective"
+STALL_REASONS: Tuple[str, ...] = (STALL_NO_PROGRESS, STALL_WAITING)

@@ -22,7 +22,7 @@ from ranksight.exporter.collectors.gpu import GpuCollector
 from ranksight.exporter.collectors.network import NetworkCollector
 from ranksight.exporter.collectors.rdma import RdmaCollector
 from ranksight.exporter.exposition import TextWriter
-from ranksight.exporter.nvml_standin import NvmlStandin
+from support.nvml_standin import NvmlStandin
 from ranksight.triage import CLOCK_EVENT_REASONS
 
 from test_exporter_helpers import LOCAL, NE, Proc, agent_cmd, free_port, http_get, one, parse, scrape, series, \
