@@ -36,7 +36,7 @@ $PY -c 'import yaml, grafana_foundation_sdk' 2>/dev/null || python_path="$PWD/.d
 ov=/tmp/rs-scale-overlay
 rm -rf $ov && mkdir -p $ov/ranksight
 for f in ranksight/*.py; do ln -s "$PWD/$f" $ov/ranksight/; done
-for pkg in dashboards alerts exporter; do ln -s "$PWD/$pkg" $ov/ranksight/$pkg; done
+for pkg in dashboards alerts exporter; do ln -s "$PWD/$pkg" $ov/ranksight/$pkg; done; ln -s "$PWD/ranksight/tools" $ov/ranksight/tools
 export PYTHONPATH="$ov${python_path:+:$python_path}" PYTHONDONTWRITEBYTECODE=1
 nproc; free -g | head -2; df -h /dev/shm /tmp | tail -2
 /tmp/rsbin/prometheus --version 2>&1 | head -1
@@ -47,7 +47,7 @@ rc=$?
 (cd /tmp && $PY - "$OUT/scale.json") <<'EOF' || true
 import json, sys
 r = json.load(open(sys.argv[1]))
-from ranksight.scale import report
+from ranksight.bench import load; report = load("scale").report
 print(report(r))
 EOF
 exit $rc
