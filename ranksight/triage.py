@@ -133,12 +133,27 @@ RANK_BY = "job, node, rank, local_rank"
 # evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute
 # rates of large families run at `durations.slow_rule_interval` (at 1,024 nodes they are
 # the costliest rules and nothing alerts on them).
+# The rank records split in two groups that evaluate side by side: the step counters' rates with
+# the shares, busy time and job aggregates computed from them (a chain: one group), and the rank
+# state records that read their own raw series and nothing else of the chain (checkpoint share and
+# age, backward-to-optimizer, allocator retries, ranks up). The node counters split the same way:
+# RDMA ports apart from the GPU samples and interfaces.
 RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.rank": None,  # None: Prometheus' evaluation_interval
+    "ranksight.recording.rank_state": None,
     "ranksight.recording.node": None,
     "ranksight.recording.histograms": "slow_rule_interval",
     "ranksight.recording.node_counters": "slow_rule_interval",
+    "ranksight.recording.rdma": "slow_rule_interval",
 }
+# Alert groups, by where an alert's series live (a functional shard evaluates each where its series
+# are: docs/SCALING.md). Prometheus evaluates groups concurrently, the rules of a group one after the
+# other. `waiting` holds the symptoms whose instances grow with the ranks that wait: every rank of a
+# job behind one straggler is one RanksightCommBound instance, each costing its label and annotation
+# templates on every evaluation (bench/scale/alert_cost.py), so they evaluate beside the causes.
+ALERT_GROUPS: Tuple[str, ...] = ("ranksight.alerts.rank", "ranksight.alerts.waiting", "ranksight.alerts.node",
+                                 "ranksight.alerts.job")
+WAITING_SYMPTOMS: Tuple[str, ...] = ("RanksightCommBound", "RanksightRankBlocked")
 # RDMA traffic counters (everything else the agent exposes for a port is an error or congestion count)
 RDMA_TRAFFIC = "port_(rcv|xmit)_(packets|data)|(unicast|multicast)_(rcv|xmit)_packets"
 # Clocks-event reasons the throttling panel shows (the alert ignores sw_power_cap, see THROTTLE_REASONS)
@@ -192,6 +207,16 @@ class Entry:
         return f"{self.runbook_base.rstrip('/')}/{self.id}.md"
 
     @property
+    def group(self) -> str:
+        """The alert group (ALERT_GROUPS) the alert evaluates in."""
+        rank_g, waiting_g, node_g, job_g = ALERT_GROUPS
+        if self.alert in WAITING_SYMPTOMS:
+            return waiting_g
+        if "rank" in self.scope:
+            return rank_g
+        return job_g if "job" in self.scope else node_g
+
+    @property
     def rank_level(self) -> bool:
         """True when the alert carries the training job's label: rank level (job, node, rank), or job
         level (records aggregated by job from rank series)."""
@@ -208,7 +233,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     thousands of raw series."""
     w = cfg["windows"]["rate"]
     ckpt_w = cfg["windows"].get("checkpoint_share", w)
-    RANK, NODE, HIST, NODEC = list(RULE_GROUPS)[:4]
+    RANK, STATE, NODE, HIST, NODEC, RDMA = list(RULE_GROUPS)[:6]
 
     def rate(m: Any, window: str = w) -> str:
         return f"rate({m}[{window}])"
@@ -240,7 +265,6 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["data_share"], share("data_s")),
         Recording(REC["comm_share"], share("comm_s")),
         Recording(REC["xcomm_share"], share("xcomm_s")),
-        Recording(REC["ckpt_share"], rate(C.CHECKPOINT_SECONDS, ckpt_w)),
         Recording(REC["step_mean"], f"{R['step_s']} / ({R['steps']} > 0)"),
         # Busy time per step: the step minus the time the rank only waited (data, exposed comm,
         # checkpoint). Under synchronous data parallel all step times are equal, so the step itself
@@ -270,6 +294,9 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
                   f"clamp_min(min by (job) ({REC['comm_share']}) - on (job) "
                   f"max by (job) (({or_zero(R['data_s'])} + {or_zero(R['ckpt_s'])}) / ({R['step_s']} > 0)), 0)"),
         Recording(REC["job_xcomm_share"], job_share("xcomm_s")),
+    ]
+    state = [
+        Recording(REC["ckpt_share"], rate(C.CHECKPOINT_SECONDS, ckpt_w)),
         # The job loses the largest rank's checkpoint share: the other ranks wait for it in their
         # next collective (rank-0-only saves), so the mean would understate it by the world size.
         Recording(REC["job_ckpt_share"], f"max by (job) ({REC['ckpt_share']})"),
@@ -300,17 +327,22 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     ]
     rdma_errors = f'{C.RDMA_PORT_COUNTER}{{counter!~"{RDMA_TRAFFIC}"}}'
     rdma_packets = f'{C.RDMA_PORT_COUNTER}{{counter=~"port_(rcv|xmit)_packets"}}'
-    node_counters = [
+    rdma = [
         Recording(REC["rdma_errors"], f"sum by (node, counter) ({rate(rdma_errors)})"),
         Recording(REC["rdma_packets"], f"sum by (node, counter) ({rate(rdma_packets)})"),
+    ]
+    node_counters = [
         Recording(REC["util_samples"], f"sum by (node, le) ({rate(C.GPU_UTILIZATION_SAMPLES.bucket)})"),
         Recording(REC["if_errors"], f"sum by (node, direction) ({rate(C.NET_IF_ERRORS)})"),
         Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
         Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
     ]
-    rank += _goodput.rank_group_rules(cfg)
+    chain, job_state = _goodput.rank_group_rules(cfg)
+    rank += chain
+    state += job_state
     out: List[Recording] = []
-    for group, rules in ((RANK, rank), (NODE, node), (HIST, hist), (NODEC, node_counters)):
+    for group, rules in ((RANK, rank), (STATE, state), (NODE, node), (HIST, hist), (NODEC, node_counters),
+                         (RDMA, rdma)):
         out += [replace(r, group=group) for r in rules]
     return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
 
@@ -382,6 +414,9 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     xid_new = (f"((({C.GPU_XID_ERRORS} > 0) unless ({C.GPU_XID_ERRORS} offset {rate_w}))"
                f" and on (instance) (up{{job=\"{SCRAPE_JOB}\"}} offset {rate_w}))")
     throttled = f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
+    # the alert reads the node group's record of the active reasons (a few series) instead of every
+    # GPU's nine reason series; the value the triage reads stays the raw one (0 or 1 for every GPU)
+    throttled_rec = f"max by (node, gpu) ({REC['throttled']}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
     drop_ratio = (f"sum by (node) ({REC['ingest']}{{result!=\"ok\"}}) / "
                   f"(sum by (node) ({REC['ingest']}) > 0)")
     entries: List[Entry] = [
@@ -727,7 +762,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             id="gpu-throttling", alert="RanksightGpuThrottling", kind="cause", order=0,
             title="GPU thermal or power throttling", severity="warning",
             # compat: a plain alternation, no `.` (which matches newlines in 3.x regexes)
-            expr=f"{throttled} == 1",
+            expr=f"{throttled_rec} == 1",
             for_=d["throttling"], threshold=0.5, unit="bool",
             indicator=throttled, op=">", scope=("node", "gpu"),
             summary="A GPU is thermally or power throttled",

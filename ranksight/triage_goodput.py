@@ -39,7 +39,7 @@ their best hour's is ``cuda_alloc_retries`` (fragmentation: every retry frees th
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 from . import catalog as C
 from .triage import REC as BASE_REC
@@ -91,8 +91,9 @@ def _tag(expr: str, label: str, value: str) -> str:
     return f'label_replace({expr}, "{label}", "{value}", "", "")'
 
 
-def rank_group_rules(cfg: Mapping[str, Any]) -> List[Recording]:
-    """Job-level step components, appended to the rank group (they read its records)."""
+def rank_group_rules(cfg: Mapping[str, Any]) -> Tuple[List[Recording], List[Recording]]:
+    """Job-level step components, appended to the rank group (they read its records), and the job's
+    allocator retries, appended to the rank state group (they read its retry record)."""
     R = {**BASE_REC, **REC}
     mean = R["job_step_mean"]
     ckpt = f"(sum by (job) ({R['ckpt_s']}) or 0 * {mean}) / (sum by (job) ({R['steps']}) > 0)"
@@ -106,8 +107,7 @@ def rank_group_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     return [
         Recording(R["job_step_mean"], f"sum by (job) ({R['step_s']}) / (sum by (job) ({R['steps']}) > 0)"),
         Recording(R["job_components"], " or ".join(parts)),
-        Recording(R["job_alloc_retries"], f"sum by (job) ({R['alloc_retries']})"),
-    ]
+    ], [Recording(R["job_alloc_retries"], f"sum by (job) ({R['alloc_retries']})")]
 
 
 def baseline_rules(cfg: Mapping[str, Any]) -> List[Recording]:
