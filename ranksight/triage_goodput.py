@@ -42,8 +42,9 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Tuple
 
 from . import catalog as C
-from .triage import REC as BASE_REC
-from .triage import VAL, Entry, Inhibit, Recording
+from .triage.model import VAL, Entry, Inhibit, Recording
+from .triage.records import REC as BASE_REC
+from .triage.records import RULE_GROUPS
 
 GOODPUT_GROUP = "ranksight.recording.goodput"
 BASELINE_GROUP = "ranksight.recording.baseline"
@@ -74,6 +75,10 @@ REC: Dict[str, str] = {
     "goodput": "job:ranksight_goodput:ratio",
     "badput": "job:ranksight_badput_seconds:avg",  # {category}: every category but productive
 }
+
+# the table's record names and groups include these (ranksight.triage.REC, RULE_GROUPS)
+BASE_REC.update(REC)
+RULE_GROUPS.update(GROUPS)
 
 # Step components the regression alert can name (label `cause`), and the allocator cause.
 COMPONENTS = ("dataloader_wait", "exposed_comm", "checkpoint", "compute")

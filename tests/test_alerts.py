@@ -298,3 +298,25 @@ def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
                 continue
             assert seen.get(name) == r.group, (r.record, name)
         seen[r.record] = r.group
+
+
+def test_runbook_prose_files_are_each_used_and_complete(default_cfg):
+    """Every entry's Meaning, Impact, Diagnosis and Mitigation come from ranksight/triage/prose/: one
+    file per entry id (lint.md for every lint, triage_goodput.py writes its own), none unused."""
+    from ranksight.triage import prose as tp
+
+    stems = {p.stem for p in tp.PROSE_DIR.glob("*.md")}
+    table = triage.table(default_cfg)
+    own = {e.id for e in table if e.kind != "lint" and e.alert not in
+           (triage_goodput.GOODPUT_LOW, triage_goodput.STEP_REGRESSION)}
+    assert stems == own | {"lint"}
+    for stem in stems:
+        assert all(tp.prose(stem, what="w", lint="l").values()), stem
+    by_id = {e.id: e for e in table}
+    for stem in own:
+        assert {k: getattr(by_id[stem], k) for k in tp.SECTIONS} == tp.prose(stem), stem
+
+
+def test_triage_package_files_stay_small():
+    for path in sorted((ROOT / "ranksight" / "triage").glob("*.py")):
+        assert len(path.read_text().splitlines()) <= 600, path.name
