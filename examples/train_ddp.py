@@ -28,6 +28,9 @@ the first step, default 10 for kill-rank and hang, 0 for the others):
   hang             that rank sleeps inside a step (its peer blocks in all-reduce)
   slow-checkpoint  rank 0 checkpoints a large state every few steps to a file opened with
                    O_DSYNC (every write waits for the disk), so checkpoints eat > 5% of wall time
+  long-checkpoint  rank 0 writes one checkpoint of --checkpoint-mb (default 24) to storage that takes
+                   --checkpoint-mbps (default 0.4 MB/s, a saturated network filesystem): about a minute
+                   in which its peer waits in the next all-reduce
 
 Every rank agrees when to stop: the stop flag travels with the periodic loss
 all-reduce, so no rank leaves while its peer waits in a collective. SIGUSR1 asks for
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import io
 import os
 import signal
 import sys
@@ -53,7 +57,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import ranksight  # ranksight line 1 of 2
 
-FAULTS = ("none", "slow-data", "straggler", "comm-heavy", "kill-rank", "hang", "slow-checkpoint")
+FAULTS = ("none", "slow-data", "straggler", "comm-heavy", "kill-rank", "hang", "slow-checkpoint", "long-checkpoint")
 
 
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
@@ -83,14 +87,20 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                         "(1.0 doubles it; with 2 ranks the job median is the mean of both, so +100%% reads 1.33x)")
     g.add_argument("--hang-seconds", type=float, default=3600.0, help="hang: how long the rank sleeps")
     g.add_argument("--checkpoint-mb", type=float, default=0.0,
-                   help="extra state saved with each checkpoint, in MB (slow-checkpoint: 48)")
+                   help="extra state saved with each checkpoint, in MB (slow-checkpoint: 48, long-checkpoint: 24)")
     g.add_argument("--checkpoint-sync", action="store_true",
                    help="open checkpoint files with O_DSYNC (slow-checkpoint turns it on)")
+    g.add_argument("--checkpoint-mbps", type=float, default=0.0, metavar="MB/S",
+                   help="checkpoint storage throughput in MB/s, 0: the disk's own (long-checkpoint: 0.4)")
     args = p.parse_args(argv)
     if args.fault_after is None:
         args.fault_after = 10.0 if args.fault in ("kill-rank", "hang") else 0.0
     if args.fault_after < 0:
         p.error("--fault-after must be 0 or more")
+    if args.checkpoint_mbps < 0:
+        p.error("--checkpoint-mbps must be 0 or more")
+    if args.fault == "long-checkpoint" and not args.checkpoint_mbps:
+        args.checkpoint_mbps = 0.4
     if args.fault == "comm-heavy":  # large gradients, tiny compute
         args.hidden, args.batch_seqs, args.seq_len, args.optimizer = 1024, 1, 32, "sgd"
     return args
@@ -127,13 +137,42 @@ def make_model(dim: int, hidden: int, classes: int) -> nn.Module:
                          nn.Linear(hidden, classes))
 
 
-def save_checkpoint(path: Path, state: Dict, sync: bool) -> None:
+class SlowStorage(io.RawIOBase):
+    """A file on storage that takes ``rate`` bytes per second (a saturated network filesystem):
+    each write goes to the real file in 1 MiB pieces, each held to the rate."""
+
+    PIECE = 1 << 20
+
+    def __init__(self, f: io.RawIOBase, rate: float) -> None:
+        super().__init__()
+        self.f, self.rate, self.name = f, rate, f.name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        view = memoryview(b).cast("B")
+        for i in range(0, len(view), self.PIECE):
+            piece, t0 = view[i:i + self.PIECE], time.monotonic()
+            while piece:
+                piece = piece[self.f.write(piece):]
+            time.sleep(max(0.0, min(self.PIECE, len(view) - i) / self.rate - (time.monotonic() - t0)))
+        return len(view)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def save_checkpoint(path: Path, state: Dict, sync: bool, mbps: float = 0.0) -> None:
     """Write-then-rename, the usual durable pattern. With sync, every write goes through
-    O_DSYNC, like a sync-mounted network filesystem."""
+    O_DSYNC, like a sync-mounted network filesystem; with mbps, at most that many MB/s."""
     tmp = path.with_suffix(".tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DSYNC if sync else 0)
     with open(tmp, "wb", buffering=0, opener=lambda p, _: os.open(p, flags, 0o644)) as f:
-        torch.save(state, f)
+        torch.save(state, SlowStorage(f, mbps * 1e6) if mbps else f)
     os.replace(tmp, path)
 
 
@@ -159,10 +198,11 @@ def main(argv: Optional[list] = None) -> int:
 
     shadow = copy.deepcopy(model.module) if faulty and args.fault == "straggler" else None
     slow_ckpt = args.fault == "slow-checkpoint"  # from its start: large O_DSYNC checkpoints every <= 10 steps
+    long_ckpt = args.fault == "long-checkpoint"  # one slow write, --fault-after s in
     ckpt_dir = Path(args.checkpoint_dir)
-    if rank == 0 and (args.checkpoint_every or slow_ckpt):
+    if rank == 0 and (args.checkpoint_every or slow_ckpt or long_ckpt):
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-    pad_mb = args.checkpoint_mb or (48.0 if slow_ckpt else 0.0)
+    pad_mb = args.checkpoint_mb or (48.0 if slow_ckpt else 24.0 if long_ckpt else 0.0)
     pad = torch.zeros(int(pad_mb * 2**20 / 4))  # e.g. EMA weights of a bigger model
     bad = args.rank_to_fault % world
     if rank == 0:
@@ -176,6 +216,7 @@ def main(argv: Optional[list] = None) -> int:
     signal.signal(signal.SIGUSR1, lambda signum, frame: asked.append(signum))
     step, epoch, loss_sum, start, stop = 0, 0, 0.0, None, False
     fault_on = args.fault == "comm-heavy"  # the model's shape: on from the start
+    long_done = False
     while not stop:
         sampler.set_epoch(epoch)
         for x, y in loader:
@@ -211,12 +252,18 @@ def main(argv: Optional[list] = None) -> int:
 
             slow = slow_ckpt and fault_on
             every = min(args.checkpoint_every or 10, 10) if slow else args.checkpoint_every
-            if rank == 0 and every and step % every == 0:
+            long_now = long_ckpt and fault_on and not long_done
+            if rank == 0 and (long_now or (every and step % every == 0)):
+                if long_now:
+                    say(f"train_ddp: rank 0 writes a {pad_mb:g} MB checkpoint at {args.checkpoint_mbps:g} MB/s (fault)")
+                own = not (slow_ckpt or long_ckpt)  # no checkpoint fault: every write as the flags say
                 save_checkpoint(ckpt_dir / "last.pt", {
                     "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
                     "sampler": {"epoch": epoch, "seed": args.seed}, "rng": torch.get_rng_state(),
-                    "extra": pad if slow or not slow_ckpt else pad[:0]}, sync=args.checkpoint_sync or slow)
+                    "extra": pad if own or slow or long_now else pad[:0]},
+                    sync=args.checkpoint_sync or slow, mbps=args.checkpoint_mbps if own or long_now else 0.0)
+            long_done = long_done or long_now
 
             stop = bool(args.steps) and step >= args.steps  # the same on every rank
             if step % 10 == 0:  # every rank takes part: average loss and the shared "time is up" flag

@@ -15,6 +15,19 @@ and the sync debug mode is process-wide):
   comm_events     the same workload without the Flight Recorder: collective time from the
                   hooks' CUDA events (launch -> completion callback)
   fr_timing_only  as comm_fr but only TORCH_NCCL_ENABLE_TIMING=1 (no buffer size set)
+  fr_position     where a blocked rank waits, from the Flight Recorder (its own procedure, below)
+
+fr_position: NCCL world size 1, TORCH_NCCL_TRACE_BUFFER_SIZE=2000, a small model, hooks with
+stack_after_seconds=1. A few steps, each with an all_reduce through torch.distributed and three
+through the ProcessGroup object itself (C++ collectives the hooks' Python wrappers never see, as
+DDP's are). Then the rank blocks: the GPU sleeps ``HANG_SECONDS`` (``torch.cuda._sleep``), an
+async all_reduce is enqueued behind it (NCCL's stream waits for the compute stream: enqueued,
+not completed) and the main thread waits in ``torch.cuda.synchronize()``. The hooks must send
+the main thread's stack with the collective it waits in (``cw``) as the Flight Recorder gives it:
+op all_reduce, group default_pg, and the Flight Recorder's own sequence number of that
+collective, which counts the C++ collectives too (the wrappers' count does not). The result
+holds the stack records, the raw pending entry of the recorder's dump and what the wrappers'
+own tracker would have said. ``--cpu-smoke``: the control flow on gloo, a host sleep instead.
 
 Procedure (every scenario): watch() before the first step (as a user would), W warm-up steps
 (DDP synchronizes once while it rebuilds its buckets in the 2nd step), a device synchronize and
@@ -33,6 +46,7 @@ import argparse
 import gzip
 import json
 import os
+import pickle
 import sys
 import time
 import traceback
@@ -45,7 +59,8 @@ sys.path.insert(0, str(HERE))
 import gpu_trace as ktrace  # noqa: E402
 import gpu_workload as W  # noqa: E402
 
-SCENARIOS = ("nccl_ws1", "ddp_ws1", "comm_fr", "comm_events", "fr_timing_only")
+SCENARIOS = ("nccl_ws1", "ddp_ws1", "comm_fr", "comm_events", "fr_timing_only", "fr_position")
+HANG_SECONDS = 6.0
 FR_ENV = ("TORCH_NCCL_ENABLE_TIMING", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE")
 
 
@@ -57,6 +72,8 @@ def set_env(name: str) -> None:
         os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
     elif name == "fr_timing_only":
         os.environ["TORCH_NCCL_ENABLE_TIMING"] = "1"
+    elif name == "fr_position":
+        os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 
@@ -283,6 +300,112 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
     return result
 
 
+def _pending(dump: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The dump's collectives enqueued and not completed (per its pg_status), as plain fields."""
+    if not dump:
+        return []
+    status = dump.get("pg_status") or {}
+    out = []
+    for e in dump.get("entries", []):
+        st = status.get(str(e.get("pg_id"))) or {}
+        done, enq = int(st.get("last_completed_collective", -1)), int(st.get("last_enqueued_collective", -1))
+        seq = e.get("collective_seq_id")
+        if isinstance(seq, int) and done < seq <= enq:
+            out.append({"profiling_name": e.get("profiling_name"), "collective_seq_id": seq, "state": e.get("state"),
+                        "process_group": list(e.get("process_group") or ()), "pg_id": e.get("pg_id")})
+    return out
+
+
+def run_fr_position(smoke: bool = False) -> Dict[str, Any]:
+    set_env("fr_position")
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    import ranksight
+    from ranksight import hooks as rs_hooks
+    from ranksight.hooks.comm import FlightRecorder
+
+    if smoke:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{W.free_port()}", rank=0, world_size=1)
+    else:
+        dev = torch.device("cuda", 0)
+        torch.cuda.set_device(dev)
+        W.init_nccl_world1(dev)
+    backend = dist.get_backend()
+    model, opt, x = W.build(W.ModelSpec.tiny(), dev)
+    buf = torch.ones(1 << 16, device=dev)
+    pg = dist.distributed_c10d._get_default_group()
+
+    def between() -> None:
+        dist.all_reduce(buf)  # through torch.distributed: the hooks' wrappers see it
+        for _ in range(3):  # the ProcessGroup's own method: a C++ collective, like DDP's bucket all-reduces
+            pg.allreduce([buf]).wait()
+
+    rec = W.Receiver()
+    cfg = {"hooks": dict(W.QUIET_HOOKS["hooks"], stack_after_seconds=1.0, stack_every_seconds=1.0)}
+    loader = ranksight.watch(model, opt, W.batches(x, 5), agent=rec.url, config=cfg)
+    w = rs_hooks.current()
+    for xb in loader:
+        W.train_step(model, opt, xb, between=between)
+    if not smoke:
+        torch.cuda.synchronize()
+    time.sleep(0.5)
+    seen: Dict[str, Any] = {}
+
+    def look() -> None:  # mid-hang, off the main thread: what the recorder and the wrappers say
+        try:
+            seen["fr_waiting"] = FlightRecorder(backend).waiting()
+            c10d = torch._C._distributed_c10d
+            dump = getattr(c10d, "_dump_nccl_trace" if backend == "nccl" else "_dump_fr_trace", None)
+            raw = dump(includeCollectives=True, includeStackTraces=False, onlyActive=False) if dump else b""
+            doc = pickle.loads(raw) if raw else {}
+            seen["pending"] = _pending(doc)
+            seen["pg_status"] = doc.get("pg_status")
+            seen["wrappers_waiting"] = w.comm.waiting(time.monotonic()) if w is not None else None
+        except Exception:
+            seen["look_error"] = traceback.format_exc(limit=5)
+
+    t = threading.Timer(HANG_SECONDS / 2, look)
+    t.start()
+    t0 = time.monotonic()
+    if smoke:
+        time.sleep(HANG_SECONDS)  # no GPU: the main thread just waits
+    else:
+        cycles = _sleep_cycles(torch, HANG_SECONDS)
+        torch.cuda._sleep(cycles)  # the GPU is busy; the all_reduce below waits behind it
+        work = dist.all_reduce(buf, async_op=True)
+        torch.cuda.synchronize()  # the main thread blocks here  (the stack's "where")
+        work.wait()
+    hang = time.monotonic() - t0
+    t.join()
+    time.sleep(0.3)
+    stats = w.stats() if w is not None else None
+    fr_used = w is not None and getattr(w, "_fr_status", None) is not None
+    ranksight.unwatch()
+    time.sleep(0.2)
+    stacks = rec.of("stack")
+    rec.close()
+    W.destroy_pg()
+    return {"scenario": "fr_position", "versions": W.versions(), "backend": backend, "smoke": smoke,
+            "hang_seconds": hang, "fr_status_reader": fr_used, "stats_end": stats, "invalid_datagrams": rec.invalid[:5],
+            "stacks": [{k: r.get(k) for k in ("where", "idle", "phase", "cw", "frames")} for r in stacks],
+            "with_frames": [r.get("cw") for r in stacks if r.get("frames")], **seen}
+
+
+def _sleep_cycles(torch: Any, seconds: float) -> int:
+    """GPU clock cycles that ``torch.cuda._sleep`` spins for ``seconds`` (measured here)."""
+    n = 50_000_000
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(n)
+    torch.cuda.synchronize()
+    per_s = n / max(1e-6, time.perf_counter() - t0)
+    return int(per_s * seconds)
+
+
 def summary(r: Dict[str, Any]) -> Dict[str, Any]:
     s = {"scenario": r.get("scenario"), "batch": r.get("batch"), "errors": len(r.get("sync_debug_errors", [])),
          "herr": r.get("hook_errors"), "hdrop": r.get("hdrop")}
@@ -315,7 +438,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(r))
         return 0
     try:
-        r = run(a.name, a.steps, a.warmup, Path(a.trace_dir), smoke=a.cpu_smoke, batch=a.batch)
+        if a.name == "fr_position":
+            r = run_fr_position(smoke=a.cpu_smoke)
+        else:
+            r = run(a.name, a.steps, a.warmup, Path(a.trace_dir), smoke=a.cpu_smoke, batch=a.batch)
     except Exception:
         r = {"scenario": a.name, "crashed": traceback.format_exc(limit=30)}
         W.write_json(a.out, r)

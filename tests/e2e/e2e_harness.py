@@ -243,11 +243,15 @@ class Job:
             p.stop(grace=1.0)
 
 
-def triage_cli(prom_url: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    """`ranksight triage` as the on-call engineer runs it (a real subprocess)."""
+def triage_cli(prom_url: str, *args: str, timeout: float = 60.0,
+               env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess:
+    """`ranksight triage` as the on-call engineer runs it (a real subprocess); ``env``: extra
+    RANKSIGHT__section__key settings, those the rules were generated with."""
     return subprocess.run([PYTHON, "-m", "ranksight", "triage", "--prometheus", prom_url, *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=None if env is None else {**os.environ, **env})
 
 
-def cfg_test_profile() -> config.Config:
-    return config.load(profile="test", env={})
+def cfg_test_profile(env: Optional[Mapping[str, str]] = None) -> config.Config:
+    """The test profile, with ``env``'s RANKSIGHT__section__key settings on top."""
+    return config.load(profile="test", env=dict(env or {}))

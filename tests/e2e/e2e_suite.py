@@ -52,6 +52,7 @@ class Case:
     dashboards: bool = False  # evaluate every dashboard query for this job while it runs
     hold: float = 0.0  # keep watching this long after the symptoms (a false page that comes late)
     also: Tuple[Tuple[str, Mapping[str, str]], ...] = ()  # compound faults: further causes, loud too
+    sole: bool = False  # one cause with side effects on other signals: it alone is ever loud, triage names it alone
 
 
 @dataclass
@@ -118,6 +119,13 @@ CASES: Dict[str, Case] = {c.name: c for c in (
          args=("--slow-data-seconds", "0.006", "--checkpoint-mb", "96", "--checkpoint-sync", "--checkpoint-every", "10")),
     Case("straggler+checkpoint", "straggler", "RanksightCheckpointSlow", R0, also=(("RanksightStraggler", R1),),
          args=("--checkpoint-mb", "96", "--checkpoint-sync", "--checkpoint-every", "10")),
+    # One cause with a side effect on another signal: rank 0 writes one checkpoint for about a minute
+    # (24 MB at 0.4 MB/s) and rank 1 waits in the all-reduce meanwhile, past its stall limit. The
+    # write pages once it passes the write limit; the blocked peer is muted by it, and nothing else
+    # of the job is loud at any time (the watch ends while the write still runs).
+    Case("long-checkpoint", "long-checkpoint", "RanksightCheckpointSlow", R0,
+         symptoms=(("RanksightRankBlocked", R1),), fault_after=FAULT_AFTER, hold=5.0, sole=True,
+         env={"RANKSIGHT__hooks__stack_after_seconds": "1.5"}),
     Case("healthy", "none", "", {}, two_hosts=True, healthy=True, dashboards=True, args=("--checkpoint-every", "40")),
     Case("packet-loss", "none", "RanksightTcpRetransmits", {"node": HOST_A},
          symptoms=(("RanksightCommBound", {"node": HOST_A}), ("RanksightCommBound", {"node": HOST_B})),
@@ -129,9 +137,17 @@ CASES: Dict[str, Case] = {c.name: c for c in (
 # alone on the 2 cores so that one job does not distort another's step-time shares.
 GROUPS: Tuple[Tuple[str, ...], ...] = (
     ("slow-data", "kill-rank", "hang", "desync"), ("straggler",), ("comm-heavy",), ("comm-wide",), ("slow-checkpoint",),
-    ("data+checkpoint",), ("straggler+checkpoint",),
+    ("data+checkpoint",), ("straggler+checkpoint",), ("long-checkpoint",),
     ("healthy", "packet-loss"),  # the two-host cases, one after the other on the same hosts
 )
+
+
+# The suite's stall floor is 3 s where the default config's is 30 (hangs of seconds, not minutes); the
+# one-write limit of RanksightCheckpointSlow scales with it, 6 s for 60, so that a write which keeps
+# the peers blocked past their stall limit pages as the cause before the blocked peers page, as it
+# does with the default limits (a write pages at 60 s, a blocked peer at 30 s + the 1m `for:`).
+# The rules and `ranksight triage` both read it.
+SUITE_CONFIG = {"RANKSIGHT__thresholds__checkpoint_write_seconds": "6"}
 
 
 def _labels_match(labels: Mapping[str, str], want: Mapping[str, str]) -> bool:
@@ -143,7 +159,7 @@ class Suite:
 
     def __init__(self, workdir: Path) -> None:
         self.dir = workdir
-        self.cfg = cfg_test_profile()
+        self.cfg = cfg_test_profile(SUITE_CONFIG)
         self.stack: Optional[LocalStack] = None
         self.agent: Optional[AgentProcess] = None
         self.results: Dict[str, Observation] = {}
@@ -261,6 +277,11 @@ class Suite:
             obs.error = str(e)
             obs.job_alerts = self._job_alerts(job.name)
             return
+        def find(alert: str, sel: Mapping[str, str]) -> List[Dict[str, Any]]:
+            alerts = self._job_alerts(job.name)
+            self._note(obs, alerts, fault_start)  # the timeline misses nothing while the symptoms come
+            return [a for a in alerts if a["labels"]["alertname"] == alert and _labels_match(a["labels"], sel)]
+
         deadline = time.monotonic() + SYMPTOM_WAIT
         also_deadline = fault_start + DETECT_LIMIT + 15  # each further cause has the same bound as the first
         for alert, labels in case.also:  # the other causes of a compound fault: loud
@@ -268,8 +289,7 @@ class Suite:
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"
             try:
                 obs.also[key] = wait_until(f"cause {alert} {sel} active in Alertmanager",
-                                           lambda: [a for a in am_find(self.stack, alert, **sel)
-                                                    if not a["status"]["inhibitedBy"]],
+                                           lambda: [a for a in find(alert, sel) if not a["status"]["inhibitedBy"]],
                                            max(1.0, also_deadline - time.monotonic()), every=POLL)
             except AssertionError:
                 obs.also[key] = am_find(self.stack, alert, **sel)
@@ -278,8 +298,7 @@ class Suite:
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"
             try:
                 obs.symptoms[key] = wait_until(f"symptom {alert} {sel} inhibited in Alertmanager",
-                                               lambda: [a for a in am_find(self.stack, alert, **sel)
-                                                        if a["status"]["inhibitedBy"]],
+                                               lambda: [a for a in find(alert, sel) if a["status"]["inhibitedBy"]],
                                                max(1.0, deadline - time.monotonic()), every=POLL)
             except AssertionError:
                 obs.symptoms[key] = am_find(self.stack, alert, **sel)  # absent or not inhibited: the test says which
@@ -311,7 +330,8 @@ class Suite:
         assert self.stack is not None
         args = ("--profile", "test", "--job", job)
         runs: Dict[str, Any] = {}
-        both = [threading.Thread(target=lambda k=k, a=a: runs.__setitem__(k, triage_cli(self.stack.prom_url, *a)))
+        both = [threading.Thread(target=lambda k=k, a=a: runs.__setitem__(
+                    k, triage_cli(self.stack.prom_url, *a, env=SUITE_CONFIG)))
                 for k, a in (("json", args + ("--json",)), ("text", args))]
         for t in both:
             t.start()

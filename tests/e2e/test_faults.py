@@ -165,6 +165,24 @@ def test_compound_fault_names_every_cause(suite: Suite, name: str) -> None:
         assert any(n == alert and where.items() <= labels.items() for n, labels in named), obs.triage_text
 
 
+SOLE = [n for n in ORDER if CASES[n].sole]
+
+
+@pytest.mark.parametrize("name", SOLE)
+def test_side_effects_of_one_cause_never_page(suite: Suite, name: str) -> None:
+    """One cause whose side effect moves another signal (a long checkpoint write keeps the peer
+    blocked in its all-reduce): triage names that cause alone, the side effect shows only as
+    explained, and Alertmanager never held any other alert of the job active while it was watched."""
+    case, obs = CASES[name], suite.observe(name)
+    _check_ok(obs)
+    causes = {(c["alert"], c["labels"].get("rank", "")) for c in obs.triage["causes"]}
+    assert causes == {(case.cause, case.where.get("rank", ""))}, obs.triage_text
+    loud = [t for t in obs.timeline if not t.endswith(" inhibited") and f" {case.cause}[" not in t]
+    assert not loud, obs.explain()
+    for alert, where in case.symptoms:  # the side effect did happen: it fired, and only muted
+        assert any(f" {alert}[{where.get('rank', '')}] inhibited" in t for t in obs.timeline), obs.explain()
+
+
 def _place(labels: Dict[str, str]) -> Dict[str, str]:
     return {k: labels[k] for k in ("rank", "node", "pg") if labels.get(k)}
 

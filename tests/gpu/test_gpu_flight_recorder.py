@@ -1,4 +1,4 @@
-"""NCCL Flight Recorder durations through the hooks.
+"""NCCL Flight Recorder durations through the hooks, and where a blocked rank waits.
 
 ``comm_fr``: DDP world size 1 plus a 256 MiB all_gather_into_tensor (async + wait) and a
 256 MiB reduce_scatter_tensor per step, with ``TORCH_NCCL_ENABLE_TIMING=1`` and
@@ -9,6 +9,9 @@ time from the hooks' own CUDA events (launch on the compute stream -> completion
 At batch 8 the step is host-bound (see test_gpu_hooks.py): the GPU idles while the host enqueues
 each collective, and the three clocks (kernel time, NCCL's start/end events, the hooks' launch
 event) differ by that wait. At batch 32 the step is GPU-bound and they must agree.
+
+``fr_position``: the blocked rank's collective position from the Flight Recorder under NCCL
+(see bench/gpu/scenarios.py).
 """
 from __future__ import annotations
 
@@ -95,3 +98,31 @@ def test_enable_timing_alone_still_reports_comm(scenario):
     assert r["hooks"]["comm"] > 0, (
         f"comm is 0 with TORCH_NCCL_ENABLE_TIMING=1 alone: Flight Recorder {r['flight_recorder']}, "
         f"hooks use it: {r['stats_end']['flight_recorder']}")
+
+
+def test_blocked_rank_position_comes_from_the_flight_recorder(scenario):
+    """A rank blocked under NCCL (world size 1: an all_reduce enqueued behind a 6 s GPU sleep, the
+    main thread in torch.cuda.synchronize()): the stack the hooks send names that line, and the
+    collective it waits in is the Flight Recorder's pending entry, with the recorder's sequence
+    number. Each step also ran three C++ collectives (ProcessGroup.allreduce, as DDP's are) that
+    the hooks' Python wrappers never see, so the wrappers' own count cannot give that number."""
+    r = scenario("fr_position")
+    assert r["backend"] == "nccl" and r["fr_status_reader"], r
+    assert r["stats_end"]["herr"] == 0 and not r["invalid_datagrams"], r["stderr_tail"]
+    assert r["hang_seconds"] >= 4.0, r["hang_seconds"]  # the GPU sleep really held the main thread
+    pending = [e for e in r["pending"] if "all_reduce" in str(e["profiling_name"])]
+    assert len(pending) == 1, r["pending"]
+    seq = pending[0]["collective_seq_id"]
+    assert seq == 5 * 4 + 1, pending  # 5 steps x (1 wrapped + 3 C++ all-reduces), then the blocked one
+    fr = r["fr_waiting"]
+    assert fr and (fr["op"], fr["pg"], fr["seq"]) == ("all_reduce", "default_pg", seq), fr
+    sent = [s for s in r["stacks"] if s["frames"]]  # (after the hang, the main thread's next idle line may follow)
+    assert sent and sent[0]["where"].startswith("scenarios.py:"), r["stacks"]
+    hung = [s for s in sent if s["where"].endswith("<- torch.cuda.synchronize")]
+    assert hung and hung[0] is sent[0], [s["where"] for s in sent]
+    for s in hung:
+        cw = s["cw"]
+        assert cw and (cw["op"], cw["pg"], cw["seq"]) == ("all_reduce", "default_pg", seq), cw
+        assert cw["wait"] >= 0.5, cw
+    ww = r["wrappers_waiting"]  # what the fallback would have said: another sequence number
+    assert ww is None or ww["seq"] != seq, ww

@@ -5,6 +5,9 @@ worker of the CPU suite with the model on CUDA):
   3 warm-up steps, under ``torch.cuda.set_sync_debug_mode("warn")``, no recorded sync has a
   ranksight frame on its stack (the frameworks' own syncs are counted in both runs, watched and
   not), and every optimizer step is a step record;
+* Lightning under DDPStrategy and FSDPStrategy on one GPU (NCCL, world size 1) records the
+  same steps, micro-batches and phases (FSDP cannot run on CPU: Lightning refuses FSDPStrategy
+  with accelerator="cpu", and torch's FSDP needs an accelerator device);
 * 100 watch/unwatch cycles with the model on CUDA, a persistent-workers DataLoader, and a new
   DataLoader with freshly forked workers every 4 cycles right after ``watch()`` (the fork races the
   watch's background thread start: NVML self-check): every worker exits 0, nothing is left behind.
@@ -67,3 +70,47 @@ def test_hundred_cycles_on_cuda_with_freshly_forked_workers(tmp_path, gpu_result
     assert r["cycle_fresh_batches"] == [4] * 25
     assert r["fresh_worker_exitcodes"] == [0, 0]
     assert r["after"] == r["before"] and r["state_after"] == r["state_before"] and r["watchers_alive"] == 0, r
+
+
+LIGHTNING_WORKER = os.path.join(REPO, "tests", "integration_workloads", "lightning_worker.py")
+STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.05
+WRAPPER = {"ddp": "DistributedDataParallel", "fsdp": "FullyShardedDataParallel"}
+
+
+@pytest.mark.parametrize("strategy", ("ddp", "fsdp"))
+def test_lightning_strategy_on_one_gpu_records_steps_microbatches_and_phases(agent, tmp_path, strategy):
+    """Lightning with ``RanksightCallback`` on one GPU under DDPStrategy and FSDPStrategy (NCCL,
+    world size 1; FSDP cannot run on CPU): the same records under both, read from the step
+    datagrams and from a real agent after the run: one step per optimizer step, each of
+    ``accumulate_grad_batches`` micro-batches, forward, backward and optimizer phases timed, the
+    data wait per step within 25% of the injected delay, and ModelCheckpoint's saves timed."""
+    pytest.importorskip("lightning")
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from integration_workloads.harness import check_rank, launch, rank_series, worker_env
+    from ranksight.tools.receiver import Receiver
+
+    a = agent()
+    host, port = a.ingest[len("udp://"):].rsplit(":", 1)
+    job = f"lightning-gpu-{strategy}"
+    with Receiver(forward=(host, int(port))) as rx:
+        run = launch([sys.executable, LIGHTNING_WORKER, "--out", str(tmp_path), "--accelerator", "gpu", "--devices", "1",
+                      "--strategy", strategy, "--steps", str(STEPS), "--accum", str(ACCUM), "--batch", str(BATCH),
+                      "--sleep", str(SLEEP), "--save-every", "3"], worker_env(rx.url, job), timeout=300)
+        assert run["rc"] == 0, run["err"][-4000:]
+        rx.wait_for(lambda: rx.of("bye"), 10)
+    assert not rx.invalid, rx.invalid[:3]
+    res = run["results"][0]
+    assert res["model"] == WRAPPER[strategy], res
+    assert res["global_step"] == STEPS and res["batches"] == STEPS * ACCUM, res
+    assert res["ckpts"] == ["epoch=0-step=3.ckpt", "epoch=0-step=6.ckpt"], res
+    assert res["after"] == res["before"] and not res["watcher_left"], res
+    steps = rx.steps()
+    assert [s["seq"] for s in steps] == list(range(1, STEPS + 1)), [s["seq"] for s in steps]
+    assert all(s["micro"] == ACCUM for s in steps), [s["micro"] for s in steps]
+    for phase in ("fwd", "bwd", "opt"):
+        assert all(s[phase] > 0 for s in steps), (phase, [s[phase] for s in steps])
+    hello = rx.of("hello")
+    assert hello and hello[0]["info"]["backend"] == "nccl" and hello[0]["info"]["gpus"] >= 1, hello[:1]
+    series = rank_series(a.metrics_text(), job)
+    assert sorted(series) == [0], series
+    check_rank(series[0], STEPS, ACCUM, ACCUM * BATCH * SLEEP, ckpts=2, writer=True)

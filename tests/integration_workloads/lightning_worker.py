@@ -1,7 +1,7 @@
 """A Lightning job with ``RanksightCallback``, started as Lightning users start it (``python
 lightning_worker.py``: Lightning's own launcher starts the other rank with strategy="ddp" on CPU,
-gloo). ``accumulate_grad_batches``, a dataset that sleeps per item, ``ModelCheckpoint`` every
-``--save-every`` steps; ``--two-optimizers``: manual optimization stepping two optimizers per
+gloo; ``--accelerator gpu --strategy ddp|fsdp`` on one GPU). ``accumulate_grad_batches``, a
+dataset that sleeps per item, ``ModelCheckpoint`` every ``--save-every`` steps; ``--two-optimizers``: manual optimization stepping two optimizers per
 batch (one step per batch). Prints RESULT per rank."""
 from __future__ import annotations
 
@@ -61,7 +61,9 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.02)
     ap.add_argument("--save-every", type=int, default=3)
     ap.add_argument("--two-optimizers", action="store_true")
-    ap.add_argument("--strategy", default="ddp", help="with --devices > 1: ddp or fsdp")
+    ap.add_argument("--strategy", choices=("ddp", "fsdp", "auto"), default=None,
+                    help="default: ddp with --devices > 1, else auto; fsdp (FSDPStrategy()) needs --accelerator gpu")
+    ap.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu")
     ap.add_argument("--val-every", type=int, default=0, help="validate every N training batches (2 sleepy batches)")
     a = ap.parse_args()
     accum = 1 if a.two_optimizers else a.accum  # (Lightning's global_step counts each optimizer's step)
@@ -71,7 +73,12 @@ def main() -> None:
     before = hooks_state()
     cb = RanksightCallback()
     ckpt = ModelCheckpoint(dirpath=a.out, every_n_train_steps=a.save_every, save_top_k=-1)
-    trainer = L.Trainer(accelerator="cpu", devices=a.devices, strategy=a.strategy if a.devices > 1 else "auto",
+    strategy: object = a.strategy or ("ddp" if a.devices > 1 else "auto")
+    if strategy == "fsdp":  # GPU only: Lightning refuses FSDPStrategy on CPU, and torch's FSDP needs an accelerator
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        strategy = FSDPStrategy()
+    trainer = L.Trainer(accelerator=a.accelerator, devices=a.devices, strategy=strategy,
                         max_steps=a.steps * (2 if a.two_optimizers else 1), accumulate_grad_batches=accum,
                         callbacks=[cb, ckpt], logger=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
