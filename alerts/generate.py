@@ -1,5 +1,5 @@
 """`ranksight rules`: render the alerting and recording rules, the Alertmanager config
-and the runbooks from the triage table (ranksight/triage.py).
+and the runbooks from the triage table (the ranksight/triage/ package).
 
 ``render(cfg)`` is deterministic (pure but for checking on-call secret files): it maps file names relative to the
 output folder to their text. ``write(cfg, out_dir)`` writes them. The committed
