@@ -50,8 +50,11 @@ export PYTHONPATH="$ov${python_path:+:$python_path}" PYTHONDONTWRITEBYTECODE=1
 nproc; free -g | head -2; df -h /dev/shm /tmp | tail -2
 /tmp/rsbin/prometheus --version 2>&1 | head -1
 # from /tmp: `python -m` puts the working directory first on sys.path, which would shadow the overlay
+# the baseline group every minute (bench/scale/device-config.yml) unless the arguments name a config
+config=(--config "$PWD/bench/scale/device-config.yml")
+for a in "$@"; do [[ $a == --config || $a == --config=* ]] && config=(); done
 (cd /tmp && $PY -m ranksight bench scale --prometheus /tmp/rsbin/prometheus --promtool /tmp/rsbin/promtool \
-  --workdir /tmp --json "$@") > "$OUT/scale.json" 2> >(tee "$OUT/scale.log" | grep -v ' scale: query ' >&2)
+  --workdir /tmp --json "${config[@]}" "$@") > "$OUT/scale.json" 2> >(tee "$OUT/scale.log" | grep -v ' scale: query ' >&2)
 rc=$?
 (cd /tmp && $PY - "$OUT/scale.json") <<'EOF' || true
 import json, sys
