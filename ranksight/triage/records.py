@@ -70,14 +70,15 @@ RANK_BY = "job, node, rank, local_rank"
 # The rank records split in two groups that evaluate side by side: the step counters' rates with
 # the shares, busy time and job aggregates computed from them (a chain: one group), and the rank
 # state records that read their own raw series and nothing else of the chain (checkpoint share and
-# age, backward-to-optimizer, allocator retries, ranks up). The node counters split the same way:
-# RDMA ports apart from the GPU samples and interfaces.
+# age, backward-to-optimizer, allocator retries, ranks up). The slow node families are three groups
+# of independent rules: interface counters, GPU utilization sample buckets, RDMA ports.
 RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.rank": None,  # None: Prometheus' evaluation_interval
     "ranksight.recording.rank_state": None,
     "ranksight.recording.node": None,
     "ranksight.recording.histograms": "slow_rule_interval",
     "ranksight.recording.node_counters": "slow_rule_interval",
+    "ranksight.recording.gpu_samples": "slow_rule_interval",
     "ranksight.recording.rdma": "slow_rule_interval",
 }
 
@@ -92,7 +93,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     thousands of raw series."""
     w = cfg["windows"]["rate"]
     ckpt_w = cfg["windows"].get("checkpoint_share", w)
-    RANK, STATE, NODE, HIST, NODEC, RDMA = list(RULE_GROUPS)[:6]
+    RANK, STATE, NODE, HIST, NODEC, SAMPLES, RDMA = list(RULE_GROUPS)[:7]
 
     def rate(m: Any, window: str = w) -> str:
         return f"rate({m}[{window}])"
@@ -190,8 +191,8 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["rdma_errors"], f"sum by (node, counter) ({rate(rdma_errors)})"),
         Recording(REC["rdma_packets"], f"sum by (node, counter) ({rate(rdma_packets)})"),
     ]
+    samples = [Recording(REC["util_samples"], f"sum by (node, le) ({rate(C.GPU_UTILIZATION_SAMPLES.bucket)})")]
     node_counters = [
-        Recording(REC["util_samples"], f"sum by (node, le) ({rate(C.GPU_UTILIZATION_SAMPLES.bucket)})"),
         Recording(REC["if_errors"], f"sum by (node, direction) ({rate(C.NET_IF_ERRORS)})"),
         Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
         Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
@@ -203,7 +204,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     state += job_state
     out: List[Recording] = []
     for group, rules in ((RANK, rank), (STATE, state), (NODE, node), (HIST, hist), (NODEC, node_counters),
-                         (RDMA, rdma)):
+                         (SAMPLES, samples), (RDMA, rdma)):
         out += [replace(r, group=group) for r in rules]
     return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
 
