@@ -48,7 +48,7 @@ def _worker() -> None:
     import ranksight
     from ranksight.hooks import comm as comm_mod
     from ranksight.hooks import watcher as watcher_mod
-    from ranksight.hooks.bench import QUIET
+    from bench_hooks import QUIET
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
@@ -140,7 +140,7 @@ def main() -> int:
     if a.steps <= 50:
         print("error: --steps must be above 50")
         return 2
-    from ranksight.hooks.bench import _Sink
+    from bench_hooks import _Sink
 
     sink = _Sink()
     port = free_port()

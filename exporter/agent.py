@@ -24,22 +24,24 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
+
+from ranksight import catalog as C
+from ranksight import config
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from .collectors import CollectorError, Family, PartialError
-from .collectors.disk import DiskCollector
+from .collectors import CollectorError, Context, Family, PartialError, build
+from .collectors.agent_health import AgentHealthCollector
 from .collectors.gpu import GpuCollector
-from .collectors.network import NetworkCollector
-from .collectors.rdma import RdmaCollector
-from .collectors.self import SelfCollector
 from .exposition import TextWriter
-from .ingest import Ingest, IngestError, Receiver, parse_address
-from .ranks import RANKS_API, RankSettings, RanksCollector, RankTable
+from ranksight.protocol import parse_address
+
+from .ingest import Ingest, IngestError, Receiver
+from .ranks import RANKS_API, RankSettings, RankTable
 from .webconfig import Gate, WebConfig, WebConfigError
 
 log = logging.getLogger("ranksight.exporter")
 
-COLLECTORS = ("gpu", "network", "rdma", "disk", "ranks")
+COLLECTORS = C.COLLECTOR_NAMES
 CHECK_MIN_PERIOD = 0.02
 CHECK_MAX_PERIOD = 1.0
 
@@ -48,23 +50,27 @@ class AgentError(Exception):
     """The agent cannot start (port in use, bad address); the message is the one line."""
 
 
+_AGENT = config.defaults()["agent"]  # every default below is the config's (ranksight/config.py)
+_THRESHOLDS = config.defaults()["thresholds"]
+
+
 @dataclass
 class AgentSettings:
     node: str
-    listen: str = "0.0.0.0:9945"
-    ingest: str = "udp://127.0.0.1:9946"
-    procfs: str = "/proc"
-    sysfs: str = "/sys"
-    collectors: Tuple[str, ...] = COLLECTORS
-    watch_paths: List[str] = field(default_factory=list)
+    listen: str = _AGENT["listen"]
+    ingest: str = _AGENT["ingest"]
+    procfs: str = _AGENT["procfs"]
+    sysfs: str = _AGENT["sysfs"]
+    collectors: Tuple[str, ...] = tuple(c.strip() for c in _AGENT["collectors"].split(","))
+    watch_paths: List[str] = field(default_factory=lambda: list(_AGENT["watch_paths"]))
     ranks: RankSettings = field(default_factory=RankSettings)
-    gpu_poll_seconds: float = 1.0
-    gpu_window_seconds: float = 15.0
-    gpu_swing_high: float = 0.8
-    gpu_swing_low: float = 0.5
-    nic_include: str = ""
-    nic_exclude: str = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
-    rdma_counters: Union[str, List[str]] = "curated"  # agent.rdma_counters: curated | all | names
+    gpu_poll_seconds: float = _AGENT["gpu_poll_seconds"]
+    gpu_window_seconds: float = _AGENT["gpu_window_seconds"]
+    gpu_swing_high: float = _THRESHOLDS["gpu_swing_high"]
+    gpu_swing_low: float = _THRESHOLDS["gpu_swing_low"]
+    nic_include: str = _AGENT["nic_include"]
+    nic_exclude: str = _AGENT["nic_exclude"]
+    rdma_counters: Union[str, List[str]] = _AGENT["rdma_counters"]  # agent.rdma_counters: curated | all | names
     web_config: Optional[WebConfig] = None  # --web.config.file: TLS and basic auth; None: plain HTTP
 
 
@@ -132,27 +138,20 @@ class Agent:
         enabled = set(s.collectors)
         try:
             if "ranks" in enabled:
-                self.receiver = Receiver(parse_address(s.ingest), self.ingest)
+                self.receiver = Receiver(parse_address(s.ingest, listen=True), self.ingest)
                 self.receiver.bind()
             self._bind_http()
         except (IngestError, ValueError) as e:  # WebConfigError is a ValueError
             self._close_sockets()
             raise AgentError(str(e)) from None
-        if "gpu" in enabled:
-            self.gpu = GpuCollector(s.node, s.gpu_poll_seconds, s.gpu_window_seconds, s.gpu_swing_high,
-                                    s.gpu_swing_low, nvml=self.nvml)
-            self.gpu.start()
-            self.collectors.append(self.gpu)
-        if "network" in enabled:
-            self.collectors.append(NetworkCollector(s.node, s.procfs, s.sysfs, s.nic_include, s.nic_exclude))
-        if "rdma" in enabled:
-            self.collectors.append(RdmaCollector(s.node, s.sysfs, s.rdma_counters))
-        if "disk" in enabled:
-            reported = self.table.watched_dirs if "ranks" in enabled else set
-            self.collectors.append(DiskCollector(s.node, s.watch_paths, reported))
-        if "ranks" in enabled:
-            self.collectors.append(RanksCollector(self.table, gpu_labels=self.gpu.uuid_labels if self.gpu else None))
-        self.self_collector = SelfCollector(
+        ctx = Context(s, table=self.table if "ranks" in enabled else None, nvml=self.nvml)
+        for name in COLLECTORS:  # registered by name in exporter/collectors/ (gpu first: ranks joins on it)
+            if name in enabled:
+                c = build(name, ctx)
+                if name == "gpu":
+                    self.gpu = ctx.gpu = c
+                self.collectors.append(c)
+        self.health = AgentHealthCollector(
             s.node, self._runs_snapshot,
             self.ingest.snapshot if self.receiver else None,
             self.table.__len__ if "ranks" in enabled else None,
@@ -254,7 +253,7 @@ class Agent:
             with self._runs_lock:
                 self.runs[c.name] = (ok, dur)
             yield from fams
-        yield from self.self_collector.collect()
+        yield from self.health.collect()
 
     def _note(self, name: str, error: str) -> bool:
         """Log a collector's failure once per distinct message (and its recovery); True when logged."""

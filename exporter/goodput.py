@@ -44,7 +44,7 @@ log = logging.getLogger("ranksight.exporter.goodput")
 OFFSET = time.time() - time.monotonic()  # unix = monotonic + OFFSET (this host)
 STARTUP, WASTED, RECOVERY, STALLED = C.BADPUT_AGENT_CATEGORIES
 PRODUCTIVE, DATA, XCOMM = C.OVERLAP_CATEGORIES
-WAITING = "waiting_in_collective"  # exporter.ranks.WAITING (not imported: ranks imports this module)
+WAITING = C.STALL_WAITING
 
 
 class Ledger:
@@ -167,6 +167,8 @@ def step(r: Any, rec: dict, now: float) -> None:
     ends its startup or recovery; a step ends a stall."""
     g: Ledger = r.gp
     g.dead = False  # (a rank that only froze past its down limit and came back)
+    if g.rerun is None and g.gap is None and g.stall_since is None:
+        return  # a step of a running rank: nothing to close (this runs for every step record)
     end = _end(rec, now)
     durs = rec["dur"] if isinstance(rec["dur"], list) else [rec["dur"]]
     start = end - sum(durs)

@@ -41,17 +41,16 @@ import stat
 import struct
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
-from urllib.parse import urlsplit
 
-from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, ProtocolError, decode
+from ranksight import catalog as C
+from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, Address, ProtocolError, decode
 
 from .ranks import RankTable
 
 log = logging.getLogger("ranksight.exporter.ingest")
 
-RESULTS = ("ok", "malformed", "oversize", "rejected", "overflow")
+RESULTS = C.INGEST_RESULTS
 RCVBUF_BYTES = 32 << 20
 IDLE_SLEEP_MIN = 0.005  # between drains, seconds: at high rates ...
 IDLE_SLEEP_MAX = 0.08  # ... and at low rates (a burst from idle then still fits the buffer)
@@ -72,39 +71,6 @@ class IngestError(Exception):
     """Cannot bind the ingest socket; the message is the one line for the user."""
 
 
-@dataclass(frozen=True)
-class Address:
-    kind: str  # "udp" | "unix"
-    host: str = ""
-    port: int = 0
-    path: str = ""
-
-    def __str__(self) -> str:
-        if self.kind == "unix":
-            return f"unix://{self.path}"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"udp://{host}:{self.port}"
-
-
-def parse_address(s: str) -> Address:
-    """'udp://host:port' or 'unix:///abs/path'; raises ValueError with a clear message."""
-    u = urlsplit(s)
-    if u.scheme == "unix":
-        path = u.path if not u.netloc else "/" + u.netloc + u.path
-        if not path or not path.startswith("/"):
-            raise ValueError(f"ingest address {s!r}: expected unix:///absolute/path")
-        return Address("unix", path=path)
-    if u.scheme == "udp":
-        try:
-            port = u.port
-        except ValueError:
-            port = None
-        if not u.hostname or port is None:
-            raise ValueError(f"ingest address {s!r}: expected udp://host:port")
-        return Address("udp", host=u.hostname, port=port)
-    raise ValueError(f"ingest address {s!r}: expected udp://host:port or unix:///path")
-
-
 class Ingest:
     """Validates and applies datagrams; counts every one under exactly one result."""
 
@@ -117,7 +83,7 @@ class Ingest:
         self._versions_logged: set = set()  # unknown protocol versions already logged (bounded)
         self.owners: Dict[str, int] = {}  # job -> uid that speaks for it (unix socket only)
         self.max_owners = max(MAX_OWNERS, 2 * table.s.max_jobs)
-        self.forged: Dict[str, int] = dict.fromkeys(("pid", "job", "nocred"), 0)  # rejected by the checks
+        self.forged: Dict[str, int] = dict.fromkeys(C.INGEST_FORGED_REASONS, 0)  # rejected by the checks
         self._nspid: Dict[int, Tuple[float, Tuple[int, ...]]] = {}  # sender pid -> (read at, its pids)
         self._forged_logged: set = set()
 
@@ -137,7 +103,7 @@ class Ingest:
             why = self._forged(rec, ancdata) if ancdata is not None else ""
             if why:
                 self.forged[why] += 1
-                res = "rejected"
+                res = C.INGEST_REJECTED
                 if why not in self._forged_logged:  # once per kind: a forger must not flood the log
                     self._forged_logged.add(why)
                     log.warning("rejected a record for job %r rank %d: %s (counted as rejected; logged once)",
@@ -152,7 +118,7 @@ class Ingest:
                     if not self._bug_logged:
                         self._bug_logged = True
                         log.exception("datagram handling failed (dropped, counted as rejected; logged once)")
-                    res = "rejected"
+                    res = C.INGEST_REJECTED
         self.counts[res] += 1
         return res
 

@@ -18,9 +18,9 @@ from typing import List, Optional
 
 from ranksight import config as cfgmod
 from ranksight.config import ConfigError
+from ranksight.protocol import parse_address
 
 from .agent import COLLECTORS, Agent, AgentError, AgentSettings, parse_listen
-from .ingest import parse_address
 from .ranks import RankSettings
 from .webconfig import WebConfigError
 from .webconfig import load as load_web_config
@@ -63,7 +63,7 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
             a[key] = v
     try:
         parse_listen(a["listen"])
-        parse_address(a["ingest"])
+        parse_address(a["ingest"], listen=True)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for key in ("procfs", "sysfs"):

@@ -1,6 +1,6 @@
 """Per-rank state of the node agent: counters, histograms, a sliding-window
 step-time quantile, heartbeats, stalls and lints. Plain objects; the
-:class:`RanksCollector` turns them into metric families at scrape time.
+:class:`~ranksight.exporter.collectors.ranks.RanksCollector` turns them into metric families at scrape time.
 
 Threads: the ingest thread calls :meth:`RankTable.apply`, the agent's checker
 thread calls :meth:`RankTable.check` (heartbeat misses, stalls, TTL) and the
@@ -33,30 +33,27 @@ per lint per rank at 0 would be 72 of a node's series for nothing.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ranksight import catalog as C
+from ranksight import config
 from ranksight import triage
 
 from . import goodput
-from .collectors import Family, Labels, add, add_histogram, bucket_labels, family
+from .stats import Hist, WindowQuantile
 
 log = logging.getLogger("ranksight.exporter.ranks")
 
-OK = "ok"
-REJECTED = "rejected"
-OVERFLOW = "overflow"
+OK, REJECTED, OVERFLOW = C.INGEST_OK, C.INGEST_REJECTED, C.INGEST_OVERFLOW
 
-NO_PROGRESS = "no_progress"
-WAITING = "waiting_in_collective"
+NO_PROGRESS, WAITING = C.STALL_NO_PROGRESS, C.STALL_WAITING
 BATCH_LR_LINT = "global_batch_lr"  # raised by the agent from the job's history, not by the sender
-STALL_REASONS = (NO_PROGRESS, WAITING)
+STALL_REASONS = C.STALL_REASONS
 RANKS_API = "/api/v1/ranks"  # the agent's JSON view of its ranks and their last stacks
 
 # A heartbeat is late by up to this share of its interval before a miss counts
@@ -66,114 +63,23 @@ MAX_WATCHED_DIRS = 64
 P99_REFRESH_SECONDS = 5.0
 
 
+_AGENT = config.defaults()["agent"]  # the defaults below are the config's (ranksight/config.py)
+
+
 @dataclass(frozen=True)
 class RankSettings:
-    max_ranks: int = 4096
-    max_jobs: int = 64
-    quantile_window_seconds: float = 300.0
-    rank_ttl_seconds: float = 900.0
-    rank_linger_seconds: float = 60.0
-    down_after_misses: int = 3
-    stall_min_seconds: float = 30.0
-    stall_p99_factor: float = 5.0
+    max_ranks: int = _AGENT["max_ranks"]
+    max_jobs: int = _AGENT["max_jobs"]
+    quantile_window_seconds: float = _AGENT["quantile_window_seconds"]
+    rank_ttl_seconds: float = _AGENT["rank_ttl_seconds"]
+    rank_linger_seconds: float = _AGENT["rank_linger_seconds"]
+    down_after_misses: int = _AGENT["down_after_misses"]
+    stall_min_seconds: float = _AGENT["stall_min_seconds"]
+    stall_p99_factor: float = _AGENT["stall_p99_factor"]
 
     @classmethod
     def from_config(cls, agent: Dict[str, object]) -> "RankSettings":
         return cls(**{k: agent[k] for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
-
-
-class Hist:
-    """Prometheus-style histogram: non-cumulative bucket counts, +Inf last."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: Tuple[float, ...]):
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, v: float) -> None:
-        self.counts[bisect_left(self.bounds, v)] += 1
-        self.sum += v
-
-
-class WindowQuantile:
-    """Quantiles of the values observed in the last ``window`` seconds.
-
-    Values go into log-spaced buckets (ratio GAMMA, so any reported quantile is
-    within (GAMMA-1)/(GAMMA+1) = 0.5% of a real observation's value) kept per
-    time slot; a slot older than the window is subtracted from the running
-    total. Observing is O(1); a quantile walks the few distinct buckets, not
-    the samples (a rank at 100 steps/s holds 30,000 samples in 5 minutes).
-    """
-
-    GAMMA = 1.01
-    _INV_LN = 1.0 / math.log(GAMMA)
-    ZERO_KEY = -(1 << 30)  # durations below 1 ns
-
-    __slots__ = ("slot_len", "nslots", "slots", "cur_id", "cur", "total", "n")
-
-    def __init__(self, window: float, nslots: int = 30):
-        self.slot_len = window / nslots
-        self.nslots = nslots
-        self.slots: List[Tuple[int, Dict[int, int]]] = []
-        self.cur_id = -1
-        self.cur: Dict[int, int] = {}
-        self.total: Dict[int, int] = {}
-        self.n = 0
-
-    def observe(self, v: float, now: float) -> None:
-        sid = int(now / self.slot_len)
-        if sid != self.cur_id:
-            self._advance(sid)
-        k = int(math.floor(math.log(v) * self._INV_LN)) if v > 1e-9 else self.ZERO_KEY
-        cur = self.cur
-        cur[k] = cur.get(k, 0) + 1
-        tot = self.total
-        tot[k] = tot.get(k, 0) + 1
-        self.n += 1
-
-    def _advance(self, sid: int) -> None:
-        self.cur = {}
-        self.cur_id = sid
-        self.slots.append((sid, self.cur))
-        self._expire(sid)
-
-    def _expire(self, sid: int) -> None:
-        oldest = sid - self.nslots + 1
-        slots = self.slots
-        tot = self.total
-        while slots and slots[0][0] < oldest:
-            _, d = slots.pop(0)
-            for k, c in d.items():
-                left = tot[k] - c
-                if left:
-                    tot[k] = left
-                else:
-                    del tot[k]
-                self.n -= c
-
-    def quantiles(self, qs: Tuple[float, ...], now: float) -> Optional[List[float]]:
-        self._expire(int(now / self.slot_len))
-        if self.n <= 0:
-            return None
-        keys = sorted(self.total)
-        out: List[float] = []
-        for q in qs:
-            target = max(1, math.ceil(q * self.n))
-            acc = 0
-            for k in keys:
-                acc += self.total[k]
-                if acc >= target:
-                    out.append(self._value(k))
-                    break
-        return out
-
-    def _value(self, k: int) -> float:
-        if k == self.ZERO_KEY:
-            return 0.0
-        g = self.GAMMA
-        return 2.0 * g ** (k + 1) / (g + 1.0)  # bucket [g^k, g^(k+1)): minimal relative error
 
 
 class Rank:
@@ -248,7 +154,7 @@ class Rank:
         self.p99_at = -1e18
         self.lints: Set[str] = set()  # the lints active now; a lint that clears is removed
         self.dirs: Dict[str, str] = {}
-        self.expo: Optional["_RankLabels"] = None  # label sets for exposition, rebuilt when labels change
+        self.expo: Optional[object] = None  # the ranks collector's label sets for this rank, rebuilt when labels change
         self.gp = goodput.Ledger(now)  # lifecycle accounting (exporter/goodput.py)
         self.stack: Optional[Stack] = None  # the main thread's stack while it made no progress ("stack" records)
 
@@ -641,140 +547,3 @@ _TOT_ATTRS = (("steps", "steps"), ("micro", "micro"), ("dur", "step_s"), ("data"
               ("ckpt_bytes", "ckpt_bytes"), ("ckpt_fail", "ckpt_fail"))
 _HIST_ATTRS = (("step", "h_step", "dur"), ("data", "h_data", "data"), ("b2o", "h_b2o", "b2o"),
                ("ckpt", "h_ckpt", "ckpt_s"))
-
-# (catalog metric, Rank attribute) for plain per-rank values
-_COUNTERS = (
-    (C.STEPS, "steps"), (C.MICROBATCHES, "micro"), (C.STEP_SECONDS, "step_s"), (C.DATALOADER_WAIT, "data_s"),
-    (C.FORWARD_SECONDS, "fwd_s"), (C.BACKWARD_SECONDS, "bwd_s"), (C.OPTIMIZER_SECONDS, "opt_s"),
-    (C.COMM_SECONDS, "comm_s"), (C.EXPOSED_COMM_SECONDS, "xcomm_s"), (C.CHECKPOINT_SECONDS, "ckpt_s"),
-    (C.CHECKPOINT_BYTES, "ckpt_bytes"), (C.CHECKPOINT_FAILURES, "ckpt_fail"), (C.HEARTBEAT_MISSES, "misses"),
-    (C.STEP_RECORDS_LOST, "lost"),
-)
-_CUMS = ((C.CUDA_ALLOC_RETRIES, "retries"), (C.CUDA_OOMS, "ooms"), (C.HOOK_ERRORS, "herr"), (C.HOOK_DROPPED_EVENTS, "hdrop"))
-_GAUGES = ((C.CUDA_RESERVED, "mres"), (C.CUDA_ALLOCATED, "malloc"), (C.DATALOADER_WORKERS_RSS, "wrss"),
-           (C.RANK_RESTARTS, "restart"))
-_OPTIONAL = ((C.LAST_STEP, "last_step_ts"), (C.LAST_CHECKPOINT, "last_ckpt_ts"),
-             (C.LAST_CHECKPOINT_DURATION, "last_ckpt_dur"))
-_HISTS = ((C.STEP_DURATION, "h_step"), (C.DATALOADER_WAIT_HIST, "h_data"), (C.BACKWARD_TO_OPTIMIZER, "h_b2o"),
-          (C.CHECKPOINT_WRITE, "h_ckpt"))
-QUANTILES = (0.5, 0.99)
-_QLABELS = ("0.5", "0.99")
-
-
-class _RankLabels:
-    """Every label set one rank's series use, built once per label change."""
-
-    __slots__ = ("base", "q", "stall", "hist", "lint")
-
-    def __init__(self, r: Rank):
-        base = self.base = Labels(zip(C.RANK_LABELS, r.labels))
-        self.q = [base.plus("quantile", q) for q in _QLABELS]
-        self.stall = [base.plus("reason", reason) for reason in STALL_REASONS]
-        self.hist = [bucket_labels(base, m.buckets) for m, _ in _HISTS]
-        self.lint: Dict[str, Labels] = {}
-
-    def for_lint(self, lint: str) -> Labels:
-        got = self.lint.get(lint)
-        if got is None:
-            got = self.lint[lint] = self.base.plus("lint", lint)
-        return got
-
-
-class RanksCollector:
-    """Exposes the rank table (collector name "ranks")."""
-
-    name = "ranks"
-
-    def __init__(self, table: RankTable, clock=time.monotonic,
-                 gpu_labels: Optional[Callable[[], Dict[str, str]]] = None):
-        self.table = table
-        self.clock = clock
-        self.gpu_labels = gpu_labels  # GPU UUID -> gpu label (the GPU collector's), for rank_gpu_info
-
-    def collect(self) -> List[Family]:
-        now = self.clock()
-        counters = [(family(m), a) for m, a in _COUNTERS]
-        cums = [(family(m), a) for m, a in _CUMS]
-        gauges = [(family(m), a) for m, a in _GAUGES]
-        optional = [(family(m), a) for m, a in _OPTIONAL]
-        hists = [(family(m), a) for m, a in _HISTS]
-        f_q = family(C.STEP_QUANTILE)
-        f_up = family(C.RANK_UP)
-        f_stall = family(C.RANK_STALLED)
-        f_ckpt_now = family(C.CHECKPOINT_IN_PROGRESS)
-        f_lint = family(C.LINT_ACTIVE)
-        f_fin = family(C.RANK_FINISHED)
-        f_pstart = family(C.PROCESS_START)
-        f_gpu = family(C.RANK_GPU_INFO)
-        f_gp = goodput.Families()
-        f_where = family(C.RANK_STALL_WHERE)
-        f_cseq, f_cwait = family(C.RANK_COLLECTIVE_SEQ), family(C.RANK_COLLECTIVE_WAIT)
-        uuids: Dict[str, str] = {}
-        if self.gpu_labels is not None:
-            try:
-                uuids = self.gpu_labels()
-            except Exception as e:  # the GPU collector's trouble must not cost the rank series
-                log.debug("gpu labels: %s", e)
-        table = self.table
-        with table.lock:
-            ranks = list(table.ranks.values())
-        for r in ranks:
-            with table.lock:  # one rank at a time: ingest waits microseconds, not a whole scrape
-                if r.pid == -1 or not r.labels:
-                    continue
-                L = r.expo
-                if L is None:
-                    L = r.expo = _RankLabels(r)
-                vals = [getattr(r, a) for _, a in counters]
-                cvals = [r.cum[a][0] for _, a in cums]
-                gvals = [getattr(r, a) for _, a in gauges]
-                ovals = [getattr(r, a) for _, a in optional]
-                hvals = [(list(h.counts), h.sum) for h in (getattr(r, a) for _, a in hists)]
-                qs = r.win.quantiles(QUANTILES, now)
-                up = r.up
-                stalled = r.stalled
-                ckpt_now = now - r.ckpt_since if r.ckpt_since is not None else 0.0
-                lints = sorted(r.lints)
-                finished = r.finished is not None
-                pstart = r.pstart
-                gpu = uuids.get(r.gpu_uuid) if r.gpu_uuid else None
-                uuid = r.gpu_uuid
-                gp = goodput.Snapshot(r.gp, now)
-                st = r.stack if stalled else None
-            base = L.base
-            for (f, _), v in zip(counters, vals):
-                add(f, base, v)
-            for (f, _), v in zip(cums, cvals):
-                add(f, base, v)
-            for (f, _), v in zip(gauges, gvals):
-                add(f, base, v)
-            for (f, _), v in zip(optional, ovals):
-                if v is not None:
-                    add(f, base, v)
-            for (f, _), les, (counts, total) in zip(hists, L.hist, hvals):
-                add_histogram(f, base, les, counts, total)
-            if qs is not None:
-                for lab, v in zip(L.q, qs):
-                    add(f_q, lab, v)
-            add(f_up, base, 1.0 if up else 0.0)
-            for lab, reason in zip(L.stall, STALL_REASONS):
-                add(f_stall, lab, 1.0 if stalled == reason else 0.0)
-            add(f_ckpt_now, base, ckpt_now)
-            for lint in lints:  # only while active: a cleared lint's series goes stale
-                add(f_lint, L.for_lint(lint), 1.0)
-            if finished:
-                add(f_fin, base, 1.0)
-            if pstart > 0:
-                add(f_pstart, base, pstart)
-            if gpu is not None:
-                add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
-            f_gp.add(base, gp)
-            if st is not None and st.where:  # one series per stalled rank, gone when it recovers
-                add(f_where, base.plus("where", st.where).plus("phase", st.phase), st.idle + max(0.0, now - st.at))
-            if st is not None and st.cw is not None and stalled == WAITING:
-                cl = base.plus("op", st.cw["op"]).plus("pg", st.cw["pg"])
-                add(f_cseq, cl, float(st.cw["seq"]))
-                add(f_cwait, cl, st.cw["wait"] + max(0.0, now - st.at))
-        return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
-                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_where, f_cseq,
-                                           f_cwait] + f_gp.all())

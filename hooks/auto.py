@@ -30,6 +30,8 @@ from typing import Any, Dict, List
 
 import torch
 
+from ranksight import catalog as C
+
 from .patch import Patcher, like
 from .watcher import timed_next
 
@@ -236,7 +238,7 @@ class Discovery:
         self.w._attach_model(best)
         self._lints_model()
 
-    # ------------------------------------------------------------------ the lints (hooks/lints.py)
+    # ------------------------------------------------------------------ the lints (hooks/lints/)
     # The lints look at the loader and the model when watch() starts; with discovery they arrive
     # later, so the watch-time checks run when each is found.
     def _lints_loader(self, loader: Any) -> None:
@@ -247,8 +249,8 @@ class Discovery:
             from .lints import loader_facts
 
             lints.facts = loader_facts(loader)
-            for name, fn in (("io_amplification", lints._static_io), ("uneven_last_batch", lints._static_uneven),
-                             ("rank_disagreement", lints._static_seed)):
+            for name, fn in ((C.LINT_IO_AMPLIFICATION, lints._static_io), (C.LINT_UNEVEN_LAST_BATCH, lints._static_uneven),
+                             (C.LINT_RANK_DISAGREEMENT, lints._static_seed)):
                 if lints.on(name):
                     fn()
         except Exception as e:
@@ -263,7 +265,7 @@ class Discovery:
         try:
             batch_pending = not lints._batch_done
             lints._install_forward_hook()
-            if batch_pending and lints.on("global_batch_lr") and lints.rank == 0:
+            if batch_pending and lints.on(C.LINT_GLOBAL_BATCH_LR) and lints.rank == 0:
                 lints._batch_done = True
                 lints._global_batch(max(1, self.w._micro))
         except Exception as e:

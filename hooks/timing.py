@@ -9,7 +9,7 @@ when it is full, a new interval is dropped and counted (``dropped``, sent as ``h
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Deque, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 
 def union_seconds(intervals: Iterable[Tuple[float, float]], lo: float, hi: float) -> float:
@@ -81,34 +81,72 @@ class CudaTimeline:
     """CUDA events recorded on the current stream, resolved on later steps with ``query()``.
 
     ``mark()`` records one event (about 7 us of host time) and returns it, or None when the
-    pending queue is full. ``push(kind, start, end)`` queues an interval; ``resolve(add)`` pops
+    pending queue is full. ``mark(own=True)``: an event only the caller's intervals use (the step
+    path's phase boundaries, never handed to anything else): once every pending interval that
+    holds it has resolved it goes back to a free list and a later ``mark(own=True)`` re-records
+    it, so the steady state creates and destroys no CUDA events (``POOL``; events handed to the
+    communication tracker are never reused: a completion callback may still push them). ``push(kind, start, end)`` queues an interval; ``resolve(add)`` pops
     finished intervals in order and calls ``add(kind, seconds)``. Communication and exposed
     communication intervals are placed on one GPU time axis (offsets from an anchor event)
     so overlapping spans are counted once (their union).
     """
+
+    POOL = True  # reuse own events (bench/gpu/overhead.py compares it with fresh events)
 
     def __init__(self, torch_mod: Any, device: Any, max_pending: int):
         self._cuda = torch_mod.cuda
         self.device = device
         self.max_pending = int(max_pending)
         self.dropped = 0
+        self.created = 0  # CUDA events created (bench/gpu/overhead.py reports it per step)
         self._pending: Deque[Tuple[str, Any, Any]] = deque()
+        self._free: List[Any] = []  # own events that every interval holding them has resolved
+        # id(own event) -> [the event, pending intervals that hold it]; the entry keeps the event alive,
+        # so its id is not reused by another object while it is here
+        self._own: Dict[int, List[Any]] = {}
         self._union = {k: IntervalSet() for k in UNION_KINDS}
         self._anchor = self._cuda.Event(enable_timing=True)
         self._anchor.record(self._cuda.current_stream(device))
 
-    def mark(self) -> Optional[Any]:
+    def mark(self, own: bool = False) -> Optional[Any]:
         if len(self._pending) >= self.max_pending:
             self.dropped += 1
             return None
-        ev = self._cuda.Event(enable_timing=True)
+        free = self._free
+        if own and free:
+            ev = free.pop()
+        else:
+            ev = self._cuda.Event(enable_timing=True)
+            self.created += 1
         ev.record(self._cuda.current_stream(self.device))
+        if own and self.POOL:
+            if len(self._own) >= 4 * self.max_pending:  # marked and never pushed (a hook that raised): forget
+                self._own.clear()
+            self._own[id(ev)] = [ev, 0]
         return ev
 
     def push(self, kind: str, start: Optional[Any], end: Optional[Any]) -> None:
         if start is None or end is None:
             return  # already counted as dropped by mark()
+        own = self._own
+        if own:
+            for ev in (start, end):
+                entry = own.get(id(ev))
+                if entry is not None and entry[0] is ev:
+                    entry[1] += 1
         self._pending.append((kind, start, end))
+
+    def _done(self, ev: Any) -> None:
+        """An interval holding ``ev`` resolved: an own event no pending interval holds is free."""
+        own = self._own
+        entry = own.get(id(ev))
+        if entry is None or entry[0] is not ev:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del own[id(ev)]
+            if len(self._free) < self.max_pending:
+                self._free.append(ev)
 
     @property
     def pending(self) -> int:
@@ -118,6 +156,8 @@ class CudaTimeline:
         """Drop every event (the watch ended): they are destroyed here, in this process, now."""
         self.dropped += len(self._pending)
         self._pending.clear()
+        self._free.clear()
+        self._own.clear()
         self._anchor = None
 
     def resolve(self, add: Callable[[str, float], None], limit: int = 1 << 30) -> int:
@@ -138,6 +178,10 @@ class CudaTimeline:
                 dt = u.add(anchor.elapsed_time(s) / 1e3, anchor.elapsed_time(e) / 1e3)
             else:
                 dt = s.elapsed_time(e) / 1e3
+            if self._own:
+                self._done(s)
+                if e is not s:
+                    self._done(e)
             if dt > 0:
                 add(kind, dt)
         return n

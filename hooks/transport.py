@@ -10,47 +10,13 @@ from __future__ import annotations
 
 import logging
 import socket
-from dataclasses import dataclass
-from typing import Optional, Tuple, Union
-from urllib.parse import urlsplit
+from typing import Optional
+
+from ranksight.protocol import Address, parse_address
 
 log = logging.getLogger("ranksight.hooks")
 
-
-@dataclass(frozen=True)
-class Address:
-    scheme: str  # "udp" | "unix" | "off"
-    target: Union[Tuple[str, int], str, None]
-
-    def __str__(self) -> str:
-        if self.scheme == "udp":
-            host, port = self.target  # type: ignore[misc]
-            return f"udp://{host}:{port}"
-        if self.scheme == "unix":
-            return f"unix://{self.target}"
-        return "off"
-
-
-def parse_address(s: str) -> Address:
-    """'udp://host:port' | 'unix:///path' | 'off'. Raises ValueError with one clear line."""
-    s = (s or "").strip()
-    if s.lower() in ("off", "none", ""):
-        return Address("off", None)
-    if s.startswith("unix://"):
-        path = s[len("unix://"):]
-        if not path.startswith("/"):
-            raise ValueError(f"agent address {s!r}: unix:// needs an absolute path (unix:///run/ranksight.sock)")
-        return Address("unix", path)
-    if s.startswith("udp://"):
-        u = urlsplit(s)
-        try:
-            port = u.port
-        except ValueError:
-            port = None
-        if not u.hostname or port is None or not (1 <= port <= 65535) or u.path not in ("", "/"):
-            raise ValueError(f"agent address {s!r}: expected udp://host:port")
-        return Address("udp", (u.hostname, port))
-    raise ValueError(f"agent address {s!r}: expected udp://host:port, unix:///path or off")
+__all__ = ("Address", "Transport", "parse_address")  # the address grammar is ranksight.protocol's
 
 
 class Transport:

@@ -1,6 +1,10 @@
 """The Watcher: PyTorch hooks that time each optimizer step, and the background thread that
 sends what they measure.
 
+Layout: this module holds the API (``watch``/``start``/``unwatch``, settings) and the watch's
+lifecycle (set-up, extension points, ``close()``); ``steppath.py`` the hooks on the step path
+(``StepPath``), ``sender.py`` the background thread (``Background``); ``Watcher`` combines them.
+
 Step path (main thread, a few microseconds per hook):
   loader ``__next__``   data wait (time inside ``next()`` on the returned loader's iterator)
   forward pre/post      forward time; counts micro-batches (forwards with grad enabled)
@@ -21,9 +25,14 @@ See ``comm.py`` for the communication definitions and ``checkpoint.py`` for chec
 On CUDA the forward/backward/optimizer/exposed-comm spans are CUDA events recorded on the
 current stream and resolved on later steps with ``query()`` (``timing.CudaTimeline``);
 data wait, checkpoint and step duration are host times. Nothing here synchronizes the
-device. ``close()`` waits up to ``CLOSE_GPU_WAIT`` (polling ``query()``) for the intervals of
-the last steps and sends them on the step records not sent yet (the background thread holds
-the newest one back while intervals are pending, at most ``HOLD_SECONDS``).
+device. ``close()`` waits (polling ``query()``, while the GPU keeps reaching events: at most
+``CLOSE_GPU_WAIT`` without progress and ``CLOSE_GPU_MAX`` in all) for the intervals of the last
+steps and sends them on the step records not sent yet (the background thread holds the newest
+one back while intervals are pending, at most ``HOLD_SECONDS``).
+
+Nothing lost at the end: the background thread takes queued records and sends them under one
+lock (``_send_lock``); ``close()`` takes the same lock for its final flush and the "bye", so every
+step is sent before the bye whatever the thread was doing, and nothing is sent after it.
 
 The step path only appends a tuple to a deque. The background thread ("ranksight-hb")
 turns tuples into datagrams, sends a heartbeat every ``hooks.heartbeat_seconds`` with the
@@ -48,235 +57,33 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional
 
 import torch
 
-from ranksight import config as rs_config
 from ranksight import protocol
 
-from . import forksafe, selfcheck, stack
+from . import forksafe
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
-from .patch import Patcher, like
-from .table import emit as table_emit, make_table
-from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline, drain
+from .patch import Patcher
+from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline
 from .totals import Totals
-from .transport import Address, Transport, parse_address
+from .settings import Settings, load_settings  # noqa: F401 (public here)
+from .sender import STEPS_COLUMNS, STEPS_PER_RECORD, TICK_SECONDS, Background, enc_fields  # noqa: F401 (public here)
+from .steppath import QUEUE_CAP, StepPath, WatchedLoader, _TimedIter, timed_next  # noqa: F401 (public here)
 
 log = logging.getLogger("ranksight.hooks")
 
-TICK_SECONDS = 0.25  # the background thread's period: step records wait at most this long
-QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they are dropped and counted
-# CUDA: the newest step record waits this long (or for the next one) while GPU intervals are still
-# pending, so that close() can add the last steps' GPU times to it (see close())
-HOLD_SECONDS = 1.0
 BYE_COPIES = 3  # the bye carries the final totals; the agent applies copies idempotently
-CLOSE_GPU_WAIT = 0.5  # close() waits at most this long (polling query(), no sync) for the last GPU intervals
+CLOSE_GPU_WAIT = 0.5  # close() stops waiting for the last GPU intervals after this long without one resolving
+CLOSE_GPU_MAX = 5.0  # ... and after this long in all (polling query(), never a sync)
+JOIN_SECONDS = 2.0  # close() waits this long for the background thread to stop (its sends are under _send_lock)
+SEND_LOCK_WAIT = 5.0  # close() waits this long for a send in progress on the background thread
 # where fwd, bwd, opt, comm, xcomm sit in a queued step tuple (see _step_end)
 _STEP_GPU_FIELDS = ((FWD, 5), (BWD, 6), (OPT, 7), (COMM, 9), (XCOMM, 10))
 _perf = time.perf_counter
-
-
-# "steps" record columns: (protocol field, index in a queued step tuple; see _step_end)
-STEPS_COLUMNS = (("dur", 3), ("data", 4), ("fwd", 5), ("bwd", 6), ("opt", 7), ("b2o", 8), ("comm", 9), ("xcomm", 10),
-                 ("ckpt", 11))
-STEPS_PER_RECORD = 24  # at most this many steps per "steps" record (protocol.STEPS_MAX is the agent's cap)
-
-
-def enc_fields(fields: Dict[str, Any]) -> str:
-    """``{"tot": ..., "hist": ...}`` as the JSON members of a record (no braces)."""
-    return protocol.encode(fields).decode()[1:-1]
-
-
-def _process_start() -> float:
-    """Unix time this process started (0.0 when unknown)."""
-    try:
-        import psutil
-
-        return float(psutil.Process().create_time())
-    except Exception:
-        return 0.0
-
-
-def _gpu_uuid(device: Any) -> str:
-    """The CUDA device's UUID as NVML prints it ("GPU-xxxxxxxx-..."); "" when unknown."""
-    try:
-        u = str(torch.cuda.get_device_properties(device).uuid)
-    except Exception:
-        return ""
-    u = u.strip()
-    if not u:
-        return ""
-    return u if u.upper().startswith(("GPU-", "MIG-")) else "GPU-" + u
-
-
-# ------------------------------------------------------------------------------ settings
-@dataclass(frozen=True)
-class Settings:
-    agent: Address
-    heartbeat_seconds: float
-    table_every_steps: int
-    table_every_seconds: float
-    max_pending_events: int
-    patch_torch_save: bool
-    checkpoint_dir: str
-    log_dir: str
-    ddp_stats_every: int = 20
-    table_min_seconds: float = 0.0
-    table_share_move: float = 0.0
-    stack_after_seconds: float = 15.0  # no progress this long: send the main thread's stack (hooks/stack.py)
-    stack_every_seconds: float = 5.0
-
-
-def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:
-    """The hooks section of the config (``RANKSIGHT_CONFIG``, ``RANKSIGHT__hooks__*``) and
-    ``RANKSIGHT_AGENT``. A bad value never reaches the training loop: one log line, defaults."""
-    defaults = rs_config.defaults()["hooks"]
-    if isinstance(config, dict):
-        hooks = dict(defaults)
-        hooks.update(config.get("hooks", {}))
-    else:
-        try:
-            hooks = rs_config.load(config)["hooks"]
-        except rs_config.ConfigError as e:
-            log.warning("ranksight: %s; the hooks use the built-in defaults", e)
-            hooks = defaults
-        except Exception as e:  # never let config trouble stop training
-            log.warning("ranksight: cannot load the config (%s); the hooks use the built-in defaults", e)
-            hooks = defaults
-    checked: Dict[str, Any] = {}
-    for k, d in defaults.items():
-        try:
-            checked[k] = rs_config.validate("hooks", k, hooks.get(k, d))
-        except rs_config.ConfigError as e:
-            log.warning("ranksight: %s; using the default %r", e, d)
-            checked[k] = d
-    spec = agent if agent is not None else os.environ.get("RANKSIGHT_AGENT") or checked["agent"]
-    try:
-        addr = parse_address(spec)
-    except ValueError as e:
-        log.warning("ranksight: %s; sending to the default %s", e, defaults["agent"])
-        addr = parse_address(defaults["agent"])
-    return Settings(agent=addr, heartbeat_seconds=float(checked["heartbeat_seconds"]),
-                    table_every_steps=int(checked["table_every_steps"]),
-                    table_every_seconds=float(checked["table_every_seconds"]),
-                    table_min_seconds=float(checked["table_min_seconds"]),
-                    table_share_move=float(checked["table_share_move"]),
-                    max_pending_events=int(checked["max_pending_events"]),
-                    ddp_stats_every=int(checked["ddp_stats_every"]),
-                    patch_torch_save=bool(checked["patch_torch_save"]),
-                    checkpoint_dir=str(checked["checkpoint_dir"]), log_dir=str(checked["log_dir"]),
-                    stack_after_seconds=float(checked["stack_after_seconds"]),
-                    stack_every_seconds=float(checked["stack_every_seconds"]))
-
-
-# ------------------------------------------------------------------------------ loader
-class _TimedIter:
-    """Iterator over the user's loader that times each ``next()`` (data wait)."""
-
-    __slots__ = ("_it", "_w")
-
-    def __init__(self, it: Any, w: "Watcher"):
-        self._it = it
-        self._w = w
-
-    def __iter__(self) -> "_TimedIter":
-        return self
-
-    def __next__(self) -> Any:
-        return timed_next(self._w, next, self._it)
-
-
-def timed_next(w: "Watcher", nxt: Callable[[Any], Any], it: Any) -> Any:
-    """``nxt(it)`` timed as data wait: the watched loader's iterator, and (``auto.py``) every
-    DataLoader iterator when no loader was given. A fetch starts a new iteration: it closes a
-    step left open by discovered optimizers (``Watcher._step_boundary``)."""
-    if not w._active or w._in_fetch or w.data_paused:
-        return nxt(it)
-    try:
-        t0 = _perf()
-        if w._pending_t is not None:
-            w._close_pending(t0)
-        if w._t0 is None:
-            w._t0 = t0
-        w._phase = "data"
-        w._phase_t = t0
-        w._in_fetch = w._fetched = True
-    except Exception as e:
-        w._hook_error("loader next()", e)
-        return nxt(it)
-    try:
-        return nxt(it)
-    finally:
-        try:
-            w._in_fetch = False
-            t1 = _perf()
-            w._data += t1 - t0
-            w._phase = "other"
-            w._phase_t = t1
-        except Exception as e:
-            w._hook_error("loader next()", e)
-
-
-class WatchedLoader:
-    """What ``watch()`` returns: iterate it instead of the loader (``len()`` and every
-    attribute pass through to the wrapped loader), or use it as a context manager
-    (``with ranksight.watch(...) as loader:``); leaving the block calls ``unwatch()``."""
-
-    def __init__(self, loader: Any, watcher: Optional["Watcher"]):
-        self.__dict__["_loader"] = loader
-        self.__dict__["watcher"] = watcher
-        self.__dict__["_cur"] = None
-
-    def __iter__(self) -> Any:
-        loader = self._loader
-        if loader is None:
-            raise TypeError("ranksight.watch() was given no loader to iterate")
-        it = iter(loader)
-        w = self.watcher
-        if w is None or not w._active:
-            return it
-        w._epoch_start(loader)
-        lint_iter = getattr(w, "lint_iter", None)  # ranksight.hooks.lints: first batch, worker pids
-        if lint_iter is not None:
-            try:
-                it = lint_iter(it)
-            except Exception as e:
-                w._hook_error("lints iterator", e)
-        return _TimedIter(it, w)
-
-    def __next__(self) -> Any:  # the user passed an iterator (e.g. a generator) and calls next() on us
-        cur = self._cur
-        if cur is None:
-            cur = self.__dict__["_cur"] = self.__iter__()
-        return next(cur)
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __getattr__(self, name: str) -> Any:
-        loader = self.__dict__["_loader"]
-        if loader is None:
-            raise AttributeError(name)
-        return getattr(loader, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._loader, name, value)
-
-    def __enter__(self) -> "WatchedLoader":
-        return self
-
-    def __exit__(self, *exc: Any) -> bool:
-        w = self.watcher
-        if w is not None:
-            w.close()
-        return False
-
-    def __repr__(self) -> str:
-        return f"WatchedLoader({self._loader!r})"
 
 
 def _first_param_device(model: Any) -> Optional[torch.device]:
@@ -293,7 +100,7 @@ def _unwrap(model: Any) -> Any:
 
 
 # ------------------------------------------------------------------------------ watcher
-class Watcher:
+class Watcher(StepPath, Background):
     """One active watch. Public for extensions (lints) and tests:
 
     ``model``, ``optimizer``, ``loader`` (the user's objects), ``process_group`` (the default
@@ -350,7 +157,10 @@ class Watcher:
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
         self.totals = Totals()
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
-        self._hold_lock = threading.Lock()
+        # taking queued records and sending them is one critical section (background thread, close());
+        # after close() sent the bye (_bye_sent) nothing else is sent
+        self._send_lock = threading.RLock()  # (close() may run on the background thread itself)
+        self._bye_sent = False
         self.gpu_unsent = 0.0  # GPU seconds close() could not send (no step record left to carry them)
         self.gpu_wait_s = 0.0  # how long close() waited for the last GPU intervals
         # extension points
@@ -481,47 +291,6 @@ class Watcher:
         except Exception as e:
             self._hook_error("communication setup", e)
 
-    # ------------------------------------------------------------------ step boundary (several optimizers)
-    # A step is one optimizer step. An optimizer given to watch() closes the step in its post-hook.
-    # Optimizers found by ``auto.Discovery`` (several may step in one iteration: a GAN, a multi-
-    # optimizer Lightning module) leave the step open; the next iteration's first data fetch (or,
-    # in a loop without a DataLoader, its first forward) closes it, so the last optimizer to step
-    # in an iteration closes that iteration's step. ``close()`` closes a step still open.
-    def _step_boundary(self, t: float) -> None:
-        if self._defer_steps and (self._fetched or self._fwd_seen):
-            if self._pending_t is None:
-                self._ckpt_pending = self._ckpt
-            self._pending_t = t
-        else:
-            self._step_end(t)
-
-    def _close_pending(self, t: float) -> None:
-        self._pending_t = None
-        try:
-            self._step_end(t)
-        except Exception as e:
-            self._hook_error("step end", e)
-            self._reset_step(t)  # start the next step clean (as the optimizer post-hook does)
-
-    def _close_pending_at_exit(self) -> None:
-        """The step the last optimizer step left open: it ends at that step, plus the checkpoint
-        time written after it (so a step's ckpt never exceeds its duration)."""
-        pt = self._pending_t
-        if pt is None:
-            return
-        try:
-            self._close_pending(min(_perf(), pt + max(0.0, self._ckpt - self._ckpt_pending)))
-        except Exception as e:
-            self._hook_error("close: open step", e)
-
-    def _closure_backward_done(self, t0: float, t1: float) -> None:
-        """A backward that ran inside an optimizer step (``optimizer.step(closure)``, as Lightning
-        does): the optimizer's own time starts at the backward's end."""
-        self._t_opt = t1
-        self._b2o = t1 - t0
-        if self._tl is not None:
-            self._ev_opt = self._tl.mark()
-
     # ------------------------------------------------------------------ errors, phase
     def _hook_error(self, where: str, exc: BaseException) -> None:
         self.herr += 1
@@ -536,208 +305,6 @@ class Watcher:
         self._phase = phase
         self._phase_t = _perf()
         return old
-
-    # ------------------------------------------------------------------ hooks (step path)
-    def _epoch_start(self, loader: Any) -> None:
-        for fn in self._epoch_observers:
-            try:
-                fn(loader)
-            except Exception as e:
-                self._hook_error(f"epoch observer {getattr(fn, '__name__', fn)}", e)
-
-    def _fwd_pre(self, module: Any, args: Any) -> None:
-        if not self._active or not torch.is_grad_enabled():
-            return None
-        try:
-            t = _perf()
-            if self._pending_t is not None and not self._fetched:
-                self._close_pending(t)
-            self._fwd_seen = True
-            if self._t0 is None:
-                self._t0 = t
-            self._micro += 1
-            self._t_fwd = t
-            self._phase = "forward"
-            self._phase_t = t
-            if self._ddp_stats is not None:
-                self._ddp_stats.on_forward()
-            if self._tl is not None:
-                self._ev_fwd = self._tl.mark()
-        except Exception as e:
-            self._hook_error("forward pre-hook", e)
-        return None
-
-    def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
-        if self._t_fwd is None:
-            return None
-        try:
-            t = _perf()
-            self._fwd += t - self._t_fwd
-            self._t_fwd = None
-            self._phase = "other"
-            self._phase_t = t
-            if self._tl is not None:
-                self._tl.push(FWD, self._ev_fwd, self._tl.mark())
-        except Exception as e:
-            self._hook_error("forward hook", e)
-        return None
-
-    def _wrap_backward(self, orig: Callable) -> Callable:
-        w = self
-
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            if not w._active or w._in_bwd:  # nested backward (e.g. inside a hook): the outer one counts
-                return orig(*args, **kwargs)
-            try:
-                w._in_bwd = w.comm.in_backward = True
-                t0 = _perf()
-                w._t_bwd = t0
-                w._phase = "backward"
-                w._phase_t = t0
-                ev0 = w._tl.mark() if w._tl is not None else None
-            except Exception as e:
-                w._in_bwd = w.comm.in_backward = False
-                w._hook_error("backward start", e)
-                return orig(*args, **kwargs)
-            try:
-                return orig(*args, **kwargs)
-            finally:
-                w._in_bwd = w.comm.in_backward = False
-                try:
-                    w._bwd_done(t0, ev0)
-                except Exception as e:
-                    w._hook_error("backward end", e)
-
-        return like(backward, orig, "backward")
-
-    def _bwd_done(self, t0: float, ev0: Any) -> None:
-        t1 = _perf()
-        lt, lev = self.comm.last_launch
-        if t0 <= lt <= t1:  # gradients were done when the backward's last collective launched
-            self._bwd += lt - t0
-            if self._tl is None:
-                lc = self.comm.last_complete
-                self.comm.add_exposed(lt, lc if lt <= lc <= t1 else t1)
-        else:
-            tail = 0.0
-            ds = self._ddp_stats
-            if ds is not None:  # gloo DDP: this backward's all-reduce, from DDP's own timer
-                r = ds.poll(t1 - t0)
-                if r is not None:
-                    comm, tail = r
-                    self._dcomm += comm
-                    self._dx += tail
-            self._bwd += max(0.0, t1 - t0 - tail)
-            lev = None
-        self._phase = "other"
-        self._phase_t = t1
-        tl = self._tl
-        if tl is not None:
-            e1 = tl.mark()
-            tl.push(BWD, ev0, lev if lev is not None else e1)
-            if lev is not None:
-                tl.push(XCOMM, lev, e1)
-        if self._t_opt is not None:
-            self._closure_backward_done(t0, t1)
-
-    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._active:
-            return None
-        try:
-            t = _perf()
-            if self._t0 is None:
-                self._t0 = t
-            self._t_opt = t
-            if self._t_bwd is not None:
-                self._b2o = t - self._t_bwd
-            self._phase = "optimizer"
-            self._phase_t = t
-            if self._tl is not None:
-                self._ev_opt = self._tl.mark()
-        except Exception as e:
-            self._hook_error("optimizer pre-hook", e)
-        return None
-
-    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._active:
-            return None
-        try:
-            t = _perf()
-            if self._t_opt is not None:
-                self._opt += t - self._t_opt
-                self._t_opt = None
-                if self._tl is not None:
-                    self._tl.push(OPT, self._ev_opt, self._tl.mark())
-            self._step_boundary(t)
-        except Exception as e:
-            self._hook_error("optimizer post-hook", e)
-            try:  # start the next step clean; the error above is already counted and logged
-                self._reset_step(time.perf_counter())
-            except Exception:
-                pass
-        return None
-
-    def _step_end(self, t: float) -> None:
-        t0 = self._t0 if self._t0 is not None else self._t_start
-        dur = t - t0
-        c = self.comm
-        if c._intervals or c._exposed or c._extra:
-            comm, extra, hx = c.take(t0, t)
-        else:  # no communication this step (single process, gloo DDP alone): skip the call
-            comm = extra = hx = 0.0
-        if self._dcomm:  # gloo DDP's all-reduce (DDPStats): durations without a time axis
-            extra += self._dcomm
-            hx += self._dx
-        if self._tl is None:
-            fwd, bwd, opt, xcomm = self._fwd, self._bwd, self._opt, hx
-        else:
-            # GPU spans, resolved from earlier steps' events: they may belong to an earlier step. A
-            # value above this step's duration (several steps resolved at once) carries its excess
-            # to the next record, so per-step values stay <= dur and the sums stay right.
-            g = self._gacc
-            self._tl.resolve(self._gpu_add)
-            g[COMM] += extra  # (the host union is meaningless for NCCL: launch returns at once)
-            extra = 0.0
-            fwd, bwd, opt, xcomm, comm = (min(g[k], dur) for k in (FWD, BWD, OPT, XCOMM, COMM))
-            g[FWD] -= fwd
-            g[BWD] -= bwd
-            g[OPT] -= opt
-            g[XCOMM] -= xcomm
-            g[COMM] -= comm
-        comm += extra
-        self._seq += 1
-        rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
-               xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1)
-        if len(self._queue) < QUEUE_CAP:
-            self._queue.append(rec)
-        else:
-            self.qdrop += 1
-        self._reset_step(t)
-
-    def _reset_step(self, t: float) -> None:
-        self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
-        self._micro = 0
-        self._t0 = t
-        self._t_bwd = None
-        self._phase = "other"
-        self._phase_t = t
-
-    def _gpu_add(self, kind: str, secs: float) -> None:
-        self._gacc[kind] += secs
-
-    # ------------------------------------------------------------------ checkpoint callbacks
-    def _add_ckpt(self, secs: float) -> None:
-        self._ckpt += secs
-
-    def _emit_ckpt(self, dur: float, nbytes: int, ok: bool, src: str) -> None:
-        self._enqueue(("ckpt", time.time(), {"t": "ckpt", "dur": min(dur, protocol.MAX_SECONDS),
-                                             "bytes": min(nbytes, protocol.MAX_BYTES), "ok": ok, "src": src}))
-
-    def _enqueue(self, item: tuple) -> None:
-        if len(self._queue) < QUEUE_CAP:
-            self._queue.append(item)
-        else:
-            self.qdrop += 1
 
     # ------------------------------------------------------------------ extension points
     @property
@@ -788,309 +355,23 @@ class Watcher:
                 "ddp_stats_read": ds.samples if ds else 0, "ddp_stats_estimated": ds.estimated if ds else 0,
                 "ddp_stats_resyncs": ds.resyncs if ds else 0, "gpu_unsent": self.gpu_unsent}
 
-    # ------------------------------------------------------------------ background thread
-    def _run(self) -> None:
-        try:
-            with forksafe.working():  # a fork waits for the start and each tick (see forksafe.py)
-                self._transport = Transport(self.settings.agent)
-                self._bg_start()
-            while not self._stop.wait(self._tick_s):
-                try:
-                    with forksafe.working():
-                        self._tick()
-                except Exception as e:
-                    self._hook_error("heartbeat thread", e)
-        except Exception as e:
-            self._hook_error("heartbeat thread start", e)
-
-    def _bg_start(self) -> None:
-        self._wall0, self._pc0 = time.time(), _perf()
-        self._hb_seq = 0
-        self._next_hb = _perf()
-        self._last_sig: Tuple[Any, ...] = ()
-        self._last_progress = _perf()
-        self._mem = (0, 0, 0, 0)  # retries, ooms, reserved, allocated
-        self._wrss = 0
-        self._next_wrss = 0.0
-        now = _perf()
-        st = self.settings
-        self._table = make_table(st.table_every_steps, st.table_every_seconds, now, st.table_min_seconds,
-                                 st.table_share_move) if self.identity.rank == 0 else None
-        self._set_identity(self.identity)
-        d = selfcheck.dirs(self.settings.log_dir, self.settings.checkpoint_dir)
-        info = selfcheck.collect(d, self.backend)
-        self.selfcheck = info
-        line = "ranksight: self-check rank %d: %s; agent %s" % (self.identity.rank, selfcheck.describe(info),
-                                                               self.settings.agent)
-        if self.identity.local_rank == 0:
-            if logging.getLogger().hasHandlers():
-                log.info(line)
-            else:
-                sys.stderr.write(line + "\n")
-        try:
-            rec = dict(self._base, t="hello", ts=time.time(), info=info, dirs=d, pstart=round(_process_start(), 3),
-                       gpu=_gpu_uuid(self._tl.device) if self._tl is not None else "")
-            self._transport.send(selfcheck.fit(rec))
-        except Exception as e:
-            self._hook_error("hello record", e)
-
-    def _tick(self) -> None:
-        now = _perf()
-        self._probe(now)
-        self._stack(now)
-        self._flush()
-        if now >= self._next_hb:
-            self._next_hb = now + self.settings.heartbeat_seconds
-            self._heartbeat(now)
-        if self._table is not None and self._table.due(now):
-            self._print_table()
-        for p in self._periodic:
-            if now >= p[2]:
-                p[2] = now + p[1]
-                try:
-                    p[0]()
-                except Exception as e:
-                    self._hook_error(f"periodic {getattr(p[0], '__name__', p[0])}", e)
-
-    def _print_table(self) -> None:
-        now = _perf()
-        text = self._table.render(self.identity.job, now)  # type: ignore[union-attr]
-        self._table.reset(now)  # type: ignore[union-attr]
-        table_emit(text)  # whole lines, one write, under the hooks' console lock
-
-    def _probe(self, now: float) -> None:
-        f = sys._current_frames().get(self._main_tid)
-        sig = (id(f), f.f_lineno if f is not None else -1, f.f_lasti if f is not None else -1,
-               self._seq, self._phase_t)
-        del f
-        if sig != self._last_sig:
-            self._last_sig = sig
-            self._last_progress = now
-
-    def _stack(self, now: float) -> None:
-        """The main thread's stack once it made no progress for stack_after_seconds (hooks/stack.py)."""
-        try:
-            sw = getattr(self, "_stack_watch", None)
-            if sw is None:
-                sw = self._stack_watch = stack.StackWatch(self._main_tid, self.settings.stack_after_seconds,
-                                                          self.settings.stack_every_seconds)
-                self._stack_seq = (self._seq, now)
-            if self._seq != self._stack_seq[0]:
-                self._stack_seq = (self._seq, now)
-            idle = now - self._last_progress
-            if self._seq > 0:
-                idle = max(idle, now - self._stack_seq[1])
-            body = sw.tick(now, idle, self._phase)
-            if body is not None and body["frames"]:
-                cw = self._collective_waiting(now)
-                if cw is not None:
-                    body["cw"] = cw
-            if body is not None:
-                self._transport.send(stack.fit(dict(self._base, t="stack", ts=time.time()), body))
-        except Exception as e:
-            self._hook_error("stack", e)
-
-    def _collective_waiting(self, now: float) -> Optional[Dict[str, Any]]:
-        """Where the blocked rank waits: the Flight Recorder's oldest open collective (every
-        collective of every group, DDP's C++ ones too), else the wrappers' own."""
-        if self._fr_status is not None:
-            try:
-                got = self._fr_status.waiting()
-                if got is not None:
-                    return got
-            except Exception as e:
-                self._hook_error("Flight Recorder position", e)
-        return self.comm.waiting(now)
-
-    def _set_identity(self, ident: Identity) -> None:
-        self.identity = ident
-        self._base = dict(ident.base(), sess=self.sess)
-        # Step records are formatted from a template: 4x cheaper than json.dumps of a dict, and
-        # valid JSON as long as every number is finite and non-negative (checked per record).
-        self._steps_prefix = protocol.encode(dict(self._base, t="steps")).decode()[:-1] + ","
-
-    def _take_items(self) -> List[tuple]:
-        """The queued records, the held-back step record first (background thread, or close())."""
-        items = drain(self._queue)
-        held = self._held
-        if held is not None:
-            self._held = None
-            items.insert(0, held)
-        return items
-
-    def _flush(self) -> None:
-        with self._hold_lock:  # close() takes the items under it: a record is held or taken, never lost
-            items = self._take_items()
-            if not items:
-                return
-            tl = self._tl
-            if tl is not None and tl.pending and not self._stop.is_set():
-                # hold back the newest step record while GPU intervals are pending: if the watch ends
-                # soon, close() adds the intervals it still resolves to it (else they would be lost)
-                for i in range(len(items) - 1, -1, -1):
-                    if items[i][0] == "step":
-                        if _perf() - items[i][2] < HOLD_SECONDS:
-                            self._held = items.pop(i)
-                        break
-        self._send_items(items)
-
-    def _send_items(self, items: List[tuple]) -> None:
-        """Send queued records in order. Consecutive step records go out as "steps" records (up
-        to STEPS_PER_RECORD steps each, with the totals after their last step): one datagram per
-        tick per rank, not one per step."""
-        if not items:
-            return
-        send, enc = self._transport.send, protocol.encode
-        table = self._table
-        totals = self.totals
-        batch: List[tuple] = []
-        for it in items:
-            try:
-                if it[0] == "step":
-                    _, seq, t, dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt, micro = it
-                    if table is not None:
-                        table.add(seq, dur, data, comm, xcomm, ckpt)
-                        if table.due(_perf()):
-                            self._print_table()
-                    if batch and (seq != batch[-1][1] + 1 or len(batch) >= STEPS_PER_RECORD):
-                        self._send_steps(batch)
-                        batch = []
-                    batch.append(it)
-                    continue
-                if batch:
-                    self._send_steps(batch)
-                    batch = []
-                rec = dict(self._base, ts=it[1])
-                rec.update(it[2])
-                send(enc(rec))
-                if it[0] == "ckpt":
-                    c = it[2]
-                    totals.checkpoint(it[1], c["dur"], c["bytes"], c["ok"])
-            except (ValueError, TypeError) as e:  # a NaN or a bad type: our bug, count it
-                self._hook_error("record encoding", e)
-        if batch:
-            self._send_steps(batch)
-
-    def _send_steps(self, batch: List[tuple]) -> None:
-        """One "steps" record for consecutive step tuples (split in two while it is too big)."""
-        try:
-            cols = []
-            for k, j in STEPS_COLUMNS:
-                nums = ",".join(["%.9g" % it[j] for it in batch])
-                if "n" in nums or "-" in nums.replace("e-", ""):  # nan, inf or a negative number
-                    raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
-                cols.append(f'"{k}":[{nums}]')
-            micro = ",".join(["%d" % it[12] for it in batch])
-        except (ValueError, TypeError) as e:  # our bug: counted; these steps stay out of the totals too
-            self._hook_error("record encoding", e)
-            return
-        totals = self.totals
-        for it in batch:
-            totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12])
-        try:
-            retries, ooms, mres, malloc = self._mem
-            hdrop = self._tl.dropped if self._tl is not None else 0
-            last = batch[-1]
-            tail = enc_fields(totals.fields())
-            body = "%s\"ts\":%.6f,\"seq\":%d,%s,\"micro\":[%s],\"retries\":%d,\"ooms\":%d,\"mres\":%d,\"malloc\":%d," \
-                   "\"herr\":%d,\"hdrop\":%d,\"wrss\":%d,\"restart\":%d,%s}" % (
-                       self._steps_prefix, self._wall0 + (last[2] - self._pc0), batch[0][1], ",".join(cols), micro,
-                       retries, ooms, mres, malloc, self.herr, hdrop, self._wrss, self.identity.restart, tail)
-            data = body.encode()
-        except (ValueError, TypeError) as e:
-            self._hook_error("record encoding", e)
-            return
-        if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
-            for it in batch:
-                totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12], sign=-1)
-            half = len(batch) // 2
-            self._send_steps(batch[:half])
-            self._send_steps(batch[half:])
-            return
-        self._transport.send(data)
-
-    def _heartbeat(self, now: float) -> None:
-        if not self.identity.from_pg:
-            self._refresh_identity()
-        if self._tl is not None:
-            self._read_cuda_memory()
-        if self.settings.patch_torch_save and not self._dcp_patched and self._active:
-            self._dcp_patched = self.ckpt.install_dcp(self._patcher)
-        if now >= self._next_wrss:
-            self._next_wrss = now + 5.0
-            self._read_worker_rss()
-        coll = self.comm.oldest_inflight(now)
-        if self._fr_status is not None:
-            try:
-                coll = max(coll, self._fr_status.inflight_age(now))
-            except Exception as e:
-                self._hook_error("Flight Recorder status", e)
-        if self._fr is not None and self._fr.poll_due(now):
-            try:
-                durs, age = self._fr.poll_timed(now)
-                if self._fr_on:
-                    if durs:
-                        self.comm.add_flight_recorder(durs)
-                elif durs:  # these collectives were timed by events; later ones come from the recorder
-                    self.comm.comm_events = False
-                    self._fr_on = True
-                coll = max(coll, age)
-            except Exception as e:
-                self._hook_error("NCCL Flight Recorder", e)
-        self._hb_seq += 1
-        rec = dict(self._base, t="hb", ts=time.time(), seq=self._hb_seq, every=self.settings.heartbeat_seconds,
-                   step=self._seq, phase=self._phase, coll=round(coll, 6),
-                   probe=round(max(0.0, now - self._last_progress), 6), herr=self.herr,
-                   pdur=round(max(0.0, now - self._phase_t), 6), **self.totals.fields())
-        try:
-            self._transport.send(protocol.encode(rec))
-        except (ValueError, TypeError) as e:
-            self._hook_error("heartbeat encoding", e)
-
-    def _refresh_identity(self) -> None:
-        ident = Identity.detect()
-        if ident.from_pg:
-            self._set_identity(ident)
-            self.backend = self._backend()
-
-    def _read_cuda_memory(self) -> None:
-        try:
-            s = torch.cuda.memory_stats(self._tl.device)  # type: ignore[union-attr]
-            self._mem = (int(s.get("num_alloc_retries", 0)), int(s.get("num_ooms", 0)),
-                         int(s.get("reserved_bytes.all.current", 0)), int(s.get("allocated_bytes.all.current", 0)))
-        except Exception as e:
-            self._hook_error("CUDA memory stats", e)
-
-    def _read_worker_rss(self) -> None:
-        if int(getattr(self.loader, "num_workers", 0) or 0) <= 0:
-            return
-        try:
-            import psutil
-
-            total = 0
-            for c in psutil.Process().children(recursive=False):
-                try:
-                    total += c.memory_info().rss
-                except psutil.Error:
-                    pass
-            self._wrss = total
-        except Exception as e:
-            self._hook_error("worker RSS", e)
-
     # ------------------------------------------------------------------ close
     def _last_gpu(self, items: List[tuple]) -> None:
-        """The GPU intervals of the last steps: wait for them (at most CLOSE_GPU_WAIT, polling
-        ``query()``, never synchronizing), then add what is resolved and not sent yet to the
+        """The GPU intervals of the last steps: wait for them (polling ``query()``, never
+        synchronizing; while they keep resolving, at most CLOSE_GPU_WAIT without progress and
+        CLOSE_GPU_MAX in all), then add what is resolved and not sent yet to the
         unsent step records ``items``, newest first, each field up to its step's duration (the
         carry-over rule of ``_step_end``); the rest on the newest one. Without any step record
         left (the background thread sent them: the watch ended more than HOLD_SECONDS after the
         last step) the seconds are counted in ``gpu_unsent``; intervals the GPU has not reached
-        after CLOSE_GPU_WAIT are dropped (counted in ``self._tl.dropped``) when close() releases them."""
+        when the wait ends are dropped (counted in ``self._tl.dropped``) when close() releases them."""
         tl = self._tl
         start = _perf()
+        cap = start + CLOSE_GPU_MAX
         deadline = start + CLOSE_GPU_WAIT
         while True:
-            tl.resolve(self._gpu_add)  # type: ignore[union-attr]
+            if tl.resolve(self._gpu_add):  # type: ignore[union-attr]  # the GPU is working through them
+                deadline = min(cap, _perf() + CLOSE_GPU_WAIT)
             if not tl.pending or _perf() >= deadline:  # type: ignore[union-attr]
                 break
             time.sleep(0.002)
@@ -1155,27 +436,18 @@ class Watcher:
                 self._hook_error(f"close callback {getattr(fn, '__name__', fn)}", e)
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
-        tr = getattr(self, "_transport", None)
-        if tr is not None:
-            try:
-                if getattr(self, "_base", None) is not None:
-                    with self._hold_lock:  # _stop is set: the thread holds nothing back after this
-                        items = self._take_items()
-                    if self._tl is not None and not self._thread.is_alive():  # (else it may still send)
-                        try:
-                            self._last_gpu(items)
-                        except Exception as e:
-                            self._hook_error("close: last GPU intervals", e)
-                    self._send_items(items)
-                    if self._table is not None and self._table.durs:
-                        self._print_table()
-                    bye = protocol.encode(dict(self._base, t="bye", ts=time.time(), **self.totals.fields()))
-                    for _ in range(BYE_COPIES):  # the final totals: a lost bye would lose the last steps
-                        tr.send(bye)
-            except Exception as e:
-                self._hook_error("close", e)
-            tr.close()
+            self._thread.join(timeout=JOIN_SECONDS)
+        # The final flush and the bye under _send_lock: a send the thread is in the middle of (it
+        # may still be running after the join timed out) ends first, and it sends nothing after.
+        locked = self._send_lock.acquire(timeout=SEND_LOCK_WAIT)
+        if not locked:
+            self._hook_error("close: send lock", TimeoutError("background thread still sending"))
+        try:
+            self._final_flush()
+        finally:
+            self._bye_sent = True
+            if locked:
+                self._send_lock.release()
         try:
             atexit.unregister(self.close)
         except Exception:
@@ -1187,6 +459,29 @@ class Watcher:
                 pass
         self._release_cuda()
         _forget(self)
+
+    def _final_flush(self) -> None:
+        """close(): every record not sent yet (with the last steps' GPU intervals), then the bye."""
+        tr = getattr(self, "_transport", None)
+        if tr is None:
+            return
+        try:
+            if getattr(self, "_base", None) is not None and not self._bye_sent:
+                items = self._take_items()
+                if self._tl is not None:
+                    try:
+                        self._last_gpu(items)
+                    except Exception as e:
+                        self._hook_error("close: last GPU intervals", e)
+                self._send_items(items)
+                if self._table is not None and self._table.durs:
+                    self._print_table()
+                bye = protocol.encode(dict(self._base, t="bye", ts=time.time(), **self.totals.fields()))
+                for _ in range(BYE_COPIES):  # the final totals: a lost bye would lose the last steps
+                    tr.send(bye)
+        except Exception as e:
+            self._hook_error("close", e)
+        tr.close()
 
     def _release_cuda(self) -> None:
         """Drop the CUDA events this watch still holds, so they are destroyed now, here, and never

@@ -254,3 +254,32 @@ BADPUT_OVERLAP = _m("badput_overlap_seconds_total", "counter", "seconds", R + ("
                     "The part of wasted_progress and stalled badput that also lies in an in-step counter, by that "
                     "counter: category=productive (step minus waits)|data_wait|exposed_comm. The goodput rules "
                     "subtract it so that no second counts twice.")
+
+# ---------------------------------------------------------------- hooks label values: the lint ids
+# lint{} of ranksight_lint_active: one module per id in ranksight.hooks.lints (the triage table's
+# LINTS describes each). The stall reasons are in the exporter block below.
+LINT_IO_AMPLIFICATION = "io_amplification"
+LINT_SAMPLER_EPOCH = "sampler_epoch"
+LINT_RANK_DISAGREEMENT = "rank_disagreement"
+LINT_DATALOADER_WORKERS_RSS = "dataloader_workers_rss"
+LINT_NUMA_BINDING = "numa_binding"
+LINT_UNEVEN_LAST_BATCH = "uneven_last_batch"
+LINT_INCOMPLETE_CHECKPOINT = "incomplete_checkpoint"
+LINT_GLOBAL_BATCH_LR = "global_batch_lr"
+LINT_DISK_HEADROOM = "disk_headroom"
+LINT_IDS: Tuple[str, ...] = (LINT_IO_AMPLIFICATION, LINT_SAMPLER_EPOCH, LINT_RANK_DISAGREEMENT,
+                             LINT_DATALOADER_WORKERS_RSS, LINT_NUMA_BINDING, LINT_UNEVEN_LAST_BATCH,
+                             LINT_INCOMPLETE_CHECKPOINT, LINT_GLOBAL_BATCH_LR, LINT_DISK_HEADROOM)
+
+# ---------------------------------------------------------------- exporter label values: every value the agent's
+# own labels take, spelled once (exporter/, ranksight/protocol.py and the tools use these).
+INGEST_OK, INGEST_MALFORMED, INGEST_OVERSIZE, INGEST_REJECTED, INGEST_OVERFLOW = (
+    "ok", "malformed", "oversize", "rejected", "overflow")
+INGEST_RESULTS: Tuple[str, ...] = (INGEST_OK, INGEST_MALFORMED, INGEST_OVERSIZE, INGEST_REJECTED, INGEST_OVERFLOW)
+# why a unix-socket record counted as rejected failed the sender check (exporter/ingest.py, its log line)
+INGEST_FORGED_REASONS: Tuple[str, ...] = ("pid", "job", "nocred")
+# collectors the agent can run, in the order it builds them (collector_up{collector}); agent.collectors
+COLLECTOR_NAMES: Tuple[str, ...] = ("gpu", "network", "rdma", "disk", "ranks")
+# rank_stalled{reason}: no step and no open collective (the culprit) | waiting in a collective on a peer
+STALL_NO_PROGRESS, STALL_WAITING = "no_progress", "waiting_in_collective"
+STALL_REASONS: Tuple[str, ...] = (STALL_NO_PROGRESS, STALL_WAITING)

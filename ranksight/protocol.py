@@ -117,7 +117,10 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict, Optional
+from operator import itemgetter
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple, Union
+from urllib.parse import urlsplit
 
 from ranksight import catalog as C
 
@@ -160,12 +163,64 @@ def hist_sizes() -> Dict[str, int]:
 HIST_SIZES = hist_sizes()
 
 
+@dataclass(frozen=True)
+class Address:
+    """Where the datagrams go: the hooks send to it, the agent binds it."""
+
+    kind: str  # "udp" | "unix" | "off" (the hooks send nothing)
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    @property
+    def scheme(self) -> str:
+        return self.kind
+
+    @property
+    def target(self) -> Union[Tuple[str, int], str, None]:
+        """(host, port) for udp, the socket path for unix, None for off."""
+        return (self.host, self.port) if self.kind == "udp" else self.path if self.kind == "unix" else None
+
+    def __str__(self) -> str:
+        if self.kind == "unix":
+            return f"unix://{self.path}"
+        if self.kind == "udp":
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            return f"udp://{host}:{self.port}"
+        return "off"
+
+
+def parse_address(s: str, listen: bool = False) -> Address:
+    """'udp://host:port' | 'unix:///absolute/path', and for a sender (``listen`` False) also 'off'.
+    The agent (``listen`` True) may bind port 0 (any free port); a sender needs a real one.
+    Raises ValueError with one clear line naming the address ("ingest address" / "agent address")."""
+    what = "ingest address" if listen else "agent address"
+    s = (s or "").strip()
+    if not listen and s.lower() in ("off", "none", ""):
+        return Address("off")
+    if s.startswith("unix://"):
+        path = s[len("unix://"):]
+        if not path.startswith("/"):
+            raise ValueError(f"{what} {s!r}: unix:// needs an absolute path (unix:///run/ranksight.sock)")
+        return Address("unix", path=path)
+    if s.startswith("udp://"):
+        u = urlsplit(s)
+        try:
+            port = u.port
+        except ValueError:
+            port = None
+        if not u.hostname or port is None or not (0 if listen else 1) <= port <= 65535 or u.path not in ("", "/"):
+            raise ValueError(f"{what} {s!r}: expected udp://host:port")
+        return Address("udp", host=u.hostname, port=port)
+    raise ValueError(f"{what} {s!r}: expected udp://host:port, unix:///path" + ("" if listen else " or off"))
+
+
 class ProtocolError(Exception):
     """A datagram the agent must drop. ``result`` is the ingest counter label."""
 
     def __init__(self, result: str, why: str, version: Any = None):
         super().__init__(why)
-        self.result = result  # "malformed" | "oversize" | "rejected"
+        self.result = result  # catalog.INGEST_MALFORMED | INGEST_OVERSIZE | INGEST_REJECTED
         self.version = version  # set when the reason is an unknown protocol version
 
 
@@ -176,28 +231,28 @@ def encode(rec: Dict[str, Any]) -> bytes:
 def _str(rec: Dict[str, Any], k: str, limit: int = MAX_STR, choices=None) -> str:
     v = rec.get(k)
     if not isinstance(v, str) or len(v) > limit or (choices is not None and v not in choices):
-        raise ProtocolError("rejected", f"bad {k}")
+        raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return v
 
 
 def _int(rec: Dict[str, Any], k: str, lo: int, hi: int) -> int:
     v = rec.get(k)
     if type(v) is not int or not (lo <= v <= hi):
-        raise ProtocolError("rejected", f"bad {k}")
+        raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return v
 
 
 def _secs(rec: Dict[str, Any], k: str, lo: float = 0.0, hi: float = MAX_SECONDS, default: Optional[float] = 0.0) -> float:
     v = rec.get(k, default)
     if v is None or type(v) not in (int, float) or not math.isfinite(v) or not (lo <= v <= hi):
-        raise ProtocolError("rejected", f"bad {k}")
+        raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return float(v)
 
 
 def _bool(rec: Dict[str, Any], k: str) -> bool:
     v = rec.get(k)
     if type(v) is not bool:
-        raise ProtocolError("rejected", f"bad {k}")
+        raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return v
 
 
@@ -218,22 +273,54 @@ def _parse(data: bytes) -> Any:
     return json.loads(data)
 
 
+# The "step" record's schema, compiled once into one function of straight-line checks (no loop,
+# no call per field): it takes a parsed record that has every step field, with the usual types
+# (floats for seconds, ints for counts), in range and nothing else, and then the parsed dict itself
+# is decode()'s result. Anything it does not take (a missing field, an int where a float is usual,
+# NaN, an extra key) goes through the field-by-field checks below, which accept or reject it, with
+# their reason, as always; so the fast path changes no verdict, only the cost of the common one.
+def _compile_step_check() -> Any:
+    names = STEP_SECONDS_FIELDS + STEP_COUNT_FIELDS
+    args = ", ".join(f"_{k}" for k in names)
+    checks = [f"type(_{k}) is float and 0.0 <= _{k} <= {MAX_SECONDS!r}" for k in STEP_SECONDS_FIELDS]
+    checks += [f"type(_{k}) is int and 0 <= _{k} <= {MAX_COUNT!r}" for k in STEP_COUNT_FIELDS]
+    src = (f"def _step_fast(rec, n, _get=_fields):\n"
+           f"    if len(rec) != n:\n        return False\n"
+           f"    try:\n        {args} = _get(rec)\n    except KeyError:\n        return False\n"
+           f"    if not (" + " and ".join(checks) + " and _seq >= 1):\n        return False\n"
+           f"    if _micro < 1:\n        rec['micro'] = 1\n"
+           f"    return True\n")
+    ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
+    exec(compile(src, "<ranksight.protocol step schema>", "exec"), ns)
+    return ns["_step_fast"]
+
+
+_step_fast = _compile_step_check()
+_IDENT = itemgetter("t", "job", "ws", "rank", "lr", "node", "pid", "ts")  # the identity fields in one lookup
+# keys of a "step" record with every field present: identity (with "v"), "sess" from v2 on, the step fields
+_STEP_KEYS = (0, 9 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS),
+              10 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS))
+
+
 def decode(data: bytes) -> Dict[str, Any]:
     """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError."""
     if len(data) > MAX_DATAGRAM:
-        raise ProtocolError("oversize", f"{len(data)} bytes")
+        raise ProtocolError(C.INGEST_OVERSIZE, f"{len(data)} bytes")
     try:
         rec = _parse(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ProtocolError("malformed", "not JSON") from None
+        raise ProtocolError(C.INGEST_MALFORMED, "not JSON") from None
     if not isinstance(rec, dict):
-        raise ProtocolError("malformed", "not an object")
+        raise ProtocolError(C.INGEST_MALFORMED, "not an object")
     v = rec.get("v")
     if type(v) is not int or v not in ACCEPTED:
-        raise ProtocolError("rejected", "version", version=v if type(v) in (int, str) else repr(v)[:32])
+        raise ProtocolError(C.INGEST_REJECTED, "version", version=v if type(v) in (int, str) else repr(v)[:32])
     get = rec.get
-    t, job, ws, rank, lr, node, pid, ts = (get("t"), get("job"), get("ws"), get("rank"), get("lr"), get("node"),
-                                           get("pid"), get("ts"))
+    try:
+        t, job, ws, rank, lr, node, pid, ts = _IDENT(rec)
+    except KeyError:  # a missing field: the checks below say which
+        t, job, ws, rank, lr, node, pid, ts = (get("t"), get("job"), get("ws"), get("rank"), get("lr"), get("node"),
+                                               get("pid"), get("ts"))
     # The common case in one expression; otherwise the field-by-field checks, which raise
     # with the reason (or accept what they accept, e.g. an integer ts).
     if not (type(t) is str and t in TYPES and type(job) is str and 0 < len(job) <= MAX_STR
@@ -243,13 +330,19 @@ def decode(data: bytes) -> Dict[str, Any]:
         t = _str(rec, "t", choices=TYPES)
         job = _str(rec, "job")
         if not job:
-            raise ProtocolError("rejected", "empty job")
+            raise ProtocolError(C.INGEST_REJECTED, "empty job")
         ws = _int(rec, "ws", 1, MAX_WORLD)
         rank = _int(rec, "rank", 0, ws - 1)
         lr = _int(rec, "lr", 0, 4095)
         node = _str(rec, "node")
         pid = _int(rec, "pid", 0, 1 << 31)
         ts = _secs(rec, "ts", 0.0, 1e11, default=None)
+    elif t == "step" and _step_fast(rec, _STEP_KEYS[v]):
+        if v == 1:
+            return rec
+        sess = get("sess")
+        if type(sess) is int and 0 <= sess <= MAX_COUNT:
+            return rec
     out: Dict[str, Any] = {"v": v, "t": t, "job": job, "ws": ws, "rank": rank, "lr": lr, "node": node, "pid": pid,
                            "ts": ts}
     if v >= 2:
@@ -267,10 +360,10 @@ def decode(data: bytes) -> Dict[str, Any]:
         if out["micro"] < 1:
             out["micro"] = 1
         if out["seq"] < 1:
-            raise ProtocolError("rejected", "bad seq")
+            raise ProtocolError(C.INGEST_REJECTED, "bad seq")
     elif t == "steps":
         if v < 2:
-            raise ProtocolError("rejected", "steps needs v2")
+            raise ProtocolError(C.INGEST_REJECTED, "steps needs v2")
         _steps(rec, out)
     elif t == "hb":
         out["seq"] = _int(rec, "seq", 0, MAX_COUNT)
@@ -302,7 +395,7 @@ def decode(data: bytes) -> Dict[str, Any]:
         frames = rec.get("frames")
         if (not isinstance(frames, list) or len(frames) > MAX_STACK_FRAMES
                 or not all(isinstance(f, str) and len(f) <= MAX_STACK_FRAME for f in frames)):
-            raise ProtocolError("rejected", "bad frames")
+            raise ProtocolError(C.INGEST_REJECTED, "bad frames")
         out["frames"] = frames
         out["where"] = _str(rec, "where", limit=MAX_STACK_WHERE)
         out["idle"] = _secs(rec, "idle", default=0.0)
@@ -310,26 +403,26 @@ def decode(data: bytes) -> Dict[str, Any]:
         if "cw" in rec:
             cw = rec["cw"]
             if not isinstance(cw, dict):
-                raise ProtocolError("rejected", "bad cw")
+                raise ProtocolError(C.INGEST_REJECTED, "bad cw")
             out["cw"] = {"op": _str(cw, "op", limit=64), "pg": _str(cw, "pg"), "seq": _int(cw, "seq", 0, MAX_COUNT),
                          "wait": _secs(cw, "wait", default=0.0)}
     elif t == "hello":
         info = rec.get("info", {})
         if not isinstance(info, dict):
-            raise ProtocolError("rejected", "bad info")
+            raise ProtocolError(C.INGEST_REJECTED, "bad info")
         out["info"] = info
         dirs = rec.get("dirs", {})
         if not isinstance(dirs, dict) or not all(
             isinstance(k, str) and k in ("tmp", "log", "checkpoint") and isinstance(v, str) and len(v) <= 1024
             for k, v in dirs.items()
         ):
-            raise ProtocolError("rejected", "bad dirs")
+            raise ProtocolError(C.INGEST_REJECTED, "bad dirs")
         out["dirs"] = dirs
         if v >= 2:
             out["pstart"] = _secs(rec, "pstart", 0.0, 1e11, default=0.0)
             gpu = rec.get("gpu", "")
             if not isinstance(gpu, str) or len(gpu) > 96:
-                raise ProtocolError("rejected", "bad gpu")
+                raise ProtocolError(C.INGEST_REJECTED, "bad gpu")
             out["gpu"] = gpu
     return out
 
@@ -338,30 +431,30 @@ def _steps(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     """Validate a "steps" record into ``out`` (lists as sent, scalars, totals)."""
     seq = rec.get("seq")
     if type(seq) is not int or not 1 <= seq <= MAX_COUNT:
-        raise ProtocolError("rejected", "bad seq")
+        raise ProtocolError(C.INGEST_REJECTED, "bad seq")
     out["seq"] = seq
     durs = rec.get("dur")
     if type(durs) is not list or not 1 <= len(durs) <= STEPS_MAX:
-        raise ProtocolError("rejected", "bad dur")
+        raise ProtocolError(C.INGEST_REJECTED, "bad dur")
     n = out["n"] = len(durs)
     for k in STEP_SECONDS_FIELDS:
         vals = rec.get(k)
         if type(vals) is not list or len(vals) != n:
-            raise ProtocolError("rejected", f"bad {k}")
+            raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
         for x in vals:  # int or float (a formatter writes 0.0 as 0); NaN and inf fail the range
             if not ((type(x) is float or type(x) is int) and 0 <= x <= MAX_SECONDS):
-                raise ProtocolError("rejected", f"bad {k}")
+                raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
         out[k] = vals
     micro = rec.get("micro")
     if type(micro) is not list or len(micro) != n or not all(type(x) is int and 0 <= x <= MAX_COUNT for x in micro):
-        raise ProtocolError("rejected", "bad micro")
+        raise ProtocolError(C.INGEST_REJECTED, "bad micro")
     out["micro"] = [x if x >= 1 else 1 for x in micro]
     get = rec.get
     for k in STEPS_LAST_FIELDS:
         x = get(k, 0)
         out[k] = x if type(x) is int and 0 <= x <= MAX_COUNT else _int(rec, k, 0, MAX_COUNT)
     if "tot" not in rec:
-        raise ProtocolError("rejected", "steps without tot")
+        raise ProtocolError(C.INGEST_REJECTED, "steps without tot")
     _totals(rec, out)
 
 
@@ -392,7 +485,7 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     """Validate "tot" and "hist" (v2 heartbeat and bye) into out["tot"], out["hist"]."""
     tot = rec.get("tot")
     if not isinstance(tot, dict):
-        raise ProtocolError("rejected", "bad tot")
+        raise ProtocolError(C.INGEST_REJECTED, "bad tot")
     t: Dict[str, Any] = {}
     for k in TOTAL_INT_KEYS:
         t[k] = _int(tot, k, 0, MAX_COUNT) if k in tot else 0
@@ -403,7 +496,7 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
             t[k] = _secs(tot, k, 0.0, 1e11, default=None)
     hist = rec.get("hist", {})
     if not isinstance(hist, dict):
-        raise ProtocolError("rejected", "bad hist")
+        raise ProtocolError(C.INGEST_REJECTED, "bad hist")
     h: Dict[str, Any] = {}
     for k, n in HIST_SIZES.items():
         counts = hist.get(k)
@@ -411,7 +504,7 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
             continue
         if (not isinstance(counts, list) or len(counts) != n
                 or not all(type(c) is int and 0 <= c <= MAX_COUNT for c in counts)):
-            raise ProtocolError("rejected", f"bad hist {k}")
+            raise ProtocolError(C.INGEST_REJECTED, f"bad hist {k}")
         h[k] = counts
     out["tot"] = t
     out["hist"] = h

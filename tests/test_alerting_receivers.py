@@ -24,7 +24,6 @@ import json
 import re
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Dict, Iterator, List
@@ -33,7 +32,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from ranksight import config, triage
-from ranksight.tools.stack import free_port, wait_until
+from ranksight.tools.plumbing import AlertmanagerAPI, free_port, wait_until
 from test_triage_cli import RankPlay, Sender  # the ranks' datagram player (real protocol-v1 records)
 
 pytestmark = pytest.mark.slow
@@ -218,10 +217,7 @@ def _post(am_url: str, alerts: List[Dict[str, str]], annotations: Dict[str, Dict
     body = [{"labels": a, "annotations": annotations[a["alertname"]],
              "startsAt": time.strftime(fmt, time.gmtime(now)), "endsAt": time.strftime(fmt, time.gmtime(now + 3600))}
             for a in alerts]
-    req = urllib.request.Request(f"{am_url}/api/v2/alerts", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5):
-        pass
+    AlertmanagerAPI(am_url).post_alerts(body)
 
 
 def test_a_big_group_is_one_short_page_and_node_alerts_link_the_node(receivers, local_stack):

@@ -22,7 +22,7 @@ from ranksight.exporter.collectors.gpu import GpuCollector
 from ranksight.exporter.collectors.network import NetworkCollector
 from ranksight.exporter.collectors.rdma import RdmaCollector
 from ranksight.exporter.exposition import TextWriter
-from ranksight.exporter.nvml_standin import NvmlStandin
+from support.nvml_standin import NvmlStandin
 from ranksight.triage import CLOCK_EVENT_REASONS
 
 from test_exporter_helpers import LOCAL, NE, Proc, agent_cmd, free_port, http_get, one, parse, scrape, series, \
@@ -209,7 +209,8 @@ def counter_names(got: Dict, **match: str) -> Dict[str, float]:
 def mlx5_tree(root: Path, ports: int = 2) -> Path:
     """An mlx5 HCA as the kernel lays it out (counters: the IB PMA port counters; hw_counters:
     drivers/infiniband/hw/mlx5/counters.c), every file a distinct value."""
-    from ranksight import scale
+    from ranksight.bench import load
+    scale = load("scale")
 
     n = 0
     for i in range(ports):

@@ -19,7 +19,8 @@ from ranksight import protocol as P
 from ranksight.exporter.agent import Agent, AgentSettings
 from ranksight.exporter.exposition import TextWriter
 from ranksight.exporter.ingest import RESULTS, Ingest
-from ranksight.exporter.ranks import RankSettings, RanksCollector, RankTable
+from ranksight.exporter.collectors.ranks import RanksCollector
+from ranksight.exporter.ranks import RankSettings, RankTable
 
 from test_exporter_helpers import one, parse, scrape, wait_for
 

@@ -10,7 +10,9 @@ import pytest
 
 from ranksight import catalog as C
 from ranksight.exporter.ingest import Ingest
-from ranksight.exporter.ranks import RankSettings, RanksCollector, RankTable, WindowQuantile
+from ranksight.exporter.collectors.ranks import RanksCollector
+from ranksight.exporter.ranks import RankSettings, RankTable
+from ranksight.exporter.stats import WindowQuantile
 
 from test_exporter_helpers import dgram, hb, ident, one, parse, series, step
 

@@ -16,7 +16,8 @@ import ranksight  # noqa: E402
 from ranksight import catalog as C  # noqa: E402
 from ranksight import protocol  # noqa: E402
 from ranksight.exporter.ingest import Ingest  # noqa: E402
-from ranksight.exporter.ranks import RankSettings, RanksCollector, RankTable  # noqa: E402
+from ranksight.exporter.collectors.ranks import RanksCollector  # noqa: E402
+from ranksight.exporter.ranks import RankSettings, RankTable  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_exporter_helpers import one, parse  # noqa: E402

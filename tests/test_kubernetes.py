@@ -28,7 +28,7 @@ import yaml
 from ranksight import catalog, config, k8s, protocol, triage
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
-from ranksight.tools.stack import free_port, set_pdeathsig, wait_until
+from ranksight.tools.plumbing import AlertmanagerAPI, free_port, set_pdeathsig, wait_until
 from operator_view import BASE_AM, operator_view, unprefixed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -502,11 +502,7 @@ def test_on_call_receivers_convert_with_their_secrets_in_a_secret(tmp_path):
 
 
 def _post_alerts(am_url: str, alerts_: List[Dict[str, str]]) -> None:
-    body = json.dumps([{"labels": a} for a in alerts_]).encode()
-    req = urllib.request.Request(f"{am_url}/api/v2/alerts", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5):  # noqa: S310 - our loopback Alertmanager
-        pass
+    AlertmanagerAPI(am_url).post_alerts([{"labels": a} for a in alerts_])
 
 
 @pytest.mark.slow

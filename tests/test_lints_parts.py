@@ -170,3 +170,22 @@ def test_final_save_is_judged_at_close(tmp_path):
     finally:
         ranksight.unwatch()
         rx.close()
+
+
+def test_lint_ids_are_written_once_and_each_has_its_module():
+    """ranksight.catalog.LINT_IDS is the one list: the triage table describes exactly those, each
+    id is registered by its own module of ranksight.hooks.lints, and no lint module types an id."""
+    import re
+    from pathlib import Path
+
+    from ranksight import catalog, triage
+
+    assert tuple(triage.LINTS) == catalog.LINT_IDS
+    assert set(L.REGISTRY) == set(catalog.LINT_IDS)
+    for lint_id, cls in L.REGISTRY.items():
+        assert cls.__module__ == f"ranksight.hooks.lints.{lint_id}", (lint_id, cls.__module__)
+    pkg = Path(L.__file__).parent
+    ids = "|".join(catalog.LINT_IDS)
+    for f in sorted(pkg.glob("*.py")):
+        code = re.sub(r'"""[\s\S]*?"""', "", f.read_text())  # docstrings may name them
+        assert not re.findall(rf"[\"']({ids})[\"']", code), f"{f.name} types a lint id: use ranksight.catalog"

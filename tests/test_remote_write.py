@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from ranksight import catalog, config, protocol, triage
-from ranksight.tools.stack import PrometheusAPI, Proc, find_binary, free_port, wait_until
+from ranksight.tools.plumbing import PrometheusAPI, Proc, free_port, wait_until
+from ranksight.tools.stack import find_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "deploy" / "prometheus-remote-write.yml"
@@ -109,7 +110,7 @@ def test_rules_inputs_arrive_at_a_remote_write_receiver(local_stack, tmp_path):
                     tmp_path / "receiver.pid", tmp_path / "receiver.log", "receiver.yml")
     # the agent with two stand-in GPUs serving recorded H200 traces (no NVML on CI machines)
     aport, uport = free_port(), free_port(udp=True)
-    agent = Proc("agent", [sys.executable, "-m", "ranksight.exporter.bench", "_serve", "--listen",
+    agent = Proc("agent", [sys.executable, str(ROOT / "bench" / "bench_exporter.py"), "_serve", "--listen",
                            f"127.0.0.1:{aport}", "--ingest", f"udp://127.0.0.1:{uport}", "--gpus", "2"],
                  tmp_path / "agent.pid", tmp_path / "agent.log", "ranksight")
     ranks = _Ranks(uport)

@@ -21,7 +21,8 @@ import pytest
 from ranksight import catalog as C
 from ranksight import protocol
 from ranksight.hooks import stack
-from ranksight.exporter.ranks import RANKS_API, RanksCollector, RankSettings, RankTable
+from ranksight.exporter.collectors.ranks import RanksCollector
+from ranksight.exporter.ranks import RANKS_API, RankSettings, RankTable
 
 BASE = {"v": 2, "job": "j", "rank": 1, "lr": 1, "ws": 2, "node": "n", "pid": 7, "sess": 3}
 

@@ -254,6 +254,7 @@ def _close(torch: Any, nn: Any, ranksight: Any, rx: Any, dev: Any, smoke: bool, 
     return {"steps": steps, "records": len(recs), "seqs": [s["seq"] for s in recs][-3:],
             "pending_before_close": pending_before, "pending_after_close": w._tl.pending,
             "gpu_unsent": w.gpu_unsent, "close_seconds": close_s, "close_gpu_wait_s": w.gpu_wait_s,
+            "hdrop": w._tl.dropped, "qdrop": w.qdrop, "send_errors": w.stats()["send_errors"],
             "hook_errors": w.herr,
             "hooks": hooks, "reference": ref, "sync_debug_errors": errors,
             "rel_diff": {k: abs(hooks[k] - ref[k]) / ref[k] if ref[k] > 0 else None for k in ref}}

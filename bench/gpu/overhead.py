@@ -14,8 +14,12 @@ What it does
     the loss each step: every host microsecond of the hooks lands on the wall clock).
   * Host microseconds per step: the same interleaving on a tiny model (1 layer, width 64,
     batch 1 x 8) whose step is host-bound, so the wall-time difference is the hooks' host time.
-  * CUDA events per step: counted on one instrumented run; the cost of one event
-    (create + record) measured here too.
+  * CUDA events per step: counted on one instrumented run (recorded, and created: the step
+    path re-records its own events once resolved, ``CudaTimeline.POOL``); the cost of one event
+    (create + record, and re-recording an existing one) measured here too.
+  * ``--pool-ab``: the host breakdown (``mark()`` microseconds per call inside the loop) and the
+    host-bound tiny model once more with fresh events per mark (``CudaTimeline.POOL = False``),
+    interleaved with the pooled runs, so the pool's saving is measured on the same machine.
 
 Reported: median of the per-pair ratios (instrumented / plain), the ratio of the medians,
 their spread, and the medians in ms. Target: ratio <= 1.005 on a >= 20 ms step.
@@ -59,15 +63,17 @@ class Bench:
 
         data = W.batches(x, self.warm + self.steps)
         counter = [0]
+        tl = None
         if watched:
             loader = ranksight.watch(model, opt, data, agent=self.agent_url, config=DEFAULT_HOOKS)
             w = rs_hooks.current()
-            if count_events and w is not None and w._tl is not None:
-                mark = w._tl.mark
+            tl = w._tl if w is not None else None
+            if count_events and tl is not None:
+                mark = tl.mark
 
-                def counting_mark():
+                def counting_mark(own: bool = False) -> Any:
                     counter[0] += 1
-                    return mark()
+                    return mark(own)
 
                 w._tl.mark = counting_mark  # instance attribute: only this run counts
         else:
@@ -77,25 +83,34 @@ class Bench:
         time.sleep(self.settle)
         self.sync()
         t0 = c0 = 0.0
-        ev0 = 0
+        ev0 = cr0 = 0
         for i, xb in enumerate(loader):
             if i == self.warm:
                 self.sync()
                 t0, c0, ev0 = time.perf_counter(), time.thread_time(), counter[0]
+                cr0 = tl.created if tl is not None else 0
             loss = W.train_step(model, opt, xb)
             if mode == "sync":
                 loss.item()
         self.sync()
         t1, c1 = time.perf_counter(), time.thread_time()
+        created = (tl.created - cr0) if tl is not None else 0
         herr = 0
         if watched:
             w = rs_hooks.current()
             herr = w.stats()["herr"] if w is not None else -1
             ranksight.unwatch()
         return {"step_s": (t1 - t0) / self.steps, "cpu_s": (c1 - c0) / self.steps,
-                "events_per_step": (counter[0] - ev0) / self.steps, "herr": herr}
+                "events_per_step": (counter[0] - ev0) / self.steps, "created_per_step": created / self.steps,
+                "herr": herr}
 
-    def interleave(self, model: Any, opt: Any, x: Any, mode: str, reps: int) -> Dict[str, Any]:
+    def interleave(self, model: Any, opt: Any, x: Any, mode: str, reps: int,
+                   baseline_pool: Optional[bool] = None) -> Dict[str, Any]:
+        """``reps`` ABBA pairs of a plain and an instrumented run. ``baseline_pool`` (True/False):
+        the "plain" arm is instead an instrumented run with ``CudaTimeline.POOL`` set to it, the
+        other arm the opposite (an A/B of the event pool)."""
+        from ranksight.hooks.timing import CudaTimeline
+
         plain: List[float] = []
         inst: List[float] = []
         cpu_p: List[float] = []
@@ -104,7 +119,14 @@ class Bench:
         for rep in range(reps):
             order = (False, True) if rep % 2 == 0 else (True, False)
             for watched in order:
-                r = self.one_run(model, opt, x, watched, mode)
+                if baseline_pool is None:
+                    r = self.one_run(model, opt, x, watched, mode)
+                else:
+                    CudaTimeline.POOL = baseline_pool if not watched else not baseline_pool
+                    try:
+                        r = self.one_run(model, opt, x, True, mode)
+                    finally:
+                        CudaTimeline.POOL = True
                 (inst if watched else plain).append(r["step_s"])
                 (cpu_i if watched else cpu_p).append(r["cpu_s"])
                 herr = max(herr, r["herr"])
@@ -136,7 +158,8 @@ def host_breakdown(b: "Bench", model: Any, opt: Any, x: Any) -> Dict[str, Any]:
     from ranksight.hooks import timing as tmod
     from ranksight.hooks import watcher as wmod
 
-    hook_methods = sorted(n for n, v in vars(wmod.Watcher).items() if callable(v) and n.startswith(HOOK_PREFIXES))
+    hook_methods = sorted(n for n in dir(wmod.Watcher)
+                          if n.startswith(HOOK_PREFIXES) and callable(getattr(wmod.Watcher, n)))
     targets = [(wmod.Watcher, n) for n in hook_methods + ["_step_end", "_arm_backward"]]
     targets += [(wmod._TimedIter, "__next__"), (tmod.CudaTimeline, "mark"), (tmod.CudaTimeline, "resolve")]
     acc: Dict[str, List[float]] = {}
@@ -156,21 +179,27 @@ def host_breakdown(b: "Bench", model: Any, opt: Any, x: Any) -> Dict[str, Any]:
 
         return timed
 
-    for cls, name in targets:
-        orig = cls.__dict__.get(name)
+    for cls, name in targets:  # (Watcher's hooks come from its mixins: patched on Watcher, removed after)
+        orig = getattr(cls, name, None)
         if orig is None:
             continue
-        saved.append((cls, name, orig))
+        saved.append((cls, name, cls.__dict__.get(name)))
         setattr(cls, name, wrap(orig, f"{cls.__name__}.{name}"))
     try:
         r = b.one_run(model, opt, x, True, "async")
     finally:
-        for cls, name, orig in saved:
-            setattr(cls, name, orig)
+        for cls, name, own in saved:
+            if own is None:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, own)
     n = b.warm + b.steps
+    mk = acc.get("CudaTimeline.mark")
     per = {k: {"us_per_step": v[0] / n * 1e6, "calls_per_step": v[1] / n} for k, v in sorted(acc.items())}
     top = sum(v["us_per_step"] for k, v in per.items() if k.split(".")[1] in hook_methods)
-    return {"steps": n, "hooks_total_us_per_step": top, "by_function": per, "step_ms": r["step_s"] * 1e3}
+    return {"steps": n, "hooks_total_us_per_step": top, "by_function": per, "step_ms": r["step_s"] * 1e3,
+            "mark_us_per_call": mk[0] / mk[1] * 1e6 if mk and mk[1] else 0.0,
+            "created_per_step": r["created_per_step"]}
 
 
 def event_cost_us(torch: Any, device: Any, n: int = 5000) -> Dict[str, float]:
@@ -190,12 +219,17 @@ def event_cost_us(torch: Any, device: Any, n: int = 5000) -> Dict[str, float]:
     for a, b in zip(evs, evs[1:1001]):
         a.elapsed_time(b)
     t4 = time.perf_counter()
-    return {"create_record_us": (t1 - t0) / n * 1e6, "query_us": (t3 - t2) / n * 1e6, "elapsed_time_us": (t4 - t3) / 1000 * 1e6}
+    for e in evs:  # re-record events that exist and have completed (the pool's path)
+        e.record(stream)
+    t5 = time.perf_counter()
+    torch.cuda.synchronize(device)
+    return {"create_record_us": (t1 - t0) / n * 1e6, "query_us": (t3 - t2) / n * 1e6,
+            "elapsed_time_us": (t4 - t3) / 1000 * 1e6, "rerecord_us": (t5 - t4) / n * 1e6}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--reps", type=int, default=10, help="interleaved pairs per loop style (default 10)")
+    p.add_argument("--reps", type=int, default=20, help="interleaved pairs per loop style (default 20)")
     p.add_argument("--steps", type=int, default=50, help="timed steps per run (default 50)")
     p.add_argument("--settle", type=float, default=0.8,
                    help="seconds each run waits after watch() (or its plain twin) before its steps (default 0.8)")
@@ -209,6 +243,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="send to a real `ranksight exporter` subprocess (default) or nowhere")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run of this script with the tiny model (no GPU figures)")
+    p.add_argument("--pool-ab", action="store_true",
+                   help="also compare pooled with fresh CUDA events (host breakdown, tiny model)")
     p.add_argument("--out", help="write the full result JSON here")
     a = p.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
@@ -244,9 +280,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         b.sync()
         counted = b.one_run(model, opt, x, True, "async", count_events=True)
         out["events_per_step"] = counted["events_per_step"]
+        out["events_created_per_step"] = counted["created_per_step"]
         if device.type == "cuda":
             out["event_cost"] = event_cost_us(torch, device)
         out["host_breakdown"] = host_breakdown(b, model, opt, x)
+        if a.pool_ab:
+            from ranksight.hooks.timing import CudaTimeline
+
+            CudaTimeline.POOL = False
+            try:
+                out["host_breakdown_fresh_events"] = host_breakdown(b, model, opt, x)
+            finally:
+                CudaTimeline.POOL = True
         for mode in modes:
             W.log(f"overhead: {mode} loop, {a.reps} pairs x {a.steps} steps")
             out[f"step_{mode}"] = b.interleave(model, opt, x, mode, a.reps)
@@ -271,6 +316,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             t = tb.interleave(tm, to, tx, "async", a.tiny_reps)
             t["spec"] = W.spec_dict(tspec)
             out["host_bound_tiny"] = t
+            if a.pool_ab:
+                W.log(f"overhead: host-bound tiny model, fresh (A) vs pooled (B) events, {a.tiny_reps} pairs")
+                t = tb.interleave(tm, to, tx, "async", a.tiny_reps, baseline_pool=False)
+                t["spec"] = W.spec_dict(tspec)
+                out["host_bound_tiny_pool_ab"] = t
     finally:
         if agent is not None:
             try:
@@ -288,19 +338,25 @@ def main(argv: Optional[List[str]] = None) -> int:
 def render(out: Dict[str, Any]) -> str:
     lines = [f"ranksight hooks overhead on {out['versions'].get('gpu', 'CPU')} "
              f"(torch {out['versions'].get('torch')}, driver {out['versions'].get('driver')})",
-             f"CUDA events per step: {out.get('events_per_step', 0):.1f}"]
+             f"CUDA events per step: {out.get('events_per_step', 0):.1f} recorded, "
+             f"{out.get('events_created_per_step', 0):.2f} created"]
     ec = out.get("event_cost")
     if ec:
         lines.append(f"one event: create+record {ec['create_record_us']:.2f} us, query {ec['query_us']:.2f} us, "
-                     f"elapsed_time {ec['elapsed_time_us']:.2f} us")
+                     f"elapsed_time {ec['elapsed_time_us']:.2f} us, re-record {ec['rerecord_us']:.2f} us")
     lines.append(f"{'loop':<18}{'plain ms':>10}{'hooks ms':>10}{'ratio (med of pairs)':>22}{'p25..p75':>16}{'delta us':>10}")
-    for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny"):
+    for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny", "host_bound_tiny_pool_ab"):
         r = out.get(key)
         if not r:
             continue
         lines.append(f"{key:<18}{r['plain_ms_median']:>10.3f}{r['instrumented_ms_median']:>10.3f}"
                      f"{r['ratio_median_of_pairs']:>22.4f}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
                      f"{r['delta_us_per_step_median']:>10.1f}")
+    for key in ("host_breakdown", "host_breakdown_fresh_events"):
+        hb = out.get(key)
+        if hb:
+            lines.append(f"{key}: mark() {hb['mark_us_per_call']:.2f} us per call in the loop, "
+                         f"{hb['created_per_step']:.2f} events created per step")
     hb = out.get("host_breakdown")
     if hb:
         lines.append(f"hooks' host time per step (one instrumented run, {hb['steps']} steps): "

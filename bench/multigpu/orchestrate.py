@@ -1,4 +1,4 @@
-"""Issue 10: every multi-GPU run, launched with torchrun on this machine's GPUs, checked, summarized.
+"""Every multi-GPU run, launched with torchrun on this machine's GPUs, checked, summarized.
 
     python3 bench/multigpu/orchestrate.py --out DIR [--gpus N] [--only comm,fr,straggler,hang,overhead]
 
@@ -14,8 +14,8 @@ Runs (each a torchrun job of ``bench/multigpu/train.py``, NCCL, one process per 
                          datagrams; rank 1 sleeps 20% of its own step (0.25 x the plain step) inside
                          the step. With a Prometheus binary (``$RANKSIGHT_PROMETHEUS``,
                          ``.devbin/prometheus`` or PATH) the generated rules run in a real Prometheus
-                         scraping the agent and the RanksightStraggler alert must name rank 1 only.
-                         Without one, the recording rule ``rank:ranksight_straggler:ratio`` is
+                         scraping the agent and the straggler alert must name rank 1 only.
+                         Without one, the straggler recording rule (``triage.REC["straggler"]``) is
                          computed from two scrapes of the agent's /metrics, 30 s apart (the test
                          profile's rate window), with the rule's own arithmetic.
   hang                   rank 1 stops inside step 30; the others block in NCCL. Within 60 s the
@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -174,7 +173,8 @@ class Orchestrator:
 
     def start_prometheus(self, target: str) -> Tuple[Any, str]:
         from ranksight import config
-        from ranksight.tools.stack import deploy_dir, free_port, render_alert_files, render_prometheus_config
+        from ranksight.tools.plumbing import free_port, spawn, wait_http
+        from ranksight.tools.stack import deploy_dir, render_alert_files, render_prometheus_config
 
         d = self.out / "prometheus"
         (d / "rules").mkdir(parents=True, exist_ok=True)
@@ -187,34 +187,17 @@ class Orchestrator:
             "1s", "1s"))
         cmd = [self.prometheus_binary(), f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
                f"--web.listen-address=127.0.0.1:{port}"]
-        p = subprocess.Popen(cmd, stdout=open(d / "prometheus.log", "w"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = spawn(cmd, d / "prometheus.log")
         url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(url + "/-/ready", timeout=1).read()
-                return p, url
-            except OSError:
-                time.sleep(0.2)
+        wait_http(url + "/-/ready", 20.0, p, 0.2)
         return p, url
-
-    @staticmethod
-    def prom_query(url: str, q: str) -> List[Dict[str, Any]]:
-        from urllib.parse import urlencode
-
-        with urllib.request.urlopen(f"{url}/api/v1/query?{urlencode({'query': q})}", timeout=5) as r:
-            return json.loads(r.read())["data"]["result"]
-
-    @staticmethod
-    def prom_alerts(url: str) -> List[Dict[str, Any]]:
-        with urllib.request.urlopen(f"{url}/api/v1/alerts", timeout=5) as r:
-            return json.loads(r.read())["data"]["alerts"]
 
     # ------------------------------------------------------------------ straggler
     def straggler(self, rank: int = 1, frac: float = 0.2, seconds: float = 80.0) -> None:
         from prometheus_client.parser import text_string_to_metric_families
 
         from ranksight import catalog as C
+        from ranksight.tools.plumbing import stop_process
 
         agent = self.agent("agent_straggler")
         prom = None
@@ -268,16 +251,21 @@ class Orchestrator:
             detail: Dict[str, Any] = {"busy_s_per_step": busy, "ratio_from_metrics": ratio, "threshold": thr,
                                       "flagged_from_metrics": flagged, "window_s": t2 - t1}
             if prom is not None:
+                from ranksight import triage
+                from ranksight.tools.plumbing import ApiError, PrometheusAPI
+
+                prom_api = PrometheusAPI(url)
+                straggler_alert = next(e.alert for e in triage.table(config.load(None, "test")) if e.id == "straggler")
                 deadline = time.monotonic() + 40
                 firing: List[str] = []
                 rule: Dict[str, float] = {}
                 while time.monotonic() < deadline:
                     try:
                         rule = {x["metric"].get("rank", "?"): float(x["value"][1])
-                                for x in self.prom_query(url, "rank:ranksight_straggler:ratio")}
-                        firing = sorted(a["labels"].get("rank", "?") for a in self.prom_alerts(url)
-                                        if a["labels"].get("alertname") == "RanksightStraggler" and a["state"] == "firing")
-                    except OSError:
+                                for x in prom_api.query(triage.REC["straggler"])}
+                        firing = sorted(a["labels"].get("rank", "?") for a in prom_api.alerts()
+                                        if a["labels"].get("alertname") == straggler_alert and a["state"] == "firing")
+                    except ApiError:
                         pass
                     if firing:
                         break
@@ -295,8 +283,7 @@ class Orchestrator:
             self.summary["runs"]["straggler"] = {"ranks": self.ranks("straggler", self.gpus)}
         finally:
             if prom is not None:
-                prom.terminate()
-                prom.wait(timeout=10)
+                stop_process(prom, 10.0, "prometheus")
             agent.stop()
 
     # ------------------------------------------------------------------ hang

@@ -40,7 +40,7 @@ $PY -c 'import yaml, grafana_foundation_sdk' 2>/dev/null || python_path="$PWD/.d
 # the package-dir mapping of pyproject.toml (ranksight.dashboards = dashboards/ ...) as an overlay
 ov=/tmp/rs-scale-overlay
 rm -rf $ov && mkdir -p $ov/ranksight
-# every module and subpackage of ranksight/ (tools/, report/, a package the triage table may become)
+# every module and subpackage of ranksight/ (tools/, triage/, report/ ...)
 for f in ranksight/*; do
   case ${f##*/} in __pycache__|*.egg-info) continue ;; esac
   ln -s "$PWD/$f" $ov/ranksight/
@@ -59,7 +59,7 @@ rc=$?
 (cd /tmp && $PY - "$OUT/scale.json") <<'EOF' || true
 import json, sys
 r = json.load(open(sys.argv[1]))
-from ranksight.scale import report
+from ranksight.bench import load; report = load("scale").report
 print(report(r))
 EOF
 exit $rc

@@ -4,7 +4,7 @@
     .venv/bin/python bench/scale/generate.py --nodes 1024 --hours 1 --out /dev/shm/ranksight.om
     promtool tsdb create-blocks-from openmetrics /dev/shm/ranksight.om ./data
 
-The series are the ones `ranksight bench scale` backfills (ranksight/scale.py): every
+The series are the ones `ranksight bench scale` backfills (bench/scale/): every
 rank, GPU and node family the agent exposes, one job of nodes x ranks-per-node ranks,
 a few stragglers and one dataloader-bound node, one sample per --step. The last sample
 is at --end (default: now). Prints series, samples and bytes written.
@@ -15,7 +15,9 @@ import argparse
 import sys
 import time
 
-from ranksight import scale
+from ranksight.bench import load
+
+scale = load("scale")
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The scale benchmark runner: same as `ranksight bench scale` (see ranksight/scale.py).
+"""The scale benchmark runner: same as `ranksight bench scale` (see bench/scale/).
 
     .venv/bin/python bench/scale/run.py --nodes 1024 --json > bench/scale/result.json
 """
@@ -9,7 +9,9 @@ import argparse
 import logging
 import sys
 
-from ranksight import scale
+from ranksight.bench import load
+
+scale = load("scale")
 
 
 def main(argv=None) -> int:

@@ -8,11 +8,17 @@ NVML, no /sys/class/infiniband); the agent then reports
 with the other collectors. A collector whose inputs are partly missing exposes
 what it could read and raises :class:`PartialError` so that ``collector_up`` is
 0 while the readable series stay exposed.
+
+Each collector module registers a factory under its name (``@register("gpu")``), as
+node_exporter's collectors do; the agent builds the ones enabled in ``agent.collectors``
+(catalog.COLLECTOR_NAMES, in that order) from a :class:`Context` with :func:`build`.
 """
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -24,6 +30,7 @@ from prometheus_client.samples import Sample
 
 from prometheus_client.utils import floatToGoString
 
+from ranksight import catalog as C
 from ranksight.catalog import Metric
 
 
@@ -142,7 +149,39 @@ def read_int(path: str) -> Optional[int]:
         return None
 
 
+@dataclass
+class Context:
+    """What a collector's factory may take from the agent."""
+
+    settings: Any  # exporter.agent.AgentSettings
+    table: Any = None  # the rank table (exporter.ranks.RankTable), None without the ranks collector
+    nvml: Any = None  # an NVML module or stand-in for the gpu collector; None: pynvml
+    gpu: Any = None  # the gpu collector once built (the ranks collector joins on its UUID labels)
+
+
+Factory = Callable[[Context], Any]
+FACTORIES: Dict[str, Factory] = {}
+
+
+def register(name: str) -> Callable[[Factory], Factory]:
+    """Decorator: ``factory(ctx)`` builds the collector called ``name`` (one of catalog.COLLECTOR_NAMES)."""
+    if name not in C.COLLECTOR_NAMES:
+        raise ValueError(f"collector {name!r} is not in catalog.COLLECTOR_NAMES")
+
+    def deco(factory: Factory) -> Factory:
+        FACTORIES[name] = factory
+        return factory
+    return deco
+
+
+def build(name: str, ctx: Context) -> Any:
+    """The collector ``name``, built by the factory its module registered (importing the module)."""
+    if name not in FACTORIES:
+        importlib.import_module(f"{__name__}.{name}")
+    return FACTORIES[name](ctx)
+
+
 __all__: Iterable[str] = (
     "CollectorError", "PartialError", "Labels", "family", "add", "add_histogram", "bucket_labels", "le_strings",
-    "read_text", "read_int", "Family",
+    "read_text", "read_int", "Family", "Context", "register", "build", "FACTORIES",
 )

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, List, Optional, Set
 
 from ranksight import catalog as C
 
-from . import Family, PartialError, family
+from . import Context, Family, PartialError, family, register
 
 log = logging.getLogger("ranksight.exporter.disk")
 
@@ -63,3 +63,10 @@ class DiskCollector:
         if problems:
             raise PartialError("; ".join(problems), fams)
         return fams
+
+
+@register("disk")
+def _build(ctx: Context) -> DiskCollector:
+    """The watched paths, plus the directories the ranks reported (with the ranks collector)."""
+    reported = ctx.table.watched_dirs if ctx.table is not None else set
+    return DiskCollector(ctx.settings.node, ctx.settings.watch_paths, reported)

@@ -22,7 +22,7 @@ Failures: no NVML (library, driver) or no GPU -> the collector is down
 (collector_up 0, one log line). A GPU that stops answering (GPU_IS_LOST or
 another error on its sample read) is ``gpu_up 0`` alone; the others go on.
 The NVML module is a parameter: the real ``pynvml`` by default, or a stand-in
-with the same calls (``ranksight.exporter.nvml_standin``) in tests and benches.
+with the same calls (tests/support/nvml_standin.py) in tests and benches.
 """
 from __future__ import annotations
 
@@ -34,12 +34,15 @@ from bisect import bisect_left
 from typing import Any, Deque, Dict, List, Optional, Set, Tuple
 
 from ranksight import catalog as C
+from ranksight import config
 from ranksight.triage import CLOCK_EVENT_REASONS
 
-from . import CollectorError, Family, Labels, add, add_histogram, bucket_labels, family
+from . import CollectorError, Context, Family, Labels, add, add_histogram, bucket_labels, family, register
 
 log = logging.getLogger("ranksight.exporter.gpu")
 
+_AGENT = config.defaults()["agent"]  # the constructor's defaults are the config's
+_THRESHOLDS = config.defaults()["thresholds"]
 MAX_GAP_SECONDS = 2.0  # longest sample period credited to gpu_busy_seconds_total (a gap means lost samples)
 MAX_XIDS_PER_GPU = 64
 XID_WAIT_MS = 500
@@ -107,8 +110,10 @@ class GpuState:
 class GpuCollector:
     name = "gpu"
 
-    def __init__(self, node: str, poll_seconds: float = 1.0, window_seconds: float = 15.0,
-                 swing_high: float = 0.8, swing_low: float = 0.5, nvml: Any = None):
+    def __init__(self, node: str, poll_seconds: float = _AGENT["gpu_poll_seconds"],
+                 window_seconds: float = _AGENT["gpu_window_seconds"],
+                 swing_high: float = _THRESHOLDS["gpu_swing_high"], swing_low: float = _THRESHOLDS["gpu_swing_low"],
+                 nvml: Any = None):
         self.node = node
         self.poll_seconds = poll_seconds
         self.window_seconds = window_seconds
@@ -455,3 +460,12 @@ def _sample_value(nv: Any, vtype: Any, v: Any) -> float:
     if vtype == nv.NVML_VALUE_TYPE_SIGNED_INT:
         return float(v.siVal)
     return float(v.uiVal)  # utilization samples are unsigned int percent
+
+
+@register("gpu")
+def _build(ctx: Context) -> GpuCollector:
+    s = ctx.settings
+    g = GpuCollector(s.node, s.gpu_poll_seconds, s.gpu_window_seconds, s.gpu_swing_high, s.gpu_swing_low,
+                     nvml=ctx.nvml)
+    g.start()
+    return g

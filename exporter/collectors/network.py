@@ -12,11 +12,12 @@ import re
 from typing import Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
+from ranksight import config
 
-from . import Family, PartialError, family, read_int, read_text
+from . import Context, Family, PartialError, family, read_int, read_text, register
 
 TCP_EXT_COUNTERS = ("TCPLostRetransmit", "TCPTimeouts", "TCPSynRetrans")
-DEFAULT_EXCLUDE = r"^(lo|veth.*|docker.*|br-.*|virbr.*)$"
+DEFAULT_EXCLUDE: str = config.defaults()["agent"]["nic_exclude"]  # the config's agent.nic_exclude
 
 # /proc/net/dev columns after the interface name
 _DEV_FIELDS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "rx_fifo", "rx_frame", "rx_compressed", "rx_multicast",
@@ -159,3 +160,8 @@ class NetworkCollector:
                 f_cc.add_metric(lab, cc)
         return [f_speed, f_up, f_cc]
 
+
+@register("network")
+def _build(ctx: Context) -> NetworkCollector:
+    s = ctx.settings
+    return NetworkCollector(s.node, s.procfs, s.sysfs, s.nic_include, s.nic_exclude)

@@ -21,7 +21,7 @@ from typing import FrozenSet, List, Optional, Sequence, Set, Union
 
 from ranksight import catalog as C
 
-from . import CollectorError, Family, family, read_text
+from . import CollectorError, Context, Family, family, read_text, register
 
 log = logging.getLogger("ranksight.exporter.rdma")
 
@@ -113,3 +113,8 @@ class RdmaCollector:
             if missing:
                 log.warning("agent.rdma_counters names counters no RDMA port has: %s", ", ".join(missing))
         return [f_cnt, f_rate, f_up]
+
+
+@register("rdma")
+def _build(ctx: Context) -> RdmaCollector:
+    return RdmaCollector(ctx.settings.node, ctx.settings.sysfs, ctx.settings.rdma_counters)

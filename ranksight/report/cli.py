@@ -19,7 +19,8 @@ from typing import Any, List, Optional, Tuple
 
 from ranksight import config as rconfig
 from ranksight.config import duration_seconds
-from ranksight.tools.triage_cli import Prometheus, TriageError
+from ranksight.tools.triage_cli import TriageError, connect
+from ranksight.tools.plumbing import ApiError
 
 from . import make, write
 
@@ -89,7 +90,7 @@ def build(args: argparse.Namespace, now: Optional[float] = None) -> Tuple[write.
     if start is not None and start >= end:
         raise make.ReportError("--from must be before --to", 2)
     try:
-        prom = Prometheus(args.prometheus, args.timeout)
+        prom = connect(args.prometheus, args.timeout)
     except TriageError as e:
         raise make.ReportError(str(e), 2) from None
     scan_from = min(start if start is not None else end, end - lookback)
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     except make.ReportError as e:
         print(f"ranksight: error: {e}", file=sys.stderr)
         return e.code
-    except TriageError as e:  # unreachable or refusing Prometheus
+    except ApiError as e:  # unreachable or refusing Prometheus
         print(f"ranksight: error: {e}", file=sys.stderr)
         return 2
     except ImportError as e:
@@ -157,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 def write_report(prometheus: str, job: str, out: str, profile: str = "default", start: Optional[float] = None,
                  end: Optional[float] = None, config_path: Optional[str] = None) -> Tuple[str, Path]:
     """The report as a library call (``ranksight demo`` ends with it): returns (verdict, report.html).
-    Raises ``make.ReportError`` (one line, ``.code``) or ``TriageError`` (Prometheus unreachable)."""
+    Raises ``make.ReportError`` (one line, ``.code``) or ``ApiError`` (Prometheus unreachable)."""
     args = argparse.Namespace(prometheus=prometheus, job=job, start=None if start is None else str(start),
                               end=None if end is None else str(end), baseline=None, lookback=DEFAULT_LOOKBACK,
                               out=out, dashboard=None, config=config_path, profile=profile, timeout=15.0)

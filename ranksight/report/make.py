@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ranksight import catalog as C
 from ranksight import triage
-from ranksight.tools.triage_cli import Prometheus
+from ranksight.tools.plumbing import PrometheusAPI as Prometheus
 
 log = logging.getLogger("ranksight.report")
 R = triage.REC
@@ -76,7 +76,7 @@ def _sel(job: str) -> str:
 
 def jobs_with_data(prom: Prometheus, start: float, end: float) -> List[str]:
     rng = f"{max(int(end - start), 1)}s"
-    got = prom.query(f"count by (job) (last_over_time({C.RANK_UP}[{rng}]))", end)
+    got = prom.samples(f"count by (job) (last_over_time({C.RANK_UP}[{rng}]))", end)
     return sorted(s.labels.get("job", "") for s in got if s.labels.get("job"))
 
 
@@ -100,7 +100,7 @@ def summarize(prom: Prometheus, job: str, run: Run) -> Summary:
     at, w, j = run.end, run.window(), _sel(job)
 
     def one(expr: str) -> Optional[float]:
-        got = prom.query(expr, at)
+        got = prom.samples(expr, at)
         return got[0].value if got else None
 
     s.step_p50 = one(f"avg_over_time({R['job_p50']}{j}[{w}])")
@@ -108,9 +108,9 @@ def summarize(prom: Prometheus, job: str, run: Run) -> Summary:
         s.step_p50 = one(f"avg_over_time({R['job_step_mean']}{j}[{w}])")
     s.goodput = one(f"last_over_time({R['goodput']}{j}[{w}])")
     s.shares = {x.labels.get("category", ""): x.value
-                for x in prom.query(f"last_over_time({R['goodput_share']}{j}[{w}])", at)}
+                for x in prom.samples(f"last_over_time({R['goodput_share']}{j}[{w}])", at)}
     s.seconds = {x.labels.get("category", ""): x.value
-                 for x in prom.query(f"last_over_time({R['goodput_split']}{j}[{w}])", at)}
+                 for x in prom.samples(f"last_over_time({R['goodput_split']}{j}[{w}])", at)}
     s.restarts = int(one(f"max(max_over_time({C.RANK_RESTARTS}{j}[{w}]))") or 0)
     s.ranks = int(one(f"max(max_over_time({R['ranks']}{j}[{w}]))") or 0)
     return s
@@ -120,7 +120,7 @@ def fired_alerts(prom: Prometheus, job: str, run: Run, cfg: Mapping[str, Any]) -
     """Alerts that fired during the run on the job (and node alerts on its nodes), each with the
     causes that muted it (Alertmanager's inhibition, evaluated from the triage table)."""
     step = max(1.0, run.seconds / 2000.0)
-    nodes = {x.labels.get("node", "") for x in prom.query(
+    nodes = {x.labels.get("node", "") for x in prom.samples(
         f"group by (node) (last_over_time({C.RANK_UP}{_sel(job)}[{run.window()}]))", run.end)}
     out: List[Fired] = []
     exprs = [f'ALERTS{{alertstate="firing", job="{job}"}}']

@@ -125,7 +125,7 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
             # Grafana's "merge": one row per label set, one column per query ("Value #A", ...)
             col = f"Value #{chr(ord('A') + i)}" if len(p.targets) > 1 else "Value"
             name, unit = p.columns.get(col, (col, p.unit))
-            for s in prom.query(expr, end):
+            for s in prom.samples(expr, end):
                 labels = {k: v for k, v in s.labels.items() if k != "__name__" and k not in p.hidden}
                 row = merged.setdefault(tuple(sorted(labels.items())), dict(labels))
                 row[name] = _num(s.value, unit)
@@ -240,9 +240,9 @@ def draw(ax: Any, d: Drawn, t0: float) -> None:
 
 
 def dgen_abnormal(p: Panel) -> bool:
-    """The panel draws only abnormal series (dashboards/build.py ABNORMAL): empty means all is well."""
+    """The panel draws only abnormal series (dashboards/panels.py ABNORMAL): empty means all is well."""
     try:
-        from ranksight.dashboards.build import ABNORMAL
+        from ranksight.dashboards.panels import ABNORMAL
     except ImportError:  # no SDK: the committed JSON was read; say nothing more
         return False
     return ABNORMAL in p.description

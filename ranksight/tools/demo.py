@@ -39,9 +39,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
 from .. import catalog, config, triage
 from ..cli import error
-from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, ApiError, LocalStack,
-                    MissingBinary, StackError, free_port, port_in_use, render_alert_files, set_pdeathsig,
-                    wait_until)
+from .plumbing import ApiError, free_port, port_in_use, set_pdeathsig, wait_until
+from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, LocalStack, MissingBinary,
+                    StackError, render_alert_files)
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +57,19 @@ FAULT_HELP: Dict[str, str] = {
 }
 FAULTS = tuple(FAULT_HELP)
 DEFAULT_FAULT = "straggler"
-# fault -> (alerts that name it, does the alert sit on the faulty rank?, what was injected)
-EXPECTED: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
-    "slow-data": (("RanksightDataloaderBound",), True, "rank {r}'s dataset sleeps on every read"),
-    "straggler": (("RanksightStraggler",), True, "rank {r} runs extra compute every step"),
-    "kill-rank": (("RanksightRankDown", "RanksightHeartbeatMissed"), True, "rank {r} SIGKILLed itself"),
-    "hang": (("RanksightRankStalled",), True, "rank {r} sleeps inside a step"),
-    "slow-checkpoint": (("RanksightCheckpointSlow",), False, "rank 0 writes large O_DSYNC checkpoints"),
-    "comm-heavy": (("RanksightCommBound",), False, "a wide model on a tiny batch: gradients dominate"),
+# fault -> (triage entries whose alerts name it, does the alert sit on the faulty rank?, what was injected)
+EXPECTED_ENTRIES: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
+    "slow-data": (("dataloader-bound",), True, "rank {r}'s dataset sleeps on every read"),
+    "straggler": (("straggler",), True, "rank {r} runs extra compute every step"),
+    "kill-rank": (("rank-down", "heartbeat-missed"), True, "rank {r} SIGKILLed itself"),
+    "hang": (("rank-stalled",), True, "rank {r} sleeps inside a step"),
+    "slow-checkpoint": (("checkpoint-slow",), False, "rank 0 writes large O_DSYNC checkpoints"),
+    "comm-heavy": (("comm-bound",), False, "a wide model on a tiny batch: gradients dominate"),
 }
+_ALERT_OF = {e.id: e.alert for e in triage.table(config.defaults())}
+# fault -> (the alert names, on the faulty rank?, what was injected)
+EXPECTED: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
+    f: (tuple(_ALERT_OF[i] for i in ids), on_rank, what) for f, (ids, on_rank, what) in EXPECTED_ENTRIES.items()}
 JOB = "demo"
 TERMINAL = ("kill-rank", "hang")  # faults after which the job cannot progress
 STARTUP_SECONDS = 90.0  # at most this long from launch to the first step
@@ -368,13 +372,12 @@ def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
     try:
         from ranksight.report.cli import write_report
         from ranksight.report.make import ReportError
-        from ranksight.tools.triage_cli import TriageError
     except ImportError as e:  # the report extra (matplotlib) is not installed
         say(f"report        not written: {e} (pip install 'ranksight[report]')")
         return None
     try:
         _, html = write_report(stack.prom_url, JOB, out=str(run_dir / "report"), profile="test")
-    except (ReportError, TriageError) as e:
+    except (ReportError, ApiError) as e:
         say(f"report        not written: {e}")
         return None
     return Path(html)

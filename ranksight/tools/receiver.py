@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol
+from .plumbing import wait_until
 
 
 class Receiver:
@@ -70,12 +70,7 @@ class Receiver:
         return sorted(self.of("step"), key=lambda r: r["seq"])
 
     def wait_for(self, pred: Callable[[], Any], timeout: float = 5.0) -> bool:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if pred():
-                return True
-            time.sleep(0.02)
-        return bool(pred())
+        return wait_until(pred, timeout, 0.02) is not None
 
     def wait_step(self, seq: int, timeout: float = 10.0) -> bool:
         return self.wait_for(lambda: any(r["t"] == "step" and r["seq"] >= seq for r in self.records), timeout)

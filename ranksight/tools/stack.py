@@ -11,8 +11,6 @@ rules path; the rules and ``alertmanager.yml`` are rendered from the triage tabl
 
 Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; torch-free):
 
-``free_port(udp=False) -> int``
-    A port free on 127.0.0.1 right now (bind port 0).
 ``find_binary(name) -> str``
     Path of "prometheus" / "alertmanager" / "promtool" / "amtool"; raises
     ``MissingBinary`` whose message names the Debian package to install.
@@ -39,43 +37,32 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     ``RANKSIGHT__agent__*`` env overrides). ``start(timeout)``, ``stop()``, ``target``
     ("127.0.0.1:PORT", to scrape), ``url``, ``ingest`` ("udp://127.0.0.1:PORT", for the
     hooks' ``RANKSIGHT_AGENT``), ``metrics_text()``, ``pid``.
-``PrometheusAPI(url)``
-    ``query(expr)`` -> instant vector/scalar result list, ``value(expr)`` -> first sample
-    as float or None, ``rules()`` -> rule groups, ``rule_names()``, ``alerts()`` ->
-    /api/v1/alerts, ``targets()`` -> active targets, ``ready()``.
-``AlertmanagerAPI(url)``
-    ``alerts()`` -> /api/v2/alerts (each has ``labels`` and ``status`` with ``state``
-    and ``inhibitedBy`` fingerprints), ``inhibited_names()``, ``ready()``.
-``wait_until(predicate, timeout, interval)`` -> the predicate's last truthy value or None.
+The ports, processes, waits and the Prometheus/Alertmanager clients (``free_port``, ``wait_until``,
+``PrometheusAPI``, ``AlertmanagerAPI``) live in ``ranksight.tools.plumbing``; they are re-exported here.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import yaml
 
 from .. import config, triage
+from .plumbing import (STOP_GRACE_SECONDS, AlertmanagerAPI, ApiError, Proc, PrometheusAPI,  # noqa: F401
+                       free_port, http_get, last_line, pid_alive, port_in_use, set_pdeathsig, wait_http, wait_until)
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 # binary -> (names looked up on PATH, env override, Debian package)
 BINARIES: Dict[str, tuple] = {
@@ -91,7 +78,6 @@ TEMPLATES_DIR = "templates"  # Alertmanager notification templates, beside alert
 DEFAULT_TARGET = "127.0.0.1:9945"
 DEFAULT_PROMETHEUS_PORT = 9090
 DEFAULT_ALERTMANAGER_PORT = 9093
-STOP_GRACE_SECONDS = 10.0
 
 
 class StackError(RuntimeError):
@@ -103,25 +89,6 @@ class MissingBinary(StackError):
 
 
 # ------------------------------------------------------------------ small helpers
-def free_port(udp: bool = False) -> int:
-    """A port free on 127.0.0.1 now (the kernel picks it). Another process may take it
-    before you bind it; callers that start servers retry or report the clash."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM if udp else socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True when a TCP listener could not bind host:port (SO_REUSEADDR like Go's net.Listen)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 def find_binary(name: str) -> str:
     names, env_var, package = BINARIES[name]
     override = os.environ.get(env_var)
@@ -136,67 +103,6 @@ def find_binary(name: str) -> str:
             return path
     raise MissingBinary(f"{names[0]} not found on PATH: install the Debian package "
                         f"'{package}' (apt-get install {package})")
-
-
-def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.2) -> Optional[T]:
-    """Poll predicate until it returns something truthy (returned) or timeout (None).
-    Exceptions from the predicate count as 'not yet'."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            v = predicate()
-            if v:
-                return v
-        except Exception:  # noqa: BLE001 - not ready yet (connection refused, bad JSON...)
-            pass
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(interval)
-
-
-def _http_get(url: str, timeout: float = 5.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback URLs we built
-        return r.read()
-
-
-def _proc_state(pid: int) -> Optional[str]:
-    """Process state letter from /proc (R, S, D, Z, ...), None when there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
-
-
-def pid_alive(pid: int) -> bool:
-    """True while pid is a running (non-zombie) process."""
-    st = _proc_state(pid)
-    return st is not None and st not in ("Z", "X")
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def set_pdeathsig() -> None:
-    """preexec_fn: the child gets SIGTERM when its parent dies (Linux). Runs between fork and exec."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - best effort: non-Linux libc
-        pass
-
-
-def last_line(path: Path, default: str = "") -> str:
-    """Last non-empty line of a log file (for one-line error reports)."""
-    try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return default
-    return lines[-1] if lines else default
 
 
 def _error_line(path: Path) -> str:
@@ -275,157 +181,6 @@ def render_alert_files(cfg: Mapping[str, Any]) -> Dict[str, str]:
         raise StackError(f"cannot render the rules: ranksight.alerts.generate is not importable ({e})") from None
     return {k: v for k, v in generate.render(cfg).items()
             if ("/" not in k and k != generate.notify.FRAGMENT_FILE) or k.startswith(TEMPLATES_DIR + "/")}
-
-
-# ------------------------------------------------------------------ HTTP APIs
-class ApiError(RuntimeError):
-    pass
-
-
-@dataclass
-class PrometheusAPI:
-    url: str
-    timeout: float = 5.0
-
-    def _get(self, path: str, **params: Any) -> Any:
-        q = ("?" + urllib.parse.urlencode(params)) if params else ""
-        try:
-            body = json.loads(_http_get(f"{self.url}{path}{q}", self.timeout))
-        except urllib.error.HTTPError as e:
-            try:
-                body = json.loads(e.read())
-            except ValueError:
-                raise ApiError(f"{path}: HTTP {e.code}") from None
-        if body.get("status") != "success":
-            raise ApiError(f"{path}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]
-
-    def ready(self) -> bool:
-        try:
-            return b"Ready" in _http_get(f"{self.url}/-/ready", 2.0)
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def query(self, expr: str, at: Optional[float] = None) -> List[Dict[str, Any]]:
-        """Instant query; vector results as [{"metric": {...}, "value": [t, "v"]}]."""
-        params: Dict[str, Any] = {"query": expr}
-        if at is not None:
-            params["time"] = at
-        data = self._get("/api/v1/query", **params)
-        if data["resultType"] in ("scalar", "string"):
-            return [{"metric": {}, "value": data["result"]}]
-        return data["result"]
-
-    def value(self, expr: str) -> Optional[float]:
-        res = self.query(expr)
-        return float(res[0]["value"][1]) if res else None
-
-    def rules(self, type: Optional[str] = None) -> List[Dict[str, Any]]:
-        return self._get("/api/v1/rules", **({"type": type} if type else {}))["groups"]
-
-    def rule_names(self) -> List[str]:
-        return [r["name"] for g in self.rules() for r in g["rules"]]
-
-    def alerts(self) -> List[Dict[str, Any]]:
-        """Pending and firing alerts: [{"labels", "annotations", "state", "activeAt", "value"}]."""
-        return self._get("/api/v1/alerts")["alerts"]
-
-    def targets(self) -> List[Dict[str, Any]]:
-        return self._get("/api/v1/targets", state="active")["activeTargets"]
-
-
-@dataclass
-class AlertmanagerAPI:
-    url: str
-    timeout: float = 5.0
-
-    def ready(self) -> bool:
-        try:
-            _http_get(f"{self.url}/-/ready", 2.0)
-            return True
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def alerts(self) -> List[Dict[str, Any]]:
-        """/api/v2/alerts incl. inhibited and silenced ones: each has labels, fingerprint and
-        status {state: active|suppressed, inhibitedBy: [fingerprints], silencedBy: [...]}."""
-        q = urllib.parse.urlencode({"active": "true", "inhibited": "true", "silenced": "true",
-                                    "unprocessed": "true"})
-        return json.loads(_http_get(f"{self.url}/api/v2/alerts?{q}", self.timeout))
-
-    def inhibited_names(self) -> List[str]:
-        return sorted({a["labels"].get("alertname", "") for a in self.alerts() if a["status"].get("inhibitedBy")})
-
-
-# ------------------------------------------------------------------ processes
-@dataclass
-class Proc:
-    """One server process with a pid file and a log in the run dir."""
-    name: str
-    argv: List[str]
-    pid_file: Path
-    log_file: Path
-    marker: str  # a string its cmdline must contain (guards against pid reuse)
-    env: Optional[Dict[str, str]] = None
-    popen: Optional[subprocess.Popen] = field(default=None, repr=False)
-    nice: int = 0  # added to the child's niceness (the demo keeps its stack behind the job on small machines)
-
-    def start(self, daemon: bool) -> None:
-        self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        nice = self.nice
-
-        def preexec() -> None:
-            if nice:
-                os.nice(nice)
-            if not daemon:
-                set_pdeathsig()
-
-        with open(self.log_file, "ab") as logf:
-            self.popen = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                start_new_session=True, env=self.env, close_fds=True,
-                preexec_fn=preexec if (nice or not daemon) else None)
-        self.pid_file.write_text(f"{self.popen.pid}\n")
-
-    def pid(self) -> Optional[int]:
-        """The live pid of this process (from Popen or the pid file), None when not running."""
-        if self.popen is not None:
-            return self.popen.pid if self.popen.poll() is None else None
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        if pid_alive(pid) and self.marker in _cmdline(pid):
-            return pid
-        return None
-
-    def exited(self) -> Optional[int]:
-        """Exit code when the process we started has exited, else None."""
-        return None if self.popen is None else self.popen.poll()
-
-    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
-        pid = self.pid()
-        if pid is not None:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    break
-                if self.popen is not None:
-                    try:
-                        self.popen.wait(grace)
-                        break
-                    except subprocess.TimeoutExpired:
-                        continue
-                if wait_until(lambda: not pid_alive(pid), grace, 0.05):
-                    break
-                log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", self.name, pid, grace)
-        elif self.popen is not None:
-            self.popen.wait()
-        try:
-            self.pid_file.unlink()
-        except FileNotFoundError:
-            pass
 
 
 class LocalStack:
@@ -559,22 +314,15 @@ class LocalStack:
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until both answer /-/ready; StackError naming the failing one (and its log line)."""
         deadline = time.monotonic() + timeout
-        pending = {"prometheus": (self.prometheus, self.prom), "alertmanager": (self.alertmanager, self.am)}
-        while pending:
-            for name, (proc, api) in list(pending.items()):
-                code = proc.exited()
-                if code is not None:
-                    raise StackError(f"{name} exited with code {code}: {_error_line(proc.log_file)} "
-                                     f"(log: {proc.log_file})")
-                if api.ready():
-                    del pending[name]
-            if not pending:
-                return
-            if time.monotonic() > deadline:
-                name, (proc, _) = next(iter(pending.items()))
+        for name, proc, url in (("prometheus", self.prometheus, self.prom_url),
+                                ("alertmanager", self.alertmanager, self.am_url)):
+            ok, code = wait_http(f"{url}/-/ready", max(deadline - time.monotonic(), 0.0), proc.popen)
+            if code is not None:
+                raise StackError(f"{name} exited with code {code}: {_error_line(proc.log_file)} "
+                                 f"(log: {proc.log_file})")
+            if not ok:
                 raise StackError(f"{name} not ready after {timeout:.0f} s: {_error_line(proc.log_file)} "
                                  f"(log: {proc.log_file})")
-            time.sleep(0.1)
 
     def stop(self) -> None:
         self.prometheus.stop()
@@ -638,29 +386,22 @@ class AgentProcess:
         return self.proc.pid()
 
     def metrics_text(self) -> str:
-        return _http_get(f"{self.url}/metrics").decode()
+        return http_get(f"{self.url}/metrics").decode()
 
     def start(self, timeout: float = 20.0) -> "AgentProcess":
         if port_in_use(self.listen_port):
             raise StackError(f"port 127.0.0.1:{self.listen_port} for the agent is in use")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.proc.start(daemon=False)
-        deadline = time.monotonic() + timeout
-        while True:
-            code = self.proc.exited()
-            if code is not None:
-                raise StackError(f"ranksight exporter exited with code {code}: {last_line(self.log_file)} "
-                                 f"(log: {self.log_file})")
-            try:
-                _http_get(f"{self.url}/metrics", 2.0)
-                return self
-            except (OSError, urllib.error.URLError):
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise StackError(f"ranksight exporter not serving {self.url}/metrics after {timeout:.0f} s "
-                                 f"(log: {self.log_file})")
-            time.sleep(0.1)
+        ok, code = wait_http(f"{self.url}/metrics", timeout, self.proc.popen)
+        if code is not None:
+            raise StackError(f"ranksight exporter exited with code {code}: {last_line(self.log_file)} "
+                             f"(log: {self.log_file})")
+        if not ok:
+            self.stop()
+            raise StackError(f"ranksight exporter not serving {self.url}/metrics after {timeout:.0f} s "
+                             f"(log: {self.log_file})")
+        return self
 
     def stop(self) -> None:
         self.proc.stop()

@@ -25,9 +25,6 @@ import math
 import re
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -36,97 +33,34 @@ from .. import catalog as C
 from .. import config, triage
 from ..cli import error
 from ..triage import Entry
+from .plumbing import ApiError, PrometheusAPI, Sample
 
 WALK_KINDS = ("signal", "cause", "symptom")  # what can be "the cause"; lints and health are notes
 # Symptoms of waiting on peers in collectives: a cause on any node of the job explains them (see Walk._explain).
-JOB_WIDE_SYMPTOMS = frozenset(("RanksightCommBound", "RanksightRankBlocked"))
+JOB_WIDE_SYMPTOMS = frozenset(e.alert for e in triage.table(config.defaults()) if e.id in ("comm-bound", "rank-blocked"))
 _SHOWN_LABELS = ("job", "node", "rank", "gpu", "device", "path", "instance", "collector", "lint", "xid")
 
 
-class TriageError(Exception):
-    """One line for the user; exit 2."""
+class TriageError(ApiError):
+    """One line for the user; exit 2 (as is every ApiError from the Prometheus client)."""
 
 
-# ------------------------------------------------------------------ Prometheus HTTP API
-@dataclass(frozen=True)
-class Sample:
-    labels: Dict[str, str]
-    value: float
+def alert_rules(prom: PrometheusAPI) -> Dict[str, Tuple[float, Tuple[float, ...]]]:
+    """alert name -> (its `for:` in seconds, the range windows in its expression, in seconds) for
+    the alerting rules Prometheus evaluates; {} when it cannot say."""
+    try:
+        return {rule["name"]: (float(rule.get("duration", 0)), _windows(rule.get("query", "")))
+                for g in prom.rules("alert") for rule in g["rules"]}
+    except (ApiError, KeyError, TypeError):
+        return {}
 
-    def key(self, names: Sequence[str]) -> Tuple[str, ...]:
-        return tuple(self.labels.get(n, "") for n in names)
 
-
-class Prometheus:
-    """The few calls triage needs, over urllib (no extra dependency)."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        u = urllib.parse.urlsplit(url)
-        if u.scheme not in ("http", "https") or not u.netloc:
-            raise TriageError(f"--prometheus: expected an http(s) URL like http://localhost:9090, got {url!r}")
-        self.url = url.rstrip("/")
-        self.timeout = timeout
-
-    def query(self, expr: str, at: float) -> List[Sample]:
-        data = self._post("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, expr)
-        if data.get("resultType") == "scalar":
-            return [Sample({}, float(data["result"][1]))]
-        if data.get("resultType") != "vector":
-            raise TriageError(f"Prometheus returned a {data.get('resultType')} for an instant query")
-        out = []
-        for r in data.get("result", []):
-            v = float(r["value"][1])
-            if math.isfinite(v):
-                out.append(Sample(dict(r.get("metric", {})), v))
-        return out
-
-    def query_range(self, expr: str, start: float, end: float, step: float) -> List[Tuple[Dict[str, str], List[Tuple[float, float]]]]:
-        """Range query: [(labels, [(t, v), ...]), ...], non-finite values dropped."""
-        data = self._post("/api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                                                  "step": f"{step:g}"}, expr)
-        out = []
-        for r in data.get("result", []):
-            pts = [(float(t), float(v)) for t, v in r.get("values", [])]
-            out.append((dict(r.get("metric", {})), [(t, v) for t, v in pts if math.isfinite(v)]))
-        return out
-
-    def _post(self, path: str, params: Dict[str, str], expr: str) -> Dict[str, Any]:
-        body = urllib.parse.urlencode(params).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=body,
-                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                doc = json.load(r)
-        except urllib.error.HTTPError as e:
-            raise TriageError(self._api_error(e, expr)) from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise TriageError(f"cannot reach Prometheus at {self.url}: {reason}") from None
-        except ValueError:
-            raise TriageError(f"{self.url} did not answer with Prometheus API JSON (is it Prometheus?)") from None
-        if not isinstance(doc, dict) or doc.get("status") != "success":
-            raise TriageError(f"Prometheus at {self.url} refused a query: {doc.get('error') if isinstance(doc, dict) else doc}")
-        return doc.get("data", {})
-
-    def alert_rules(self) -> Dict[str, Tuple[float, Tuple[float, ...]]]:
-        """alert name -> (its `for:` in seconds, the range windows in its expression, in seconds) for
-        the alerting rules Prometheus evaluates; {} when it cannot say."""
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/rules?type=alert", timeout=self.timeout) as r:
-                doc = json.load(r)
-            return {rule["name"]: (float(rule.get("duration", 0)), _windows(rule.get("query", "")))
-                    for g in doc["data"]["groups"] for rule in g["rules"]}
-        except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError):
-            return {}
-
-    def _api_error(self, e: urllib.error.HTTPError, expr: str) -> str:
-        try:
-            msg = json.load(e).get("error", "")
-        except (ValueError, AttributeError, OSError):
-            msg = ""
-        if e.code in (400, 422):
-            return f"Prometheus at {self.url} rejected the query ({msg or e.reason}): {expr[:200]}"
-        return f"Prometheus at {self.url} answered HTTP {e.code} {e.reason}{': ' + msg if msg else ''}"
+def connect(url: str, timeout: float) -> PrometheusAPI:
+    """The Prometheus client for --prometheus URL; TriageError (one line) on a bad URL."""
+    try:
+        return PrometheusAPI(url, timeout)
+    except ApiError as e:
+        raise TriageError(f"--prometheus: {e}") from None
 
 
 # ------------------------------------------------------------------ the walk
@@ -238,7 +172,7 @@ def _where(e: Entry, labels: Mapping[str, str], show_job: bool = True) -> str:
 class Walk:
     """Runs the table's queries and builds the report."""
 
-    def __init__(self, prom: Prometheus, cfg: Mapping[str, Any], job: Optional[str], since: Optional[str]) -> None:
+    def __init__(self, prom: PrometheusAPI, cfg: Mapping[str, Any], job: Optional[str], since: Optional[str]) -> None:
         self.prom = prom
         self.cfg = cfg
         self.job = job
@@ -247,7 +181,7 @@ class Walk:
         self.nodes: Optional[set] = None  # nodes hosting the job's ranks (when --job)
 
     def q(self, expr: str) -> List[Sample]:
-        return self.prom.query(expr, self.at)
+        return self.prom.samples(expr, self.at)
 
     # -- scoping to --job
     def _keep(self, e: Entry, labels: Mapping[str, str]) -> bool:
@@ -346,7 +280,7 @@ class Walk:
     def _rules_mismatch(self, table: Sequence[Entry]) -> List[str]:
         """The walk judges with this config's thresholds and windows; say so when Prometheus evaluates
         rules generated from another config or profile (e.g. `--profile test` for the demo stack)."""
-        loaded = self.prom.alert_rules()
+        loaded = alert_rules(self.prom)
         ours = {e.alert: (config.duration_seconds(e.for_), _windows(e.expr)) for e in table}
         differ = sorted(a for a in ours if a in loaded and loaded[a] != ours[a])
         if not differ:
@@ -512,8 +446,8 @@ def run(args: argparse.Namespace) -> int:
         if not (args.timeout > 0 and math.isfinite(args.timeout)):
             raise TriageError("--timeout: expected a positive number of seconds")
         cfg = config.load(args.config, args.profile)
-        report = Walk(Prometheus(args.prometheus, args.timeout), cfg, args.job, args.since).run()
-    except TriageError as e:
+        report = Walk(connect(args.prometheus, args.timeout), cfg, args.job, args.since).run()
+    except ApiError as e:
         return error(str(e))
     if args.json:
         json.dump(render_json(report), sys.stdout, indent=2)

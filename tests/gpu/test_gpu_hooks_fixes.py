@@ -67,7 +67,9 @@ def test_close_sends_the_last_steps_gpu_times(case):
     assert r["records"] == r["steps"] and r["seqs"][-1] == r["steps"]
     assert r["pending_before_close"] > 0, "the GPU was not behind at unwatch(): the case proves nothing"
     assert r["pending_after_close"] == 0 and r["gpu_unsent"] == 0, r
-    assert r["close_gpu_wait_s"] < 0.5 + 0.25, r  # CLOSE_GPU_WAIT: bounded (and enough for 12 steps here)
+    # no interval dropped: close() waited for every one (intervals released unreached count in hdrop)
+    assert r["hdrop"] == 0 and r["qdrop"] == 0 and r["send_errors"] == 0, r
+    assert r["close_gpu_wait_s"] < 5.0 + 0.25, r  # CLOSE_GPU_MAX: bounded
     for k in ("fwd", "bwd", "opt"):
         assert r["reference"][k] > 0 and r["rel_diff"][k] <= 0.05, (
             f"{k}: hooks {r['hooks'][k] * 1e3:.3f} ms vs own events {r['reference'][k] * 1e3:.3f} ms over "

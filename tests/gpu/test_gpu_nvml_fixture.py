@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ranksight.exporter.collectors.gpu import GpuCollector
-from ranksight.exporter.nvml_standin import NvmlStandin
+from support.nvml_standin import NvmlStandin
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvml"
 TRACES = sorted(p for p in FIXTURES.glob("*.json") if {"steady", "sawtooth", "static"} <= set(json.loads(p.read_text())))

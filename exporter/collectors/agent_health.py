@@ -1,5 +1,5 @@
-"""self: the agent's own health: per-collector up and duration, ingest counters,
-tracked ranks and build info."""
+"""The agent's own health: per-collector up and duration, ingest counters, tracked ranks and
+build info. Always on, so it is not one of the collectors enabled by name (agent.collectors)."""
 from __future__ import annotations
 
 import platform
@@ -11,8 +11,8 @@ from ranksight import catalog as C
 from . import Family, family
 
 
-class SelfCollector:
-    name = "self"
+class AgentHealthCollector:
+    name = "agent_health"
 
     def __init__(self, node: str, runs: Callable[[], Dict[str, Tuple[bool, float]]],
                  ingest_counts: Optional[Callable[[], Dict[str, int]]] = None,

@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pynvml as _real  # constants, ctypes structures and NVMLError only; its functions are never called here
 
-DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "nvml" / "h200_nvml_trace.json"
+DEFAULT_TRACE = Path(__file__).resolve().parent.parent / "fixtures" / "nvml" / "h200_nvml_trace.json"  # tests/fixtures
 BUFFER_US = 14_200_000  # the driver kept ~71 samples (~14 s) in the recording
 
 

@@ -1,0 +1,1 @@
+"""The benchmarks of a ranksight checkout (not installed). `ranksight bench NAME` runs bench/NAME/."""

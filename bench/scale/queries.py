@@ -1,0 +1,166 @@
+"""The rules the benchmark backfills and evaluates, and the dashboard queries it times."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import yaml
+
+from ranksight import triage
+from .server import BenchError
+
+
+# ------------------------------------------------------------------------------ rules and queries
+def rules_text(cfg: Mapping[str, Any]) -> Tuple[str, str]:
+    """(rule file text, where it came from): the alerts generator's output, or the triage
+    table rendered here while that generator is missing."""
+    try:
+        from ranksight.alerts import generate as agen
+        files = agen.render(cfg)
+        name = getattr(agen, "RULES_FILE", "ranksight-rules.yml")
+        return files[name], "ranksight.alerts.generate.render"
+    except ImportError:
+        pass
+    groups = [
+        {"name": "ranksight.recording",
+         "rules": [{"record": r.record, "expr": r.expr} for r in triage.recording_rules(cfg)]},
+        {"name": "ranksight.alerts",
+         "rules": [{"alert": e.alert, "expr": e.expr, "for": e.for_, "labels": {"severity": e.severity}}
+                   for e in triage.table(cfg)]},
+    ]
+    return yaml.safe_dump({"groups": groups}, sort_keys=False), "ranksight.triage (fallback)"
+
+
+def expand_recording_rules(text: str) -> Tuple[str, List[str]]:
+    """A rule file with only the recording rules, each expression with the recording rules it
+    reads inlined, so ``promtool tsdb create-blocks-from rules`` can backfill all of them in
+    one pass (it evaluates every rule against the raw data only). Returns (yaml text, records
+    that could not be inlined because they are read with a selector or range)."""
+    doc = yaml.safe_load(text) or {}
+    recs: Dict[str, str] = {}
+    groups_out = []
+    for g in doc.get("groups", []):
+        rules = [r for r in g.get("rules", []) if "record" in r]
+        for r in rules:
+            recs[r["record"]] = r["expr"]
+    names = sorted(recs, key=len, reverse=True)
+    skipped: List[str] = []
+
+    def inline(expr: str, depth: int = 0) -> Optional[str]:
+        if depth > 8:
+            return None
+        for name in names:
+            pat = re.compile(r"(?<![\w:])" + re.escape(name) + r"(?![\w:])")
+            for mm in pat.finditer(expr):
+                after = expr[mm.end():].lstrip()
+                if after.startswith("{") or after.startswith("["):
+                    return None
+            if pat.search(expr):
+                sub = inline(recs[name], depth + 1)
+                if sub is None:
+                    return None
+                expr = pat.sub(lambda _m: "(" + sub + ")", expr)
+        return expr
+
+    for g in doc.get("groups", []):
+        out_rules = []
+        for r in g.get("rules", []):
+            if "record" not in r:
+                continue
+            e = inline(r["expr"])
+            if e is None:
+                skipped.append(r["record"])
+                continue
+            nr = {"record": r["record"], "expr": e}
+            if r.get("labels"):
+                nr["labels"] = r["labels"]
+            out_rules.append(nr)
+        if out_rules:
+            ng = {"name": g["name"], "rules": out_rules}
+            if g.get("interval"):
+                ng["interval"] = g["interval"]
+            groups_out.append(ng)
+    return yaml.safe_dump({"groups": groups_out}, sort_keys=False), skipped
+
+
+def split_rule_file(text: str, out_dir: Path) -> List[Path]:
+    """One rule file per recording rule (same group name and interval), for parallel backfill."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for g in (yaml.safe_load(text) or {}).get("groups", []):
+        for r in g.get("rules", []):
+            ng = {"name": g["name"], "rules": [r]}
+            if g.get("interval"):
+                ng["interval"] = g["interval"]
+            path = out_dir / f"rule{len(paths):03d}.yml"
+            path.write_text(yaml.safe_dump({"groups": [ng]}, sort_keys=False))
+            paths.append(path)
+    return paths
+
+
+Query = Tuple[str, str, str, str]  # (dashboard, panel title, expr, "range" | "instant")
+
+
+def dashboard_queries(cfg: Mapping[str, Any]) -> Tuple[List[Query], str, Callable[..., str]]:
+    """(queries, source, substitute): every panel target of the generated dashboards, with
+    "instant" for targets Grafana sends to /api/v1/query (tables), "range" otherwise; or the
+    triage table's indicators while the dashboards generator is missing."""
+    try:
+        from ranksight.dashboards import generate as dgen
+    except ImportError:
+        rows = [("triage-indicators", e.title, e.indicator, "range") for e in triage.table(cfg)]
+
+        def substitute(expr: str, **_: Any) -> str:
+            return expr
+
+        return rows, "ranksight.triage indicators (fallback)", substitute
+    out: List[Query] = []
+    for name, model in dgen.render(cfg).items():
+        for p in dgen.panels(model):
+            for t in p.get("targets", []):
+                if not t.get("expr"):
+                    continue
+                instant = bool(t.get("instant")) and not t.get("range", False)
+                out.append((name, p["title"], t["expr"], "instant" if instant else "range"))
+    return out, "ranksight.dashboards.generate (every panel target)", dgen.substitute
+
+
+def load_queries_file(path: str) -> Tuple[List[Query], str, Callable[..., str]]:
+    """A JSON list of [dashboard, panel, expr] or [dashboard, panel, expr, "range"|"instant"]
+    whose variables are already substituted (``--dump-queries`` writes one)."""
+    try:
+        rows = json.loads(Path(path).read_text())
+        out: List[Query] = []
+        for row in rows:
+            d, t, e = row[:3]
+            kind = row[3] if len(row) > 3 else "range"
+            if kind not in ("range", "instant"):
+                raise ValueError(f"kind {kind!r}")
+            out.append((str(d), str(t), str(e), kind))
+    except (OSError, ValueError, TypeError) as e:
+        raise BenchError(f"--queries {path}: expected a JSON list of [dashboard, panel, expr, kind]: {e}") from None
+
+    def substitute(expr: str, **_: Any) -> str:
+        return expr
+
+    return out, path, substitute
+
+
+def substitute_all(substitute: Callable[..., str], expr: str, job: str, step: int, hours: float) -> str:
+    """The variables Grafana sends with every variable at All: all nodes and ranks of the job,
+    $__rate_interval = max(4 x scrape interval, 1m), $__interval = the step."""
+    rate_interval = f"{max(4 * step, 60)}s"
+    try:
+        return substitute(expr, job=[job], node=".*", rank=".*", rate_interval=rate_interval,
+                          interval=f"{step}s", range_=f"{int(hours * 3600)}s")
+    except TypeError:
+        return substitute(expr, job=[job], node=".*", rank=".*", rate_interval=rate_interval)
+
+
+def substituted_queries(cfg: Mapping[str, Any], job: str, step: int, hours: float) -> List[Query]:
+    rows, _, substitute = dashboard_queries(cfg)
+    return [(d, t, substitute_all(substitute, e, job, step, hours), k) for d, t, e, k in rows]
+
+

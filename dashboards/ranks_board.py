@@ -1,0 +1,135 @@
+"""The ranks dashboard: per-rank step time, its parts, stragglers, memory and checkpoints."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ranksight import catalog as C
+from ranksight import triage
+from .panels import (Board, K, Q, Threshold, bottom, heatmap_panel, rate, sel, signal_description, table_panel, top, ts,
+                     worst)
+
+
+# ---------------------------------------------------------------- ranks dashboard
+def ranks_board(cfg: Mapping[str, Any]) -> Board:
+    R = triage.REC
+    t = cfg["thresholds"]
+    by = {e.id: e for e in triage.table(cfg)}  # triage entries by id
+    b = Board("ranksight-ranks", "ranksight / Ranks",
+              "Per-rank view: spot the straggler. Under synchronous data parallel every rank's step time is the "
+              "same; the slow rank shows as high busy time per step, the others as collective wait. At thousands "
+              f"of ranks each panel draws the {K} worst; the $job/$node/$rank variables select one rank.")
+    b2o = sel(R["b2o"])
+    p99 = sel(C.STEP_QUANTILE, 'quantile="0.99"')
+    who = "{{job}}/{{rank}}"
+    # heatmap rows named "<rank> (<job>)": Grafana's heatmap sorts rows numerically only when every
+    # row name parses as a number (parseFloat reads the leading rank), otherwise as text (10 before 2)
+    row_name = "{{rank}} ({{job}})"
+
+    def worst_ranks(expr: str) -> str:
+        """A table column, for the K ranks with the highest straggler ratio."""
+        return f"{expr} and on (job, rank) {top(sel(R['straggler']))}"
+
+    rows = b.row("Step time by rank")
+    rows += [
+        heatmap_panel(b.lay, "Step time by rank",
+                      "Mean step duration per rank (one heatmap row per rank, colour = seconds, rows in rank "
+                      "order). Under synchronous training every row has the same colour; a different row is a "
+                      "rank out of step. If one row is darker, look at its busy time and straggler ratio below. "
+                      + worst("ranks", "longest step", lines="Rows"), "s",
+                      [Q(top(sel(R["step_mean"])), row_name)]),
+        heatmap_panel(b.lay, "Backward-to-optimizer time by rank",
+                      "Mean time from backward start to optimizer.step() start per rank (colour = seconds, rows "
+                      "in rank order). It includes the gradient all-reduce, so fast ranks wait here for slow "
+                      "ones: a lighter row is the likely straggler. If one row differs, look at its straggler "
+                      "ratio. " + worst("ranks", "longest wait", lines="Rows"), "s",
+                      [Q(top(b2o), row_name)]),
+        table_panel(b.lay, "Per-rank step breakdown",
+                    f"One row per rank, now, for the {K} ranks with the highest straggler ratio (busy time / job "
+                    "median; sorted, worst first): mean and p99 step time, backward-to-optimizer, busy time per "
+                    "step and the shares of step time. If one rank's straggler ratio is high, look at its node's "
+                    "GPU throttling and PCIe link. Select ranks with the $rank variable to list those.",
+                    "s",
+                    [Q(worst_ranks(f"max without () ({sel(R['step_mean'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without (quantile) ({p99})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({b2o})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['busy'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['straggler'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['data_share'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['comm_share'])})"), instant=True, fmt="table"),
+                     Q(worst_ranks(f"max without () ({sel(R['ckpt_share'])})"), instant=True, fmt="table")],
+                    columns=[("Value #A", "step mean", "s"), ("Value #B", "step p99", "s"),
+                             ("Value #C", "backward to optimizer", "s"), ("Value #D", "busy per step", "s"),
+                             ("Value #E", "straggler ratio", "none"), ("Value #F", "data share", "percentunit"),
+                             ("Value #G", "comm share", "percentunit"), ("Value #H", "checkpoint share", "percentunit")],
+                    hide=("Time", "instance", "local_rank"), sort="straggler ratio", w=24, h=10),
+    ]
+    straggler = by["straggler"]
+    rows = b.row("Stragglers")
+    rows += [
+        ts(b.lay, "Straggler ratio",
+           f"Busy time per step of each rank / the job's median busy time. {straggler.meaning} If high (above "
+           f"{t['straggler_ratio']:g}), look at {straggler.next_check}. Alert: {straggler.alert}. "
+           + worst("ranks"), "none",
+           [Q(top(sel(R["straggler"])), who)], threshold=Threshold(t["straggler_ratio"], ">"), min0=False),
+        ts(b.lay, "Busy time per step",
+           "Step time minus data wait, exposed communication and checkpoint time, per rank, with the job median. "
+           "If one rank is above the median, it computes slower: look at its GPU. " + worst("ranks"), "s",
+           [Q(top(sel(R["busy"])), who), Q(sel(R["busy_median"]), "{{job}} median")]),
+    ]
+    # GPU series joined to the rank on that GPU (the rank-to-GPU info series, always 1)
+    on_rank = (f"* on (node, gpu) group_left (job, rank) max by (job, node, rank, gpu) "
+               f"({sel(C.RANK_GPU_INFO)})")
+    stat_min, stat_max = 'stat="min"', 'stat="max"'
+    low_min = bottom(f"{sel(C.GPU_UTILIZATION, stat_min)} {on_rank}")
+    gpu_max = f"{sel(C.GPU_UTILIZATION, stat_max)} {on_rank}"
+    rows = b.row("GPU of each rank")
+    rows += [
+        ts(b.lay, "GPU busy ratio by rank",
+           "The exact mean utilization of the GPU each rank runs on (the agent joins a rank to its GPU by the "
+           "device UUID). A rank whose GPU is much less busy than its peers' waits for data or for others; "
+           "a straggler's GPU is busier. If one is low, look at its dataloader wait share. "
+           + worst("ranks", "lowest busy ratio"), "percentunit",
+           [Q(bottom(f"{sel(R['gpu_util'])} {on_rank}"), who)], w=12),
+        ts(b.lay, "GPU utilization waveform by rank (window min / max)",
+           "The lowest and highest NVML utilization sample of each rank's GPU over the agent's window. A max "
+           "near 100% with a min near 0 is the sawtooth: compute alternates with idle gaps. If so, look at the "
+           f"rank's dataloader wait, then its exposed communication. Lines: the {K} ranks with the lowest "
+           "window minimum, with their maximum; select one with the $rank variable to see it alone.",
+           "percentunit",
+           [Q(low_min, who + " min"), Q(f"{gpu_max} and on (job, rank) {low_min}", who + " max")], w=12),
+    ]
+    rows = b.row("Shares of step time by rank")
+    for key, entry, title in (("data_share", "dataloader-bound", "Dataloader wait share"),
+                              ("comm_share", "comm-bound", "Communication share"),
+                              ("xcomm_share", None, "Exposed communication share"),
+                              ("ckpt_share", "checkpoint-slow", "Checkpoint share of wall time")):
+        if entry:
+            e = by[entry]
+            rows.append(ts(b.lay, title, signal_description(e, worst("ranks")), "percentunit",
+                           [Q(top(sel(R[key])), who)], threshold=Threshold(e.threshold, e.op), w=6))
+        else:
+            rows.append(ts(b.lay, title,
+                           "Share of step time blocked waiting on collectives (not overlapped with compute). If "
+                           "high on all ranks but one, that one is the straggler; if high everywhere, look at the "
+                           "network (retransmits, link speed). " + worst("ranks"), "percentunit",
+                           [Q(top(sel(R[key])), who)], w=6))
+    alloc = by["cuda-alloc-retries"]
+    rows = b.row("Memory, allocator and hooks")
+    rows += [
+        ts(b.lay, "CUDA allocator retries per minute",
+           signal_description(alloc, worst("ranks")), "cpm",
+           [Q(top(sel(R["alloc_retries"])), who)], threshold=Threshold(alloc.threshold, ">"), w=8),
+        ts(b.lay, "CUDA memory reserved / allocated",
+           "Caching-allocator reserved and allocated bytes per rank. If reserved is far above allocated while "
+           "retries rise, memory is fragmented: try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True. "
+           f"Lines: the {K} ranks with the most reserved and the {K} with the most allocated bytes; select one "
+           "with the $rank variable to see both of its lines.", "bytes",
+           [Q(top(sel(C.CUDA_RESERVED)), who + " reserved"), Q(top(sel(C.CUDA_ALLOCATED)), who + " allocated")],
+           w=8),
+        ts(b.lay, "Hook errors and dropped events",
+           "Exceptions caught inside the ranksight hooks and GPU timing events dropped, per second. They never "
+           "reach training; if non-zero, the rank's log has one line saying why. " + worst("ranks"), "cps",
+           [Q(top(rate(C.HOOK_ERRORS)), who + " errors"), Q(top(rate(C.HOOK_DROPPED_EVENTS)), who + " dropped")],
+           w=8),
+    ]
+    return b

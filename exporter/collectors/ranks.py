@@ -1,0 +1,158 @@
+"""ranks: exposes the agent's rank table (exporter/ranks.py) at scrape time: per-rank counters,
+histograms, the step-time window quantiles, liveness, stalls, lints, goodput and the rank-to-GPU
+join. Reads each rank under the table's lock one rank at a time, so ingest waits microseconds."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Dict, List, Optional
+
+from ranksight import catalog as C
+
+from .. import goodput
+from ..ranks import STALL_REASONS, WAITING, Rank, RankTable
+from . import Context, Family, Labels, add, add_histogram, bucket_labels, family, register
+
+log = logging.getLogger("ranksight.exporter.ranks")
+
+# (catalog metric, Rank attribute) for plain per-rank values
+_COUNTERS = (
+    (C.STEPS, "steps"), (C.MICROBATCHES, "micro"), (C.STEP_SECONDS, "step_s"), (C.DATALOADER_WAIT, "data_s"),
+    (C.FORWARD_SECONDS, "fwd_s"), (C.BACKWARD_SECONDS, "bwd_s"), (C.OPTIMIZER_SECONDS, "opt_s"),
+    (C.COMM_SECONDS, "comm_s"), (C.EXPOSED_COMM_SECONDS, "xcomm_s"), (C.CHECKPOINT_SECONDS, "ckpt_s"),
+    (C.CHECKPOINT_BYTES, "ckpt_bytes"), (C.CHECKPOINT_FAILURES, "ckpt_fail"), (C.HEARTBEAT_MISSES, "misses"),
+    (C.STEP_RECORDS_LOST, "lost"),
+)
+_CUMS = ((C.CUDA_ALLOC_RETRIES, "retries"), (C.CUDA_OOMS, "ooms"), (C.HOOK_ERRORS, "herr"), (C.HOOK_DROPPED_EVENTS, "hdrop"))
+_GAUGES = ((C.CUDA_RESERVED, "mres"), (C.CUDA_ALLOCATED, "malloc"), (C.DATALOADER_WORKERS_RSS, "wrss"),
+           (C.RANK_RESTARTS, "restart"))
+_OPTIONAL = ((C.LAST_STEP, "last_step_ts"), (C.LAST_CHECKPOINT, "last_ckpt_ts"),
+             (C.LAST_CHECKPOINT_DURATION, "last_ckpt_dur"))
+_HISTS = ((C.STEP_DURATION, "h_step"), (C.DATALOADER_WAIT_HIST, "h_data"), (C.BACKWARD_TO_OPTIMIZER, "h_b2o"),
+          (C.CHECKPOINT_WRITE, "h_ckpt"))
+QUANTILES = (0.5, 0.99)
+_QLABELS = ("0.5", "0.99")
+
+
+class _RankLabels:
+    """Every label set one rank's series use, built once per label change."""
+
+    __slots__ = ("base", "q", "stall", "hist", "lint")
+
+    def __init__(self, r: Rank):
+        base = self.base = Labels(zip(C.RANK_LABELS, r.labels))
+        self.q = [base.plus("quantile", q) for q in _QLABELS]
+        self.stall = [base.plus("reason", reason) for reason in STALL_REASONS]
+        self.hist = [bucket_labels(base, m.buckets) for m, _ in _HISTS]
+        self.lint: Dict[str, Labels] = {}
+
+    def for_lint(self, lint: str) -> Labels:
+        got = self.lint.get(lint)
+        if got is None:
+            got = self.lint[lint] = self.base.plus("lint", lint)
+        return got
+
+
+class RanksCollector:
+    """Exposes the rank table (collector name "ranks")."""
+
+    name = "ranks"
+
+    def __init__(self, table: RankTable, clock=time.monotonic,
+                 gpu_labels: Optional[Callable[[], Dict[str, str]]] = None):
+        self.table = table
+        self.clock = clock
+        self.gpu_labels = gpu_labels  # GPU UUID -> gpu label (the GPU collector's), for rank_gpu_info
+
+    def collect(self) -> List[Family]:
+        now = self.clock()
+        counters = [(family(m), a) for m, a in _COUNTERS]
+        cums = [(family(m), a) for m, a in _CUMS]
+        gauges = [(family(m), a) for m, a in _GAUGES]
+        optional = [(family(m), a) for m, a in _OPTIONAL]
+        hists = [(family(m), a) for m, a in _HISTS]
+        f_q = family(C.STEP_QUANTILE)
+        f_up = family(C.RANK_UP)
+        f_stall = family(C.RANK_STALLED)
+        f_ckpt_now = family(C.CHECKPOINT_IN_PROGRESS)
+        f_lint = family(C.LINT_ACTIVE)
+        f_fin = family(C.RANK_FINISHED)
+        f_pstart = family(C.PROCESS_START)
+        f_gpu = family(C.RANK_GPU_INFO)
+        f_gp = goodput.Families()
+        f_where = family(C.RANK_STALL_WHERE)
+        f_cseq, f_cwait = family(C.RANK_COLLECTIVE_SEQ), family(C.RANK_COLLECTIVE_WAIT)
+        uuids: Dict[str, str] = {}
+        if self.gpu_labels is not None:
+            try:
+                uuids = self.gpu_labels()
+            except Exception as e:  # the GPU collector's trouble must not cost the rank series
+                log.debug("gpu labels: %s", e)
+        table = self.table
+        with table.lock:
+            ranks = list(table.ranks.values())
+        for r in ranks:
+            with table.lock:  # one rank at a time: ingest waits microseconds, not a whole scrape
+                if r.pid == -1 or not r.labels:
+                    continue
+                L = r.expo
+                if L is None:
+                    L = r.expo = _RankLabels(r)
+                vals = [getattr(r, a) for _, a in counters]
+                cvals = [r.cum[a][0] for _, a in cums]
+                gvals = [getattr(r, a) for _, a in gauges]
+                ovals = [getattr(r, a) for _, a in optional]
+                hvals = [(list(h.counts), h.sum) for h in (getattr(r, a) for _, a in hists)]
+                qs = r.win.quantiles(QUANTILES, now)
+                up = r.up
+                stalled = r.stalled
+                ckpt_now = now - r.ckpt_since if r.ckpt_since is not None else 0.0
+                lints = sorted(r.lints)
+                finished = r.finished is not None
+                pstart = r.pstart
+                gpu = uuids.get(r.gpu_uuid) if r.gpu_uuid else None
+                uuid = r.gpu_uuid
+                gp = goodput.Snapshot(r.gp, now)
+                st = r.stack if stalled else None
+            base = L.base
+            for (f, _), v in zip(counters, vals):
+                add(f, base, v)
+            for (f, _), v in zip(cums, cvals):
+                add(f, base, v)
+            for (f, _), v in zip(gauges, gvals):
+                add(f, base, v)
+            for (f, _), v in zip(optional, ovals):
+                if v is not None:
+                    add(f, base, v)
+            for (f, _), les, (counts, total) in zip(hists, L.hist, hvals):
+                add_histogram(f, base, les, counts, total)
+            if qs is not None:
+                for lab, v in zip(L.q, qs):
+                    add(f_q, lab, v)
+            add(f_up, base, 1.0 if up else 0.0)
+            for lab, reason in zip(L.stall, STALL_REASONS):
+                add(f_stall, lab, 1.0 if stalled == reason else 0.0)
+            add(f_ckpt_now, base, ckpt_now)
+            for lint in lints:  # only while active: a cleared lint's series goes stale
+                add(f_lint, L.for_lint(lint), 1.0)
+            if finished:
+                add(f_fin, base, 1.0)
+            if pstart > 0:
+                add(f_pstart, base, pstart)
+            if gpu is not None:
+                add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
+            f_gp.add(base, gp)
+            if st is not None and st.where:  # one series per stalled rank, gone when it recovers
+                add(f_where, base.plus("where", st.where).plus("phase", st.phase), st.idle + max(0.0, now - st.at))
+            if st is not None and st.cw is not None and stalled == WAITING:
+                cl = base.plus("op", st.cw["op"]).plus("pg", st.cw["pg"])
+                add(f_cseq, cl, float(st.cw["seq"]))
+                add(f_cwait, cl, st.cw["wait"] + max(0.0, now - st.at))
+        return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_where, f_cseq,
+                                           f_cwait] + f_gp.all())
+
+
+@register("ranks")
+def _build(ctx: Context) -> RanksCollector:
+    return RanksCollector(ctx.table, gpu_labels=ctx.gpu.uuid_labels if ctx.gpu is not None else None)

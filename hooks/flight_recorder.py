@@ -1,0 +1,147 @@
+"""NCCL's (and the generic) Flight Recorder, read from the background thread: in-flight
+collectives for the heartbeat, where a blocked rank waits, and NCCL collective durations when
+``TORCH_NCCL_ENABLE_TIMING=1`` (see ``comm.py`` for how they are used)."""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+log = logging.getLogger("ranksight.hooks")
+
+
+class FlightRecorder:
+    """The c10d Flight Recorder (NCCL, and gloo in newer torch), read off the step path.
+
+    ``inflight_age()`` (every heartbeat): from the cheap status-only dump (about 6 us): seconds
+    since a collective that is enqueued but not completed was first seen, or -1. This is what
+    shows a rank blocked in a collective that the Python wrappers cannot see (DDP's C++ gloo
+    all-reduce, NCCL kernels still running).
+    ``poll()``: from the full dump, (durations in seconds of collectives completed since the last
+    poll, seconds since the oldest still-running collective was created or -1); used for NCCL
+    collective time when ``TORCH_NCCL_ENABLE_TIMING=1``. A full dump of a 2000-entry buffer
+    took 40 ms on this machine's CPU (holding the GIL), so ``poll_due()`` spaces polls to keep
+    that under 1% of wall time (every 1 to 30 s); collectives that fall out of the ring buffer
+    between two polls are lost (``wrapped`` counts such polls).
+    """
+
+    def __init__(self, backend: str = "") -> None:
+        import torch
+
+        c10d = torch._C._distributed_c10d
+        # NCCL keeps its own recorder: on torch 2.11 with NCCL, `_dump_fr_trace` (the generic
+        # recorder, gloo's) returned no entries while `_dump_nccl_trace` held all 228 (H200 run)
+        nccl, generic = getattr(c10d, "_dump_nccl_trace", None), getattr(c10d, "_dump_fr_trace", None)
+        self._dump = (nccl or generic) if "nccl" in (backend or "") else (generic or nccl)
+        self._seen: set = set()
+        self.errors = 0
+        self.wrapped = 0
+        self._interval = 1.0
+        self._next_poll = 0.0
+        self._first_seen: Dict[Tuple[str, int], float] = {}
+
+    @staticmethod
+    def wanted(backend: str) -> bool:
+        return "nccl" in (backend or "") and os.environ.get("TORCH_NCCL_ENABLE_TIMING", "").lower() in ("1", "true")
+
+    @property
+    def available(self) -> bool:
+        return self._dump is not None
+
+    def inflight_age(self, now: float) -> float:
+        raw = self._dump(includeCollectives=False, includeStackTraces=False, onlyActive=False)
+        status = (pickle.loads(raw).get("pg_status") or {}) if raw else {}
+        first = self._first_seen
+        live = set()
+        for pg, st in status.items():
+            try:
+                enq, done = int(st.get("last_enqueued_collective", -1)), int(st.get("last_completed_collective", -1))
+            except (TypeError, ValueError, AttributeError):
+                continue
+            if enq > done:
+                key = (str(pg), done + 1)
+                live.add(key)
+                first.setdefault(key, now)
+        for key in [k for k in first if k not in live]:
+            del first[key]
+        return max((now - t for t in first.values()), default=-1.0)
+
+    def waiting(self) -> Optional[Dict[str, Any]]:
+        """The oldest collective this rank enqueued and has not completed, from the full dump:
+        {"op": "all_reduce", "pg": "default_pg", "seq": its collective sequence number in that
+        group, "wait": seconds since it was created}, or None. Read only while the rank makes no
+        progress (hooks/stack.py's trigger), never on the step path."""
+        raw = self._dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        doc = pickle.loads(raw) if raw else {}
+        status = doc.get("pg_status") or {}
+        best: Optional[Tuple[int, Dict[str, Any]]] = None
+        for e in doc.get("entries", []):
+            st = status.get(str(e.get("pg_id"))) or {}
+            try:
+                done, enq = int(st.get("last_completed_collective", -1)), int(st.get("last_enqueued_collective", -1))
+            except (TypeError, ValueError):
+                continue
+            seq = e.get("collective_seq_id")
+            if e.get("is_p2p") or type(seq) is not int or not done < seq <= enq:
+                continue
+            created = e.get("time_created_ns") or 0
+            if best is None or created < best[0]:
+                best = (created, e)
+        if best is None:
+            return None
+        created, e = best
+        pg = e.get("process_group")
+        name = (pg[1] or pg[0]) if isinstance(pg, (list, tuple)) and len(pg) == 2 else str(pg or e.get("pg_id", ""))
+        wait = (time.time_ns() - created) / 1e9 if created else 0.0
+        return {"op": str(e.get("profiling_name", "")).split(":")[-1][:64], "pg": str(name)[:128],
+                "seq": e["collective_seq_id"], "wait": round(min(max(wait, 0.0), 7 * 86400.0), 3)}
+
+    def poll_due(self, now: float) -> bool:
+        return now >= self._next_poll
+
+    def poll_timed(self, now: float) -> Tuple[List[float], float]:
+        t0 = time.perf_counter()
+        out = self.poll()
+        cost = time.perf_counter() - t0
+        self._interval = min(30.0, max(1.0, 100.0 * cost))
+        self._next_poll = now + self._interval
+        return out
+
+    def poll(self) -> Tuple[List[float], float]:
+        raw = self._dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        entries = pickle.loads(raw).get("entries", []) if raw else []
+        out: List[float] = []
+        seen = set()
+        oldest_ns = None
+        for e in entries:
+            key = (e.get("pg_id"), e.get("record_id"))
+            state = e.get("state")
+            if state == "completed":
+                d = e.get("duration_ms")
+                if d is None:
+                    # "completed" shows as soon as the end event fires, but duration_ms appears only
+                    # when NCCL's watchdog retires the entry (~100 ms later, seen on an H200): count
+                    # it from a later dump, or ~70% of the durations are lost.
+                    continue
+                seen.add(key)
+                if key not in self._seen and d >= 0:
+                    out.append(d / 1e3)
+            elif state in ("started", "scheduled"):
+                t = e.get("time_created_ns")
+                if t and (oldest_ns is None or t < oldest_ns):
+                    oldest_ns = t
+        rids = [r for r in (e.get("record_id") for e in entries) if isinstance(r, int)]
+        prev_max = getattr(self, "_max_rid", None)
+        if rids and prev_max is not None and min(rids) > prev_max + 1:
+            self.wrapped += 1  # the ring buffer turned over between two polls: durations were lost
+        if rids:
+            self._max_rid = max(rids)
+        self._seen = seen
+        age = -1.0
+        if oldest_ns is not None:
+            age = (time.time_ns() - oldest_ns) / 1e9
+            if not (0 <= age <= 7 * 86400):
+                age = -1.0
+        return out, age

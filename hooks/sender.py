@@ -1,0 +1,365 @@
+"""The background thread of a ``Watcher`` ("ranksight-hb"): turns queued step tuples into
+"steps" datagrams, sends heartbeats, probes the main thread, sends its stack when it makes no
+progress, prints the rank-0 table and reads CUDA allocator stats and the Flight Recorder."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from ranksight import protocol
+
+from . import forksafe, selfcheck, stack
+from .identity import Identity
+from .table import emit as table_emit, make_table
+from .timing import drain
+from .transport import Transport
+
+log = logging.getLogger("ranksight.hooks")
+_perf = time.perf_counter
+
+
+TICK_SECONDS = 0.25  # the background thread's period: step records wait at most this long
+
+
+# CUDA: the newest step record waits this long (or for the next one) while GPU intervals are still
+# pending, so that close() can add the last steps' GPU times to it (see close())
+HOLD_SECONDS = 1.0
+
+
+# "steps" record columns: (protocol field, index in a queued step tuple; see _step_end)
+STEPS_COLUMNS = (("dur", 3), ("data", 4), ("fwd", 5), ("bwd", 6), ("opt", 7), ("b2o", 8), ("comm", 9), ("xcomm", 10),
+                 ("ckpt", 11))
+
+
+STEPS_PER_RECORD = 24  # at most this many steps per "steps" record (protocol.STEPS_MAX is the agent's cap)
+
+
+def enc_fields(fields: Dict[str, Any]) -> str:
+    """``{"tot": ..., "hist": ...}`` as the JSON members of a record (no braces)."""
+    return protocol.encode(fields).decode()[1:-1]
+
+
+def _process_start() -> float:
+    """Unix time this process started (0.0 when unknown)."""
+    try:
+        import psutil
+
+        return float(psutil.Process().create_time())
+    except Exception:
+        return 0.0
+
+
+def _gpu_uuid(device: Any) -> str:
+    """The CUDA device's UUID as NVML prints it ("GPU-xxxxxxxx-..."); "" when unknown."""
+    try:
+        u = str(torch.cuda.get_device_properties(device).uuid)
+    except Exception:
+        return ""
+    u = u.strip()
+    if not u:
+        return ""
+    return u if u.upper().startswith(("GPU-", "MIG-")) else "GPU-" + u
+
+
+
+class Background:
+    """The background thread's side of ``Watcher`` (a mixin: the state is set up in
+    ``Watcher.__init__``). It takes queued records and sends them under ``_send_lock``."""
+
+    def _run(self) -> None:
+        try:
+            with forksafe.working():  # a fork waits for the start and each tick (see forksafe.py)
+                self._transport = Transport(self.settings.agent)
+                self._bg_start()
+            while not self._stop.wait(self._tick_s):
+                try:
+                    with forksafe.working():
+                        self._tick()
+                except Exception as e:
+                    self._hook_error("heartbeat thread", e)
+        except Exception as e:
+            self._hook_error("heartbeat thread start", e)
+
+    def _bg_start(self) -> None:
+        self._wall0, self._pc0 = time.time(), _perf()
+        self._hb_seq = 0
+        self._next_hb = _perf()
+        self._last_sig: Tuple[Any, ...] = ()
+        self._last_progress = _perf()
+        self._mem = (0, 0, 0, 0)  # retries, ooms, reserved, allocated
+        self._wrss = 0
+        self._next_wrss = 0.0
+        now = _perf()
+        st = self.settings
+        self._table = make_table(st.table_every_steps, st.table_every_seconds, now, st.table_min_seconds,
+                                 st.table_share_move) if self.identity.rank == 0 else None
+        self._set_identity(self.identity)
+        d = selfcheck.dirs(self.settings.log_dir, self.settings.checkpoint_dir)
+        info = selfcheck.collect(d, self.backend)
+        self.selfcheck = info
+        line = "ranksight: self-check rank %d: %s; agent %s" % (self.identity.rank, selfcheck.describe(info),
+                                                               self.settings.agent)
+        if self.identity.local_rank == 0:
+            if logging.getLogger().hasHandlers():
+                log.info(line)
+            else:
+                sys.stderr.write(line + "\n")
+        try:
+            rec = dict(self._base, t="hello", ts=time.time(), info=info, dirs=d, pstart=round(_process_start(), 3),
+                       gpu=_gpu_uuid(self._tl.device) if self._tl is not None else "")
+            self._transport.send(selfcheck.fit(rec))
+        except Exception as e:
+            self._hook_error("hello record", e)
+
+    def _tick(self) -> None:
+        now = _perf()
+        self._probe(now)
+        self._stack(now)
+        self._flush()
+        if now >= self._next_hb:
+            self._next_hb = now + self.settings.heartbeat_seconds
+            self._heartbeat(now)
+        if self._table is not None and self._table.due(now):
+            self._print_table()
+        for p in self._periodic:
+            if now >= p[2]:
+                p[2] = now + p[1]
+                try:
+                    p[0]()
+                except Exception as e:
+                    self._hook_error(f"periodic {getattr(p[0], '__name__', p[0])}", e)
+
+    def _print_table(self) -> None:
+        now = _perf()
+        text = self._table.render(self.identity.job, now)  # type: ignore[union-attr]
+        self._table.reset(now)  # type: ignore[union-attr]
+        table_emit(text)  # whole lines, one write, under the hooks' console lock
+
+    def _probe(self, now: float) -> None:
+        f = sys._current_frames().get(self._main_tid)
+        sig = (id(f), f.f_lineno if f is not None else -1, f.f_lasti if f is not None else -1,
+               self._seq, self._phase_t)
+        del f
+        if sig != self._last_sig:
+            self._last_sig = sig
+            self._last_progress = now
+
+    def _stack(self, now: float) -> None:
+        """The main thread's stack once it made no progress for stack_after_seconds (hooks/stack.py)."""
+        try:
+            sw = getattr(self, "_stack_watch", None)
+            if sw is None:
+                sw = self._stack_watch = stack.StackWatch(self._main_tid, self.settings.stack_after_seconds,
+                                                          self.settings.stack_every_seconds)
+                self._stack_seq = (self._seq, now)
+            if self._seq != self._stack_seq[0]:
+                self._stack_seq = (self._seq, now)
+            idle = now - self._last_progress
+            if self._seq > 0:
+                idle = max(idle, now - self._stack_seq[1])
+            body = sw.tick(now, idle, self._phase)
+            if body is not None and body["frames"]:
+                cw = self._collective_waiting(now)
+                if cw is not None:
+                    body["cw"] = cw
+            if body is not None and not self._bye_sent:
+                self._transport.send(stack.fit(dict(self._base, t="stack", ts=time.time()), body))
+        except Exception as e:
+            self._hook_error("stack", e)
+
+    def _collective_waiting(self, now: float) -> Optional[Dict[str, Any]]:
+        """Where the blocked rank waits: the Flight Recorder's oldest open collective (every
+        collective of every group, DDP's C++ ones too), else the wrappers' own."""
+        if self._fr_status is not None:
+            try:
+                got = self._fr_status.waiting()
+                if got is not None:
+                    return got
+            except Exception as e:
+                self._hook_error("Flight Recorder position", e)
+        return self.comm.waiting(now)
+
+    def _set_identity(self, ident: Identity) -> None:
+        self.identity = ident
+        self._base = dict(ident.base(), sess=self.sess)
+        # Step records are formatted from a template: 4x cheaper than json.dumps of a dict, and
+        # valid JSON as long as every number is finite and non-negative (checked per record).
+        self._steps_prefix = protocol.encode(dict(self._base, t="steps")).decode()[:-1] + ","
+
+    def _take_items(self) -> List[tuple]:
+        """The queued records, the held-back step record first (background thread, or close())."""
+        items = drain(self._queue)
+        held = self._held
+        if held is not None:
+            self._held = None
+            items.insert(0, held)
+        return items
+
+    def _flush(self) -> None:
+        with self._send_lock:  # close() flushes under it too: a record is held, sent or taken, never lost
+            if self._bye_sent:
+                return
+            items = self._take_items()
+            if not items:
+                return
+            tl = self._tl
+            if tl is not None and tl.pending and not self._stop.is_set():
+                # hold back the newest step record while GPU intervals are pending: if the watch ends
+                # soon, close() adds the intervals it still resolves to it (else they would be lost)
+                for i in range(len(items) - 1, -1, -1):
+                    if items[i][0] == "step":
+                        if _perf() - items[i][2] < HOLD_SECONDS:
+                            self._held = items.pop(i)
+                        break
+            self._send_items(items)
+
+    def _send_items(self, items: List[tuple]) -> None:
+        """Send queued records in order. Consecutive step records go out as "steps" records (up
+        to STEPS_PER_RECORD steps each, with the totals after their last step): one datagram per
+        tick per rank, not one per step."""
+        if not items:
+            return
+        send, enc = self._transport.send, protocol.encode
+        table = self._table
+        totals = self.totals
+        batch: List[tuple] = []
+        for it in items:
+            try:
+                if it[0] == "step":
+                    _, seq, t, dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt, micro = it
+                    if table is not None:
+                        table.add(seq, dur, data, comm, xcomm, ckpt)
+                        if table.due(_perf()):
+                            self._print_table()
+                    if batch and (seq != batch[-1][1] + 1 or len(batch) >= STEPS_PER_RECORD):
+                        self._send_steps(batch)
+                        batch = []
+                    batch.append(it)
+                    continue
+                if batch:
+                    self._send_steps(batch)
+                    batch = []
+                rec = dict(self._base, ts=it[1])
+                rec.update(it[2])
+                send(enc(rec))
+                if it[0] == "ckpt":
+                    c = it[2]
+                    totals.checkpoint(it[1], c["dur"], c["bytes"], c["ok"])
+            except (ValueError, TypeError) as e:  # a NaN or a bad type: our bug, count it
+                self._hook_error("record encoding", e)
+        if batch:
+            self._send_steps(batch)
+
+    def _send_steps(self, batch: List[tuple]) -> None:
+        """One "steps" record for consecutive step tuples (split in two while it is too big)."""
+        try:
+            cols = []
+            for k, j in STEPS_COLUMNS:
+                nums = ",".join(["%.9g" % it[j] for it in batch])
+                if "n" in nums or "-" in nums.replace("e-", ""):  # nan, inf or a negative number
+                    raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
+                cols.append(f'"{k}":[{nums}]')
+            micro = ",".join(["%d" % it[12] for it in batch])
+        except (ValueError, TypeError) as e:  # our bug: counted; these steps stay out of the totals too
+            self._hook_error("record encoding", e)
+            return
+        totals = self.totals
+        for it in batch:
+            totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12])
+        try:
+            retries, ooms, mres, malloc = self._mem
+            hdrop = self._tl.dropped if self._tl is not None else 0
+            last = batch[-1]
+            tail = enc_fields(totals.fields())
+            body = "%s\"ts\":%.6f,\"seq\":%d,%s,\"micro\":[%s],\"retries\":%d,\"ooms\":%d,\"mres\":%d,\"malloc\":%d," \
+                   "\"herr\":%d,\"hdrop\":%d,\"wrss\":%d,\"restart\":%d,%s}" % (
+                       self._steps_prefix, self._wall0 + (last[2] - self._pc0), batch[0][1], ",".join(cols), micro,
+                       retries, ooms, mres, malloc, self.herr, hdrop, self._wrss, self.identity.restart, tail)
+            data = body.encode()
+        except (ValueError, TypeError) as e:
+            self._hook_error("record encoding", e)
+            return
+        if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
+            for it in batch:
+                totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12], sign=-1)
+            half = len(batch) // 2
+            self._send_steps(batch[:half])
+            self._send_steps(batch[half:])
+            return
+        self._transport.send(data)
+
+    def _heartbeat(self, now: float) -> None:
+        if not self.identity.from_pg:
+            self._refresh_identity()
+        if self._tl is not None:
+            self._read_cuda_memory()
+        if self.settings.patch_torch_save and not self._dcp_patched and self._active:
+            self._dcp_patched = self.ckpt.install_dcp(self._patcher)
+        if now >= self._next_wrss:
+            self._next_wrss = now + 5.0
+            self._read_worker_rss()
+        coll = self.comm.oldest_inflight(now)
+        if self._fr_status is not None:
+            try:
+                coll = max(coll, self._fr_status.inflight_age(now))
+            except Exception as e:
+                self._hook_error("Flight Recorder status", e)
+        if self._fr is not None and self._fr.poll_due(now):
+            try:
+                durs, age = self._fr.poll_timed(now)
+                if self._fr_on:
+                    if durs:
+                        self.comm.add_flight_recorder(durs)
+                elif durs:  # these collectives were timed by events; later ones come from the recorder
+                    self.comm.comm_events = False
+                    self._fr_on = True
+                coll = max(coll, age)
+            except Exception as e:
+                self._hook_error("NCCL Flight Recorder", e)
+        self._hb_seq += 1
+        rec = dict(self._base, t="hb", ts=time.time(), seq=self._hb_seq, every=self.settings.heartbeat_seconds,
+                   step=self._seq, phase=self._phase, coll=round(coll, 6),
+                   probe=round(max(0.0, now - self._last_progress), 6), herr=self.herr,
+                   pdur=round(max(0.0, now - self._phase_t), 6), **self.totals.fields())
+        try:
+            data = protocol.encode(rec)
+        except (ValueError, TypeError) as e:
+            self._hook_error("heartbeat encoding", e)
+            return
+        with self._send_lock:  # its totals cover the records sent before it; none after the bye
+            if not self._bye_sent:
+                self._transport.send(data)
+
+    def _refresh_identity(self) -> None:
+        ident = Identity.detect()
+        if ident.from_pg:
+            self._set_identity(ident)
+            self.backend = self._backend()
+
+    def _read_cuda_memory(self) -> None:
+        try:
+            s = torch.cuda.memory_stats(self._tl.device)  # type: ignore[union-attr]
+            self._mem = (int(s.get("num_alloc_retries", 0)), int(s.get("num_ooms", 0)),
+                         int(s.get("reserved_bytes.all.current", 0)), int(s.get("allocated_bytes.all.current", 0)))
+        except Exception as e:
+            self._hook_error("CUDA memory stats", e)
+
+    def _read_worker_rss(self) -> None:
+        if int(getattr(self.loader, "num_workers", 0) or 0) <= 0:
+            return
+        try:
+            import psutil
+
+            total = 0
+            for c in psutil.Process().children(recursive=False):
+                try:
+                    total += c.memory_info().rss
+                except psutil.Error:
+                    pass
+            self._wrss = total
+        except Exception as e:
+            self._hook_error("worker RSS", e)

@@ -1,0 +1,372 @@
+"""The step path: the loader, forward, backward and optimizer hooks of a ``Watcher`` (main
+thread, a few microseconds per hook). They time the phases, mark CUDA events and close each
+step into a tuple appended to the watch's queue; the background thread (``sender.py``) sends it."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+from ranksight import protocol
+
+from .patch import like
+from .timing import BWD, COMM, FWD, OPT, XCOMM
+
+log = logging.getLogger("ranksight.hooks")
+_perf = time.perf_counter
+
+
+QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they are dropped and counted
+
+
+class _TimedIter:
+    """Iterator over the user's loader that times each ``next()`` (data wait)."""
+
+    __slots__ = ("_it", "_w")
+
+    def __init__(self, it: Any, w: "Watcher"):
+        self._it = it
+        self._w = w
+
+    def __iter__(self) -> "_TimedIter":
+        return self
+
+    def __next__(self) -> Any:
+        return timed_next(self._w, next, self._it)
+
+
+def timed_next(w: "Watcher", nxt: Callable[[Any], Any], it: Any) -> Any:
+    """``nxt(it)`` timed as data wait: the watched loader's iterator, and (``auto.py``) every
+    DataLoader iterator when no loader was given. A fetch starts a new iteration: it closes a
+    step left open by discovered optimizers (``Watcher._step_boundary``)."""
+    if not w._active or w._in_fetch or w.data_paused:
+        return nxt(it)
+    try:
+        t0 = _perf()
+        if w._pending_t is not None:
+            w._close_pending(t0)
+        if w._t0 is None:
+            w._t0 = t0
+        w._phase = "data"
+        w._phase_t = t0
+        w._in_fetch = w._fetched = True
+    except Exception as e:
+        w._hook_error("loader next()", e)
+        return nxt(it)
+    try:
+        return nxt(it)
+    finally:
+        try:
+            w._in_fetch = False
+            t1 = _perf()
+            w._data += t1 - t0
+            w._phase = "other"
+            w._phase_t = t1
+        except Exception as e:
+            w._hook_error("loader next()", e)
+
+
+class WatchedLoader:
+    """What ``watch()`` returns: iterate it instead of the loader (``len()`` and every
+    attribute pass through to the wrapped loader), or use it as a context manager
+    (``with ranksight.watch(...) as loader:``); leaving the block calls ``unwatch()``."""
+
+    def __init__(self, loader: Any, watcher: Optional["Watcher"]):
+        self.__dict__["_loader"] = loader
+        self.__dict__["watcher"] = watcher
+        self.__dict__["_cur"] = None
+
+    def __iter__(self) -> Any:
+        loader = self._loader
+        if loader is None:
+            raise TypeError("ranksight.watch() was given no loader to iterate")
+        it = iter(loader)
+        w = self.watcher
+        if w is None or not w._active:
+            return it
+        w._epoch_start(loader)
+        lint_iter = getattr(w, "lint_iter", None)  # ranksight.hooks.lints: first batch, worker pids
+        if lint_iter is not None:
+            try:
+                it = lint_iter(it)
+            except Exception as e:
+                w._hook_error("lints iterator", e)
+        return _TimedIter(it, w)
+
+    def __next__(self) -> Any:  # the user passed an iterator (e.g. a generator) and calls next() on us
+        cur = self._cur
+        if cur is None:
+            cur = self.__dict__["_cur"] = self.__iter__()
+        return next(cur)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:
+        loader = self.__dict__["_loader"]
+        if loader is None:
+            raise AttributeError(name)
+        return getattr(loader, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._loader, name, value)
+
+    def __enter__(self) -> "WatchedLoader":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        w = self.watcher
+        if w is not None:
+            w.close()
+        return False
+
+    def __repr__(self) -> str:
+        return f"WatchedLoader({self._loader!r})"
+
+
+
+class StepPath:
+    """The step-path hooks of ``Watcher`` (a mixin: the state is set up in ``Watcher.__init__``).
+    Every hook body catches its exceptions (``_hook_error``): nothing reaches the training loop."""
+
+    # A step is one optimizer step. An optimizer given to watch() closes the step in its post-hook.
+    # Optimizers found by ``auto.Discovery`` (several may step in one iteration: a GAN, a multi-
+    # optimizer Lightning module) leave the step open; the next iteration's first data fetch (or,
+    # in a loop without a DataLoader, its first forward) closes it, so the last optimizer to step
+    # in an iteration closes that iteration's step. ``close()`` closes a step still open.
+    def _step_boundary(self, t: float) -> None:
+        if self._defer_steps and (self._fetched or self._fwd_seen):
+            if self._pending_t is None:
+                self._ckpt_pending = self._ckpt
+            self._pending_t = t
+        else:
+            self._step_end(t)
+
+    def _close_pending(self, t: float) -> None:
+        self._pending_t = None
+        try:
+            self._step_end(t)
+        except Exception as e:
+            self._hook_error("step end", e)
+            self._reset_step(t)  # start the next step clean (as the optimizer post-hook does)
+
+    def _close_pending_at_exit(self) -> None:
+        """The step the last optimizer step left open: it ends at that step, plus the checkpoint
+        time written after it (so a step's ckpt never exceeds its duration)."""
+        pt = self._pending_t
+        if pt is None:
+            return
+        try:
+            self._close_pending(min(_perf(), pt + max(0.0, self._ckpt - self._ckpt_pending)))
+        except Exception as e:
+            self._hook_error("close: open step", e)
+
+    def _closure_backward_done(self, t0: float, t1: float) -> None:
+        """A backward that ran inside an optimizer step (``optimizer.step(closure)``, as Lightning
+        does): the optimizer's own time starts at the backward's end."""
+        self._t_opt = t1
+        self._b2o = t1 - t0
+        if self._tl is not None:
+            self._ev_opt = self._tl.mark(True)
+
+    def _epoch_start(self, loader: Any) -> None:
+        for fn in self._epoch_observers:
+            try:
+                fn(loader)
+            except Exception as e:
+                self._hook_error(f"epoch observer {getattr(fn, '__name__', fn)}", e)
+
+    def _fwd_pre(self, module: Any, args: Any) -> None:
+        if not self._active or not torch.is_grad_enabled():
+            return None
+        try:
+            t = _perf()
+            if self._pending_t is not None and not self._fetched:
+                self._close_pending(t)
+            self._fwd_seen = True
+            if self._t0 is None:
+                self._t0 = t
+            self._micro += 1
+            self._t_fwd = t
+            self._phase = "forward"
+            self._phase_t = t
+            if self._ddp_stats is not None:
+                self._ddp_stats.on_forward()
+            if self._tl is not None:
+                self._ev_fwd = self._tl.mark(True)
+        except Exception as e:
+            self._hook_error("forward pre-hook", e)
+        return None
+
+    def _fwd_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._t_fwd is None:
+            return None
+        try:
+            t = _perf()
+            self._fwd += t - self._t_fwd
+            self._t_fwd = None
+            self._phase = "other"
+            self._phase_t = t
+            if self._tl is not None:
+                self._tl.push(FWD, self._ev_fwd, self._tl.mark(True))
+        except Exception as e:
+            self._hook_error("forward hook", e)
+        return None
+
+    def _wrap_backward(self, orig: Callable) -> Callable:
+        w = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if not w._active or w._in_bwd:  # nested backward (e.g. inside a hook): the outer one counts
+                return orig(*args, **kwargs)
+            try:
+                w._in_bwd = w.comm.in_backward = True
+                t0 = _perf()
+                w._t_bwd = t0
+                w._phase = "backward"
+                w._phase_t = t0
+                ev0 = w._tl.mark(True) if w._tl is not None else None
+            except Exception as e:
+                w._in_bwd = w.comm.in_backward = False
+                w._hook_error("backward start", e)
+                return orig(*args, **kwargs)
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                w._in_bwd = w.comm.in_backward = False
+                try:
+                    w._bwd_done(t0, ev0)
+                except Exception as e:
+                    w._hook_error("backward end", e)
+
+        return like(backward, orig, "backward")
+
+    def _bwd_done(self, t0: float, ev0: Any) -> None:
+        t1 = _perf()
+        lt, lev = self.comm.last_launch
+        if t0 <= lt <= t1:  # gradients were done when the backward's last collective launched
+            self._bwd += lt - t0
+            if self._tl is None:
+                lc = self.comm.last_complete
+                self.comm.add_exposed(lt, lc if lt <= lc <= t1 else t1)
+        else:
+            tail = 0.0
+            ds = self._ddp_stats
+            if ds is not None:  # gloo DDP: this backward's all-reduce, from DDP's own timer
+                r = ds.poll(t1 - t0)
+                if r is not None:
+                    comm, tail = r
+                    self._dcomm += comm
+                    self._dx += tail
+            self._bwd += max(0.0, t1 - t0 - tail)
+            lev = None
+        self._phase = "other"
+        self._phase_t = t1
+        tl = self._tl
+        if tl is not None:
+            e1 = tl.mark(True)
+            tl.push(BWD, ev0, lev if lev is not None else e1)
+            if lev is not None:
+                tl.push(XCOMM, lev, e1)
+        if self._t_opt is not None:
+            self._closure_backward_done(t0, t1)
+
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._active:
+            return None
+        try:
+            t = _perf()
+            if self._t0 is None:
+                self._t0 = t
+            self._t_opt = t
+            if self._t_bwd is not None:
+                self._b2o = t - self._t_bwd
+            self._phase = "optimizer"
+            self._phase_t = t
+            if self._tl is not None:
+                self._ev_opt = self._tl.mark(True)
+        except Exception as e:
+            self._hook_error("optimizer pre-hook", e)
+        return None
+
+    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._active:
+            return None
+        try:
+            t = _perf()
+            if self._t_opt is not None:
+                self._opt += t - self._t_opt
+                self._t_opt = None
+                if self._tl is not None:
+                    self._tl.push(OPT, self._ev_opt, self._tl.mark(True))
+            self._step_boundary(t)
+        except Exception as e:
+            self._hook_error("optimizer post-hook", e)
+            try:  # start the next step clean; the error above is already counted and logged
+                self._reset_step(time.perf_counter())
+            except Exception:
+                pass
+        return None
+
+    def _step_end(self, t: float) -> None:
+        t0 = self._t0 if self._t0 is not None else self._t_start
+        dur = t - t0
+        c = self.comm
+        if c._intervals or c._exposed or c._extra:
+            comm, extra, hx = c.take(t0, t)
+        else:  # no communication this step (single process, gloo DDP alone): skip the call
+            comm = extra = hx = 0.0
+        if self._dcomm:  # gloo DDP's all-reduce (DDPStats): durations without a time axis
+            extra += self._dcomm
+            hx += self._dx
+        if self._tl is None:
+            fwd, bwd, opt, xcomm = self._fwd, self._bwd, self._opt, hx
+        else:
+            # GPU spans, resolved from earlier steps' events: they may belong to an earlier step. A
+            # value above this step's duration (several steps resolved at once) carries its excess
+            # to the next record, so per-step values stay <= dur and the sums stay right.
+            g = self._gacc
+            self._tl.resolve(self._gpu_add)
+            g[COMM] += extra  # (the host union is meaningless for NCCL: launch returns at once)
+            extra = 0.0
+            fwd, bwd, opt, xcomm, comm = (min(g[k], dur) for k in (FWD, BWD, OPT, XCOMM, COMM))
+            g[FWD] -= fwd
+            g[BWD] -= bwd
+            g[OPT] -= opt
+            g[XCOMM] -= xcomm
+            g[COMM] -= comm
+        comm += extra
+        self._seq += 1
+        rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
+               xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1)
+        if len(self._queue) < QUEUE_CAP:
+            self._queue.append(rec)
+        else:
+            self.qdrop += 1
+        self._reset_step(t)
+
+    def _reset_step(self, t: float) -> None:
+        self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
+        self._micro = 0
+        self._t0 = t
+        self._t_bwd = None
+        self._phase = "other"
+        self._phase_t = t
+
+    def _gpu_add(self, kind: str, secs: float) -> None:
+        self._gacc[kind] += secs
+
+    def _add_ckpt(self, secs: float) -> None:
+        self._ckpt += secs
+
+    def _emit_ckpt(self, dur: float, nbytes: int, ok: bool, src: str) -> None:
+        self._enqueue(("ckpt", time.time(), {"t": "ckpt", "dur": min(dur, protocol.MAX_SECONDS),
+                                             "bytes": min(nbytes, protocol.MAX_BYTES), "ok": ok, "src": src}))
+
+    def _enqueue(self, item: tuple) -> None:
+        if len(self._queue) < QUEUE_CAP:
+            self._queue.append(item)
+        else:
+            self.qdrop += 1
