@@ -36,9 +36,11 @@ from typing import Dict, List
 
 import yaml
 
-from ranksight.tools.stack import free_port
+from ranksight import config, triage
+from ranksight.tools.plumbing import free_port
 
-RECORD = "rank:ranksight_comm_share:ratio_rate"
+RECORD = triage.REC["comm_share"]
+COMM_BOUND = {e.id: e.alert for e in triage.table(config.defaults())}["comm-bound"]
 ANNOTATIONS = {
     "summary": "Collectives take over 30% of step time: the job is communication-bound",
     "description": 'job={{ $labels.job }} rank={{ $labels.rank }} node={{ $labels.node }} spends '
@@ -75,7 +77,7 @@ def _get(url: str) -> Dict:
 
 def _measure(prom: str, data: Path, work: Path, variant: str, evals: int) -> List[float]:
     expr, ann = VARIANTS[variant]
-    rule = {"alert": "RanksightCommBound", "expr": expr, "for": "10m", "labels": {"severity": "warning"}}
+    rule = {"alert": COMM_BOUND, "expr": expr, "for": "10m", "labels": {"severity": "warning"}}
     if ann:
         rule["annotations"] = ann
     (work / "rules.yml").write_text(yaml.safe_dump({"groups": [{"name": "ranksight.alerts", "rules": [rule]}]}))
