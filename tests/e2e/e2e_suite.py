@@ -29,7 +29,7 @@ log = logging.getLogger("tests.e2e")
 
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT = 90.0  # launch -> first step seen by Prometheus (torch import, gloo rendezvous)
-DETECT_LIMIT = 60.0  # the bound: the expected alert fires within 60 s of the fault
+DETECT_LIMIT = 60.0  # the bound: the expected alert fires within 60 s of the fault
 SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to fire (their own for:)
 HEALTHY_WATCH = 30.0  # a healthy run is watched this long after its first step (rate window + for:)
 FAULT_AFTER = 3.0  # kill-rank / hang: seconds after the first step
