@@ -1,5 +1,5 @@
 """`ranksight rules`: render the alerting and recording rules, the Alertmanager config
-and the runbooks from the triage table (ranksight/triage.py).
+and the runbooks from the triage table (the ranksight/triage/ package).
 
 ``render(cfg)`` is deterministic (pure but for checking on-call secret files): it maps file names relative to the
 output folder to their text. ``write(cfg, out_dir)`` writes them. The committed
@@ -7,9 +7,10 @@ files under ``alerts/`` are ``render()`` of the default profile; a test fails
 when they differ (run ``ranksight rules`` to refresh them).
 
 Files:
-  ranksight-rules.yml    the recording groups of triage.RULE_GROUPS (rank, node, and two slow
-                         groups of large families), each in dependency order, and group
-                         ranksight.alerts (triage order)
+  ranksight-rules.yml    the recording groups of triage.RULE_GROUPS (rank, rank state, node, and
+                         three slow groups of large families), each in dependency order, and the
+                         alert groups of triage.ALERT_GROUPS (rank, waiting ranks, node, job), each
+                         in triage order
   alertmanager.yml       standalone Alertmanager config: the ranksight route subtree (grouped by
                          job, routed by severity to the configured receivers), the receivers and
                          one inhibit rule per (cause, targets, equal) of the table (alerts/notify.py)
@@ -82,7 +83,9 @@ def render_rules(cfg: Mapping[str, Any]) -> str:
             group["interval"] = interval
         group["rules"] = [{"record": r.record, "expr": r.expr} for r in rules]
         groups.append(group)
-    groups.append({"name": "ranksight.alerts", "rules": [_alert_rule(e) for e in triage.table(cfg)]})
+    entries = triage.table(cfg)
+    for name in triage.ALERT_GROUPS:
+        groups.append({"name": name, "rules": [_alert_rule(e) for e in entries if e.group == name]})
     return HEADER.format(profile=getattr(cfg, "profile", "default")) + _dump({"groups": groups})
 
 

@@ -39,11 +39,12 @@ their best hour's is ``cuda_alloc_retries`` (fragmentation: every retry frees th
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Tuple
 
 from . import catalog as C
-from .triage import REC as BASE_REC
-from .triage import VAL, Entry, Inhibit, Recording
+from .triage.model import VAL, Entry, Inhibit, Recording
+from .triage.records import REC as BASE_REC
+from .triage.records import RULE_GROUPS
 
 GOODPUT_GROUP = "ranksight.recording.goodput"
 BASELINE_GROUP = "ranksight.recording.baseline"
@@ -75,6 +76,10 @@ REC: Dict[str, str] = {
     "badput": "job:ranksight_badput_seconds:avg",  # {category}: every category but productive
 }
 
+# the table's record names and groups include these (ranksight.triage.REC, RULE_GROUPS)
+BASE_REC.update(REC)
+RULE_GROUPS.update(GROUPS)
+
 # Step components the regression alert can name (label `cause`), and the allocator cause.
 COMPONENTS = ("dataloader_wait", "exposed_comm", "checkpoint", "compute")
 ALLOC_CAUSE = "cuda_alloc_retries"
@@ -91,8 +96,9 @@ def _tag(expr: str, label: str, value: str) -> str:
     return f'label_replace({expr}, "{label}", "{value}", "", "")'
 
 
-def rank_group_rules(cfg: Mapping[str, Any]) -> List[Recording]:
-    """Job-level step components, appended to the rank group (they read its records)."""
+def rank_group_rules(cfg: Mapping[str, Any]) -> Tuple[List[Recording], List[Recording]]:
+    """Job-level step components, appended to the rank group (they read its records), and the job's
+    allocator retries, appended to the rank state group (they read its retry record)."""
     R = {**BASE_REC, **REC}
     mean = R["job_step_mean"]
     ckpt = f"(sum by (job) ({R['ckpt_s']}) or 0 * {mean}) / (sum by (job) ({R['steps']}) > 0)"
@@ -106,8 +112,7 @@ def rank_group_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     return [
         Recording(R["job_step_mean"], f"sum by (job) ({R['step_s']}) / (sum by (job) ({R['steps']}) > 0)"),
         Recording(R["job_components"], " or ".join(parts)),
-        Recording(R["job_alloc_retries"], f"sum by (job) ({R['alloc_retries']})"),
-    ]
+    ], [Recording(R["job_alloc_retries"], f"sum by (job) ({R['alloc_retries']})")]
 
 
 def baseline_rules(cfg: Mapping[str, Any]) -> List[Recording]:

@@ -96,6 +96,14 @@ def test_promtool_unit_tests():
     assert r.stdout.count("SUCCESS") == len(files)
 
 
+def test_promtool_tests_evaluate_the_groups_in_dependency_order():
+    """promtool evaluates the groups of one evaluation time in an arbitrary order unless a test file
+    names it: every file lists every group, in the order of the generated rule file."""
+    want = list(triage.RULE_GROUPS) + list(triage.ALERT_GROUPS)
+    for path in sorted((ALERTS / "tests").glob("*.yml")):
+        assert yaml.safe_load(path.read_text()).get("group_eval_order") == want, path.name
+
+
 def test_promtool_tests_cover_every_alert_and_recording_rule(default_cfg):
     """Each alert has a case where it fires (non-empty exp_alerts) and one where it must not
     (an empty exp_alerts); each recording rule has its value checked."""
@@ -156,9 +164,9 @@ def test_test_profile_differs_only_in_for_and_windows(default_cfg, test_cfg):
     t = yaml.safe_load(generate.render(test_cfg)["ranksight-rules.yml"])
     assert d != t
     assert _without_time(d) == _without_time(t)
-    alerts = [i for i, g in enumerate(d["groups"]) if g["name"] == "ranksight.alerts"]
-    assert len(alerts) == 1
-    fors = [(a.get("for"), b.get("for")) for a, b in zip(d["groups"][alerts[0]]["rules"], t["groups"][alerts[0]]["rules"])]
+    alerts = [i for i, g in enumerate(d["groups"]) if g["name"] in triage.ALERT_GROUPS]
+    assert len(alerts) == len(triage.ALERT_GROUPS)
+    fors = [(a.get("for"), b.get("for")) for i in alerts for a, b in zip(d["groups"][i]["rules"], t["groups"][i]["rules"])]
     # the slow recording groups run at durations.slow_rule_interval, shorter in the test profile
     ivals = [(a.get("interval"), b.get("interval")) for a, b in zip(d["groups"], t["groups"])]
     assert all((df is None) == (tf is None) for df, tf in ivals)
@@ -179,9 +187,12 @@ def test_test_profile_differs_only_in_for_and_windows(default_cfg, test_cfg):
 
 def test_every_alert_carries_the_contract(default_cfg):
     groups = yaml.safe_load(generate.render(default_cfg)["ranksight-rules.yml"])["groups"]
-    assert [g["name"] for g in groups] == list(triage.RULE_GROUPS) + ["ranksight.alerts"]
-    rules = groups[-1]["rules"]
-    assert [r["alert"] for r in rules] == [e.alert for e in triage.table(default_cfg)]
+    assert [g["name"] for g in groups] == list(triage.RULE_GROUPS) + list(triage.ALERT_GROUPS)
+    rules = [r for g in groups[len(triage.RULE_GROUPS):] for r in g["rules"]]
+    # every alert once, each group in table order
+    table = triage.table(default_cfg)
+    assert [r["alert"] for r in rules] == [e.alert for g in triage.ALERT_GROUPS for e in table if e.group == g]
+    assert sorted(r["alert"] for r in rules) == sorted(e.alert for e in table)
     units = {e.alert: e.unit for e in triage.table(default_cfg)}
     for r in rules:
         assert re.fullmatch(r"Ranksight[A-Z][A-Za-z]+", r["alert"])
@@ -287,3 +298,25 @@ def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
                 continue
             assert seen.get(name) == r.group, (r.record, name)
         seen[r.record] = r.group
+
+
+def test_runbook_prose_files_are_each_used_and_complete(default_cfg):
+    """Every entry's Meaning, Impact, Diagnosis and Mitigation come from ranksight/triage/prose/: one
+    file per entry id (lint.md for every lint, triage_goodput.py writes its own), none unused."""
+    from ranksight.triage import prose as tp
+
+    stems = {p.stem for p in tp.PROSE_DIR.glob("*.md")}
+    table = triage.table(default_cfg)
+    own = {e.id for e in table if e.kind != "lint" and e.alert not in
+           (triage_goodput.GOODPUT_LOW, triage_goodput.STEP_REGRESSION)}
+    assert stems == own | {"lint"}
+    for stem in stems:
+        assert all(tp.prose(stem, what="w", lint="l").values()), stem
+    by_id = {e.id: e for e in table}
+    for stem in own:
+        assert {k: getattr(by_id[stem], k) for k in tp.SECTIONS} == tp.prose(stem), stem
+
+
+def test_triage_package_files_stay_small():
+    for path in sorted((ROOT / "ranksight" / "triage").glob("*.py")):
+        assert len(path.read_text().splitlines()) <= 600, path.name

@@ -7,6 +7,11 @@
 #   there:        bash bench/scale/device.sh [bench args]  # results in $OUT/scale.json and $OUT/scale.log
 #
 # (with the device tool: run(carry=[".devbin"], command="bash bench/scale/device.sh --jobs 14"))
+#
+# 2,048 nodes within a 10-minute command: --nodes 2048 --hours 30m. Generation, backfill and
+# compaction cost the samples (the same as 1,024 nodes over an hour); the live rule evaluation costs
+# the series (twice 1,024 nodes'), and only the checkpoint share (1 h) and the NIC's best speed (1 d)
+# read windows longer than the 30 minutes of data.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 if [[ ${1:-} == --prepare ]]; then
@@ -35,14 +40,21 @@ $PY -c 'import yaml, grafana_foundation_sdk' 2>/dev/null || python_path="$PWD/.d
 # the package-dir mapping of pyproject.toml (ranksight.dashboards = dashboards/ ...) as an overlay
 ov=/tmp/rs-scale-overlay
 rm -rf $ov && mkdir -p $ov/ranksight
-for f in ranksight/*.py; do ln -s "$PWD/$f" $ov/ranksight/; done
-for pkg in dashboards alerts exporter; do ln -s "$PWD/$pkg" $ov/ranksight/$pkg; done; ln -s "$PWD/ranksight/tools" $ov/ranksight/tools
+# every module and subpackage of ranksight/ (tools/, triage/, report/ ...)
+for f in ranksight/*; do
+  case ${f##*/} in __pycache__|*.egg-info) continue ;; esac
+  ln -s "$PWD/$f" $ov/ranksight/
+done
+for pkg in dashboards alerts exporter; do ln -s "$PWD/$pkg" $ov/ranksight/$pkg; done
 export PYTHONPATH="$ov${python_path:+:$python_path}" PYTHONDONTWRITEBYTECODE=1
 nproc; free -g | head -2; df -h /dev/shm /tmp | tail -2
 /tmp/rsbin/prometheus --version 2>&1 | head -1
 # from /tmp: `python -m` puts the working directory first on sys.path, which would shadow the overlay
+# the baseline group every minute (bench/scale/device-config.yml) unless the arguments name a config
+config=(--config "$PWD/bench/scale/device-config.yml")
+for a in "$@"; do [[ $a == --config || $a == --config=* ]] && config=(); done
 (cd /tmp && $PY -m ranksight bench scale --prometheus /tmp/rsbin/prometheus --promtool /tmp/rsbin/promtool \
-  --workdir /tmp --json "$@") > "$OUT/scale.json" 2> >(tee "$OUT/scale.log" | grep -v ' scale: query ' >&2)
+  --workdir /tmp --json "${config[@]}" "$@") > "$OUT/scale.json" 2> >(tee "$OUT/scale.log" | grep -v ' scale: query ' >&2)
 rc=$?
 (cd /tmp && $PY - "$OUT/scale.json") <<'EOF' || true
 import json, sys

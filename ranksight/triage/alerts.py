@@ -1,0 +1,395 @@
+"""The alerts of the triage table: the six signals in order, the extra causes, the symptoms and the
+stack's own health, each an Entry with its PromQL, its thresholds from the config and its
+runbook prose (prose/<id>.md). ``table(cfg)`` adds the lints (lints.py) and the goodput entries
+(ranksight/triage_goodput.py)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Dict, List, Mapping, Tuple
+
+from .. import catalog as C
+from .. import triage_goodput as _goodput
+from ..config import duration_seconds
+from .lints import lint_entries
+from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
+                    STALL_WHERE, THROTTLE_REASONS, VAL, Entry, Inhibit, with_gpu)
+from .prose import prose
+from .records import RANK_BY, REC
+
+
+def table(cfg: Mapping[str, Any]) -> List[Entry]:
+    t = cfg["thresholds"]
+    d = cfg["durations"]
+    w = cfg["windows"]
+    rate_w = w["rate"]
+    base = dict(cfg.get("alerting") or {}).get("runbook_base_url") or RUNBOOK_BASE
+    R = ("job", "node", "rank")
+    # Inhibition targets. Rank-level targets are muted on the same training `job`; node-level
+    # ones (the GPU sawtooth) only on the same `node`: node series carry job="ranksight-agent".
+    comm = ("RanksightCommBound",)
+    stuck_job_targets = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked")
+    on_node = Inhibit(("RanksightGpuSawtooth",), ("node",))
+    # a GPU cause explains the straggler or the down rank on exactly that GPU (ranksight_rank_gpu_info)
+    gpu_rank = Inhibit(("RanksightStraggler", "RanksightRankDown"), ("node", "gpu"))
+    retries = REC["alloc_retries"]
+    # distinct (op, sequence number) positions per group: count_values turns the number into a label
+    # NIC speed: a node's training job (one per node; a NIC serves every job of its node), the
+    # speed of each NIC with that job, the NIC below its own day's best or its job's best for that
+    # device name, and the NICs that carry at least nic_min_traffic_share of their node's bytes.
+    node_job = f"topk by (node) (1, group by (node, job) ({C.RANK_UP}))"
+    speed_job = f"({C.NET_IF_SPEED} * on (node) group_left (job) {node_job})"
+    nic_peer_low = f"{speed_job} < on (job, device) group_left () max by (job, device) ({speed_job})"
+    nic_self_low = f"{C.NET_IF_SPEED} < max_over_time({C.NET_IF_SPEED}[1d])"
+    nic_bytes = f"sum by (node, device) (rate({C.NET_IF_BYTES}[{rate_w}]))"
+    nic_busy = (f"{nic_bytes} / on (node) group_left () (sum by (node) ({nic_bytes}) > 0)"
+                f" >= {t['nic_min_traffic_share']:g}")
+    desync = f"count by (job, pg) (count_values by (job, pg, op) (\"seq\", {C.RANK_COLLECTIVE_SEQ}))"
+    retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
+                   f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
+    ckpt_recent = duration_seconds(rate_w)
+    # An xid series that appeared within the window, on an agent Prometheus already scraped then
+    # (so a fresh Prometheus, or a first scrape, does not report an agent's old errors as new).
+    xid_new = (f"((({C.GPU_XID_ERRORS} > 0) unless ({C.GPU_XID_ERRORS} offset {rate_w}))"
+               f" and on (instance) (up{{job=\"{SCRAPE_JOB}\"}} offset {rate_w}))")
+    throttled = f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
+    # the alert reads the node group's record of the active reasons (a few series) instead of every
+    # GPU's nine reason series; the value the triage reads stays the raw one (0 or 1 for every GPU)
+    throttled_rec = f"max by (node, gpu) ({REC['throttled']}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
+    drop_ratio = (f"sum by (node) ({REC['ingest']}{{result!=\"ok\"}}) / "
+                  f"(sum by (node) ({REC['ingest']}) > 0)")
+    entries: List[Entry] = [
+        # ------------------------------------------------------------ 1. dataloader wait
+        Entry(
+            id="dataloader-bound", alert="RanksightDataloaderBound", kind="signal", order=1,
+            title="Dataloader wait per step", severity="warning",
+            expr=f"{REC['data_share']} > {t['dataloader_wait_share']:g}",
+            for_=d["dataloader_bound"], threshold=t["dataloader_wait_share"], unit="ratio",
+            indicator=REC["data_share"], op=">", scope=R,
+            summary="Rank waits on its data loader for over {:.0%} of each step".format(t["dataloader_wait_share"]),
+            description=f"{RANK_DESC} spends {VAL} of its step time waiting in next() on the data loader.",
+            **prose("dataloader-bound"),
+            next_check="GPU utilization waveform (sawtooth) on the same node",
+            # mutes the sawtooth it causes on its node, and the comm share of the ranks waiting for it;
+            # data comes first in the triage order, so a straggler call in the same job waits until the
+            # input pipeline keeps up (a peer's wait for the slow loader can read as busy time)
+            inhibits=(on_node, Inhibit(comm + ("RanksightStraggler",), ("job",))),
+        ),
+        # ------------------------------------------------------------ 2. GPU waveform
+        Entry(
+            id="gpu-sawtooth", alert="RanksightGpuSawtooth", kind="signal", order=2,
+            title="GPU utilization waveform", severity="warning",
+            expr=f"({REC['gpu_util']} < {t['gpu_util_mean']:g}) and on (node, gpu) "
+                 f"({REC['gpu_swings']} >= {t['gpu_swings_per_min']:g})",
+            for_=d["gpu_sawtooth"], threshold=t["gpu_util_mean"], unit="ratio",
+            indicator=REC["gpu_util"], op="<", scope=("node", "gpu"),
+            summary="GPU utilization swings high to low: work is not overlapped",
+            description=f"{GPU_DESC} averages {VAL} utilization with repeated high-to-low swings (sawtooth).",
+            **prose("gpu-sawtooth"),
+            next_check="communication share of step time",
+        ),
+        # ------------------------------------------------------------ 3. comm share
+        Entry(
+            id="comm-bound", alert="RanksightCommBound", kind="signal", order=3,
+            title="Communication share of step time", severity="warning",
+            expr=f"{REC['comm_share']} > {t['comm_share']:g}",
+            for_=d["comm_bound"], threshold=t["comm_share"], unit="ratio",
+            indicator=REC["comm_share"], op=">", scope=R,
+            summary="Collectives take over {:.0%} of step time: the job is communication-bound".format(t["comm_share"]),
+            description=f"{RANK_DESC} spends {VAL} of its step time in collectives.",
+            **prose("comm-bound"),
+            next_check="network retransmits and link speed",
+        ),
+        # ------------------------------------------------------------ 4. retransmits
+        Entry(
+            id="tcp-retransmits", alert="RanksightTcpRetransmits", kind="signal", order=4,
+            title="Network retransmits", severity="warning",
+            # One alert per (node, training job with a rank on the node), so that it can mute the comm
+            # share of every rank of those jobs, on any node: loss on one host's link slows the whole
+            # job's collectives. A node without ranks alerts with job="ranksight-agent".
+            expr=f"(max by (node) ({retrans_bad}) * on (node) group_right () group by (node, job) ({C.RANK_UP}))"
+                 f" or max by (node, job) ({retrans_bad} unless on (node) group by (node) ({C.RANK_UP}))",
+            for_=d["tcp_retransmits"], threshold=t["retransmit_ratio"], unit="ratio",
+            indicator=REC["retrans"], op=">", scope=("node",), joined=("job",),
+            summary="TCP retransmits above {:.0%} of sent segments".format(t["retransmit_ratio"]),
+            description=f"{NODE_DESC} retransmits {VAL} of its TCP segments.",
+            **prose("tcp-retransmits"),
+            next_check="checkpoint write duration",
+            # on its own node whatever the job, and job-wide through the joined training job
+            inhibits=(Inhibit(comm, ("node",)), Inhibit(comm, ("job",))),
+        ),
+        # ------------------------------------------------------------ 5. checkpoint
+        Entry(
+            id="checkpoint-slow", alert="RanksightCheckpointSlow", kind="signal", order=5,
+            title="Checkpoint write duration", severity="warning",
+            # A write still running past the limit (so it fires, and mutes the stalls, during the
+            # write), or one that finished within the last rate window past the limit (the last-
+            # duration gauge keeps its value until the next write, hence the recency guard), or
+            # checkpoints taking too large a share of wall time.
+            expr=f"({C.CHECKPOINT_IN_PROGRESS} > {t['checkpoint_write_seconds']:g})"
+                 f" or (({C.LAST_CHECKPOINT_DURATION} > {t['checkpoint_write_seconds']:g})"
+                 f" and (time() - {C.LAST_CHECKPOINT} < {ckpt_recent:g}))"
+                 f" or ({REC['ckpt_share']} > {t['checkpoint_wall_share']:g})",
+            for_=d["checkpoint_slow"], threshold=t["checkpoint_wall_share"], unit="ratio",
+            indicator=REC["ckpt_share"], op=">", scope=R,
+            summary="Checkpoint writes take over {:g} s or over {:.0%} of wall time".format(
+                t["checkpoint_write_seconds"], t["checkpoint_wall_share"]),
+            description=f"{RANK_DESC}: checkpoint writes take {VAL} (seconds of the current or last write, "
+                        f"or share of wall time).",
+            **prose("checkpoint-slow"),
+            next_check="heartbeat misses",
+            # the ranks blocked while one rank writes are not hung; the utilization gap is the write
+            inhibits=(Inhibit(("RanksightRankStalled", "RanksightRankBlocked", "RanksightCommBound"), ("job",)), on_node),
+        ),
+        Entry(
+            id="checkpoint-stale", alert="RanksightCheckpointStale", kind="signal", order=5,
+            title="Checkpoint age", severity="warning",
+            expr=f"(time() - {C.LAST_CHECKPOINT} > {t['checkpoint_max_age_seconds']:g}) and on ({RANK_BY}) ({C.RANK_UP} == 1)",
+            for_=d["checkpoint_stale"], threshold=t["checkpoint_max_age_seconds"], unit="seconds",
+            indicator=f"time() - {C.LAST_CHECKPOINT}", op=">", scope=R,
+            summary="No checkpoint for too long: a failure now loses hours",
+            description=f"{RANK_DESC} last checkpointed {VAL} seconds ago.",
+            **prose("checkpoint-stale"),
+            next_check="heartbeat misses",
+        ),
+        # ------------------------------------------------------------ 6. heartbeats
+        Entry(
+            id="heartbeat-missed", alert="RanksightHeartbeatMissed", kind="signal", order=6,
+            title="Heartbeat misses", severity="warning",
+            expr=f"increase({C.HEARTBEAT_MISSES}[{w['heartbeat']}]) >= {t['heartbeat_misses']:g}",
+            for_=d["heartbeat_missed"], threshold=t["heartbeat_misses"], unit="count",
+            indicator=f"increase({C.HEARTBEAT_MISSES}[{w['heartbeat']}])", op=">", scope=R,
+            summary="A rank missed heartbeats: it may be dying or its host is overloaded",
+            description=f"{RANK_DESC} missed {VAL} heartbeats in {w['heartbeat']}.",
+            **prose("heartbeat-missed"),
+            next_check="rank stalled / rank down",
+            inhibits=(Inhibit(stuck_job_targets, ("job",)), on_node),
+        ),
+        Entry(
+            id="rank-down", alert="RanksightRankDown", kind="signal", order=6,
+            title="Rank down", severity="critical",
+            expr=with_gpu(f"{C.RANK_UP} == 0"),
+            for_=d["rank_down"], threshold=0.5, unit="bool", joined=("gpu",),
+            indicator=f"{C.RANK_UP}", op="<", scope=R,
+            summary="A rank stopped heartbeating: the job is stuck in its next collective",
+            description=f"{RANK_DESC} has missed several heartbeats in a row and is considered down.",
+            **prose("rank-down"),
+            next_check="XID errors and host logs on the node",
+            # a down rank's own missed heartbeats say nothing more
+            inhibits=(Inhibit(stuck_job_targets, ("job",)), Inhibit(("RanksightHeartbeatMissed",), ("job", "rank")), on_node),
+        ),
+        # ------------------------------------------------------------ extra causes
+        Entry(
+            id="rank-stalled", alert="RanksightRankStalled", kind="cause", order=0,
+            title="Rank stalled (hang)", severity="critical",
+            expr=f"{C.RANK_STALLED}{{reason=\"no_progress\"}} == 1",
+            for_=d["rank_stalled"], threshold=0.5, unit="bool",
+            indicator=f"{C.RANK_STALLED}{{reason=\"no_progress\"}}", op=">", scope=R,
+            summary="A rank is alive but makes no progress, outside any collective: it is the hang's culprit",
+            description=f"{RANK_DESC} heartbeats but has not finished a step for longer than its stall limit, and it is "
+                        f"not waiting in a collective{STALL_WHERE}.",
+            **prose("rank-stalled"),
+            next_check="the stack on the node agent's /api/v1/ranks",
+            inhibits=(Inhibit(stuck_job_targets, ("job",)), on_node),
+        ),
+        Entry(
+            id="rank-blocked", alert="RanksightRankBlocked", kind="symptom", order=0,
+            title="Rank blocked in a collective", severity="warning",
+            expr=f"{C.RANK_STALLED}{{reason=\"waiting_in_collective\"}} == 1",
+            for_=d["rank_stalled"], threshold=0.5, unit="bool",
+            indicator=f"{C.RANK_STALLED}{{reason=\"waiting_in_collective\"}}", op=">", scope=R,
+            summary="A rank is blocked in a collective, waiting on a peer",
+            description=f"{RANK_DESC} has been inside a collective for longer than its stall limit; it waits for a peer.",
+            **prose("rank-blocked"),
+            next_check="the stalled or down rank of the same job",
+        ),
+        Entry(
+            id="collective-desync", alert="RanksightCollectiveDesync", kind="cause", order=0,
+            title="Ranks desynchronized in their collectives", severity="critical",
+            # the blocked ranks of one group wait at more than one (op, sequence number)
+            expr=f"{desync} > 1",
+            for_=d["collective_desync"], threshold=1, unit="count",
+            indicator=desync, op=">", scope=("job", "pg"), joined=("job",),  # the training job (rank series)
+            summary="Ranks of one process group wait in different collectives: the job is desynchronized",
+            description=f"job={{{{ $labels.job }}}} group={{{{ $labels.pg }}}}: its blocked ranks wait at {VAL} "
+                        f"different positions: {DESYNC_POS}.",
+            **prose("collective-desync"),
+            next_check="the stacks of the ranks at the odd position",
+            inhibits=(Inhibit(stuck_job_targets, ("job",)),),
+        ),
+        Entry(
+            id="straggler", alert="RanksightStraggler", kind="cause", order=0,
+            title="Straggler rank", severity="warning",
+            # The ratio alone is not enough: on a short, communication-heavy step a 2 ms difference in
+            # 10 ms of busy time reads 1.2x while nobody waits for anyone. The extra busy time must
+            # also be a real part of the step the job loses. And a job whose least-waiting rank still
+            # spends over the comm-bound share in collectives is communication-bound whatever its
+            # ranks' busy times do (scheduling noise moves busy time by 20% on a loaded host): its comm
+            # would page without any straggler, so no rank is called one and RanksightCommBound
+            # stays loud (the straggler mutes only comm above that irreducible share).
+            expr=with_gpu(f"(({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
+                          f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
+                          f" > {t['straggler_min_step_share']:g})) "
+                          f"unless on (job) ({REC['job_comm_min']} > {t['comm_share']:g})"),
+            for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu",),
+            indicator=REC["straggler"], op=">", scope=R,
+            summary="One rank computes over {:.0%} slower than the job median: every other rank waits for it".format(
+                t["straggler_ratio"] - 1),
+            description=f"{RANK_DESC} busy time per step is {VAL}x the job median "
+                        f"(step minus data wait, exposed comm and checkpoint).",
+            **prose("straggler"),
+            next_check="GPU throttling and PCIe link on the rank's node",
+            # the rest of the job waits for it in its collectives
+            inhibits=(Inhibit(comm, ("job",)),),
+        ),
+        Entry(
+            id="cuda-alloc-retries", alert="RanksightCudaAllocRetries", kind="cause", order=0,
+            title="CUDA allocator retries (fragmentation)", severity="warning",
+            # frequent retries, or any retries while the step time crept up against `creep_offset` ago
+            expr=f"({retries} > {t['alloc_retries_per_min']:g}) or (({retries} > 0) and on ({RANK_BY}) "
+                 f"({REC['step_mean']} / ({REC['step_mean']} offset {w['creep_offset']}) > {t['step_creep_ratio']:g}))",
+            for_=d["alloc_retries"], threshold=t["alloc_retries_per_min"], unit="per_minute",
+            indicator=retries, op=">", scope=R,
+            summary="CUDA allocator keeps flushing its cache and retrying: memory is fragmented",
+            description=f"{RANK_DESC} has {VAL} allocator retries per minute.",
+            **prose("cuda-alloc-retries"),
+            next_check="step-time creep on the per-rank dashboard",
+        ),
+        Entry(
+            id="nic-speed-low", alert="RanksightNicSpeedLow", kind="cause", order=0,
+            title="NIC link speed below its own or its peers'", severity="warning",
+            # Judged by what that NIC should do, not a fixed floor (a 1 GbE management NIC is fine):
+            # below its own highest speed of the last day (a renegotiation after a flap), or below the
+            # same interface on the other nodes of its job (one node's NIC up at 100 Mb/s), and only
+            # for a NIC that carries a real share of its node's traffic.
+            expr=f"{C.NET_IF_SPEED} and on (node, device) (({nic_self_low}) or on (node, device) ({nic_peer_low}))"
+                 f" and on (node, device) ({nic_busy})",
+            for_=d["nic_speed_low"], threshold=None, unit="bytes",
+            indicator=f"{C.NET_IF_SPEED}", op="<", scope=("node", "device"),
+            summary="A busy NIC negotiated a link speed below its own recent best or its job peers'",
+            description=f"{NODE_DESC} device={{{{ $labels.device }}}} links at {VAL} bytes/s.",
+            **prose("nic-speed-low"),
+            next_check="network retransmits and comm share",
+            inhibits=(Inhibit(comm, ("node",)),),
+        ),
+        Entry(
+            id="disk-filling", alert="RanksightDiskFilling", kind="cause", order=0,
+            title="Watched disk filling", severity="warning",
+            # The prediction pages only once its fit spans a whole window (a sample one window ago: no
+            # linear fit over the first seconds of a checkpoint burst on a new agent) and the free share
+            # is already under a guard (node-mixin's fsSpaceFillingUp does the same).
+            expr=f"({C.DISK_FREE} / ({C.DISK_TOTAL} > 0) < {t['disk_free_ratio']:g}) or "
+                 f"((predict_linear({C.DISK_FREE}[{w['disk_predict']}], {t['disk_full_horizon_seconds']:g}) < 0)"
+                 f" and on (node, path) ({C.DISK_FREE} / ({C.DISK_TOTAL} > 0) < {t['disk_predict_free_ratio']:g})"
+                 f" and on (node, path) ({C.DISK_FREE} offset {w['disk_predict']}))",
+            for_=d["disk_filling"], threshold=t["disk_free_ratio"], unit="ratio",
+            indicator=f"{C.DISK_FREE} / ({C.DISK_TOTAL} > 0)", op="<", scope=("node", "path"),
+            summary="A watched disk (tmp, log or checkpoint) is nearly full or will be within {:g} s".format(
+                t["disk_full_horizon_seconds"]),
+            description=f"{NODE_DESC} path={{{{ $labels.path }}}}: free share {VAL} (or, when negative, "
+                        f"the free bytes predicted at the horizon).",
+            **prose("disk-filling"),
+            next_check="checkpoint failures",
+        ),
+        Entry(
+            id="gpu-pcie-degraded", alert="RanksightGpuPcieDegraded", kind="cause", order=0,
+            title="GPU PCIe link below max", severity="warning",
+            expr=f"(({C.GPU_PCIE_GEN}{{state=\"current\"}} < ignoring (state) {C.GPU_PCIE_GEN}{{state=\"max\"}}) or "
+                 f"({C.GPU_PCIE_WIDTH}{{state=\"current\"}} < ignoring (state) {C.GPU_PCIE_WIDTH}{{state=\"max\"}}))"
+                 f" and on (node, gpu) ({REC['gpu_util']} > 0.5)",
+            for_=d["pcie_degraded"], threshold=None, unit="count",
+            indicator=f"{C.GPU_PCIE_WIDTH}{{state=\"current\"}}", op="<", scope=("node", "gpu"),
+            summary="A busy GPU's PCIe link runs below its max generation or width",
+            description=f"{GPU_DESC}: PCIe link below max while busy (current generation or width {VAL}).",
+            **prose("gpu-pcie-degraded"),
+            next_check="straggler ratio of the ranks on that node",
+            inhibits=(gpu_rank,),
+        ),
+        Entry(
+            id="gpu-xid", alert="RanksightGpuXidError", kind="cause", order=0,
+            title="GPU XID error", severity="critical",
+            # increase() misses the first error of a new xid series (created at 1), hence the second arm
+            expr=f"(increase({C.GPU_XID_ERRORS}[{rate_w}]) > 0) or {xid_new}",
+            for_=d["xid"], threshold=0.0, unit="count",
+            indicator=f"increase({C.GPU_XID_ERRORS}[{rate_w}])", op=">", scope=("node", "gpu"),
+            summary="A GPU reported an XID error",
+            description=f"{GPU_DESC} raised XID {{{{ $labels.xid }}}} ({VAL} in the window, or in total for a new xid).",
+            **prose("gpu-xid"),
+            next_check="rank down / stalled on that node",
+            inhibits=(Inhibit(("RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)), gpu_rank),
+        ),
+        Entry(
+            id="gpu-throttling", alert="RanksightGpuThrottling", kind="cause", order=0,
+            title="GPU thermal or power throttling", severity="warning",
+            # compat: a plain alternation, no `.` (which matches newlines in 3.x regexes)
+            expr=f"{throttled_rec} == 1",
+            for_=d["throttling"], threshold=0.5, unit="bool",
+            indicator=throttled, op=">", scope=("node", "gpu"),
+            summary="A GPU is thermally or power throttled",
+            description=f"{GPU_DESC} has had a thermal or power clocks-event reason active.",
+            **prose("gpu-throttling"),
+            next_check="straggler ratio of the rank on that GPU",
+            inhibits=(gpu_rank,),
+        ),
+        # ------------------------------------------------------------ the stack's own health
+        Entry(
+            id="exporter-down", alert="RanksightExporterDown", kind="health", order=0,
+            title="ranksight agent down", severity="warning",
+            expr=f"up{{job=\"{SCRAPE_JOB}\"}} == 0",
+            for_=d["exporter_down"], threshold=0.5, unit="bool",
+            indicator=f"up{{job=\"{SCRAPE_JOB}\"}}", op="<", scope=("instance",),
+            summary="Prometheus cannot scrape a ranksight agent",
+            description="instance={{ $labels.instance }} has been unreachable.",
+            **prose("exporter-down"),
+            next_check="the agent's log",
+        ),
+        Entry(
+            id="collector-down", alert="RanksightCollectorDown", kind="health", order=0,
+            title="ranksight collector down", severity="warning",
+            # gpu and rdma report down where the hardware is absent (no NVML, no /sys/class/infiniband):
+            # they alert only when they ran on this node within the last day, so a CPU or Ethernet-only
+            # node does not alert forever while a driver that breaks under a running agent still does.
+            expr=f"({C.COLLECTOR_UP}{{collector!~\"{HW_COLLECTORS}\"}} == 0) or "
+                 f"(({C.COLLECTOR_UP}{{collector=~\"{HW_COLLECTORS}\"}} == 0) and on (node, collector) "
+                 f"(max_over_time({C.COLLECTOR_UP}{{collector=~\"{HW_COLLECTORS}\"}}[1d]) == 1))",
+            for_=d["collector_down"], threshold=0.5, unit="bool",
+            indicator=f"{C.COLLECTOR_UP}", op="<", scope=("node", "collector"),
+            summary="A ranksight collector cannot run",
+            description=f"{NODE_DESC} collector={{{{ $labels.collector }}}} is down.",
+            **prose("collector-down"),
+            next_check="the agent's log",
+        ),
+        Entry(
+            id="ingest-dropping", alert="RanksightIngestDropping", kind="health", order=0,
+            title="ranksight ingest dropping datagrams", severity="warning",
+            expr=f"{drop_ratio} > {t['ingest_drop_ratio']:g}",
+            for_=d["ingest_dropping"], threshold=t["ingest_drop_ratio"], unit="ratio",
+            indicator=drop_ratio, op=">", scope=("node",),
+            summary="The agent drops rank datagrams",
+            description=f"{NODE_DESC} drops {VAL} of received datagrams.",
+            **prose("ingest-dropping"),
+            next_check="the agent's log",
+        ),
+    ]
+    entries += lint_entries(cfg)
+    entries = _goodput.with_goodput_inhibitions(entries + _goodput.entries(cfg))
+    if base != RUNBOOK_BASE:
+        entries = [_with_base(e, base) for e in entries]
+    return entries
+
+
+def _with_base(e: Entry, base: str) -> Entry:
+    return replace(e, runbook_base=base)
+
+
+def signals(cfg: Mapping[str, Any]) -> List[Entry]:
+    """The triage walk: the six signals in order (entries with order 1..6)."""
+    return sorted((e for e in table(cfg) if e.order), key=lambda e: e.order)
+
+
+def by_alert(cfg: Mapping[str, Any]) -> Dict[str, Entry]:
+    return {e.alert: e for e in table(cfg)}
+
+
+def inhibit_pairs(cfg: Mapping[str, Any]) -> List[Tuple[str, str, Tuple[str, ...]]]:
+    """(source alert, target alert, equal labels) for every inhibition, in table order."""
+    return [(e.alert, target, inh.equal) for e in table(cfg) for inh in e.inhibits for target in inh.targets]

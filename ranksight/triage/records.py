@@ -1,0 +1,216 @@
+"""The recording rules of the triage table: their names (REC), their groups (RULE_GROUPS) and
+their expressions (``recording_rules(cfg)``)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .. import catalog as C
+from .model import RDMA_TRAFFIC, THROTTLE_SHOWN, Recording
+
+# ----------------------------------------------------------------- recording rule names
+REC = {
+    "data_share": "rank:ranksight_dataloader_wait_share:ratio_rate",
+    "comm_share": "rank:ranksight_comm_share:ratio_rate",
+    "xcomm_share": "rank:ranksight_exposed_comm_share:ratio_rate",
+    "ckpt_share": "rank:ranksight_checkpoint_share:ratio_rate",
+    "step_mean": "rank:ranksight_step_duration_seconds:mean_rate",
+    "busy": "rank:ranksight_busy_seconds_per_step:rate",
+    "busy_median": "job:ranksight_busy_seconds_per_step:median",
+    "straggler": "rank:ranksight_straggler:ratio",
+    "job_buckets": "job:ranksight_step_duration_seconds_bucket:rate",
+    "job_p50": "job:ranksight_step_duration_seconds:p50_rate",
+    "job_p99": "job:ranksight_step_duration_seconds:p99_rate",
+    "job_steps": "job:ranksight_steps:rate",
+    "job_data_share": "job:ranksight_dataloader_wait_share:ratio_rate",
+    "job_comm_share": "job:ranksight_comm_share:ratio_rate",
+    # the job's irreducible comm share: that of its least-waiting rank (a straggler waits for nobody)
+    "job_comm_min": "job:ranksight_comm_share:min",
+    "job_xcomm_share": "job:ranksight_exposed_comm_share:ratio_rate",
+    "job_ckpt_share": "job:ranksight_checkpoint_share:ratio_rate",
+    "retrans": "node:ranksight_tcp_retransmit:ratio_rate",
+    "gpu_util": "gpu:ranksight_gpu_utilization:ratio_rate",
+    "gpu_swings": "gpu:ranksight_gpu_swings:per_minute_rate",
+    "node_gpu_util": "node:ranksight_gpu_utilization:ratio_rate",
+    # each per-rank step counter's rate, recorded once; the shares, busy time and job aggregates
+    # above are arithmetic on these (one rate() per raw series per evaluation)
+    "step_s": "rank:ranksight_step_seconds:rate",
+    "steps": "rank:ranksight_steps:rate",
+    "data_s": "rank:ranksight_dataloader_wait_seconds:rate",
+    "comm_s": "rank:ranksight_comm_seconds:rate",
+    "xcomm_s": "rank:ranksight_exposed_comm_seconds:rate",
+    "ckpt_s": "rank:ranksight_checkpoint_seconds:rate",
+    "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
+    "alloc_retries": "rank:ranksight_cuda_alloc_retries:per_minute_rate",
+    "ckpt_age": "rank:ranksight_checkpoint_age:seconds",
+    # job level, for the triage dashboard's fleet panels
+    "ckpt_age_median": "job:ranksight_checkpoint_age_seconds:median",
+    "ranks_up": "job:ranksight_ranks_up:sum",
+    "ranks": "job:ranksight_ranks:count",
+    # node level (fleet panels read these instead of thousands of raw port/device/GPU series)
+    "rdma_errors": "node:ranksight_rdma_port_errors:rate",
+    "rdma_packets": "node:ranksight_rdma_port_packets:rate",
+    "util_samples": "node:ranksight_gpu_utilization_samples_bucket:rate",
+    "if_errors": "node:ranksight_net_interface_errors:rate",
+    "if_drops": "node:ranksight_net_interface_drops:rate",
+    "if_bytes": "node:ranksight_net_interface_bytes:rate",
+    "ingest": "node:ranksight_ingest_datagrams:rate",
+    "disk_free": "node:ranksight_disk_free:ratio",
+    "throttled": "gpu:ranksight_gpu_throttled:max",
+}
+
+RANK_BY = "job, node, rank, local_rank"
+
+
+# Recording-rule groups, in the order they are written. Prometheus evaluates groups concurrently
+# and the rules of one group in order (a rule reads the earlier rules' results of the same
+# evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute
+# rates of large families run at `durations.slow_rule_interval` (at 1,024 nodes they are
+# the costliest rules and nothing alerts on them).
+# The rank records split in two groups that evaluate side by side: the step counters' rates with
+# the shares, busy time and job aggregates computed from them (a chain: one group), and the rank
+# state records that read their own raw series and nothing else of the chain (checkpoint share and
+# age, backward-to-optimizer, allocator retries, ranks up). The slow node families are three groups
+# of independent rules: interface counters, GPU utilization sample buckets, RDMA ports.
+RULE_GROUPS: Dict[str, Optional[str]] = {
+    "ranksight.recording.rank": None,  # None: Prometheus' evaluation_interval
+    "ranksight.recording.rank_state": None,
+    "ranksight.recording.node": None,
+    "ranksight.recording.histograms": "slow_rule_interval",
+    "ranksight.recording.node_counters": "slow_rule_interval",
+    "ranksight.recording.gpu_samples": "slow_rule_interval",
+    "ranksight.recording.rdma": "slow_rule_interval",
+}
+
+
+def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
+    """Every recording rule, group by group (RULE_GROUPS order), in evaluation order within a group.
+
+    Each raw per-rank counter is read once per evaluation (its rate is recorded: `step_s`, ...);
+    the shares, the busy time and the job aggregates are arithmetic on those records. At 8,192
+    ranks that halves the rank group's cost against reading `rate(step_seconds_total)` five times
+    (bench/RESULTS.md, "Scale"). Fleet panels read node- and job-level records instead of
+    thousands of raw series."""
+    w = cfg["windows"]["rate"]
+    ckpt_w = cfg["windows"].get("checkpoint_share", w)
+    RANK, STATE, NODE, HIST, NODEC, SAMPLES, RDMA = list(RULE_GROUPS)[:7]
+
+    def rate(m: Any, window: str = w) -> str:
+        return f"rate({m}[{window}])"
+
+    R = {k: REC[k] for k in ("step_s", "steps", "data_s", "comm_s", "xcomm_s", "ckpt_s")}
+
+    def or_zero(rec: str) -> str:
+        # A rank that never checkpointed (or has no exposed comm yet) must still get a busy time:
+        # an absent counter counts as 0, with the rank's own labels (those of step_seconds_total).
+        return f"({rec} or 0 * {R['step_s']})"
+
+    def share(key: str) -> str:
+        return f"{R[key]} / ({R['step_s']} > 0)"
+
+    def job_share(key: str) -> str:
+        return f"sum by (job) ({R[key]}) / (sum by (job) ({R['step_s']}) > 0)"
+
+    busy = REC["busy"]
+    # Checkpoint seconds per wall second = the share of wall time spent checkpointing, over a
+    # window longer than the checkpoint interval (1 h): over the 5 min rate window, every write
+    # longer than 15 s would read as a 5% share.
+    rank = [
+        Recording(R["step_s"], rate(C.STEP_SECONDS)),
+        Recording(R["steps"], rate(C.STEPS)),
+        Recording(R["data_s"], rate(C.DATALOADER_WAIT)),
+        Recording(R["comm_s"], rate(C.COMM_SECONDS)),
+        Recording(R["xcomm_s"], rate(C.EXPOSED_COMM_SECONDS)),
+        Recording(R["ckpt_s"], rate(C.CHECKPOINT_SECONDS)),
+        Recording(REC["data_share"], share("data_s")),
+        Recording(REC["comm_share"], share("comm_s")),
+        Recording(REC["xcomm_share"], share("xcomm_s")),
+        Recording(REC["step_mean"], f"{R['step_s']} / ({R['steps']} > 0)"),
+        # Busy time per step: the step minus the time the rank only waited (data, exposed comm,
+        # checkpoint). Under synchronous data parallel all step times are equal, so the step itself
+        # never blames a rank; the fast ranks show the straggler's extra work as exposed comm.
+        Recording(
+            busy,
+            f"clamp_min({R['step_s']} - {or_zero(R['data_s'])} - {or_zero(R['xcomm_s'])}"
+            f" - {or_zero(R['ckpt_s'])}, 0) / ({R['steps']} > 0)",
+        ),
+        # The job's median busy time. For a two-rank job the median of two is their mean, which
+        # halves the gap (a rank 1.5x slower than its peer would read 1.2x): there the reference
+        # is the faster rank, i.e. the lower median, which is the median of the straggler's peers.
+        Recording(
+            REC["busy_median"],
+            f"(quantile by (job) (0.5, {busy}) unless on (job) (count by (job) ({busy}) == 2))"
+            f" or (min by (job) ({busy}) and on (job) (count by (job) ({busy}) == 2))",
+        ),
+        Recording(REC["straggler"], f"{busy} / on (job) group_left () ({REC['busy_median']} > 0)"),
+        Recording(REC["job_steps"], f"avg by (job) ({R['steps']})"),
+        Recording(REC["job_data_share"], job_share("data_s")),
+        Recording(REC["job_comm_share"], job_share("comm_s")),
+        # The job's own communication cost: the comm share of its least-waiting rank (the last to arrive
+        # at a collective waits for nobody: its collectives take only their transfer), less the largest
+        # share any rank spends in its data loader or writing a checkpoint (its peers wait for that in
+        # their collectives, the last to arrive included). A straggler explains only comm above it.
+        Recording(REC["job_comm_min"],
+                  f"clamp_min(min by (job) ({REC['comm_share']}) - on (job) "
+                  f"max by (job) (({or_zero(R['data_s'])} + {or_zero(R['ckpt_s'])}) / ({R['step_s']} > 0)), 0)"),
+        Recording(REC["job_xcomm_share"], job_share("xcomm_s")),
+    ]
+    state = [
+        Recording(REC["ckpt_share"], rate(C.CHECKPOINT_SECONDS, ckpt_w)),
+        # The job loses the largest rank's checkpoint share: the other ranks wait for it in their
+        # next collective (rank-0-only saves), so the mean would understate it by the world size.
+        Recording(REC["job_ckpt_share"], f"max by (job) ({REC['ckpt_share']})"),
+        Recording(REC["b2o"], f"{rate(C.BACKWARD_TO_OPTIMIZER.sum)} / ({rate(C.BACKWARD_TO_OPTIMIZER.count)} > 0)"),
+        Recording(REC["alloc_retries"], f"{rate(C.CUDA_ALLOC_RETRIES)} * 60"),
+        Recording(REC["ckpt_age"], f"time() - {C.LAST_CHECKPOINT}"),
+        Recording(REC["ckpt_age_median"], f"quantile by (job) (0.5, {REC['ckpt_age']})"),
+        Recording(REC["ranks_up"], f"sum by (job) ({C.RANK_UP})"),
+        Recording(REC["ranks"], f"count by (job) ({C.RANK_UP})"),
+    ]
+    node = [
+        Recording(REC["retrans"], f"{rate(C.NET_TCP_RETRANS)} / ({rate(C.NET_TCP_SENT)} > 0)"),
+        Recording(REC["gpu_util"], rate(C.GPU_BUSY_SECONDS)),
+        Recording(REC["gpu_swings"], f"{rate(C.GPU_SWINGS)} * 60"),
+        Recording(REC["node_gpu_util"], f"avg by (node) ({REC['gpu_util']})"),
+        Recording(REC["ingest"], f"sum by (node, result) ({rate(C.INGEST_DATAGRAMS)})"),
+        Recording(REC["disk_free"], f"{C.DISK_FREE} / ({C.DISK_TOTAL} > 0)"),
+        # filter before aggregating: only the reasons that are active become series
+        Recording(REC["throttled"],
+                  f'max by (node, gpu, reason) ({C.GPU_CLOCKS_EVENT}{{reason=~"{"|".join(THROTTLE_SHOWN)}"}} == 1)'),
+    ]
+    # compat: aggregate by (le) and never select on a `le` value; 3.x writes le="1.0" where 2.x
+    # wrote "1", and histogram_quantile merges buckets of equal bound across the two spellings.
+    hist = [
+        Recording(REC["job_buckets"], f"sum by (job, le) ({rate(C.STEP_DURATION.bucket)})"),
+        Recording(REC["job_p50"], f"histogram_quantile(0.5, {REC['job_buckets']})"),
+        Recording(REC["job_p99"], f"histogram_quantile(0.99, {REC['job_buckets']})"),
+    ]
+    rdma_errors = f'{C.RDMA_PORT_COUNTER}{{counter!~"{RDMA_TRAFFIC}"}}'
+    rdma_packets = f'{C.RDMA_PORT_COUNTER}{{counter=~"port_(rcv|xmit)_packets"}}'
+    rdma = [
+        Recording(REC["rdma_errors"], f"sum by (node, counter) ({rate(rdma_errors)})"),
+        Recording(REC["rdma_packets"], f"sum by (node, counter) ({rate(rdma_packets)})"),
+    ]
+    samples = [Recording(REC["util_samples"], f"sum by (node, le) ({rate(C.GPU_UTILIZATION_SAMPLES.bucket)})")]
+    node_counters = [
+        Recording(REC["if_errors"], f"sum by (node, direction) ({rate(C.NET_IF_ERRORS)})"),
+        Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
+        Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
+    ]
+    from .. import triage_goodput as _goodput  # it builds on this module: imported at call time
+
+    chain, job_state = _goodput.rank_group_rules(cfg)
+    rank += chain
+    state += job_state
+    out: List[Recording] = []
+    for group, rules in ((RANK, rank), (STATE, state), (NODE, node), (HIST, hist), (NODEC, node_counters),
+                         (SAMPLES, samples), (RDMA, rdma)):
+        out += [replace(r, group=group) for r in rules]
+    return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
+
+
+def recording_groups(cfg: Mapping[str, Any]) -> List[Tuple[str, Optional[str], List[Recording]]]:
+    """(group name, interval or None, rules) in RULE_GROUPS order."""
+    rules = recording_rules(cfg)
+    return [(g, cfg["durations"][key] if key else None, [r for r in rules if r.group == g])
+            for g, key in RULE_GROUPS.items()]
