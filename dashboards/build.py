@@ -1,5 +1,5 @@
 """The three ranksight dashboards, built with grafana-foundation-sdk from the triage table
-(ranksight/triage.py) and the metric catalog (ranksight/catalog.py): ``BOARDS`` lists them.
+(ranksight/triage/) and the metric catalog (ranksight/catalog.py): ``BOARDS`` lists them.
 
 panels.py is the panel library (PromQL helpers, panel builders, variables, ``Board``);
 triage_board.py, ranks_board.py and node_board.py build one dashboard each. The library's
