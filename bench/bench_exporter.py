@@ -24,7 +24,6 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
 from ranksight import protocol as P
-from ranksight.tools.stack import free_port
+from ranksight.tools.plumbing import free_port, stop_process, wait_http
 
 HERE = Path(__file__).resolve()
 SUPPORT = HERE.parent.parent / "tests" / "support"  # the NVML stand-in, a test double, lives with the tests
@@ -225,29 +224,11 @@ class Scraper:
 
 
 def _wait_http(port: int, path: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before serving :{port}")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", path)
-            c.getresponse().read()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing served :{port}{path} after {timeout:.0f} s")
-
-
-def _stop(proc: Optional[subprocess.Popen]) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    ok, code = wait_http(f"http://127.0.0.1:{port}{path}", timeout, proc)
+    if code is not None:
+        raise RuntimeError(f"process exited with {code} before serving :{port}")
+    if not ok:
+        raise RuntimeError(f"nothing served :{port}{path} after {timeout:.0f} s")
 
 
 def _ok_count(scraper: Scraper) -> int:
@@ -349,7 +330,8 @@ def measure(args: argparse.Namespace) -> Dict:
         result["agent_rss_mb"] = pa.memory_info().rss / 2**20
         result["cpu_window"] = {"seconds": wall, "scrape_interval_s": args.scrape_interval,
                                 "steps_per_s": rate, "datagrams_per_s": args.ranks * (1 / BATCH_EVERY + 1)}
-        _stop(load)
+        if load is not None:
+            stop_process(load, 10)
         load = None
         # ingest: rising bursts
         tried = []
@@ -383,9 +365,9 @@ def measure(args: argparse.Namespace) -> Dict:
             best = max(best, achieved)
         result["ingest"] = {"max_rate_no_drops_per_s": round(best), "burst_seconds": args.burst_seconds, "tried": tried}
     finally:
-        _stop(load)
-        _stop(ne)
-        _stop(agent)
+        for proc in (load, ne, agent):
+            if proc is not None:
+                stop_process(proc, 10)
         err = agent.stderr.read().decode(errors="replace") if agent.stderr else ""
         if "Traceback" in err:
             result["agent_stderr_tail"] = err[-2000:]

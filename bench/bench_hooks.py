@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-lints", action="store_true", help="measure the hooks with every setup lint off")
     p.add_argument("--ddp-step-ms", type=float, default=10.0,
                    help="scale the DDP step's batch so a plain step takes about this long (default 10, the "
-                        "issue's step; 0 keeps batch 32)")
+                        "reference step length; 0 keeps batch 32)")
 
 
 _SINK_CODE = r"""
@@ -219,7 +219,7 @@ def _ddp_worker() -> None:
         return (time.perf_counter() - t0) / steps
 
     cpu: List[float] = []
-    # the issue's step is about 10 ms: scale the batch so the plain step takes that long on this
+    # the reference step is about 10 ms: scale the batch so the plain step takes that long on this
     # machine (rank 0 measures, both ranks use its batch)
     batch = 32
     batches = make_batches(batch)
@@ -266,7 +266,7 @@ def _ddp_worker() -> None:
 
 def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float = 600.0,
          target_ms: float = 10.0) -> Dict[str, Any]:
-    from ranksight.tools.stack import free_port
+    from ranksight.tools.plumbing import free_port
 
     port = free_port()
     procs = []

@@ -25,6 +25,7 @@ import urllib.request
 import time
 from typing import Callable, Dict, List
 
+from ranksight import catalog as C
 from ranksight import protocol as P
 
 RANKS = 8
@@ -93,7 +94,7 @@ def mode(kind: str, tmp: str) -> Dict[str, Callable]:
 
 
 def probe(rate: float, seconds: float = 3.0) -> Dict:
-    from ranksight.tools.stack import free_port, wait_until
+    from ranksight.tools.plumbing import free_port, wait_until
 
     with tempfile.TemporaryDirectory() as tmp:
         path, port = os.path.join(tmp, "ingest.sock"), free_port()
@@ -124,7 +125,7 @@ def probe(rate: float, seconds: float = 3.0) -> Dict:
                         refused += 1
                 time.sleep(0.001)
             time.sleep(0.5)
-            ok = [ln for ln in metrics().splitlines() if ln.startswith("ranksight_ingest_datagrams_total")
+            ok = [ln for ln in metrics().splitlines() if ln.startswith(str(C.INGEST_DATAGRAMS) + "{")
                   and 'result="ok"' in ln]
             with open("/proc/sys/net/unix/max_dgram_qlen") as f:
                 qlen = int(f.read())

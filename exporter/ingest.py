@@ -332,11 +332,3 @@ def _big_rcvbuf(sock: socket.socket) -> int:
         pass
     return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
 
-
-def free_port(kind: int = socket.SOCK_DGRAM) -> Tuple[str, int]:  # used by tests and the bench
-    s = socket.socket(socket.AF_INET, kind)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()
-    finally:
-        s.close()

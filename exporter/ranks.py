@@ -52,7 +52,7 @@ log = logging.getLogger("ranksight.exporter.ranks")
 OK, REJECTED, OVERFLOW = C.INGEST_OK, C.INGEST_REJECTED, C.INGEST_OVERFLOW
 
 NO_PROGRESS, WAITING = C.STALL_NO_PROGRESS, C.STALL_WAITING
-BATCH_LR_LINT = "global_batch_lr"  # raised by the agent from the job's history, not by the sender
+BATCH_LR_LINT = C.LINT_GLOBAL_BATCH_LR  # raised by the agent from the job's history, not by the sender
 STALL_REASONS = C.STALL_REASONS
 RANKS_API = "/api/v1/ranks"  # the agent's JSON view of its ranks and their last stacks
 

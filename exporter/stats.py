@@ -6,6 +6,8 @@ import math
 from bisect import bisect_left
 from typing import Dict, List, Optional, Tuple
 
+from ranksight.stats import rank_of
+
 
 class Hist:
     """Prometheus-style histogram: non-cumulative bucket counts, +Inf last."""
@@ -78,7 +80,7 @@ class WindowQuantile:
         keys = sorted(total)
         out: List[float] = []
         for q in qs:
-            target = max(1, math.ceil(q * n))
+            target = rank_of(n, q)
             acc = 0
             for k in keys:
                 acc += total[k]

@@ -21,11 +21,12 @@ a block-buffered stdout first, so the table lands after the script's earlier lin
 """
 from __future__ import annotations
 
-import math
 import sys
 import threading
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
+
+from ranksight.stats import nearest_rank
 
 SHARES = ("data", "compute", "comm", "x-comm", "ckpt")
 MOVE_MIN_STEPS = 20  # a share-move table needs a window of at least this many steps ...
@@ -53,14 +54,6 @@ def emit(text: str) -> None:
                 pass
         sys.stderr.write(text)
         sys.stderr.flush()
-
-
-def quantile(sorted_vals: List[float], q: float) -> float:
-    """Nearest-rank quantile of an already sorted list."""
-    if not sorted_vals:
-        return 0.0
-    k = max(0, min(len(sorted_vals) - 1, math.ceil(q * len(sorted_vals)) - 1))
-    return sorted_vals[k]
 
 
 @dataclass
@@ -136,8 +129,8 @@ class StepTable:
         data, busy, comm, xcomm, ckpt = (100.0 * x for x in self.shares())
         head = (f"{'steps':>13} {'n':>5} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} "
                 f"{'data':>6} {'compute':>8} {'comm':>6} {'x-comm':>7} {'ckpt':>6}")
-        row = (f"{self.first_seq:>6}-{self.last_seq:<6} {n:>5} {1e3 * total / n:>9.2f} {1e3 * quantile(s, 0.5):>9.2f} "
-               f"{1e3 * quantile(s, 0.99):>9.2f} {data:>5.1f}% {busy:>7.1f}% "
+        row = (f"{self.first_seq:>6}-{self.last_seq:<6} {n:>5} {1e3 * total / n:>9.2f} {1e3 * nearest_rank(s, 0.5):>9.2f} "
+               f"{1e3 * nearest_rank(s, 0.99):>9.2f} {data:>5.1f}% {busy:>7.1f}% "
                f"{comm:>5.1f}% {xcomm:>6.1f}% {ckpt:>5.1f}%")
         why = f" ({self.moved})" if self.moved else ""
         text = f"ranksight step time, job {job}, rank 0, last {now - self.started:.1f} s{why}\n{head}\n{row}\n"

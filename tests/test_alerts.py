@@ -281,7 +281,7 @@ def test_cli_bad_input_one_line_exit_2(tmp_path):
 
 
 def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
-    """Issue 9: at 8,192 ranks the cost of the recording rules is the raw series they read. Each
+    """At 8,192 ranks the cost of the recording rules is the raw series they read. Each
     rate() of a raw counter over a window appears once; shares and aggregates read the records."""
     reads = collections.Counter(
         m for r in triage.recording_rules(default_cfg) for m in re.findall(r"rate\((ranksight_[a-z_]+(?:\{[^}]*\})?\[\w+\])", r.expr))

@@ -7,7 +7,7 @@ case: the cause and its symptom are POSTed with the labels Prometheus really giv
 (rank alerts carry the training job; node alerts carry job="ranksight-agent", as the
 scrape config's honor_labels leaves them), then GET /api/v2/alerts must report the
 symptom inhibitedBy the cause's fingerprint, and a symptom whose job / node / rank
-differs must not be. The pairs the issue names are also asserted by name, with
+differs must not be. The triage order's main pairs are also asserted by name, with
 expectations written here, independent of the table.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ from ranksight.alerts import generate
 
 Labels = Dict[str, str]
 
-# The pairs the issue lists (cause, symptom, the label they share), written out by hand.
-ISSUE_PAIRS: List[Tuple[str, str, str]] = [
+# The triage order's main pairs (cause, symptom, the label they share), written out by hand.
+MAIN_PAIRS: List[Tuple[str, str, str]] = [
     ("RanksightDataloaderBound", "RanksightGpuSawtooth", "node"),
     ("RanksightDataloaderBound", "RanksightCommBound", "job"),  # the other ranks of its job
     ("RanksightStraggler", "RanksightCommBound", "job"),
@@ -227,14 +227,14 @@ def test_every_inhibit_rule_mutes_only_its_own_job_or_node(alertmanager):
     _check(alertmanager, cases)
 
 
-def test_the_issue_pairs_by_name(alertmanager):
-    """Written from the issue: the symptom on the cause's job and node is muted; on another job
+def test_the_main_pairs_by_name(alertmanager):
+    """Written by hand: the symptom on the cause's job and node is muted; on another job
     and another node it is not."""
     cfg = config.load(None, "default", env={})
     table = {(s, t) for s, t, _ in triage.inhibit_pairs(cfg)}
     by = triage.by_alert(cfg)
     cases = []
-    for k, (source, target, shared) in enumerate(ISSUE_PAIRS):
+    for k, (source, target, shared) in enumerate(MAIN_PAIRS):
         assert (source, target) in table, f"the table lacks {source} -> {target}"
         job, node = f"ijob{k}", f"in{k}"
         cases.append(Case(f"{source} -> {target} (same {shared})", alert_labels(by[source], job, node, 0),

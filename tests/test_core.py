@@ -100,12 +100,6 @@ def test_cli_bad_usage_exit_2():
 
 
 # ---------------------------------------------------------------- one source of truth for names
-# (file, name) pairs in files of other areas that the lead replaces at merge; each entry names
-# its replacement. Empty once they are fixed: add none for new code.
-LITERAL_ALLOWED = {
-    # the agent area: `str(C.INGEST_DATAGRAMS)` instead of the literal
-    ("bench/bench_ingest_creds.py", "ranksight_ingest_datagrams_total"),
-}
 SOURCES_OF_TRUTH = re.compile(r"ranksight/(catalog\.py|triage[^/]*\.py|triage/)")
 SKIPPED_DIRS = {".venv", ".git", "tests", "run", ".devbin", "build", "node_modules"}
 NAME_TOKEN = re.compile(r"(?<![\w:])[A-Za-z_:][\w:]*(?![\w:])")
@@ -161,7 +155,7 @@ def test_no_metric_alert_or_recording_rule_name_literal_outside_the_catalog_and_
             found = set(NAME_TOKEN.findall(text)) & (metrics | records)
             found |= {text.strip()} & alerts
             found |= set(alert_value.findall(text))
-            offenders += [f"{rel}:{line}: {n}" for n in sorted(found) if (rel, n) not in LITERAL_ALLOWED]
+            offenders += [f"{rel}:{line}: {n}" for n in sorted(found)]
     assert not offenders, "names written as literals (take them from ranksight.catalog / ranksight.triage):\n" \
         + "\n".join(offenders)
 

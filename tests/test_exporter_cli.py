@@ -75,7 +75,7 @@ def test_ports_in_use_exit_2():
 
 def test_serves_flags_override_config_and_stops_on_sigterm(tmp_path):
     cfg = tmp_path / "agent.yml"
-    port, uport = free_port(), free_port(socket.SOCK_DGRAM)
+    port, uport = free_port(), free_port(udp=True)
     # the config names other ports and collectors; the flags win
     cfg.write_text("agent:\n  listen: 127.0.0.1:1\n  collectors: gpu\n  max_ranks: 7\n")
     sock = tmp_path / "ingest.sock"
@@ -140,7 +140,7 @@ def test_agent_never_imports_torch(tmp_path):
 def test_heartbeats_over_real_udp_into_the_cli_agent(tmp_path):
     """A process-level check of the checker thread: a sender that stops heartbeating is
     counted as missing within a few intervals, then down."""
-    port, uport = free_port(), free_port(socket.SOCK_DGRAM)
+    port, uport = free_port(), free_port(udp=True)
     p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"udp://127.0.0.1:{uport}", "--collectors", "ranks"),
              tmp_path / "agent.log")
     try:

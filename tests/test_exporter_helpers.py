@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable, Dict, FrozenSet, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from ranksight import protocol as P
+from ranksight.tools.plumbing import free_port, spawn, stop_process, wait_for  # noqa: F401 - shared by the exporter tests
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -67,30 +65,6 @@ def http_get(url: str, timeout: float = 10.0) -> str:
         return r.read().decode()
 
 
-def wait_for(pred: Callable[[], object], timeout: float, what: str, every: float = 0.1):
-    """Poll until pred() is truthy; returns its value or fails with ``what``."""
-    deadline = time.monotonic() + timeout
-    last_exc: Optional[BaseException] = None
-    while time.monotonic() < deadline:
-        try:
-            v = pred()
-            if v:
-                return v
-        except (OSError, AssertionError, KeyError) as e:  # agent not up yet, series not there yet
-            last_exc = e
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last error: {last_exc})")
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    s = socket.socket(socket.AF_INET, kind)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
-
-
 def ident(job: str = "job", rank: int = 0, ws: int = 2, pid: int = 1000, node: str = "host", lr: Optional[int] = None,
           ts: Optional[float] = None) -> dict:
     return dict(v=1, job=job, rank=rank, lr=rank if lr is None else lr, ws=ws, node=node, pid=pid,
@@ -116,17 +90,14 @@ def dgram(identity: dict, body: dict) -> bytes:
 
 
 class Proc:
-    """A subprocess with its output in a file; stopped (its own pid only) by ``stop``."""
+    """A subprocess with its output in a file (plumbing.spawn); stopped (its own pid only) by ``stop``."""
 
     def __init__(self, argv: List[str], log: Path, env: Optional[dict] = None):
         self.log = log
-        self.f = open(log, "wb")
-        e = dict(os.environ)
-        e.update(env or {})
-        self.p = subprocess.Popen(argv, stdout=self.f, stderr=subprocess.STDOUT, env=e, cwd=str(ROOT))
+        log.write_bytes(b"")  # a fresh log per process
+        self.p = spawn(argv, log, env={**os.environ, **(env or {})}, cwd=ROOT)
 
     def text(self) -> str:
-        self.f.flush()
         return self.log.read_text(errors="replace")
 
     def signal(self, sig: int) -> None:
@@ -137,14 +108,7 @@ class Proc:
         return self.p.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(timeout=10)
-        self.f.close()
+        stop_process(self.p, 10)
 
 
 def agent_cmd(*args: str) -> List[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -125,7 +124,7 @@ def steps_by_rank(got, job: str):
 
 
 def test_sigkilled_rank_misses_within_5s_and_goes_down(tmp_path, cleanup):
-    port, uport = free_port(), free_port(socket.SOCK_DGRAM)
+    port, uport = free_port(), free_port(udp=True)
     agent = Agent(tmp_path, "agent", port, uport)
     cleanup.append(agent.proc)
     job = Job(tmp_path, f"udp://127.0.0.1:{uport}", "killjob", "--steps", "100000")
@@ -146,7 +145,7 @@ def test_sigkilled_rank_misses_within_5s_and_goes_down(tmp_path, cleanup):
 
 
 def test_rank_that_stops_stepping_is_stalled_and_its_peer_waits(tmp_path, cleanup):
-    port, uport = free_port(), free_port(socket.SOCK_DGRAM)
+    port, uport = free_port(), free_port(udp=True)
     agent = Agent(tmp_path, "agent", port, uport, env={"RANKSIGHT__agent__stall_min_seconds": "2",
                                                        "RANKSIGHT__agent__rank_linger_seconds": "10"})
     cleanup.append(agent.proc)
@@ -176,7 +175,7 @@ def test_rank_that_stops_stepping_is_stalled_and_its_peer_waits(tmp_path, cleanu
 
 
 def test_agent_restart_mid_run(tmp_path, cleanup):
-    port, uport = free_port(), free_port(socket.SOCK_DGRAM)
+    port, uport = free_port(), free_port(udp=True)
     agent = Agent(tmp_path, "agent1", port, uport)
     cleanup.append(agent.proc)
     steps = 300

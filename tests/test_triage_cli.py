@@ -25,7 +25,8 @@ from typing import Dict, Iterator, Optional
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
-from e2e_harness import host_agent, start_stack, triage_cli, wait_until  # noqa: E402
+from e2e_harness import host_agent, start_stack, triage_cli  # noqa: E402
+from ranksight.tools.plumbing import wait_for  # noqa: E402
 from e2e_harness import cfg_test_profile  # noqa: E402
 
 from ranksight import protocol  # noqa: E402
@@ -136,8 +137,8 @@ def world(tmp_path_factory) -> Iterator[dict]:
         sender.set("tri-ended", 1, RankPlay(dur=0.1, data=0.05, comm=0.006, xcomm=0.002))
         sender.start()
         # a few scrapes of steady state, then the hang: rank 1 stuck outside any collective, rank 0 blocked in one
-        wait_until("rates of every job", lambda: len(stack.prom.query(
-            'count by (job) (rank:ranksight_comm_share:ratio_rate{job=~"tri-.*"})')) == 5, 30)
+        wait_for(lambda: len(stack.prom.query(
+            'count by (job) (rank:ranksight_comm_share:ratio_rate{job=~"tri-.*"})')) == 5, 30, "rates of every job")
         now = time.time()
         sender.set("tri-hang", 1, RankPlay(stepping=False, hang_since=now))
         sender.set("tri-hang", 0, RankPlay(stepping=False, coll=0.0))
@@ -147,11 +148,12 @@ def world(tmp_path_factory) -> Iterator[dict]:
                 sender.plays[("tri-hang", 0)].coll = time.time() - now
                 time.sleep(0.2)
         threading.Thread(target=blocked_clock, daemon=True).start()
-        wait_until("the hang to show in the agent", lambda: stack.prom.query(
+        wait_for(lambda: stack.prom.query(
             'ranksight_rank_stalled{job="tri-hang",reason="no_progress"} == 1')
-            and stack.prom.query('ranksight_rank_stalled{job="tri-hang",reason="waiting_in_collective"} == 1'), 30)
+            and stack.prom.query('ranksight_rank_stalled{job="tri-hang",reason="waiting_in_collective"} == 1'),
+            30, "the hang to show in the agent")
         sender.bye("tri-ended")
-        wait_until("tri-ended to leave the agent", lambda: not stack.prom.query('ranksight_rank_up{job="tri-ended"}'), 15)
+        wait_for(lambda: not stack.prom.query('ranksight_rank_up{job="tri-ended"}'), 15, "tri-ended to leave the agent")
         yield {"stack": stack, "agent": agent, "t0": t0}
     finally:
         if sender is not None:

@@ -3,7 +3,7 @@
     python bench/gpu/overhead.py [--reps 16] [--steps 40] [--out overhead.json]
 
 What it does
-  * The issue's step: 8-layer 1024-wide bf16 TransformerEncoder, batch 8 x 512, AdamW
+  * The step: 8-layer 1024-wide bf16 TransformerEncoder, batch 8 x 512, AdamW
     (``bench/gpu/gpu_workload.py``), about 21 ms on an H200.
   * Plain and instrumented runs are interleaved (ABBA order), ``--reps`` pairs of
     ``--steps`` timed steps each, after ``--warm`` untimed steps per run; an instrumented run

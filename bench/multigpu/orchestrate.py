@@ -330,7 +330,7 @@ class Orchestrator:
                     for s in f.samples:
                         if s.value == 1:
                             final[s.labels["rank"]] = s.labels.get("reason", "")
-            others_blamed = {r: why for r, why in final.items() if r != str(rank) and why != "waiting_in_collective"}
+            others_blamed = {r: why for r, why in final.items() if r != str(rank) and why != C.STALL_WAITING}
             self.check(f"{tag}_detected_within_60s", found is not None and found <= 60,
                        {"seconds_to_detect": found, "stalled_at_detection": seen, "stalled_after": final})
             self.check(f"{tag}_blocked_ranks_not_blamed", found is not None and not others_blamed,

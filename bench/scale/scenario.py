@@ -20,13 +20,12 @@ TARGET_QUERY_S = 1.0
 TARGET_RULE_GROUP_S = 5.0
 TARGET_SERIES_PER_NODE = 1500
 
-# Label values the agent's collectors produce (exporter/ranks.py, exporter/ingest.py,
-# exporter/collectors/*). Kept here so the generator runs without the agent installed;
-# tests/test_scale.py checks them against the agent's own constants.
-STALL_REASONS = ("no_progress", "waiting_in_collective")
-INGEST_RESULTS = ("ok", "malformed", "oversize", "rejected", "overflow")
+# Label values the agent's collectors produce: the catalog's sets; the TCP counters are the
+# network collector's (tests/test_scale.py checks them against it).
+STALL_REASONS = C.STALL_REASONS
+INGEST_RESULTS = C.INGEST_RESULTS
 TCP_EXT_COUNTERS = ("TCPLostRetransmit", "TCPTimeouts", "TCPSynRetrans")
-COLLECTORS = ("gpu", "network", "rdma", "disk", "ranks")
+COLLECTORS = C.COLLECTOR_NAMES
 QUANTILES = ("0.5", "0.99")
 
 # A DGX H100/H200-class node: 8 single-port ConnectX-7 HCAs on the compute fabric,

@@ -5,7 +5,8 @@ Ports
     ``port_in_use(port, host) -> bool``: a TCP listener could not bind host:port.
 Waiting
     ``wait_until(predicate, timeout, interval) -> value | None``: poll until truthy;
-    ``wait_for(predicate, timeout, what)`` raises WaitTimeout (an AssertionError) naming ``what``.
+    ``wait_for(predicate, timeout, what)`` raises WaitTimeout (an AssertionError) naming ``what``;
+    a predicate raises ``GiveUp`` to end either wait at once.
     ``wait_http(url, timeout, popen) -> (ok, exit code)``: poll a server until it answers or exits.
 Processes
     ``pdeathsig(sig)``: a ``preexec_fn`` that has the child get ``sig`` when its parent dies
@@ -65,6 +66,10 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+class GiveUp(AssertionError):
+    """Raised by a predicate to end wait_until/wait_for at once (the process it waits on exited)."""
+
+
 def _poll(predicate: Callable[[], T], timeout: float, interval: float) -> Tuple[Optional[T], Optional[BaseException]]:
     deadline = time.monotonic() + timeout
     last: Optional[BaseException] = None
@@ -73,6 +78,8 @@ def _poll(predicate: Callable[[], T], timeout: float, interval: float) -> Tuple[
             v = predicate()
             if v:
                 return v, None
+        except GiveUp:
+            raise
         except Exception as e:  # noqa: BLE001 - not ready yet (connection refused, bad JSON, no series...)
             last = e
         if time.monotonic() >= deadline:
@@ -82,7 +89,7 @@ def _poll(predicate: Callable[[], T], timeout: float, interval: float) -> Tuple[
 
 def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.2) -> Optional[T]:
     """Poll predicate until it returns something truthy (returned) or timeout (None).
-    Exceptions from the predicate count as 'not yet'."""
+    Exceptions from the predicate count as 'not yet', except GiveUp, which is raised at once."""
     return _poll(predicate, timeout, interval)[0]
 
 

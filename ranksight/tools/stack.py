@@ -38,7 +38,7 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     ("127.0.0.1:PORT", to scrape), ``url``, ``ingest`` ("udp://127.0.0.1:PORT", for the
     hooks' ``RANKSIGHT_AGENT``), ``metrics_text()``, ``pid``.
 The ports, processes, waits and the Prometheus/Alertmanager clients (``free_port``, ``wait_until``,
-``PrometheusAPI``, ``AlertmanagerAPI``) live in ``ranksight.tools.plumbing``; they are re-exported here.
+``PrometheusAPI``, ``AlertmanagerAPI``) live in ``ranksight.tools.plumbing``; import them from there.
 """
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import yaml
 
 from .. import config, triage
-from .plumbing import (STOP_GRACE_SECONDS, AlertmanagerAPI, ApiError, Proc, PrometheusAPI,  # noqa: F401
-                       free_port, http_get, last_line, pid_alive, port_in_use, set_pdeathsig, wait_http, wait_until)
+from .plumbing import (AlertmanagerAPI, ApiError, Proc, PrometheusAPI, free_port, http_get, last_line, port_in_use,
+                       wait_http, wait_until)
 
 log = logging.getLogger(__name__)
 

@@ -12,18 +12,17 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ranksight import config
+from ranksight.tools.plumbing import GiveUp, free_port, spawn, stop_process, wait_for
 from ranksight.tools.stack import AgentProcess, LocalStack
 
 log = logging.getLogger("tests.e2e")
@@ -35,44 +34,6 @@ ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 TRAIN = REPO / "examples" / "train_ddp.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_json(url: str, data: Optional[bytes] = None, timeout: float = 5.0) -> Any:
-    req = urllib.request.Request(url, data=data)
-    if data is not None:
-        req.add_header("Content-Type", "application/x-www-form-urlencoded")
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.load(r)
-
-
-def wait_until(what: str, fn: Callable[[], Any], timeout: float, every: float = 0.2) -> Any:
-    """Poll ``fn`` until it returns something truthy; AssertionError naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    last_exc: Optional[BaseException] = None
-    while True:
-        try:
-            v = fn()
-            if v:
-                return v
-        except (OSError, urllib.error.URLError, ValueError) as e:
-            last_exc = e
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
-                                 + (f" (last error: {last_exc})" if last_exc else ""))
-        time.sleep(every)
-
-
-def _die_with_parent() -> None:  # between fork and exec: SIGKILL when the spawning thread dies
-    import ctypes
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class Proc:
     """A child process in its own session, output to a log file. It is killed if the thread
     that started it dies (PR_SET_PDEATHSIG), so a killed test run leaves no agents or ranks."""
@@ -81,10 +42,7 @@ class Proc:
                  cwd: Optional[Path] = None) -> None:
         self.argv = list(argv)
         self.log_path = log_path
-        self._log = open(log_path, "ab")
-        self.p = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
-                                  preexec_fn=_die_with_parent)
+        self.p = spawn(self.argv, log_path, env=env, cwd=cwd, deathsig=signal.SIGKILL)
 
     @property
     def pid(self) -> int:
@@ -100,24 +58,8 @@ class Proc:
             return ""
 
     def stop(self, grace: float = 3.0) -> None:
-        if self.p.poll() is None:
-            try:
-                os.killpg(self.p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.p.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        try:  # the whole group: DataLoader workers, torch helper processes
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.p.wait(5)
-        except subprocess.TimeoutExpired:
-            log.error("process %d did not die", self.p.pid)
-        self._log.close()
+        """SIGTERM to its process group (DataLoader workers, torch helpers), SIGKILL after grace."""
+        stop_process(self.p, grace, group=True)
 
 
 # ------------------------------------------------------------------ Prometheus + Alertmanager
@@ -128,8 +70,7 @@ def start_stack(workdir: Path, cfg: Mapping[str, Any], targets: Sequence[str] = 
 
 
 def wait_scraped(stack: LocalStack, target: str, timeout: float = 20.0) -> None:
-    wait_until(f"Prometheus scraping {target}",
-               lambda: stack.prom.value(f'up{{instance="{target}"}}') == 1.0, timeout)
+    wait_for(lambda: stack.prom.value(f'up{{instance="{target}"}}') == 1.0, timeout, f"Prometheus scraping {target}")
 
 
 def firing(stack: LocalStack, **match: str) -> List[Dict[str, str]]:
@@ -184,12 +125,12 @@ class Agent:
     def wait_ready(self, timeout: float = 20.0) -> "Agent":
         def ready() -> bool:
             if not self.proc.alive():
-                raise AssertionError(f"agent {self.name} exited:\n{self.proc.tail()}")
+                raise GiveUp(f"agent {self.name} exited:\n{self.proc.tail()}")
             try:
                 return "ranksight_build_info" in self.metrics()
             except (urllib.error.URLError, OSError):
                 return False
-        wait_until(f"agent {self.name} serving /metrics", ready, timeout)
+        wait_for(ready, timeout, f"agent {self.name} serving /metrics")
         return self
 
     def stop(self) -> None:

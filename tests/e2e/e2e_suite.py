@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from e2e_harness import (Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack, cfg_test_profile,
-                     triage_cli, wait_until)
+                     triage_cli)
+from ranksight.tools.plumbing import GiveUp, wait_for
 from e2e_netns import Hosts
 
 log = logging.getLogger("tests.e2e")
 
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT = 90.0  # launch -> first step seen by Prometheus (torch import, gloo rendezvous)
-DETECT_LIMIT = 60.0  # the issue's bound: the expected alert fires within 60 s of the fault
+DETECT_LIMIT = 60.0  # the bound: the expected alert fires within 60 s of the fault
 SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to fire (their own for:)
 HEALTHY_WATCH = 30.0  # a healthy run is watched this long after its first step (rate window + for:)
 FAULT_AFTER = 3.0  # kill-rank / hang: seconds after the first step
@@ -248,9 +249,9 @@ class Suite:
         def seen() -> bool:
             for i, p in enumerate(job.procs):
                 if not p.alive():
-                    raise AssertionError(f"rank {i} of {job.name} exited before its first step")
+                    raise GiveUp(f"rank {i} of {job.name} exited before its first step")
             return bool(self.stack.prom.query(f'ranksight_steps_total{{job="{job.name}"}} > 0'))
-        wait_until(f"{job.name}: first step in Prometheus", seen, STARTUP_TIMEOUT, every=POLL)
+        wait_for(seen, STARTUP_TIMEOUT, f"{job.name}: first step in Prometheus", POLL)
         return time.monotonic() - 1.0
 
     def _watch_fault(self, case: Case, job: Job, obs: Observation, nodes: Sequence[str],
@@ -270,8 +271,8 @@ class Suite:
             return [a for a in alerts if a["labels"]["alertname"] == case.cause
                     and all(a["labels"].get(k) == v for k, v in want.items()) and not a["status"]["inhibitedBy"]]
         try:
-            obs.cause_alerts = wait_until(f"{case.cause} {want} in Alertmanager", cause,
-                                          DETECT_LIMIT + 15 - (time.monotonic() - fault_start), every=POLL)
+            obs.cause_alerts = wait_for(cause, DETECT_LIMIT + 15 - (time.monotonic() - fault_start),
+                                         f"{case.cause} {want} in Alertmanager", POLL)
             obs.detect_s = time.monotonic() - fault_start
         except AssertionError as e:
             obs.error = str(e)
@@ -288,18 +289,18 @@ class Suite:
             sel = {"job": job.name, **labels}
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"
             try:
-                obs.also[key] = wait_until(f"cause {alert} {sel} active in Alertmanager",
-                                           lambda: [a for a in find(alert, sel) if not a["status"]["inhibitedBy"]],
-                                           max(1.0, also_deadline - time.monotonic()), every=POLL)
+                obs.also[key] = wait_for(lambda: [a for a in find(alert, sel) if not a["status"]["inhibitedBy"]],
+                                          max(1.0, also_deadline - time.monotonic()),
+                                          f"cause {alert} {sel} active in Alertmanager", POLL)
             except AssertionError:
                 obs.also[key] = am_find(self.stack, alert, **sel)
         for alert, labels in case.symptoms:
             sel = {"job": job.name, **labels}
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"
             try:
-                obs.symptoms[key] = wait_until(f"symptom {alert} {sel} inhibited in Alertmanager",
-                                               lambda: [a for a in find(alert, sel) if a["status"]["inhibitedBy"]],
-                                               max(1.0, deadline - time.monotonic()), every=POLL)
+                obs.symptoms[key] = wait_for(lambda: [a for a in find(alert, sel) if a["status"]["inhibitedBy"]],
+                                              max(1.0, deadline - time.monotonic()),
+                                              f"symptom {alert} {sel} inhibited in Alertmanager", POLL)
             except AssertionError:
                 obs.symptoms[key] = am_find(self.stack, alert, **sel)  # absent or not inhibited: the test says which
         hold_until = time.monotonic() + case.hold

@@ -19,7 +19,8 @@ from typing import Dict, Iterator
 
 import pytest
 
-from e2e_harness import Job, am_find, host_agent, start_stack, wait_until
+from e2e_harness import Job, am_find, host_agent, start_stack
+from ranksight.tools.plumbing import wait_for
 from ranksight import config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -46,12 +47,12 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, obj
         def watch(fault: str) -> None:
             job = jobs[fault].start()
             try:
-                wait_until(f"{job.name}: first step", lambda: stack.prom.query(
-                    f'ranksight_steps_total{{job="{job.name}"}} > 0'), 120, every=0.5)
+                wait_for(lambda: stack.prom.query(
+                    f'ranksight_steps_total{{job="{job.name}"}} > 0'), 120, f"{job.name}: first step", 0.5)
                 start = time.monotonic() - 1.0 + FAULT_AFTER  # the scrape that saw the first step, plus the delay
-                got = wait_until(f"{alert[fault]} for {job.name}", lambda: [
+                got = wait_for(lambda: [
                     a for a in am_find(stack, alert[fault], job=job.name, rank="1") if not a["status"]["inhibitedBy"]],
-                    HANG_LIMIT + 60, every=0.5)
+                    HANG_LIMIT + 60, f"{alert[fault]} for {job.name}", 0.5)
                 out[fault] = (time.monotonic() - start, got[0]["annotations"]["description"])
             except AssertionError as e:
                 out[fault] = (float("nan"), str(e))

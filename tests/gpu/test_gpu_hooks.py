@@ -4,7 +4,7 @@ Each case runs in its own process (``bench/gpu/scenarios.py``): an 8-layer 1024-
 ``TransformerEncoder``, AdamW, watched by ``ranksight.watch``; 3 warm-up steps, then 20 steps
 under ``torch.cuda.set_sync_debug_mode("error")`` and ``torch.profiler``.
 
-Two step sizes. Batch 8 x 512 (the issue's step) is host-bound on an H200: about 9 ms of GPU
+Two step sizes. Batch 8 x 512 (the default step) is host-bound on an H200: about 9 ms of GPU
 work per 21 ms step, so the GPU often waits for Python to launch the next kernel. Batch 32 x 512
 is GPU-bound (the host runs ahead). The hooks time a phase with a CUDA event pair, i.e. from
 the moment the GPU reached the phase to the moment it finished the phase's last kernel. The
@@ -98,7 +98,7 @@ def test_gpu_bound_case_is_gpu_bound(scenario):
     assert p["fwd_busy"] >= 0.8 * p["fwd"] and p["bwd_busy"] >= 0.7 * p["bwd"], p
 
 
-def test_step_is_the_issue_workload(scenario):
+def test_step_is_the_8_layer_transformer(scenario):
     r = scenario("ddp_ws1", 8)
     assert r["spec"] == {"layers": 8, "width": 1024, "heads": 16, "ffn": 4096, "batch": 8, "seq": 512}
     steps = r["hooks"]["records"] - 1  # minus the flush step
