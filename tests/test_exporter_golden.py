@@ -16,7 +16,6 @@ import tempfile
 import time
 import urllib.request
 from bisect import bisect_left
-from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 import pytest
@@ -26,7 +25,7 @@ from ranksight import protocol as P
 from ranksight.exporter.agent import Agent, AgentSettings
 from support.nvml_standin import NvmlStandin
 
-from test_exporter_helpers import FIXTURES, LOCAL, NE
+from test_exporter_helpers import FIXTURES, LOCAL, NE, ROOT
 
 GOLDEN = FIXTURES / "golden" / "metrics.txt"
 UPDATE_ENV = "RANKSIGHT_UPDATE_GOLDEN"
@@ -101,7 +100,8 @@ def datagrams() -> List[dict]:
     out.append(dict(r0, t="ckpt", dur=ckpt[0], bytes=ckpt[1], ok=True, src="torch.save"))
     out.append(dict(r0, t="hb", seq=2, every=30.0, step=3, phase="forward", coll=-1.0, probe=0.1, pdur=0.1,
                     herr=0, **_totals(durs, **step_kw, ckpts=[ckpt])))
-    out.append(dict(r0, t="lint", lint=C.LINT_SAMPLER_EPOCH, active=True, msg="DistributedSampler.set_epoch never called"))
+    out.append(dict(r0, t="lint", lint=C.LINT_SAMPLER_EPOCH, active=True,
+                    msg="DistributedSampler.set_epoch never called"))
     # rank 1: v1-style single step records, a failed checkpoint, a stack while it waits
     for seq, d in enumerate(durs[:2], 1):
         out.append(dict(r1, t="step", seq=seq, dur=d, ckpt=0.0, retries=0, ooms=0, mres=0, malloc=0, herr=0,
@@ -164,8 +164,8 @@ def normalise(text: str) -> str:
 
 
 def golden_diff(got: str, want: str) -> List[str]:
-    return list(difflib.unified_diff(want.splitlines(), got.splitlines(), str(GOLDEN), "/metrics (normalised)",
-                                     lineterm="", n=1))
+    return list(difflib.unified_diff(want.splitlines(), got.splitlines(), str(GOLDEN.relative_to(ROOT)),
+                                     "/metrics (normalised)", lineterm="", n=1))
 
 
 def check_golden(got: str) -> None:
@@ -176,7 +176,8 @@ def check_golden(got: str) -> None:
     assert GOLDEN.exists(), f"{GOLDEN} is missing: run with {UPDATE_ENV}=1 to write it"
     diff = golden_diff(got, GOLDEN.read_text())
     if diff:
-        shown = "\n".join(diff[:DIFF_LINES]) + (f"\n... {len(diff) - DIFF_LINES} more diff lines" if len(diff) > DIFF_LINES else "")
+        more = len(diff) - DIFF_LINES
+        shown = "\n".join(diff[:DIFF_LINES]) + (f"\n... {more} more diff lines" if more > 0 else "")
         pytest.fail(f"/metrics differs from the golden file (set {UPDATE_ENV}=1 to rewrite it if the change "
                     f"is meant):\n{shown}", pytrace=False)
 
