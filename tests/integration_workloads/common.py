@@ -62,5 +62,7 @@ def hooks_state() -> Dict[str, Any]:
 
 
 def result(**kw: Any) -> None:
-    sys.stdout.write("RESULT " + json.dumps(kw) + "\n")
+    """One RESULT line on its own line: ranks under torchrun share stdout, and the framework's
+    output may have left a line unfinished; one write, so it cannot interleave with a peer's."""
     sys.stdout.flush()
+    os.write(sys.stdout.fileno(), ("\nRESULT " + json.dumps(kw) + "\n").encode())
