@@ -6,7 +6,7 @@ receiver (warning) and an email receiver (critical).
   holds its URL (the secret file, as in production).
 - The mail goes to a real SMTP server (aiosmtpd) on loopback; criticals also go to a PagerDuty
   receiver whose Events API v2 ``url`` is the same HTTP server (routing key in ``routing_key_file``).
-- A real node agent receives protocol-v1 datagrams from the ranks that tests/test_triage_cli.py's
+- A real node agent receives protocol-v1 datagrams from the ranks that tests/integration/test_triage_cli.py's
   sender plays: job ``oc-straggler`` (rank 1 computes 1.5x longer, rank 0 waits for it in the
   all-reduce: RanksightStraggler, warning, muting RanksightCommBound) and job ``oc-hang``
   (rank 1 stops outside any collective, rank 0 blocks in one: RanksightRankStalled, critical,

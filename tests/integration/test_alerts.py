@@ -17,7 +17,7 @@ import yaml
 from ranksight import catalog, config, triage, triage_goodput
 from ranksight.alerts import generate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
 
 

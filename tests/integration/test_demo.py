@@ -11,7 +11,7 @@ import pytest
 
 from conftest import private_network, require_binary
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def demo(*args: str, env=None, timeout: float = 240) -> subprocess.CompletedProcess:

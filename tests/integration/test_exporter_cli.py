@@ -17,7 +17,7 @@ from test_exporter_helpers import NE, LOCAL, Proc, agent_cmd, dgram, free_port, 
     wait_for
 
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_fail(args, **kw):

@@ -74,7 +74,7 @@ def two_users() -> Iterator[Tuple[str, str]]:
 def send_as(user: str, path: str, job: str, rank: int, pid: str = "self", first: int = 1, n: int = 1) -> int:
     """Send n step records from a process of ``user`` (None: this root process's child); returns its pid."""
     pre = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] if user else []
-    r = subprocess.run([*pre, sys.executable, "-c", SENDER, str(ROOT / "tests"), path, job, str(rank), pid, str(first),
+    r = subprocess.run([*pre, sys.executable, "-c", SENDER, str(ROOT / "tests" / "unit"), path, job, str(rank), pid, str(first),
                         str(n)], capture_output=True, text=True, timeout=60, cwd="/")
     assert r.returncode == 0, r.stderr
     return int(r.stdout.strip())
@@ -214,7 +214,7 @@ def test_a_rank_in_its_own_pid_namespace(tmp_path):
     try:
         wait_for(lambda: http_get(url), 20, "the agent serving /metrics")
         for job, pid in (("contained", "self"), ("contained-forged", "2")):
-            r = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", SENDER, str(ROOT / "tests"), sock,
+            r = subprocess.run(["unshare", "--pid", "--fork", sys.executable, "-c", SENDER, str(ROOT / "tests" / "unit"), sock,
                                 job, "0", pid, "1", "3"], capture_output=True, text=True, timeout=60, cwd="/")
             assert r.returncode == 0 and r.stdout.strip() == "1", r.stderr  # pid 1 in its namespace
         got = wait_for(lambda: (lambda g: g if one(g, C.INGEST_DATAGRAMS.name, result="rejected") == 3 else None)(

@@ -6,7 +6,7 @@
 - the agent is killed and restarted mid-run: training is unaffected (every step done, exit 0)
   and the metrics resume on the new agent.
 
-Run as a script (``python tests/test_exporter_jobs.py job ...``) this file is one rank.
+Run as a script (``python tests/integration/test_exporter_jobs.py job ...``) this file is one rank.
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from ranksight import config, triage
 from ranksight.alerts import generate
 from ranksight.triage_goodput import GOODPUT_LOW
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JOB = "goodput-truth"
 TOLERANCE = 0.02
 

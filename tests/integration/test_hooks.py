@@ -22,7 +22,6 @@ import torch.nn as nn  # noqa: E402
 import ranksight  # noqa: E402
 from ranksight.hooks import watcher as watcher_mod  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hooks_workloads.harness import REPO, Receiver, rank_env  # noqa: E402
 
 FAST = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}

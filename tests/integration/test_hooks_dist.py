@@ -6,16 +6,13 @@ datagram must pass protocol.decode.
 """
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import threading
 
 import pytest
 
 pytest.importorskip("torch")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hooks_workloads.harness import Receiver, run_ranks  # noqa: E402
 
 

@@ -5,16 +5,15 @@ the run has ended."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 pytest.importorskip("accelerate")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import accelerate_launch, check_rank, launch, rank_series, worker_env  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "accelerate_worker.py")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+WORKER = os.path.join(TESTS, "integration_workloads", "accelerate_worker.py")
 STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.05
 
 

@@ -5,17 +5,16 @@ identity their launchers give through the agent's labels.)"""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import launch, rank_series, torchrun, worker_env  # noqa: E402
 
 from ranksight import catalog  # noqa: E402
 from ranksight.hooks.identity import Identity  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "plain_worker.py")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+WORKER = os.path.join(TESTS, "integration_workloads", "plain_worker.py")
 
 TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
             "ROLE_RANK": "3", "TORCHELASTIC_RUN_ID": "a1b2", "TORCHELASTIC_RESTART_COUNT": "2",

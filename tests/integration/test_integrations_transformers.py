@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("transformers")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import check_rank, launch, rank_series, torchrun, worker_env  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "hf_worker.py")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+WORKER = os.path.join(TESTS, "integration_workloads", "hf_worker.py")
 STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.05
 
 

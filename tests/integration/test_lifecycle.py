@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from integration_workloads.harness import launch, worker_env  # noqa: E402
 
 from ranksight.tools.receiver import Receiver  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "integration_workloads", "lifecycle_worker.py")
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+WORKER = os.path.join(TESTS, "integration_workloads", "lifecycle_worker.py")
 
 
 @pytest.mark.slow

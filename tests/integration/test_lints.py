@@ -11,7 +11,6 @@ ranksight.protocol.decode, and the ranks' log lines. Budget: under 3 minutes on 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict
@@ -24,7 +23,6 @@ from ranksight import catalog, triage
 from ranksight.hooks.lints import Lints, ranges
 from ranksight.tools.stack import AgentProcess
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lint_workloads.harness import Job, run_job  # noqa: E402
 
 BUS = "0000:18:00.0"

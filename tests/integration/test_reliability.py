@@ -122,7 +122,6 @@ def test_five_percent_datagram_loss_final_totals_exact(tmp_path, local_stack):
     why = _netns_available()
     if why:
         pytest.fail(why, pytrace=False)
-    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
     from e2e_netns import Hosts
 
     with Hosts(["rela", "relb"]) as hosts:
@@ -159,7 +158,7 @@ class NsJob(Job):
 
     def __init__(self, tmp: Path, ingest: str, name: str, prefix: List[str], *args: str):
         master = free_port()
-        job_py = str(ROOT / "tests" / "test_exporter_jobs.py")
+        job_py = str(ROOT / "tests" / "integration" / "test_exporter_jobs.py")
         self.ranks = []
         for r in range(2):
             env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master),

@@ -22,7 +22,7 @@ from ranksight import catalog, config, protocol, triage
 from ranksight.tools.plumbing import PrometheusAPI, Proc, free_port, wait_until
 from ranksight.tools.stack import find_binary
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "prometheus-remote-write.yml"
 CLUSTER = "test-shard"
 _INPUT = re.compile(r"(?<![\w:])(ranksight_[a-z0-9_]+)")

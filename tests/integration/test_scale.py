@@ -21,7 +21,7 @@ from ranksight.bench import load
 
 scale = load("scale")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r'^([a-zA-Z_:][\w:]*)\{(.*)\} (\S+) (\d+)$')
 
 

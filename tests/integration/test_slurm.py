@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from ranksight import catalog
 from ranksight.tools.plumbing import free_port, last_line, set_pdeathsig, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "systemd" / "ranksight-exporter.service"
-WORKER = Path(__file__).resolve().parent / "slurm_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "support" / "slurm_worker.py"
 STEPS = 20
 DOWN_AFTER = 3  # agent.down_after_misses (default)
 PACKAGES = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",

@@ -16,7 +16,7 @@ from ranksight.tools.stack import LocalStack, render_alert_files, render_prometh
 
 from conftest import require_binary
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def ranksight(*args: str, env=None, timeout: float = 60) -> subprocess.CompletedProcess:

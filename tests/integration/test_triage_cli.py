@@ -19,12 +19,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, Iterator, Optional
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "e2e"))
 from e2e_harness import host_agent, start_stack, triage_cli  # noqa: E402
 from ranksight.tools.plumbing import wait_for  # noqa: E402
 from e2e_harness import cfg_test_profile  # noqa: E402

@@ -22,7 +22,6 @@ from torch.utils.data import dataloader as dl  # noqa: E402
 
 import ranksight  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hooks_workloads.harness import REPO, Receiver  # noqa: E402
 
 FAST = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}

@@ -1,5 +1,5 @@
 """prometheus-operator's conversion of an AlertmanagerConfig into alertmanager.yml, written again
-in Python for tests/test_kubernetes.py (a Kubernetes API server and the operator cannot run here):
+in Python for tests/unit/test_kubernetes.py (a Kubernetes API server and the operator cannot run here):
 the receivers, routes and inhibit rules as the operator's pkg/alertmanager/amcfg.go builds them
 with Alertmanager >= 0.22 matchers and its default matcher strategy (OnNamespace)."""
 from __future__ import annotations

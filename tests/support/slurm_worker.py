@@ -1,4 +1,4 @@
-"""One task of a 2-rank gloo DDP job launched by `srun -N1 -n2` (tests/test_slurm.py).
+"""One task of a 2-rank gloo DDP job launched by `srun -N1 -n2` (tests/integration/test_slurm.py).
 
 The rendezvous is the job's own: RANK and WORLD_SIZE from Slurm's SLURM_PROCID and SLURM_NTASKS,
 MASTER_ADDR and MASTER_PORT from the submitting environment. ranksight's two lines are marked; its

@@ -17,7 +17,7 @@ import yaml
 from ranksight import config, oncall, triage
 from ranksight.alerts import generate, notify
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _amtool() -> str:

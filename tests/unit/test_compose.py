@@ -21,7 +21,7 @@ import yaml
 from ranksight import cli, triage
 from ranksight.dashboards import generate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
 DEPLOY = ROOT / "deploy"
 

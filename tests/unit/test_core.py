@@ -145,7 +145,7 @@ def test_no_metric_alert_or_recording_rule_name_literal_outside_the_catalog_and_
     metrics, records, alerts = _generated_names()
     assert len(metrics) > 100 and len(records) > 20 and len(alerts) > 20  # the scan has something to find
     alert_value = re.compile(r'(?:["\']|alertname=~?"?)(' + "|".join(sorted(alerts)) + r")\b")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     offenders = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()

@@ -21,8 +21,8 @@ from ranksight import catalog as C
 from ranksight import config, triage
 from ranksight.dashboards import build, generate
 
-ROOT = Path(__file__).resolve().parents[1]
-SCHEMAS = Path(__file__).resolve().parent / "data" / "grafana-schemas"
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMAS = Path(__file__).resolve().parents[1] / "data" / "grafana-schemas"
 DS_UIDS = {"$datasource", "${datasource}"}
 
 # Grafana unit ids (packages/grafana-data/src/valueFormats/categories.ts), the categories a

@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ranksight import protocol as P
 from ranksight.tools.plumbing import free_port, spawn, stop_process, wait_for  # noqa: F401 - shared by the exporter tests
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 NE = FIXTURES / "node_exporter"
 LOCAL = FIXTURES / "local"

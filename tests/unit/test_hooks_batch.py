@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import time
 
 import pytest
@@ -19,7 +18,6 @@ from ranksight.exporter.ingest import Ingest  # noqa: E402
 from ranksight.exporter.collectors.ranks import RanksCollector  # noqa: E402
 from ranksight.exporter.ranks import RankSettings, RankTable  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_exporter_helpers import one, parse  # noqa: E402
 
 

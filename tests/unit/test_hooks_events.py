@@ -1,6 +1,6 @@
 """The step path's CUDA events are reused (timing.CudaTimeline's own events): in the steady
 state no event is created per step, and a reused event still times its phase. A stand-in for
-CUDA events (tests/test_hooks.py's _LagGPU); the real events are in tests/gpu."""
+CUDA events (tests/integration/test_hooks.py's _LagGPU); the real events are in tests/gpu."""
 from __future__ import annotations
 
 import time

@@ -29,11 +29,11 @@ from ranksight import catalog, config, k8s, protocol, triage
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
 from ranksight.tools.plumbing import AlertmanagerAPI, free_port, set_pdeathsig, wait_until
-from operator_view import BASE_AM, operator_view, unprefixed
+from support.operator_view import BASE_AM, operator_view, unprefixed
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "deploy" / "kubernetes"
-CRDS = Path(__file__).resolve().parent / "data" / "prometheus-operator"
+CRDS = Path(__file__).resolve().parents[1] / "data" / "prometheus-operator"
 NS = k8s.NAMESPACE
 # the oldest Kubernetes still in vendors' support windows, and the newest kubernetes-validate knows
 K8S_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())

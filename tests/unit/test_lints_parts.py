@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import sys
 import time
 
 import pytest
@@ -147,7 +146,6 @@ def test_numa_check_on_fake_sysfs(tmp_path):
 def test_final_save_is_judged_at_close(tmp_path):
     """A run that saves and ends right away (no next step, no lints tick): unwatch() judges the
     open checkpoint round and its lint record leaves with the watcher's final flush."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from lint_workloads.harness import Receiver
 
     rx = Receiver()

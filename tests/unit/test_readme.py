@@ -19,7 +19,7 @@ import pytest
 
 from conftest import private_network, require_binary
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 
 

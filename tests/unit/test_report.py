@@ -12,7 +12,7 @@ import pytest
 from ranksight import config
 from ranksight.report import cli, make, panels
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
