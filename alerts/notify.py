@@ -37,7 +37,7 @@ WEBHOOK_RECEIVER = PREFIX + oncall.WEBHOOK
 NONE_RECEIVER = PREFIX + oncall.NONE
 GROUP_BY = ("job",)
 MATCH_ALL = 'alertname=~"Ranksight.*"'
-# Dashboard uids (dashboards/build.py makes them; tests/test_alerting_config.py checks they agree)
+# Dashboard uids (dashboards/build.py makes them; tests/unit/test_alerting_config.py checks they agree)
 TRIAGE_DASHBOARD = "ranksight-triage"
 NODE_DASHBOARD = "ranksight-node"
 SHOWN = 5  # alerts spelled out per message; more are counted

@@ -116,22 +116,17 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
 
 
 # ------------------------------------------------------------------ the fast subset
-# Suites that run real multi-process work (gloo DDP jobs, the frameworks, a live Prometheus and
-# Alertmanager, promtool over every rule, Slurm): all their tests are `slow`, so
-# `pytest -m "not slow"` is the inner loop (about a minute on 2 cores). The e2e suite is slow too.
-REAL_PROCESS_SUITES = frozenset((
-    "test_alerts.py", "test_alerts_alertmanager.py", "test_alerting_receivers.py", "test_bench_hooks_cli.py",
-    "test_demo.py", "test_exporter_cli.py", "test_exporter_ingest_creds.py", "test_exporter_jobs.py",
-    "test_goodput_truth.py", "test_hooks.py", "test_hooks_dist.py", "test_integrations_accelerate.py",
-    "test_integrations_identity.py", "test_integrations_lightning.py", "test_integrations_transformers.py",
-    "test_lifecycle.py", "test_lints.py", "test_reliability.py", "test_remote_write.py", "test_scale.py",
-    "test_slurm.py", "test_stack.py", "test_triage_cli.py", "test_watch_auto.py",
-))
+# tests/integration/ holds the suites that run real multi-process work (gloo DDP jobs, the
+# frameworks, a live Prometheus and Alertmanager, promtool over every rule, Slurm); tests/e2e/ is
+# the end-to-end fault suite. Every test under either is `slow`, so `pytest -m "not slow"` (the
+# tests under tests/unit/) is the inner loop.
+SLOW_DIRS = ("integration", "e2e")
 
 
 def pytest_collection_modifyitems(config, items):  # noqa: ARG001 - pytest's hook signature
+    slow = [Path(__file__).resolve().parent / d for d in SLOW_DIRS]
     for item in items:
-        path = Path(str(item.fspath))
-        if path.name in REAL_PROCESS_SUITES or path.parent.name == "e2e":
+        path = Path(str(item.fspath)).resolve()
+        if any(path.is_relative_to(d) for d in slow):
             item.add_marker(pytest.mark.slow)
 

@@ -48,7 +48,7 @@ MEASURED = 6
 
 
 class _StandInGPU:
-    """--smoke only: CUDA events stand-in (see tests/test_hooks.py): reached when recorded, unless busy."""
+    """--smoke only: CUDA events stand-in (see tests/integration/test_hooks.py): reached when recorded, unless busy."""
 
     def __init__(self) -> None:
         self.busy = False

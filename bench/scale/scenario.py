@@ -21,7 +21,7 @@ TARGET_RULE_GROUP_S = 5.0
 TARGET_SERIES_PER_NODE = 1500
 
 # Label values the agent's collectors produce: the catalog's sets; the TCP counters are the
-# network collector's (tests/test_scale.py checks them against it).
+# network collector's (tests/integration/test_scale.py checks them against it).
 STALL_REASONS = C.STALL_REASONS
 INGEST_RESULTS = C.INGEST_RESULTS
 TCP_EXT_COUNTERS = ("TCPLostRetransmit", "TCPTimeouts", "TCPSynRetrans")

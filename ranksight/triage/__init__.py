@@ -18,7 +18,7 @@ So an inhibition between a node-level alert and a rank-level one can only match
 on ``node``; ``equal: [job]`` is only meaningful between two rank-level alerts, or
 with a node alert that joins the training job of its node's ranks onto itself
 (``Entry.joined``: the TCP retransmit alert, so that loss on one host mutes the comm
-share of every rank of the jobs it carries). ``tests/test_alerts.py`` checks this
+share of every rank of the jobs it carries). ``tests/integration/test_alerts.py`` checks this
 for every rule.
 
 PromQL is written for Prometheus 2.42 and 3.x alike. Where a choice was made for

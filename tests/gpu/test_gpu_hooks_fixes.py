@@ -1,5 +1,5 @@
 """Two GPU-timing fixes on the real GPU (bench/gpu/hooks_fixes.py; their CPU checks, with a
-stand-in for CUDA events, are in tests/test_hooks.py):
+stand-in for CUDA events, are in tests/integration/test_hooks.py):
 
 * an async collective's start event is recorded after the call returned: on a host-bound step
   the host's enqueue time (the GPU idling) is not communication; a synchronous call still counts

@@ -1,4 +1,4 @@
-"""One rank of a small gloo training job instrumented with ranksight.watch (run by tests/test_hooks*.py).
+"""One rank of a small gloo training job instrumented with ranksight.watch (run by tests/*/test_hooks*.py).
 
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (world size 1 without them),
 RANKSIGHT_AGENT. Prints one JSON line "RESULT {...}" on success.

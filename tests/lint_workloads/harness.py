@@ -1,4 +1,4 @@
-"""Plumbing for tests/test_lints.py: a UDP receiver that decodes every datagram with
+"""Plumbing for tests/integration/test_lints.py: a UDP receiver that decodes every datagram with
 ranksight.protocol.decode, and a launcher for real 2-rank gloo jobs on a free port."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One rank of a small gloo training job with setup mistakes switched on by flags (run by
-tests/test_lints.py through harness.run_job). Prints "RESULT {...}" with the lints' states.
+tests/integration/test_lints.py through harness.run_job). Prints "RESULT {...}" with the lints' states.
 
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, RANKSIGHT_AGENT, RANKSIGHT__lints__*.
 """

@@ -1,0 +1,215 @@
+"""Scale benchmark: the generator's OpenMetrics backfills with real promtool, a real
+Prometheus starts on it, every dashboard query is timed and the rules evaluate; plus the
+model's invariants on a tiny scenario. Budget: under 90 s (the end-to-end run is ~30 s)."""
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ranksight import catalog as C
+from ranksight import config, triage, triage_goodput
+from ranksight.bench import load
+
+scale = load("scale")
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = re.compile(r'^([a-zA-Z_:][\w:]*)\{(.*)\} (\S+) (\d+)$')
+
+
+def _tiny(design: str = "as-is", nodes: int = 3, samples: int = 41):
+    shape = scale.shape_for(design, 2, 2)
+    scn = scale.Scenario(nodes=nodes, shape=shape, t0=1_800_000_000, samples=samples, step=15,
+                         stragglers=(5,), dataloader_node=1)
+    buf = io.StringIO()
+    counts = scale.Generator(scn).write(buf, range(nodes))
+    return scn, buf.getvalue(), counts
+
+
+def _parse(text: str):
+    """series (name, labels) -> [(ts, value)] and the families' TYPE order."""
+    series = defaultdict(list)
+    types = []
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            types.append(line.split()[2])
+            continue
+        if line == "# EOF":
+            continue
+        m = LINE.match(line)
+        assert m, line
+        series[(m.group(1), m.group(2))].append((int(m.group(4)), float(m.group(3))))
+    return series, types
+
+
+def test_generator_covers_the_catalog_and_the_agents_label_values():
+    scn, text, counts = _tiny()
+    series, types = _parse(text)
+    assert text.endswith("# EOF\n")
+    # OpenMetrics names a counter's family without _total: dataloader_wait_seconds_total
+    # (counter) and dataloader_wait_seconds (histogram) share one family name in the
+    # catalog. Prometheus' parser accepts the repeat (promtool does, below); any other
+    # repeat would be a generator bug.
+    fam = [m.name[:-len("_total")] if m.type == "counter" else m.name for m in C.CATALOG.values()]
+    collisions = {f for f in fam if fam.count(f) > 1}
+    assert {t for t in types if types.count(t) > 1} == collisions
+    assert scale.Generator(scn).not_modelled == []
+    names = {n for n, _ in series}
+    for m in C.CATALOG.values():
+        if m.short in ("gpu_xid_errors_total", "rank_finished", "rank_stall_where", "rank_collective_seq",
+                       "rank_collective_wait_seconds"):
+            continue  # exposed only after an XID, while a finished rank lingers, or while a rank is stuck
+        if m.short == "lint_active" and scn.shape.lints_exposed == "active":
+            continue
+        want = m.bucket if m.type == "histogram" else m.name
+        assert want in names, m.name
+    assert counts.series == len(series)
+    assert counts.samples == sum(len(v) for v in series.values()) == counts.series * scn.samples
+    # the label values the agent writes
+    from ranksight.exporter import ingest, ranks
+    from ranksight.exporter.collectors import network
+
+    assert scale.STALL_REASONS == tuple(ranks.STALL_REASONS)
+    assert scale.INGEST_RESULTS == tuple(ingest.RESULTS)
+    assert scale.TCP_EXT_COUNTERS == tuple(network.TCP_EXT_COUNTERS)
+    assert set(scale.COLLECTORS) <= set(config.defaults()["agent"]["collectors"].split(","))
+    rank_series = [lab for n, lab in series if n == str(C.STEPS)]
+    assert len(rank_series) == scn.ranks
+    assert all('job="llm-pretrain"' in lab and "instance=" in lab for lab in rank_series)
+    node_series = [lab for n, lab in series if n == str(C.NET_TCP_SENT)]
+    assert all(f'job="{triage.SCRAPE_JOB}"' in lab for lab in node_series)
+
+
+def test_values_are_consistent_counters_histograms_and_the_scenario():
+    scn, text, _ = _tiny()
+    series, _ = _parse(text)
+    for (name, lab), pts in series.items():
+        ts = [t for t, _ in pts]
+        assert ts == sorted(ts) and len(set(ts)) == len(ts)
+        if name.endswith(("_total", "_bucket", "_count", "_sum")):
+            vals = [v for _, v in pts]
+            assert all(b >= a for a, b in zip(vals, vals[1:])), (name, lab)
+    # histogram buckets are cumulative in le and end with +Inf == _count
+    by_rank = defaultdict(dict)
+    for (name, lab), pts in series.items():
+        if name == C.STEP_DURATION.bucket:
+            le = re.search(r'le="([^"]+)"', lab).group(1)
+            rank = re.search(r'rank="(\d+)"', lab).group(1)
+            by_rank[rank][math.inf if le == "+Inf" else float(le)] = pts[-1][1]
+    counts = {re.search(r'rank="(\d+)"', lab).group(1): pts[-1][1]
+              for (name, lab), pts in series.items() if name == C.STEP_DURATION.count}
+    for rank, bk in by_rank.items():
+        vals = [bk[k] for k in sorted(bk)]
+        assert vals == sorted(vals)
+        assert bk[math.inf] == counts[rank]
+
+    def rate(name: str, rank: int) -> float:
+        (pts,) = [p for (n, lab), p in series.items() if n == name and f',rank="{rank}"' in lab]
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+    rpn = scn.shape.ranks_per_node
+    step = rate(str(C.STEP_SECONDS), 0)
+    # the dataloader-bound node waits on data, the others do not
+    assert rate(str(C.DATALOADER_WAIT), scn.dataloader_node * rpn) / step > 0.2
+    assert rate(str(C.DATALOADER_WAIT), 0) / step < 0.02
+    # synchronous data parallel: the straggler's busy time is longer, its exposed comm shorter
+    busy = {r: step - rate(str(C.DATALOADER_WAIT), r) - rate(str(C.EXPOSED_COMM_SECONDS), r)
+            - rate(str(C.CHECKPOINT_SECONDS), r) for r in (0, 5)}
+    assert busy[5] / busy[0] > 1.2
+    assert abs(rate(str(C.STEP_SECONDS), 5) - step) < 1e-3 * step
+
+
+def test_the_agent_is_under_the_series_target_and_all_series_is_not():
+    every = scale.series_per_node(scale.shape_for("all-series", 8, 8))
+    as_is = scale.series_per_node(scale.shape_for("as-is", 8, 8))
+    assert every["total"] - every["scrape"] > scale.TARGET_SERIES_PER_NODE
+    assert as_is["total"] - as_is["scrape"] <= scale.TARGET_SERIES_PER_NODE
+    assert as_is["rank"] == 8 * as_is["per_rank"]
+
+
+def test_expand_recording_rules_inlines_dependencies():
+    text, _ = scale.rules_text(config.load())
+    expanded, skipped = scale.expand_recording_rules(text)
+    # the step-time baseline averages its inputs over hours and days: nothing to backfill in an hour
+    baseline = [r.record for r in triage.recording_rules(config.load()) if r.group in triage_goodput.CROSS_GROUP_READERS]
+    assert skipped == baseline
+    rules = [r for g in yaml.safe_load(expanded)["groups"] for r in g["rules"]]
+    records = {r["record"] for r in rules}
+    assert records == {r.record for r in triage.recording_rules(config.load())} - set(baseline)
+    for r in rules:
+        for other in records:
+            assert re.search(r"(?<![\w:])" + re.escape(other) + r"(?![\w:])", r["expr"]) is None, (r["record"], other)
+
+
+def test_end_to_end_small_run_backfills_and_times_every_query(tmp_path):
+    keep = tmp_path / "keep"
+    cfg = tmp_path / "ranksight.yml"  # the slow recording groups every 10 s, so two evaluations fit the budget
+    cfg.write_text("durations:\n  slow_rule_interval: 10s\n  baseline_rule_interval: 10s\n")
+    cmd = [sys.executable, "-m", "ranksight", "bench", "scale", "--nodes", "4", "--gpus", "2",
+           "--ranks-per-node", "2", "--hours", "10m", "--step", "5s", "--repeat", "1", "--rule-evals", "2",
+           "--no-compaction-wait", "--parts", "2", "--keep", str(keep), "--config", str(cfg), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    shape = scale.shape_for("as-is", 2, 2)
+    per = scale.series_per_node(shape)
+    se = r["series"]
+    # what the generator wrote is what Prometheus holds
+    assert se["per_node"] == per["total"] - per["scrape"] == se["prometheus_per_node"]
+    assert se["per_rank"] == per["per_rank"] == se["prometheus_per_rank"]
+    assert se["prometheus_total"] == r["generate"]["series"] - 4 * per["scrape"]
+    # the recording rules were backfilled (rank-level ones exist for the probe rank)
+    rank_rules = [x for x in triage.recording_rules(config.load()) if x.record.startswith("rank:")]
+    assert se["recorded_per_rank"] == len(rank_rules)
+    # only the step-time baseline (averages over hours and days) is not backfilled
+    assert r["backfill"]["rules_not_backfilled"] == [
+        x.record for x in triage.recording_rules(config.load()) if x.group in triage_goodput.CROSS_GROUP_READERS]
+    assert r["backfill"]["rules_source"] == "ranksight.alerts.generate.render"
+    # every dashboard query ran, over the range, without error
+    q = r["queries"]
+    from ranksight.dashboards import generate as dgen
+
+    assert q["source"].startswith("ranksight.dashboards.generate")
+    assert q["count"] == len(dgen.queries(config.load())) == len(q["items"])
+    kinds = {it["kind"] for it in q["items"]}
+    assert kinds == {"range", "instant"}  # tables are instant queries, as Grafana sends them
+    assert q["errors"] == []
+    assert all(it["seconds"] > 0 for it in q["items"])
+    assert q["slowest"]["seconds"] == max(it["seconds"] for it in q["items"])
+    assert q["p50_seconds"] <= q["p99_seconds"] <= q["max_seconds"]
+    with_data = [it for it in q["items"] if it["series"]]
+    assert len(with_data) >= 0.8 * len(q["items"])
+    # the rule groups evaluated live, healthy
+    rules = {g["name"]: g for g in r["rules"]["groups"]}
+    rule_doc = yaml.safe_load((keep / "ranksight-rules.yml").read_text())
+    assert set(rules) == {g["name"] for g in rule_doc["groups"]}
+    assert r["rules"]["data_lag_seconds"] < 60  # the live rules read the data's last minutes
+    for g in rules.values():
+        assert g["evaluations"] >= 2 and g["unhealthy"] == 0, g
+        assert g["evaluation_seconds_max"] > 0
+    # the scenario is visible to the rules: the straggler and the dataloader-bound node
+    chk = r["checks"]
+    assert chk["stragglers_flagged"] == [str(x) for x in r["scenario"]["stragglers"]]
+    assert chk["dataloader_bound_nodes"] == [r["scenario"]["dataloader_node"]]
+    assert r["prometheus"]["rss_bytes"] > 0
+    # the kept TSDB holds the blocks promtool wrote
+    listed = subprocess.run([scale.PROMTOOL, "tsdb", "list", str(keep / "tsdb")], capture_output=True,
+                            text=True, timeout=30)
+    assert listed.returncode == 0 and len(listed.stdout.strip().splitlines()) >= 3, listed.stdout
+
+
+def test_bad_usage_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "x").write_text("")
+    for args in (["--nodes", "0"], ["--step", "fast"], ["--ranks-per-node", "9"], ["--keep", str(tmp_path)]):
+        out = subprocess.run([sys.executable, "-m", "ranksight", "bench", "scale", *args],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert out.returncode == 2, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
