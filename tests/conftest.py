@@ -72,6 +72,20 @@ def free_port() -> Callable[..., int]:
 
 
 @pytest.fixture
+def rx():
+    """A datagram receiver on loopback for an in-process watch; at the end the watch is ended and
+    every datagram the hooks sent must have passed protocol.decode."""
+    import ranksight
+    from hooks_workloads.harness import Receiver
+
+    r = Receiver()
+    yield r
+    ranksight.unwatch()
+    r.close()
+    assert not r.invalid, f"hooks sent datagrams that fail validation: {r.invalid[:3]}"
+
+
+@pytest.fixture
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., AgentProcess]]:
     started: List[AgentProcess] = []
 

@@ -22,18 +22,9 @@ import torch.nn as nn  # noqa: E402
 import ranksight  # noqa: E402
 from ranksight.hooks import watcher as watcher_mod  # noqa: E402
 
-from hooks_workloads.harness import REPO, Receiver, rank_env  # noqa: E402
+from hooks_workloads.harness import REPO, rank_env  # noqa: E402
 
 FAST = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
-
-
-@pytest.fixture
-def rx():
-    r = Receiver()
-    yield r
-    ranksight.unwatch()
-    r.close()
-    assert not r.invalid, f"hooks sent datagrams that fail validation: {r.invalid[:3]}"
 
 
 @pytest.fixture(autouse=True)

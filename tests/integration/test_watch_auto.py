@@ -22,7 +22,7 @@ from torch.utils.data import dataloader as dl  # noqa: E402
 
 import ranksight  # noqa: E402
 
-from hooks_workloads.harness import REPO, Receiver  # noqa: E402
+from hooks_workloads.harness import REPO  # noqa: E402
 
 FAST = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
 ORIGINAL = (dl._BaseDataLoaderIter.__next__, dl.DataLoader.__iter__, torch.autograd.backward, torch.save)
@@ -39,15 +39,6 @@ class Sleepy(Dataset):
     def __getitem__(self, i: int):
         time.sleep(self.sleep)
         return self.x[i], self.y[i]
-
-
-@pytest.fixture
-def rx():
-    r = Receiver()
-    yield r
-    ranksight.unwatch()
-    r.close()
-    assert not r.invalid, f"hooks sent datagrams that fail validation: {r.invalid[:3]}"
 
 
 @pytest.fixture(autouse=True)
