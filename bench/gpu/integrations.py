@@ -183,7 +183,16 @@ def run_lightning(steps: int, watched: bool, rec: Optional[SyncRecorder], timer:
                 torch.cuda.synchronize()
                 timer[str(trainer.global_step)] = time.perf_counter()
 
-    cb = RanksightCallback() if watched else None
+    loader = torch.utils.data.DataLoader(Tokens(steps * 8), batch_size=8, num_workers=2, pin_memory=True)
+    return _fit_lightning(Module(), loader, steps, Probe(), RanksightCallback() if watched else None, rec, out_dir)
+
+
+def _fit_lightning(module: Any, loader: Any, steps: int, probe: Any, cb: Any, rec: Optional[SyncRecorder],
+                   out_dir: str, cuda: bool = True) -> Dict[str, Any]:
+    """Fit ``module`` with the benchmark's Trainer (one device, bf16 on CUDA; no logger, progress
+    bar, checkpointing, sanity steps or summary); the global step and, watched, the watcher's stats."""
+    import lightning as L
+
     stats: Dict[str, Any] = {}
 
     class Stats(L.Callback):
@@ -191,13 +200,12 @@ def run_lightning(steps: int, watched: bool, rec: Optional[SyncRecorder], timer:
             if cb is not None and cb.watcher is not None:
                 stats.update(cb.watcher.stats())
 
-    cbs: List[Any] = [Probe(), Stats()] + ([cb] if cb is not None else [])
-    loader = torch.utils.data.DataLoader(Tokens(steps * 8), batch_size=8, num_workers=2, pin_memory=True)
-    tr = L.Trainer(accelerator="gpu", devices=1, precision="bf16-mixed", max_steps=steps, callbacks=cbs,
-                   logger=False, enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0,
+    tr = L.Trainer(accelerator="gpu" if cuda else "cpu", devices=1, precision="bf16-mixed" if cuda else "32-true",
+                   max_steps=steps, callbacks=[probe, Stats()] + ([cb] if cb is not None else []), logger=False,
+                   enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0,
                    default_root_dir=out_dir, enable_model_summary=False)
     try:
-        tr.fit(Module(), loader)
+        tr.fit(module, loader)
     finally:
         if rec is not None:
             rec.stop()
@@ -331,27 +339,10 @@ def bench_lightning(spec: Spec, steps: int, watched: bool, rec: Optional[SyncRec
                 rec.start()
             _timer_mark(spec, timer, trainer.global_step, steps)
 
-    cb = RanksightCallback() if watched else None
-    stats: Dict[str, Any] = {}
-
-    class Stats(L.Callback):
-        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-            if cb is not None and cb.watcher is not None:
-                stats.update(cb.watcher.stats())
-
     loader = torch.utils.data.DataLoader(Rows(steps * spec.items, spec.rows_per_item), batch_size=spec.items,
                                          num_workers=2, pin_memory=spec.cuda)
-    tr = L.Trainer(accelerator="gpu" if spec.cuda else "cpu", devices=1,
-                   precision="bf16-mixed" if spec.cuda else "32-true", max_steps=steps,
-                   callbacks=[Probe(), Stats()] + ([cb] if cb is not None else []), logger=False,
-                   enable_progress_bar=False, enable_checkpointing=False, num_sanity_val_steps=0,
-                   default_root_dir=out_dir, enable_model_summary=False)
-    try:
-        tr.fit(Module(), loader)
-    finally:
-        if rec is not None:
-            rec.stop()
-    return {"global_step": tr.global_step, "stats": stats}
+    return _fit_lightning(Module(), loader, steps, Probe(), RanksightCallback() if watched else None, rec, out_dir,
+                          cuda=spec.cuda)
 
 
 BENCH = {"hf": bench_hf, "lightning": bench_lightning}
