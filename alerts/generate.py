@@ -53,13 +53,17 @@ def _dump(data: Any) -> str:
 
 
 def triage_order(e: triage.Entry) -> str:
-    """The entry's place in the walk, as the `triage_order` annotation shows it."""
+    """The entry's place in the walk, as the runbooks show it."""
     if e.order:
         return f"{e.order} of 6"
     return {"cause": "extra cause", "symptom": "symptom", "health": "stack health", "lint": "setup lint"}[e.kind]
 
 
 def _alert_rule(e: triage.Entry) -> Dict[str, Any]:
+    # The annotations every receiver and dashboard reads (summary, description, runbook_url), and
+    # nothing else: Prometheus expands each annotation of each instance on every evaluation, and
+    # the next check and the triage position are the same for every instance of an alert (the
+    # notification template and the runbooks look them up by name).
     return {
         "alert": e.alert,
         "expr": e.expr,
@@ -69,8 +73,6 @@ def _alert_rule(e: triage.Entry) -> Dict[str, Any]:
             "summary": e.summary,
             "description": e.description,
             "runbook_url": e.runbook,
-            "next_check": e.next_check,
-            "triage_order": triage_order(e),
         },
     }
 

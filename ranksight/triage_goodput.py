@@ -97,7 +97,7 @@ def _tag(expr: str, label: str, value: str) -> str:
 
 
 def rank_group_rules(cfg: Mapping[str, Any]) -> Tuple[List[Recording], List[Recording]]:
-    """Job-level step components, appended to the rank group (they read its records), and the job's
+    """Job-level step components, appended to the job group (they read its records), and the job's
     allocator retries, appended to the rank state group (they read its retry record)."""
     R = {**BASE_REC, **REC}
     mean = R["job_step_mean"]

@@ -12,6 +12,10 @@
 #              async comm start after the enqueue and close() sending the last GPU times: test_gpu_hooks_fixes.py)
 #   nvml       bench/gpu/record_nvml.py: idle/steady/sawtooth/sawtooth_fast traces for the CPU fixtures
 #   overhead   bench/gpu/overhead.py: interleaved plain/instrumented runs, medians
+#   integrations_hf, integrations_lightning
+#              bench/gpu/integrations.py overhead_hf|overhead_lightning: the framework callbacks'
+#              overhead on a GPU-bound step (RANKSIGHT_INTEGRATIONS_ARGS, e.g. "--pairs 8"); not in
+#              the default set
 # Everything lands in a staging folder that is packed into $OUT/gpu_results.tgz after each stage
 # (so a stage killed at the deadline still leaves the earlier results), with the log beside it.
 set -uo pipefail
@@ -68,5 +72,7 @@ stage pytest 330 $PY -m pytest -v -rA -p no:cacheprovider --durations=15 "${KARG
   tests/gpu/test_gpu_nvml_fixture.py
 stage nvml 100 $PY bench/gpu/record_nvml.py --out "$R/h200_nvml_trace_2026-11-29.json"
 stage overhead 200 $PY bench/gpu/overhead.py --out "$R/overhead.json" ${RANKSIGHT_OVERHEAD_ARGS:-}
+stage integrations_hf 180 $PY bench/gpu/integrations.py overhead_hf --out "$R/integrations_hf.json" ${RANKSIGHT_INTEGRATIONS_ARGS:-}
+stage integrations_lightning 180 $PY bench/gpu/integrations.py overhead_lightning --out "$R/integrations_lightning.json" ${RANKSIGHT_INTEGRATIONS_ARGS:-}
 log "done"
 pack

@@ -40,12 +40,12 @@ from __future__ import annotations
 from .model import (ALERT_GROUPS, CLOCK_EVENT_REASONS, DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC,
                     RDMA_TRAFFIC, RUNBOOK_BASE, SCRAPE_JOB, STALL_WHERE, THROTTLE_REASONS, THROTTLE_SHOWN, VAL,
                     WAITING_SYMPTOMS, Entry, Inhibit, Recording, with_gpu)
-from .records import RANK_BY, REC, RULE_GROUPS, recording_groups, recording_rules  # noqa: I001
+from .records import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS, recording_groups, recording_rules  # noqa: I001
 from .lints import LINTS
 from .alerts import by_alert, inhibit_pairs, signals, table
 
 __all__ = [
-    "ALERT_GROUPS", "CLOCK_EVENT_REASONS", "DESYNC_POS", "GPU_DESC", "HW_COLLECTORS", "LINTS", "NODE_DESC",
+    "ALERT_GROUPS", "CLOCK_EVENT_REASONS", "GROUP_INPUTS", "DESYNC_POS", "GPU_DESC", "HW_COLLECTORS", "LINTS", "NODE_DESC",
     "RANK_BY", "RANK_DESC", "RDMA_TRAFFIC", "REC", "RULE_GROUPS", "RUNBOOK_BASE", "SCRAPE_JOB", "STALL_WHERE",
     "THROTTLE_REASONS", "THROTTLE_SHOWN", "VAL", "WAITING_SYMPTOMS", "Entry", "Inhibit", "Recording",
     "by_alert", "inhibit_pairs", "recording_groups", "recording_rules", "signals", "table", "with_gpu",

@@ -67,19 +67,33 @@ RANK_BY = "job, node, rank, local_rank"
 # evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute
 # rates of large families run at `durations.slow_rule_interval` (at 1,024 nodes they are
 # the costliest rules and nothing alerts on them).
-# The rank records split in two groups that evaluate side by side: the step counters' rates with
-# the shares, busy time and job aggregates computed from them (a chain: one group), and the rank
-# state records that read their own raw series and nothing else of the chain (checkpoint share and
-# age, backward-to-optimizer, allocator retries, ranks up). The slow node families are three groups
-# of independent rules: interface counters, GPU utilization sample buckets, RDMA ports.
+# The rank records split in four groups that evaluate side by side. The step counters' rates come
+# first, in a group of their own (each raw family read once); the rank arithmetic on them (shares,
+# busy time, the straggler ratio) and the job aggregates of them (job shares, step components) are
+# two more groups that read the rates' latest evaluation, at most one interval old, and nothing of
+# each other. The rank state records read their own raw series and nothing else of the chain
+# (checkpoint share and age, backward-to-optimizer, allocator retries, ranks up). The slow node
+# families are three groups of independent rules: interface counters, GPU utilization sample
+# buckets, RDMA ports. At 1,024 nodes no group then evaluates in more than half its budget
+# (bench/RESULTS.md, "Scale").
 RULE_GROUPS: Dict[str, Optional[str]] = {
-    "ranksight.recording.rank": None,  # None: Prometheus' evaluation_interval
+    "ranksight.recording.rank_rates": None,  # None: Prometheus' evaluation_interval
+    "ranksight.recording.rank": None,
+    "ranksight.recording.job": None,
     "ranksight.recording.rank_state": None,
     "ranksight.recording.node": None,
     "ranksight.recording.histograms": "slow_rule_interval",
     "ranksight.recording.node_counters": "slow_rule_interval",
     "ranksight.recording.gpu_samples": "slow_rule_interval",
     "ranksight.recording.rdma": "slow_rule_interval",
+}
+
+
+# The earlier groups whose records a group reads: their latest evaluation, at most one interval old
+# (every other record a rule reads comes from an earlier rule of its own group).
+GROUP_INPUTS: Dict[str, Tuple[str, ...]] = {
+    "ranksight.recording.rank": ("ranksight.recording.rank_rates",),
+    "ranksight.recording.job": ("ranksight.recording.rank_rates",),
 }
 
 
@@ -93,7 +107,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     thousands of raw series."""
     w = cfg["windows"]["rate"]
     ckpt_w = cfg["windows"].get("checkpoint_share", w)
-    RANK, STATE, NODE, HIST, NODEC, SAMPLES, RDMA = list(RULE_GROUPS)[:7]
+    RATES, RANK, JOB, STATE, NODE, HIST, NODEC, SAMPLES, RDMA = list(RULE_GROUPS)[:9]
 
     def rate(m: Any, window: str = w) -> str:
         return f"rate({m}[{window}])"
@@ -115,13 +129,15 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     # Checkpoint seconds per wall second = the share of wall time spent checkpointing, over a
     # window longer than the checkpoint interval (1 h): over the 5 min rate window, every write
     # longer than 15 s would read as a 5% share.
-    rank = [
+    rates = [
         Recording(R["step_s"], rate(C.STEP_SECONDS)),
         Recording(R["steps"], rate(C.STEPS)),
         Recording(R["data_s"], rate(C.DATALOADER_WAIT)),
         Recording(R["comm_s"], rate(C.COMM_SECONDS)),
         Recording(R["xcomm_s"], rate(C.EXPOSED_COMM_SECONDS)),
         Recording(R["ckpt_s"], rate(C.CHECKPOINT_SECONDS)),
+    ]
+    rank = [
         Recording(REC["data_share"], share("data_s")),
         Recording(REC["comm_share"], share("comm_s")),
         Recording(REC["xcomm_share"], share("xcomm_s")),
@@ -143,6 +159,8 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
             f" or (min by (job) ({busy}) and on (job) (count by (job) ({busy}) == 2))",
         ),
         Recording(REC["straggler"], f"{busy} / on (job) group_left () ({REC['busy_median']} > 0)"),
+    ]
+    job = [
         Recording(REC["job_steps"], f"avg by (job) ({R['steps']})"),
         Recording(REC["job_data_share"], job_share("data_s")),
         Recording(REC["job_comm_share"], job_share("comm_s")),
@@ -151,7 +169,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         # share any rank spends in its data loader or writing a checkpoint (its peers wait for that in
         # their collectives, the last to arrive included). A straggler explains only comm above it.
         Recording(REC["job_comm_min"],
-                  f"clamp_min(min by (job) ({REC['comm_share']}) - on (job) "
+                  f"clamp_min(min by (job) ({share('comm_s')}) - on (job) "
                   f"max by (job) (({or_zero(R['data_s'])} + {or_zero(R['ckpt_s'])}) / ({R['step_s']} > 0)), 0)"),
         Recording(REC["job_xcomm_share"], job_share("xcomm_s")),
     ]
@@ -200,11 +218,11 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     from .. import triage_goodput as _goodput  # it builds on this module: imported at call time
 
     chain, job_state = _goodput.rank_group_rules(cfg)
-    rank += chain
+    job += chain
     state += job_state
     out: List[Recording] = []
-    for group, rules in ((RANK, rank), (STATE, state), (NODE, node), (HIST, hist), (NODEC, node_counters),
-                         (SAMPLES, samples), (RDMA, rdma)):
+    for group, rules in ((RATES, rates), (RANK, rank), (JOB, job), (STATE, state), (NODE, node), (HIST, hist),
+                         (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma)):
         out += [replace(r, group=group) for r in rules]
     return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
 

@@ -198,7 +198,7 @@ def test_every_alert_carries_the_contract(default_cfg):
         assert re.fullmatch(r"Ranksight[A-Z][A-Za-z]+", r["alert"])
         assert r["labels"]["severity"] in ("critical", "warning", "info")
         ann = r["annotations"]
-        assert set(ann) == {"summary", "description", "runbook_url", "next_check", "triage_order"}
+        assert set(ann) == {"summary", "description", "runbook_url"}
         assert "$labels." in ann["description"], r["alert"]
         assert ann["runbook_url"].startswith("https://") and ann["runbook_url"].endswith(".md")
         if units[r["alert"]] != "bool":  # boolean alerts have no value worth printing
@@ -288,15 +288,20 @@ def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
     assert reads, "no rate() found in the recording rules?"
     assert {m: n for m, n in reads.items() if n > 1} == {}
     # every record a rule reads is produced by an earlier rule of the same group (Prometheus
-    # evaluates a group's rules in order, and groups concurrently); the baseline group reads the
-    # job records of the other groups too (hour averages: one evaluation's lag is immaterial)
+    # evaluates a group's rules in order, and groups concurrently), or by an earlier group the
+    # group names as its input (the rank and job arithmetic read the rates' group); the baseline
+    # group reads the job records of the other groups too (hour averages: one evaluation's lag is
+    # immaterial)
     seen: Dict[str, str] = {}
+    order = list(triage.RULE_GROUPS)
+    for g, inputs in triage.GROUP_INPUTS.items():
+        assert all(order.index(i) < order.index(g) for i in inputs), (g, inputs)
     for r in triage.recording_rules(default_cfg):
         for name in re.findall(r"\b((?:rank|job|node|gpu):ranksight_[a-z_]+:[a-z0-9_]+)", r.expr):
             if r.group in triage_goodput.CROSS_GROUP_READERS and seen.get(name, r.group) != r.group:
                 assert name.startswith("job:"), (r.record, name)
                 continue
-            assert seen.get(name) == r.group, (r.record, name)
+            assert seen.get(name) in (r.group,) + triage.GROUP_INPUTS.get(r.group, ()), (r.record, name)
         seen[r.record] = r.group
 
 

@@ -97,11 +97,16 @@ def test_short_job_lands_with_its_final_count_and_no_down_alert(tmp_path, local_
             prom_steps(stack, "rel-short")), 40, "the short job's final count in Prometheus")
         finished = stack.prom.query(f'{C.RANK_FINISHED}{{job="rel-short"}}')
         assert len(finished) == 2
+        # each rank lived (watch to bye, its own wall clock) shorter than one scrape interval
+        lived = {r["metric"]["rank"]: float(r["value"][1])
+                 for r in stack.prom.query(f'{C.RANK_WALL}{{job="rel-short"}}')}
+        assert len(lived) == 2 and max(lived.values()) < 15, lived
         time.sleep(16)  # one more scrape and rule evaluation after the job ended
         bad = [a for a in stack.prom.alerts() if a["labels"].get("job") == "rel-short"
                and a["labels"]["alertname"] in ("RanksightRankDown", "RanksightHeartbeatMissed")]
         assert not bad, bad
-        print(f"\nshort job ({ran:.1f} s incl. start) under a 15 s scrape: Prometheus {got}, printed {want}")
+        print(f"\nshort job ({ran:.1f} s incl. start, ranks alive {max(lived.values()):.1f} s) under a 15 s "
+              f"scrape: Prometheus {got}, printed {want}")
     finally:
         job.stop()
         agent.stop()

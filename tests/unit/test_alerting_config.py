@@ -306,10 +306,21 @@ def test_template_names_what_each_cause_mutes_from_the_same_table():
     cfg = config.load(None, "default", env={})
     tmpl = generate.render(cfg)[notify.TEMPLATE_FILE]
     for source, target, equal in triage.inhibit_pairs(cfg):
-        line = next(ln for ln in tmpl.splitlines() if f'eq . "{source}"' in ln)
+        line = next(ln for ln in tmpl.splitlines() if f'eq . "{source}" }}}}Mutes' in ln)
         assert f"{target} (same " in line and ", ".join(equal) in line, (source, target, line)
     causes = {s for s, _, _ in triage.inhibit_pairs(cfg)}
-    assert sum(1 for ln in tmpl.splitlines() if 'eq . "Ranksight' in ln) == len(causes)
+    assert sum(1 for ln in tmpl.splitlines() if 'eq . "Ranksight' in ln and "Mutes " in ln) == len(causes)
+
+
+def test_template_gives_each_alerts_next_check_from_the_table():
+    """The next check is looked up by alert name (the rules carry no such annotation)."""
+    cfg = config.load(None, "default", env={})
+    tmpl = generate.render(cfg)[notify.TEMPLATE_FILE]
+    table = triage.table(cfg)
+    lines = [ln for ln in tmpl.splitlines() if "Next check: " in ln and 'eq . "' in ln]
+    assert len(lines) == len(table)
+    for e in table:
+        assert any(f'eq . "{e.alert}" }}}}Next check: {e.next_check}' in ln for ln in lines), e.alert
 
 
 def test_dashboard_links_use_the_generated_dashboards_uids():
