@@ -37,6 +37,7 @@ def test_ddp_two_ranks_under_lightnings_launcher(agent, tmp_path):
     assert [series[r]["local_rank"] for r in (0, 1)] == [0, 1]  # Lightning's launcher sets LOCAL_RANK, no RANK
     for rank, res in results.items():
         assert res["global_step"] == STEPS and res["batches"] == STEPS * ACCUM
+        assert res["model"] == "DistributedDataParallel", res  # the strategy's wrapper is what is watched
         assert res["validated"] == 6  # 3 validations (every 4 batches) x 2 batches: not training data wait
         assert res["after"] == res["before"] and not res["watcher_left"], res
         # ModelCheckpoint's saves (every rank enters Trainer.save_checkpoint; rank 0 writes)

@@ -72,6 +72,15 @@ def main() -> None:
                                          num_workers=0)
     before = hooks_state()
     cb = RanksightCallback()
+
+    class Watched(L.Callback):
+        """The model ranksight watches, read after its callback's on_train_start: the strategy's
+        wrapper (DDP unwraps it again at teardown, so it cannot be read after fit())."""
+        name = ""
+
+        def on_train_start(self, trainer, pl_module):
+            Watched.name = type(cb.watcher.model).__name__ if cb.watcher is not None else ""
+
     ckpt = ModelCheckpoint(dirpath=a.out, every_n_train_steps=a.save_every, save_top_k=-1)
     strategy: object = a.strategy or ("ddp" if a.devices > 1 else "auto")
     if strategy == "fsdp":  # GPU only: Lightning refuses FSDPStrategy on CPU, and torch's FSDP needs an accelerator
@@ -80,7 +89,7 @@ def main() -> None:
         strategy = FSDPStrategy()
     trainer = L.Trainer(accelerator=a.accelerator, devices=a.devices, strategy=strategy,
                         max_steps=a.steps * (2 if a.two_optimizers else 1), accumulate_grad_batches=accum,
-                        callbacks=[cb, ckpt], logger=False,
+                        callbacks=[cb, Watched(), ckpt], logger=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                         use_distributed_sampler=True, val_check_interval=a.val_every or None,
                         limit_val_batches=2 if a.val_every else 0)
@@ -88,7 +97,7 @@ def main() -> None:
                                       batch_size=a.batch) if a.val_every else None
     module = Tiny(a.two_optimizers)
     trainer.fit(module, loader, val)
-    found = type(trainer.strategy.model).__name__
+    found = Watched.name
     result(rank=trainer.global_rank, global_step=trainer.global_step, accum=accum,
            batches=trainer.fit_loop.total_batch_idx + 1, validated=getattr(module, "validated", 0), before=before,
            after=hooks_state(), watcher_left=cb.watcher is not None, model=found,
