@@ -269,6 +269,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                              name="agent").start(timeout=60)
         url = agent.ingest
     out: Dict[str, Any] = {"versions": W.versions(), "agent": a.agent, "command": " ".join(sys.argv)}
+
+    def save() -> None:  # after every section: a run cut at its time limit keeps what it measured
+        if a.out:
+            W.write_json(a.out, out)
     try:
         b = Bench(torch, device, url, a.steps, a.warm, a.settle)
         spec = W.ModelSpec() if device.type == "cuda" else W.ModelSpec.tiny()
@@ -284,6 +288,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if device.type == "cuda":
             out["event_cost"] = event_cost_us(torch, device)
         out["host_breakdown"] = host_breakdown(b, model, opt, x)
+        save()
         if a.pool_ab:
             from ranksight.hooks.timing import CudaTimeline
 
@@ -292,9 +297,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 out["host_breakdown_fresh_events"] = host_breakdown(b, model, opt, x)
             finally:
                 CudaTimeline.POOL = True
+            save()
         for mode in modes:
             W.log(f"overhead: {mode} loop, {a.reps} pairs x {a.steps} steps")
             out[f"step_{mode}"] = b.interleave(model, opt, x, mode, a.reps)
+            save()
         del model, opt, x
         if a.gpu_bound_batch and device.type == "cuda":
             gspec = W.ModelSpec(batch=a.gpu_bound_batch)
@@ -305,6 +312,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             g = b.interleave(gm, go, gx, "async", a.reps)
             g["spec"] = W.spec_dict(gspec)
             out["gpu_bound_async"] = g
+            save()
             del gm, go, gx
         if a.tiny_reps > 0:
             tb = Bench(torch, device, url, a.tiny_steps, a.warm, a.settle)
@@ -316,11 +324,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             t = tb.interleave(tm, to, tx, "async", a.tiny_reps)
             t["spec"] = W.spec_dict(tspec)
             out["host_bound_tiny"] = t
+            save()
             if a.pool_ab:
                 W.log(f"overhead: host-bound tiny model, fresh (A) vs pooled (B) events, {a.tiny_reps} pairs")
                 t = tb.interleave(tm, to, tx, "async", a.tiny_reps, baseline_pool=False)
                 t["spec"] = W.spec_dict(tspec)
                 out["host_bound_tiny_pool_ab"] = t
+                save()
     finally:
         if agent is not None:
             try:
