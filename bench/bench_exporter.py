@@ -15,6 +15,10 @@ record per 0.25 s tick and one heartbeat a second, both carrying the totals.
 - ingest: bursts of valid step datagrams (8 ranks) at rising rates for ``--burst-seconds``;
   a rate passes when the agent counted every datagram as ok. The sender paces in 10 ms slices
   and reports the rate it achieved; the kernel's UDP RcvbufErrors corroborates drops.
+- overload (counts exact): ``--overload-senders`` processes offer ``--overload-rate`` datagrams/s
+  of 16 ranks, one step per "steps" record with the rank's totals on it, then each rank's final
+  heartbeat; it passes when every rank's ``ranksight_steps_total`` on the agent equals the steps its
+  sender counted, however many datagrams the agent or the kernel dropped on the way.
 
 Run from a checkout: ``ranksight bench exporter [--json]`` or ``python3 bench/bench_exporter.py [--json]``.
 """
@@ -53,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst-seconds", type=float, default=3.0, help="length of each ingest burst (default 3)")
     p.add_argument("--rates", default="20000,35000,50000,65000,80000,100000",
                    help="ingest rates to try, datagrams/s, ascending (default 20k..100k)")
+    p.add_argument("--overload-rate", type=float, default=60000.0,
+                   help="offered datagrams/s of the counts-exact overload phase (default 60k; 0: skip)")
+    p.add_argument("--overload-senders", type=int, default=4, help="sender processes of that phase (default 4)")
     p.add_argument("--gpus", type=int, default=8, help="stand-in GPUs (default 8)")
     p.add_argument("--ranks", type=int, default=8, help="simulated ranks (default 8)")
     p.add_argument("--steps-per-second", type=float, default=100.0, help="per rank (default 100)")
@@ -152,6 +159,20 @@ def _send(argv: List[str]) -> int:
     return 0
 
 
+HIST_OF = {"step": C.STEP_DURATION, "data": C.DATALOADER_WAIT_HIST, "b2o": C.BACKWARD_TO_OPTIMIZER}
+
+
+def _hists(counts: Dict[str, List[int]], values: Dict[str, float], n: int) -> Dict[str, List[int]]:
+    """Add ``n`` observations of ``values[key]`` to each histogram's non-cumulative bucket counts
+    (as the hooks keep them: one count per bucket of the catalog, the +Inf bucket last)."""
+    import bisect
+
+    for key, fam in HIST_OF.items():
+        c = counts.setdefault(key, [0] * (len(fam.buckets) + 1))
+        c[bisect.bisect_left(fam.buckets, values[key])] += n
+    return counts
+
+
 def _send_batched(a: argparse.Namespace) -> int:
     """Every BATCH_EVERY seconds, per rank, one "steps" record of rate/ranks*BATCH_EVERY steps with
     the totals after them; per rank one heartbeat with the totals every second (the hooks' traffic)."""
@@ -160,7 +181,7 @@ def _send_batched(a: argparse.Namespace) -> int:
     per = max(1, round(a.rate / a.ranks * BATCH_EVERY))
     tot = [dict(steps=0, micro=0, dur=0.0, data=0.0, fwd=0.0, bwd=0.0, opt=0.0, b2o=0.0, comm=0.0, xcomm=0.0,
                 ckpt_s=0.0) for _ in range(a.ranks)]
-    hist = [[0] * (len(C.STEP_DURATION.buckets) + 1) for _ in range(a.ranks)]
+    hist: List[Dict[str, List[int]]] = [{} for _ in range(a.ranks)]
     base = dict(v=P.VERSION, job="bench", ws=a.ranks, node=socket.gethostname(), pid=4242, sess=1)
     t0 = time.perf_counter()
     end = t0 + a.seconds
@@ -179,24 +200,137 @@ def _send_batched(a: argparse.Namespace) -> int:
             for k, f in (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
                          ("comm", 0.2), ("xcomm", 0.02)):
                 t[k] += f * sum(durs)
-            hist[r][2] += per  # (0.01, 0.025]
+            for dd in durs:
+                _hists(hist[r], {"step": dd, "data": 0.05 * dd, "b2o": 0.8 * dd}, 1)
             fields = {k: [round(f * d, 9) for d in durs] for k, f in (
                 ("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
                 ("comm", 0.2), ("xcomm", 0.02), ("ckpt", 0.0))}
             rec = dict(base, t="steps", rank=r, lr=r, ts=time.time(), seq=seq, micro=[1] * per, retries=0, ooms=0,
                        mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0,
-                       tot=dict(t), hist={"step": hist[r], "data": hist[r], "b2o": hist[r]}, **fields)
+                       tot=dict(t), hist=hist[r], **fields)
             s.sendto(P.encode(rec), dest)
             sent += 1
             if tick % round(1 / BATCH_EVERY) == 0:
                 s.sendto(P.encode(dict(base, t="hb", rank=r, lr=r, ts=time.time(), seq=tick + 1, every=1.0,
                                        step=t["steps"], phase="forward", coll=-1.0, probe=0.001, tot=dict(t),
-                                       hist={"step": hist[r], "data": hist[r], "b2o": hist[r]})), dest)
+                                       hist=hist[r])), dest)
                 sent += 1
         tick += 1
         time.sleep(max(0.0, t0 + tick * BATCH_EVERY - time.perf_counter()))
     print(json.dumps({"sent": sent, "seconds": time.perf_counter() - t0}))
     return 0
+
+
+OVERLOAD_JOB = "bench-overload"
+
+
+def _send_overload(argv: List[str]) -> int:
+    """Sender child of the overload phase: ``--ranks`` ranks from ``--first``, one step per "steps"
+    record with the rank's totals on it (as the hooks send them, one step a record: the most
+    datagrams per step), together ``--rate`` datagrams/s for ``--seconds``; then, after a pause, each
+    rank's final heartbeat with its totals, three times (the job's end, which the agent must get).
+    Prints JSON {sent, seconds, steps: {rank: total}}."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int)
+    p.add_argument("--rate", type=float)
+    p.add_argument("--seconds", type=float)
+    p.add_argument("--first", type=int)
+    p.add_argument("--ranks", type=int)
+    p.add_argument("--ws", type=int)
+    a = p.parse_args(argv)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    dest = ("127.0.0.1", a.port)
+    ranks = list(range(a.first, a.first + a.ranks))
+    base = dict(v=P.VERSION, job=OVERLOAD_JOB, ws=a.ws, node=socket.gethostname(), pid=4242, sess=1)
+    d = 0.01
+    step = {k: [round(f * d, 9)] for k, f in (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1),
+                                               ("b2o", 0.8), ("comm", 0.2), ("xcomm", 0.02), ("ckpt", 0.0))}
+    n = dict.fromkeys(ranks, 0)
+
+    def totals(r: int) -> Tuple[dict, dict]:
+        k = n[r]
+        tot = dict(steps=k, micro=k, dur=k * d, data=k * d * 0.05, fwd=k * d * 0.3, bwd=k * d * 0.4, opt=k * d * 0.1,
+                   b2o=k * d * 0.8, comm=k * d * 0.2, xcomm=k * d * 0.02, ckpt_s=0.0)
+        return tot, _hists({}, {"step": d, "data": 0.05 * d, "b2o": 0.8 * d}, k)
+
+    t0 = time.perf_counter()
+    end = t0 + a.seconds
+    sent = 0
+    i = 0
+    while True:
+        now = time.perf_counter()
+        if now >= end:
+            break
+        due = int((now - t0) * a.rate) - sent
+        for _ in range(min(due, 5000)):
+            r = ranks[i % len(ranks)]
+            i += 1
+            n[r] += 1
+            tot, hist = totals(r)
+            rec = dict(base, t="steps", rank=r, lr=r % 8, ts=time.time(), seq=n[r], micro=[1], retries=0, ooms=0,
+                       mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0, tot=tot, hist=hist, **step)
+            try:
+                s.sendto(P.encode(rec), dest)
+            except BlockingIOError:
+                pass  # a full send buffer is a lost datagram too: the totals must survive it
+            sent += 1
+        time.sleep(max(0.0, 0.005 - (time.perf_counter() - now)))
+    seconds = time.perf_counter() - t0
+    for _ in range(3):
+        time.sleep(0.5)
+        for r in ranks:
+            tot, hist = totals(r)
+            s.sendto(P.encode(dict(base, t="hb", rank=r, lr=r % 8, ts=time.time(), seq=n[r] + 1, every=1.0, step=n[r],
+                                   phase="forward", coll=-1.0, probe=0.001, tot=tot, hist=hist)), dest)
+    print(json.dumps({"sent": sent, "seconds": seconds, "steps": {str(r): n[r] for r in ranks}}))
+    return 0
+
+
+def _job_steps(scraper: "Scraper", job: str) -> Dict[str, int]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: Dict[str, int] = {}
+    for fam in text_string_to_metric_families(scraper.text()):
+        for smp in fam.samples:
+            if smp.name == C.STEPS.name and smp.labels.get("job") == job:
+                out[smp.labels["rank"]] = int(smp.value)
+    return out
+
+
+def _overload(args: argparse.Namespace, py: str, mod: str, uport: int, scraper: "Scraper") -> Dict:
+    """Offer ``--overload-rate`` datagrams/s (several senders, 16 ranks) and check the counts: each
+    rank's steps_total on the agent equals the steps its sender counted, whatever was dropped."""
+    senders, ranks = max(1, args.overload_senders), 16
+    per = max(1, ranks // senders)
+    ok0 = _ok_count(scraper)
+    kern0 = _udp_rcvbuf_errors()
+    procs = [subprocess.Popen([py, mod, "_send_overload", "--port", str(uport), "--rate",
+                               str(args.overload_rate / senders), "--seconds", str(args.burst_seconds), "--first",
+                               str(k * per), "--ranks", str(per), "--ws", str(senders * per)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(senders)]
+    outs = []
+    for pr in procs:
+        o, e = pr.communicate(timeout=args.burst_seconds + 60)
+        if pr.returncode:
+            raise RuntimeError(f"overload sender failed: {e.strip()[-300:]}")
+        outs.append(json.loads(o))
+    want = {r: v for o in outs for r, v in o["steps"].items()}
+    got: Dict[str, int] = {}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        got = _job_steps(scraper, OVERLOAD_JOB)
+        if got == want:
+            break
+        time.sleep(0.3)
+    sent = sum(o["sent"] for o in outs)
+    seconds = max(o["seconds"] for o in outs)
+    ok = _ok_count(scraper) - ok0 - len(want) * 3  # less the final heartbeats
+    kern = _udp_rcvbuf_errors() - kern0 if kern0 >= 0 else None
+    return {"offered_per_s": round(sent / seconds), "seconds": round(seconds, 2), "senders": senders, "ranks": len(want),
+            "sent": sent, "counted_ok": ok, "dropped": max(0, sent - ok), "ingested_per_s": round(ok / seconds),
+            "kernel_rcvbuf_errors": kern, "steps_sent": sum(want.values()), "steps_on_agent": sum(got.values()),
+            "counts_exact": got == want}
 
 
 # ------------------------------------------------------------------ helpers
@@ -231,14 +365,16 @@ def _wait_http(port: int, path: str, proc: subprocess.Popen, timeout: float = 30
         raise RuntimeError(f"nothing served :{port}{path} after {timeout:.0f} s")
 
 
-def _ok_count(scraper: Scraper) -> int:
+def _ingest_counts(scraper: Scraper) -> Dict[str, int]:
+    """The agent's ingest datagrams by result."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    for fam in text_string_to_metric_families(scraper.text()):
-        for s in fam.samples:
-            if s.name == C.INGEST_DATAGRAMS.name and s.labels.get("result") == "ok":
-                return int(s.value)
-    return 0
+    return {s.labels["result"]: int(s.value) for fam in text_string_to_metric_families(scraper.text())
+            for s in fam.samples if s.name == C.INGEST_DATAGRAMS.name}
+
+
+def _ok_count(scraper: Scraper) -> int:
+    return _ingest_counts(scraper).get("ok", 0)
 
 
 def _udp_rcvbuf_errors() -> int:
@@ -316,6 +452,7 @@ def measure(args: argparse.Namespace) -> Dict:
             result["scrape_ms"]["node_exporter_network"] = None
         # CPU and RSS under the rank load, scraped at a Prometheus-like interval
         pa = psutil.Process(agent.pid)
+        i0 = _ingest_counts(a_scr)
         c0 = pa.cpu_times()
         t0 = time.monotonic()
         next_scrape = t0
@@ -328,8 +465,11 @@ def measure(args: argparse.Namespace) -> Dict:
         wall = time.monotonic() - t0
         result["agent_cpu_percent"] = 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / wall
         result["agent_rss_mb"] = pa.memory_info().rss / 2**20
+        i1 = _ingest_counts(a_scr)
         result["cpu_window"] = {"seconds": wall, "scrape_interval_s": args.scrape_interval,
-                                "steps_per_s": rate, "datagrams_per_s": args.ranks * (1 / BATCH_EVERY + 1)}
+                                "steps_per_s": rate, "datagrams_per_s": args.ranks * (1 / BATCH_EVERY + 1),
+                                # the load must be accepted: a rejected datagram costs the agent less
+                                "ingest": {k: v - i0.get(k, 0) for k, v in i1.items() if v - i0.get(k, 0)}}
         if load is not None:
             stop_process(load, 10)
         load = None
@@ -364,6 +504,9 @@ def measure(args: argparse.Namespace) -> Dict:
                 break
             best = max(best, achieved)
         result["ingest"] = {"max_rate_no_drops_per_s": round(best), "burst_seconds": args.burst_seconds, "tried": tried}
+        if args.overload_rate > 0:
+            time.sleep(0.5)
+            result["overload"] = _overload(args, py, mod, uport, a_scr)
     finally:
         for proc in (load, ne, agent):
             if proc is not None:
@@ -375,9 +518,13 @@ def measure(args: argparse.Namespace) -> Dict:
     sc = result.get("scrape_ms", {})
     result["meets"] = {
         "scrape_p50_vs_node_exporter": (sc.get("ratio_p50") is not None and sc["ratio_p50"] <= 1.0) if sc.get("node_exporter_network") else None,
-        "cpu": result.get("agent_cpu_percent", 1e9) <= TARGETS["cpu_percent"],
+        "cpu": (result.get("agent_cpu_percent", 1e9) <= TARGETS["cpu_percent"]
+                and set(result.get("cpu_window", {}).get("ingest", {})) == {"ok"}),
         "rss": result.get("agent_rss_mb", 1e9) <= TARGETS["rss_mb"],
         "ingest": result.get("ingest", {}).get("max_rate_no_drops_per_s", 0) >= TARGETS["ingest_per_s"],
+        # offered at least the target rate, dropped what it had to, and lost no count
+        "overload_counts_exact": (result["overload"]["offered_per_s"] >= TARGETS["ingest_per_s"]
+                                  and result["overload"]["counts_exact"]) if "overload" in result else None,
     }
     return result
 
@@ -395,11 +542,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"scrape node_exporter p50 {ne['p50']:7.2f} ms  p99 {ne['p99']:7.2f} ms  (netstat, netdev, netclass)")
         print(f"ratio agent/node_exporter p50 {sc['ratio_p50']:.2f}  p99 {sc['ratio_p99']:.2f}")
     print(f"agent CPU {res['agent_cpu_percent']:.2f}% of a core, RSS {res['agent_rss_mb']:.1f} MB "
-          f"({res['cpu_window']['datagrams_per_s']:.0f} datagrams/s, scrape every {res['cpu_window']['scrape_interval_s']:g} s)")
+          f"({res['cpu_window']['datagrams_per_s']:.0f} datagrams/s, scrape every {res['cpu_window']['scrape_interval_s']:g} s; "
+          f"ingested: {', '.join(f'{k} {v}' for k, v in sorted(res['cpu_window']['ingest'].items())) or 'none'})")
     print(f"ingest max rate with no drops: {res['ingest']['max_rate_no_drops_per_s']} datagrams/s "
           f"({res['ingest']['burst_seconds']:g} s bursts)")
     for t in res["ingest"]["tried"]:
         print(f"  {t['target_per_s']:>8.0f}/s target, {t['sent_per_s']:>7}/s sent, dropped {t['dropped']}")
+    ov = res.get("overload")
+    if ov:
+        print(f"overload: {ov['offered_per_s']} datagrams/s offered by {ov['senders']} senders ({ov['ranks']} ranks), "
+              f"{ov['ingested_per_s']}/s ingested, {ov['dropped']} dropped; steps {ov['steps_on_agent']} on the agent "
+              f"of {ov['steps_sent']} sent: counts exact {ov['counts_exact']}")
     print("meets targets: " + ", ".join(f"{k}={v}" for k, v in res["meets"].items()))
     return 0
 
@@ -410,6 +563,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _serve_standin(argv[1:])
     if argv and argv[0] == "_send":
         return _send(argv[1:])
+    if argv and argv[0] == "_send_overload":
+        return _send_overload(argv[1:])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))

@@ -297,9 +297,7 @@ class Rank:
         histograms are the totals it carries (exact, so nothing is summed here)."""
         n = rec["n"]
         self.recv += n
-        win = self.win
-        for dur in rec["dur"]:
-            win.observe(dur, now)
+        self.win.observe_many(rec["dur"], now)
         self._stepped(rec, rec["seq"] + n - 1, now)
         self.totals(rec)
 

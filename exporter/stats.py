@@ -56,6 +56,18 @@ class WindowQuantile:
         cur = self.cur
         cur[k] = cur.get(k, 0) + 1
 
+    def observe_many(self, vs: List[float], now: float, _log=math.log, _floor=math.floor) -> None:
+        """``observe(v, now)`` for each of ``vs`` (one slot lookup for the lot)."""
+        sid = int(now / self.slot_len)
+        if sid != self.cur_id:
+            self._advance(sid)
+        inv, zero = self._INV_LN, self.ZERO_KEY
+        cur = self.cur
+        get = cur.get
+        for v in vs:
+            k = _floor(_log(v) * inv) if v > 1e-9 else zero
+            cur[k] = get(k, 0) + 1
+
     def _advance(self, sid: int) -> None:
         self.cur = {}
         self.cur_id = sid
