@@ -76,12 +76,9 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
            "If one rank is above the median, it computes slower: look at its GPU. " + worst("ranks"), "s",
            [Q(top(sel(R["busy"])), who), Q(sel(R["busy_median"]), "{{job}} median")]),
     ]
-    # GPU series joined to the rank on that GPU (the rank-to-GPU info series, always 1)
-    on_rank = (f"* on (node, gpu) group_left (job, rank) max by (job, node, rank, gpu) "
-               f"({sel(C.RANK_GPU_INFO)})")
-    stat_min, stat_max = 'stat="min"', 'stat="max"'
-    low_min = bottom(f"{sel(C.GPU_UTILIZATION, stat_min)} {on_rank}")
-    gpu_max = f"{sel(C.GPU_UTILIZATION, stat_max)} {on_rank}"
+    # each rank's GPU series, joined to the rank by a recording rule (the rank-to-GPU info series)
+    low_min = bottom(sel(R["rank_gpu_min"]))
+    gpu_max = sel(R["rank_gpu_max"])
     rows = b.row("GPU of each rank")
     rows += [
         ts(b.lay, "GPU busy ratio by rank",
@@ -89,7 +86,7 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
            "device UUID). A rank whose GPU is much less busy than its peers' waits for data or for others; "
            "a straggler's GPU is busier. If one is low, look at its dataloader wait share. "
            + worst("ranks", "lowest busy ratio"), "percentunit",
-           [Q(bottom(f"{sel(R['gpu_util'])} {on_rank}"), who)], w=12),
+           [Q(bottom(sel(R["rank_gpu_util"])), who)], w=12),
         ts(b.lay, "GPU utilization waveform by rank (window min / max)",
            "The lowest and highest NVML utilization sample of each rank's GPU over the agent's window. A max "
            "near 100% with a min near 0 is the sawtooth: compute alternates with idle gaps. If so, look at the "

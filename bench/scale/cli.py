@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Prometheus --query.timeout for the measured queries (default 120, Prometheus' own)")
     p.add_argument("--prometheus", metavar="PATH", default=PROMETHEUS, help=f"Prometheus binary (default {PROMETHEUS})")
     p.add_argument("--promtool", metavar="PATH", default=PROMTOOL, help=f"promtool binary (default {PROMTOOL})")
+    p.add_argument("--partial", metavar="FILE", default=None,
+                   help="write the result so far to FILE at the start of every phase (a run cut at its time "
+                        "limit keeps what it measured: the live rule evaluation comes before the dashboard queries)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -147,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                    rules_file=args.rules, queries_file=args.queries,
                    baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
                    promtool=args.promtool, query_timeout=args.query_timeout, future=args.future,
-                   reuse=args.reuse)
+                   reuse=args.reuse, partial=args.partial)
     bench = Bench(opts)
     try:
         result = bench.run()

@@ -5,6 +5,8 @@
 #
 #   here, once:   bash bench/scale/device.sh --prepare     # .devbin/: xz'd prometheus + promtool, PyYAML, the Grafana SDK
 #   there:        bash bench/scale/device.sh [bench args]  # results in $OUT/scale.json and $OUT/scale.log
+#                 ($OUT/scale-partial.json holds the result so far at each phase: a run cut at its limit
+#                 still has the rule figures, which come before the dashboard queries)
 #
 # (with the device tool: run(carry=[".devbin"], command="bash bench/scale/device.sh --jobs 14"))
 #
@@ -54,7 +56,7 @@ nproc; free -g | head -2; df -h /dev/shm /tmp | tail -2
 config=(--config "$PWD/bench/scale/device-config.yml")
 for a in "$@"; do [[ $a == --config || $a == --config=* ]] && config=(); done
 (cd /tmp && $PY -m ranksight bench scale --prometheus /tmp/rsbin/prometheus --promtool /tmp/rsbin/promtool \
-  --workdir /tmp --json "${config[@]}" "$@") > "$OUT/scale.json" 2> >(tee "$OUT/scale.log" | grep -v ' scale: query ' >&2)
+  --workdir /tmp --json --partial "$OUT/scale-partial.json" "${config[@]}" "$@") > "$OUT/scale.json" 2> >(tee "$OUT/scale.log" | grep -v ' scale: query ' >&2)
 rc=$?
 (cd /tmp && $PY - "$OUT/scale.json") <<'EOF' || true
 import json, sys

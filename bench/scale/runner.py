@@ -92,6 +92,7 @@ class Options:
     query_timeout: int = 120
     future: int = 0  # seconds the data reaches past now; 0: the expected generation + backfill time
     reuse: Optional[str] = None  # a --keep directory: skip generation, backfill only missing rules
+    partial: Optional[str] = None  # write the result so far here at every phase (a cut run keeps it)
     seed: int = 9
 
 
@@ -132,6 +133,11 @@ class Bench:
     # -- helpers
     def _phase(self, name: str) -> None:
         log.info("scale: %s (%.0f s)", name, time.monotonic() - self.wall0)
+        if self.o.partial:
+            try:
+                Path(self.o.partial).write_text(json.dumps(dict(self.result, partial_before=name), indent=1))
+            except OSError as e:
+                log.warning("scale: --partial %s: %s", self.o.partial, e.strerror or e)
 
     def _shm_dir(self, need: int) -> Optional[str]:
         try:
