@@ -160,6 +160,9 @@ def _send(argv: List[str]) -> int:
 
 
 HIST_OF = {"step": C.STEP_DURATION, "data": C.DATALOADER_WAIT_HIST, "b2o": C.BACKWARD_TO_OPTIMIZER}
+# each phase of a played step as a share of its duration (the step records' lists and the totals)
+PHASE_SHARE = (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
+               ("comm", 0.2), ("xcomm", 0.02))
 
 
 def _hists(counts: Dict[str, List[int]], values: Dict[str, float], n: int) -> Dict[str, List[int]]:
@@ -197,14 +200,11 @@ def _send_batched(a: argparse.Namespace) -> int:
             seq = t["steps"] + 1
             t["steps"] += per
             t["micro"] += per
-            for k, f in (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
-                         ("comm", 0.2), ("xcomm", 0.02)):
+            for k, f in PHASE_SHARE:
                 t[k] += f * sum(durs)
             for dd in durs:
                 _hists(hist[r], {"step": dd, "data": 0.05 * dd, "b2o": 0.8 * dd}, 1)
-            fields = {k: [round(f * d, 9) for d in durs] for k, f in (
-                ("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
-                ("comm", 0.2), ("xcomm", 0.02), ("ckpt", 0.0))}
+            fields = {k: [round(f * d, 9) for d in durs] for k, f in PHASE_SHARE + (("ckpt", 0.0),)}
             rec = dict(base, t="steps", rank=r, lr=r, ts=time.time(), seq=seq, micro=[1] * per, retries=0, ooms=0,
                        mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0,
                        tot=dict(t), hist=hist[r], **fields)
@@ -244,14 +244,12 @@ def _send_overload(argv: List[str]) -> int:
     ranks = list(range(a.first, a.first + a.ranks))
     base = dict(v=P.VERSION, job=OVERLOAD_JOB, ws=a.ws, node=socket.gethostname(), pid=4242, sess=1)
     d = 0.01
-    step = {k: [round(f * d, 9)] for k, f in (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1),
-                                               ("b2o", 0.8), ("comm", 0.2), ("xcomm", 0.02), ("ckpt", 0.0))}
+    step = {k: [round(f * d, 9)] for k, f in PHASE_SHARE + (("ckpt", 0.0),)}
     n = dict.fromkeys(ranks, 0)
 
     def totals(r: int) -> Tuple[dict, dict]:
         k = n[r]
-        tot = dict(steps=k, micro=k, dur=k * d, data=k * d * 0.05, fwd=k * d * 0.3, bwd=k * d * 0.4, opt=k * d * 0.1,
-                   b2o=k * d * 0.8, comm=k * d * 0.2, xcomm=k * d * 0.02, ckpt_s=0.0)
+        tot = dict(steps=k, micro=k, ckpt_s=0.0, **{key: k * d * f for key, f in PHASE_SHARE})
         return tot, _hists({}, {"step": d, "data": 0.05 * d, "b2o": 0.8 * d}, k)
 
     t0 = time.perf_counter()

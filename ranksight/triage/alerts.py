@@ -39,7 +39,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     node_job = f"topk by (node) (1, group by (node, job) ({C.RANK_UP}))"
     speed_job = f"({C.NET_IF_SPEED} * on (node) group_left (job) {node_job})"
     nic_peer_low = f"{speed_job} < on (job, device) group_left () max by (job, device) ({speed_job})"
-    nic_self_low = f"{C.NET_IF_SPEED} < max_over_time({C.NET_IF_SPEED}[1d])"
+    nic_self_low = f"{C.NET_IF_SPEED} < on (node, device) group_left () max by (node, device) ({REC['nic_best_1d']})"
     nic_bytes = f"sum by (node, device) (rate({C.NET_IF_BYTES}[{rate_w}]))"
     nic_busy = (f"{nic_bytes} / on (node) group_left () (sum by (node) ({nic_bytes}) > 0)"
                 f" >= {t['nic_min_traffic_share']:g}")

@@ -57,6 +57,9 @@ REC = {
     "ingest": "node:ranksight_ingest_datagrams:rate",
     "disk_free": "node:ranksight_disk_free:ratio",
     "throttled": "gpu:ranksight_gpu_throttled:max",
+    # a NIC's best link speed: over 5 minutes, and over a day of those (RanksightNicSpeedLow)
+    "nic_best_5m": "node:ranksight_net_interface_speed_bytes:max_5m",
+    "nic_best_1d": "node:ranksight_net_interface_speed_bytes:max_1d",
     # each rank's GPU, joined once per evaluation (the ranks dashboard draws these per rank)
     "rank_gpu_util": "rank:ranksight_gpu_utilization:ratio_rate",
     "rank_gpu_min": "rank:ranksight_gpu_utilization_window:min",
@@ -91,6 +94,7 @@ RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.node_counters": "slow_rule_interval",
     "ranksight.recording.gpu_samples": "slow_rule_interval",
     "ranksight.recording.rdma": "slow_rule_interval",
+    "ranksight.recording.nic": "baseline_rule_interval",
 }
 
 
@@ -113,7 +117,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     thousands of raw series."""
     w = cfg["windows"]["rate"]
     ckpt_w = cfg["windows"].get("checkpoint_share", w)
-    RATES, RANK, JOB, STATE, NODE, RANK_GPU, HIST, NODEC, SAMPLES, RDMA = list(RULE_GROUPS)[:10]
+    RATES, RANK, JOB, STATE, NODE, RANK_GPU, HIST, NODEC, SAMPLES, RDMA, NIC = list(RULE_GROUPS)[:11]
 
     def rate(m: Any, window: str = w) -> str:
         return f"rate({m}[{window}])"
@@ -228,6 +232,14 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["rdma_errors"], f"sum by (node, counter) ({rate(rdma_errors)})"),
         Recording(REC["rdma_packets"], f"sum by (node, counter) ({rate(rdma_packets)})"),
     ]
+    # The day's best speed of each NIC in two steps, every `durations.baseline_rule_interval`: the
+    # best of each 5 minutes, then the best of a day of those (288 samples a series, where reading the
+    # raw gauge over a day on every alert evaluation reads 5,760). A speed that drops is compared with
+    # it at once; one that rises shows in it within an interval.
+    nic = [
+        Recording(REC["nic_best_5m"], f"max_over_time({C.NET_IF_SPEED}[5m])"),
+        Recording(REC["nic_best_1d"], f"max_over_time({REC['nic_best_5m']}[1d])"),
+    ]
     samples = [Recording(REC["util_samples"], f"sum by (node, le) ({rate(C.GPU_UTILIZATION_SAMPLES.bucket)})")]
     node_counters = [
         Recording(REC["if_errors"], f"sum by (node, direction) ({rate(C.NET_IF_ERRORS)})"),
@@ -242,7 +254,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     out: List[Recording] = []
     for group, rules in ((RATES, rates), (RANK, rank), (JOB, job), (STATE, state), (NODE, node),
                          (RANK_GPU, rank_gpu), (HIST, hist),
-                         (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma)):
+                         (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma), (NIC, nic)):
         out += [replace(r, group=group) for r in rules]
     return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
 
