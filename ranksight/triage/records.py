@@ -57,8 +57,8 @@ REC = {
     "ingest": "node:ranksight_ingest_datagrams:rate",
     "disk_free": "node:ranksight_disk_free:ratio",
     "throttled": "gpu:ranksight_gpu_throttled:max",
-    # a NIC's best link speed: over 5 minutes, and over a day of those (RanksightNicSpeedLow)
-    "nic_best_5m": "node:ranksight_net_interface_speed_bytes:max_5m",
+    # a NIC's best link speed: over each baseline interval, and over a day of those (RanksightNicSpeedLow)
+    "nic_best": "node:ranksight_net_interface_speed_bytes:interval_max",
     "nic_best_1d": "node:ranksight_net_interface_speed_bytes:max_1d",
     # each rank's GPU, joined once per evaluation (the ranks dashboard draws these per rank)
     "rank_gpu_util": "rank:ranksight_gpu_utilization:ratio_rate",
@@ -233,12 +233,14 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["rdma_packets"], f"sum by (node, counter) ({rate(rdma_packets)})"),
     ]
     # The day's best speed of each NIC in two steps, every `durations.baseline_rule_interval`: the
-    # best of each 5 minutes, then the best of a day of those (288 samples a series, where reading the
-    # raw gauge over a day on every alert evaluation reads 5,760). A speed that drops is compared with
-    # it at once; one that rises shows in it within an interval.
+    # best over each interval (its window is the interval, so none is skipped), then the best of a
+    # day of those (288 samples a series at 5 minutes, where reading the raw gauge over a day on every
+    # alert evaluation reads 5,760). A speed that drops is compared with it at once; one that rises
+    # shows in it within an interval.
+    nic_w = cfg["durations"]["baseline_rule_interval"]
     nic = [
-        Recording(REC["nic_best_5m"], f"max_over_time({C.NET_IF_SPEED}[5m])"),
-        Recording(REC["nic_best_1d"], f"max_over_time({REC['nic_best_5m']}[1d])"),
+        Recording(REC["nic_best"], f"max_over_time({C.NET_IF_SPEED}[{nic_w}])"),
+        Recording(REC["nic_best_1d"], f"max_over_time({REC['nic_best']}[1d])"),
     ]
     samples = [Recording(REC["util_samples"], f"sum by (node, le) ({rate(C.GPU_UTILIZATION_SAMPLES.bucket)})")]
     node_counters = [
