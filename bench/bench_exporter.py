@@ -25,6 +25,7 @@ Run from a checkout: ``ranksight bench exporter [--json]`` or ``python3 bench/be
 from __future__ import annotations
 
 import argparse
+import bisect
 import http.client
 import json
 import os
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
 from ranksight import protocol as P
@@ -111,6 +112,28 @@ def _records(ranks: int, n: int) -> List[bytes]:
     return out
 
 
+def _paced(rate: float, seconds: float, send_one: Callable[[], bool], slice_s: float, cap: int,
+           each_slice: Optional[Callable[[float], None]] = None) -> Tuple[int, float]:
+    """Call ``send_one`` ``rate`` times a second for ``seconds``, in slices of ``slice_s`` (at most
+    ``cap`` calls a slice); ``send_one`` returns False when the socket is full, and the rest of that
+    slice waits. ``each_slice(now)`` runs at the start of every slice. Returns (sent, seconds)."""
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    sent = 0
+    while True:
+        now = time.perf_counter()
+        if now >= end:
+            break
+        if each_slice is not None:
+            each_slice(now)
+        for _ in range(min(int((now - t0) * rate) - sent, cap)):
+            if not send_one():
+                break
+            sent += 1
+        time.sleep(max(0.0, slice_s - (time.perf_counter() - now)))
+    return sent, time.perf_counter() - t0
+
+
 def _send(argv: List[str]) -> int:
     """Sender child: ``--rate R --seconds S`` (paced in 10 ms slices); prints JSON {sent, seconds}."""
     p = argparse.ArgumentParser()
@@ -132,30 +155,24 @@ def _send(argv: List[str]) -> int:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     dest = ("127.0.0.1", a.port)
     sendto = s.sendto
-    t0 = time.perf_counter()
-    end = t0 + a.seconds
-    sent = 0
-    next_hb = t0
-    i = 0
-    n = len(recs)
-    while True:
-        now = time.perf_counter()
-        if now >= end:
-            break
-        if a.heartbeats and now >= next_hb:
+    at = {"i": 0, "hb": 0.0}
+
+    def one() -> bool:
+        try:
+            sendto(recs[at["i"]], dest)
+        except BlockingIOError:
+            return False
+        at["i"] = (at["i"] + 1) % len(recs)
+        return True
+
+    def heartbeats(now: float) -> None:  # once a second, not counted in the rate
+        if now >= at["hb"]:
             for h in hbs:
                 sendto(h, dest)
-            next_hb += 1.0
-        due = int((now - t0) * a.rate) - sent
-        for _ in range(min(due, 20000)):
-            try:
-                sendto(recs[i], dest)
-            except BlockingIOError:
-                break
-            i = (i + 1) % n
-            sent += 1
-        time.sleep(max(0.0, 0.01 - (time.perf_counter() - now)))
-    print(json.dumps({"sent": sent, "seconds": time.perf_counter() - t0}))
+            at["hb"] = (at["hb"] or now) + 1.0
+
+    sent, seconds = _paced(a.rate, a.seconds, one, 0.01, 20000, heartbeats if a.heartbeats else None)
+    print(json.dumps({"sent": sent, "seconds": seconds}))
     return 0
 
 
@@ -165,14 +182,14 @@ PHASE_SHARE = (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt",
                ("comm", 0.2), ("xcomm", 0.02))
 
 
-def _hists(counts: Dict[str, List[int]], values: Dict[str, float], n: int) -> Dict[str, List[int]]:
-    """Add ``n`` observations of ``values[key]`` to each histogram's non-cumulative bucket counts
-    (as the hooks keep them: one count per bucket of the catalog, the +Inf bucket last)."""
-    import bisect
-
+def _hists(counts: Dict[str, List[int]], dur: float, n: int) -> Dict[str, List[int]]:
+    """Add ``n`` steps of duration ``dur`` to each histogram's non-cumulative bucket counts (as the
+    hooks keep them: one count per bucket of the catalog, the +Inf bucket last); the data wait and
+    backward-to-optimizer values are their PHASE_SHARE of the step."""
+    share = dict(PHASE_SHARE, step=1.0)
     for key, fam in HIST_OF.items():
         c = counts.setdefault(key, [0] * (len(fam.buckets) + 1))
-        c[bisect.bisect_left(fam.buckets, values[key])] += n
+        c[bisect.bisect_left(fam.buckets, share[key] * dur)] += n
     return counts
 
 
@@ -203,7 +220,7 @@ def _send_batched(a: argparse.Namespace) -> int:
             for k, f in PHASE_SHARE:
                 t[k] += f * sum(durs)
             for dd in durs:
-                _hists(hist[r], {"step": dd, "data": 0.05 * dd, "b2o": 0.8 * dd}, 1)
+                _hists(hist[r], dd, 1)
             fields = {k: [round(f * d, 9) for d in durs] for k, f in PHASE_SHARE + (("ckpt", 0.0),)}
             rec = dict(base, t="steps", rank=r, lr=r, ts=time.time(), seq=seq, micro=[1] * per, retries=0, ooms=0,
                        mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0,
@@ -250,31 +267,24 @@ def _send_overload(argv: List[str]) -> int:
     def totals(r: int) -> Tuple[dict, dict]:
         k = n[r]
         tot = dict(steps=k, micro=k, ckpt_s=0.0, **{key: k * d * f for key, f in PHASE_SHARE})
-        return tot, _hists({}, {"step": d, "data": 0.05 * d, "b2o": 0.8 * d}, k)
+        return tot, _hists({}, d, k)
 
-    t0 = time.perf_counter()
-    end = t0 + a.seconds
-    sent = 0
-    i = 0
-    while True:
-        now = time.perf_counter()
-        if now >= end:
-            break
-        due = int((now - t0) * a.rate) - sent
-        for _ in range(min(due, 5000)):
-            r = ranks[i % len(ranks)]
-            i += 1
-            n[r] += 1
-            tot, hist = totals(r)
-            rec = dict(base, t="steps", rank=r, lr=r % 8, ts=time.time(), seq=n[r], micro=[1], retries=0, ooms=0,
-                       mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0, tot=tot, hist=hist, **step)
-            try:
-                s.sendto(P.encode(rec), dest)
-            except BlockingIOError:
-                pass  # a full send buffer is a lost datagram too: the totals must survive it
-            sent += 1
-        time.sleep(max(0.0, 0.005 - (time.perf_counter() - now)))
-    seconds = time.perf_counter() - t0
+    turn = [0]
+
+    def one() -> bool:
+        r = ranks[turn[0] % len(ranks)]
+        turn[0] += 1
+        n[r] += 1
+        tot, hist = totals(r)
+        rec = dict(base, t="steps", rank=r, lr=r % 8, ts=time.time(), seq=n[r], micro=[1], retries=0, ooms=0,
+                   mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0, tot=tot, hist=hist, **step)
+        try:
+            s.sendto(P.encode(rec), dest)
+        except BlockingIOError:
+            pass  # a full send buffer is a lost datagram too: the totals must survive it
+        return True
+
+    sent, seconds = _paced(a.rate, a.seconds, one, 0.005, 5000)
     for _ in range(3):
         time.sleep(0.5)
         for r in ranks:

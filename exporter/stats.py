@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ranksight.stats import rank_of
 
@@ -48,16 +48,11 @@ class WindowQuantile:
         self.cur_id = -1
         self.cur: Dict[int, int] = {}
 
-    def observe(self, v: float, now: float, _log=math.log, _floor=math.floor) -> None:
-        sid = int(now / self.slot_len)
-        if sid != self.cur_id:
-            self._advance(sid)
-        k = _floor(_log(v) * self._INV_LN) if v > 1e-9 else self.ZERO_KEY
-        cur = self.cur
-        cur[k] = cur.get(k, 0) + 1
+    def observe(self, v: float, now: float) -> None:
+        self.observe_many((v,), now)
 
-    def observe_many(self, vs: List[float], now: float, _log=math.log, _floor=math.floor) -> None:
-        """``observe(v, now)`` for each of ``vs`` (one slot lookup for the lot)."""
+    def observe_many(self, vs: Sequence[float], now: float, _log=math.log, _floor=math.floor) -> None:
+        """Count each of ``vs`` in the current slot (one slot lookup for the lot)."""
         sid = int(now / self.slot_len)
         if sid != self.cur_id:
             self._advance(sid)

@@ -45,7 +45,7 @@ from .lints import LINTS
 from .alerts import by_alert, inhibit_pairs, signals, table
 
 __all__ = [
-    "ALERT_GROUPS", "CLOCK_EVENT_REASONS", "GROUP_INPUTS", "DESYNC_POS", "GPU_DESC", "HW_COLLECTORS", "LINTS", "NODE_DESC",
+    "ALERT_GROUPS", "CLOCK_EVENT_REASONS", "DESYNC_POS", "GPU_DESC", "GROUP_INPUTS", "HW_COLLECTORS", "LINTS", "NODE_DESC",
     "RANK_BY", "RANK_DESC", "RDMA_TRAFFIC", "REC", "RULE_GROUPS", "RUNBOOK_BASE", "SCRAPE_JOB", "STALL_WHERE",
     "THROTTLE_REASONS", "THROTTLE_SHOWN", "VAL", "WAITING_SYMPTOMS", "Entry", "Inhibit", "Recording",
     "by_alert", "inhibit_pairs", "recording_groups", "recording_rules", "signals", "table", "with_gpu",
