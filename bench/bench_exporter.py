@@ -3,8 +3,9 @@ scrape), the agent's CPU % and RSS, and the highest ingest rate with no drops.
 
 Setup: the agent runs as its own process with all collectors on the real /proc and /sys
 and 8 stand-in GPUs serving the recorded H200 traces (tests/support/nvml_standin.py);
-a sender process plays 8 ranks at 100 steps/s each as the hooks send them: per rank one "steps"
-record per 0.25 s tick and one heartbeat a second, both carrying the totals.
+a sender process plays 8 ranks at 100 steps/s each as the hooks send them: per rank "steps"
+records of as many steps as a datagram holds (or what queued when the heartbeat is due) and one
+heartbeat a second, both carrying the totals.
 
 - scrape: interleaved A/B, one agent scrape then one node_exporter scrape
   (``collect[]=netstat&collect[]=netdev&collect[]=netclass``), each on its own keep-alive
@@ -29,6 +30,7 @@ import bisect
 import http.client
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -46,7 +48,7 @@ SUPPORT = HERE.parent.parent / "tests" / "support"  # the NVML stand-in, a test 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 NE_QUERY = "/metrics?collect[]=netstat&collect[]=netdev&collect[]=netclass"
 TARGETS = {"cpu_percent": 1.0, "rss_mb": 60.0, "ingest_per_s": 50_000}
-BATCH_EVERY = 0.25  # the hooks' background tick: each rank sends one "steps" record per tick
+BATCH_EVERY = 0.25  # the hooks' background tick (hooks/sender.py TICK_SECONDS)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -194,43 +196,74 @@ def _hists(counts: Dict[str, List[int]], dur: float, n: int) -> Dict[str, List[i
 
 
 def _send_batched(a: argparse.Namespace) -> int:
-    """Every BATCH_EVERY seconds, per rank, one "steps" record of rate/ranks*BATCH_EVERY steps with
-    the totals after them; per rank one heartbeat with the totals every second (the hooks' traffic)."""
+    """8 ranks' traffic as the hooks send it (hooks/sender.py): each BATCH_EVERY tick every rank
+    queues its steps; they go out as "steps" records (the totals after their last step) of as many
+    steps as a datagram holds, the rest waiting until its oldest waited protocol.STEPS_WAIT_SECONDS;
+    a heartbeat with the totals once a second."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dest = ("127.0.0.1", a.port)
     per = max(1, round(a.rate / a.ranks * BATCH_EVERY))
+    # the totals as hooks/totals.py keeps them: every key, checkpoints included, and four histograms
     tot = [dict(steps=0, micro=0, dur=0.0, data=0.0, fwd=0.0, bwd=0.0, opt=0.0, b2o=0.0, comm=0.0, xcomm=0.0,
-                ckpt_s=0.0) for _ in range(a.ranks)]
-    hist: List[Dict[str, List[int]]] = [{} for _ in range(a.ranks)]
+                ckpt_s=0.0, ckpt_bytes=0, ckpt_n=0, ckpt_fail=0) for _ in range(a.ranks)]
+    hist: List[Dict[str, List[int]]] = [{"ckpt": [0] * P.HIST_SIZES["ckpt"]} for _ in range(a.ranks)]
+    queued: List[List[float]] = [[] for _ in range(a.ranks)]
+    since = [0.0] * a.ranks  # when the oldest queued step of each rank was queued
+    fill = [24] * a.ranks  # steps a datagram holds, measured on each record sent (as the hooks do)
+    jitter = random.Random(1)  # measured durations: every value has all its significant digits
     base = dict(v=P.VERSION, job="bench", ws=a.ranks, node=socket.gethostname(), pid=4242, sess=1)
     t0 = time.perf_counter()
     end = t0 + a.seconds
     sent = 0
     tick = 0
+
+    def record(r: int, durs: List[float]) -> bytes:
+        t = tot[r]
+        seq = t["steps"] + 1
+        t["steps"] += len(durs)
+        t["micro"] += len(durs)
+        for k, f in PHASE_SHARE:
+            t[k] += f * sum(durs)
+        for dd in durs:
+            _hists(hist[r], dd, 1)
+        # the hooks' layout: identity, ts, seq, the per-step lists in their column order, micro,
+        # the last-step scalars, tot, hist
+        cols = ",".join('"%s":[%s]' % (k, ",".join([P.STEP_DIGITS % (f * d) for d in durs]))
+                        for k, f in PHASE_SHARE + (("ckpt", 0.0),))
+        head = P.encode(dict(base, t="steps", rank=r, lr=r, ts=round(time.time(), 6), seq=seq))[:-1].decode()
+        tail = P.encode(dict(micro=[1] * len(durs), retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, herr=0,
+                             hdrop=0, wrss=0, restart=0, tot=sent_tot(r), hist=hist[r]))[1:].decode()
+        data = ("%s,%s,%s" % (head, cols, tail)).encode()
+        fixed = len(head) + len(tail)
+        fill[r] = max(1, min(P.STEPS_MAX, int((P.STEPS_FILL_BYTES - fixed) // ((len(data) - fixed) / len(durs)))))
+        return data
+
+    def sent_tot(r: int) -> Dict[str, object]:
+        return {k: round(x, 9) if type(x) is float else x for k, x in tot[r].items()}
+
     while True:
         now = time.perf_counter()
         if now >= end:
             break
+        hb_due = tick % round(1 / BATCH_EVERY) == 0
         for r in range(a.ranks):
-            durs = [0.01 * (1 + ((tick * per + i) % 17) / 100) for i in range(per)]
-            t = tot[r]
-            seq = t["steps"] + 1
-            t["steps"] += per
-            t["micro"] += per
-            for k, f in PHASE_SHARE:
-                t[k] += f * sum(durs)
-            for dd in durs:
-                _hists(hist[r], dd, 1)
-            fields = {k: [round(f * d, 9) for d in durs] for k, f in PHASE_SHARE + (("ckpt", 0.0),)}
-            rec = dict(base, t="steps", rank=r, lr=r, ts=time.time(), seq=seq, micro=[1] * per, retries=0, ooms=0,
-                       mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0,
-                       tot=dict(t), hist=hist[r], **fields)
-            s.sendto(P.encode(rec), dest)
-            sent += 1
-            if tick % round(1 / BATCH_EVERY) == 0:
+            if not queued[r]:
+                since[r] = now
+            queued[r] += [0.01 * (1 + ((tick * per + i) % 17) / 100) * jitter.uniform(0.999, 1.001)
+                          for i in range(per)]
+            q = queued[r]
+            old = now - since[r] >= P.STEPS_WAIT_SECONDS
+            while q and (old or len(q) >= fill[r]):
+                s.sendto(record(r, q[:fill[r]]), dest)
+                sent += 1
+                q = q[fill[r]:]
+            if q and len(q) != len(queued[r]):
+                since[r] = now
+            queued[r] = q
+            if hb_due:
                 s.sendto(P.encode(dict(base, t="hb", rank=r, lr=r, ts=time.time(), seq=tick + 1, every=1.0,
-                                       step=t["steps"], phase="forward", coll=-1.0, probe=0.001, tot=dict(t),
-                                       hist=hist[r])), dest)
+                                       step=tot[r]["steps"], phase="forward", coll=-1.0, probe=0.001,
+                                       tot=sent_tot(r), hist=hist[r])), dest)
                 sent += 1
         tick += 1
         time.sleep(max(0.0, t0 + tick * BATCH_EVERY - time.perf_counter()))
@@ -395,6 +428,23 @@ def _udp_rcvbuf_errors() -> int:
         return -1
 
 
+def _cpu_ns(pid: int) -> Optional[int]:
+    """The process's CPU time in nanoseconds: the sum of its threads' /proc schedstat run times
+    (psutil's times come in clock ticks, 10 ms: 0.05% of a core over a 20 s window). None without
+    /proc; the threads must live through the window, as the agent's do."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    except OSError:
+        return None
+    return total
+
+
 def _pct(xs: List[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
@@ -462,6 +512,7 @@ def measure(args: argparse.Namespace) -> Dict:
         pa = psutil.Process(agent.pid)
         i0 = _ingest_counts(a_scr)
         c0 = pa.cpu_times()
+        n0 = _cpu_ns(agent.pid)
         t0 = time.monotonic()
         next_scrape = t0
         while time.monotonic() - t0 < args.cpu_seconds:
@@ -470,14 +521,18 @@ def measure(args: argparse.Namespace) -> Dict:
                 next_scrape += args.scrape_interval
             time.sleep(0.05)
         c1 = pa.cpu_times()
+        n1 = _cpu_ns(agent.pid)
         wall = time.monotonic() - t0
-        result["agent_cpu_percent"] = 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / wall
+        ticks = 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / wall
+        result["agent_cpu_percent_ticks"] = ticks
+        result["agent_cpu_percent"] = 100.0 * (n1 - n0) / 1e9 / wall if n0 is not None and n1 is not None else ticks
         result["agent_rss_mb"] = pa.memory_info().rss / 2**20
         i1 = _ingest_counts(a_scr)
+        got = {k: v - i0.get(k, 0) for k, v in i1.items() if v - i0.get(k, 0)}
         result["cpu_window"] = {"seconds": wall, "scrape_interval_s": args.scrape_interval,
-                                "steps_per_s": rate, "datagrams_per_s": args.ranks * (1 / BATCH_EVERY + 1),
+                                "steps_per_s": rate, "datagrams_per_s": sum(got.values()) / wall,
                                 # the load must be accepted: a rejected datagram costs the agent less
-                                "ingest": {k: v - i0.get(k, 0) for k, v in i1.items() if v - i0.get(k, 0)}}
+                                "ingest": got}
         if load is not None:
             stop_process(load, 10)
         load = None

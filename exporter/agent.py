@@ -65,6 +65,7 @@ class AgentSettings:
     watch_paths: List[str] = field(default_factory=lambda: list(_AGENT["watch_paths"]))
     ranks: RankSettings = field(default_factory=RankSettings)
     gpu_poll_seconds: float = _AGENT["gpu_poll_seconds"]
+    gpu_state_seconds: float = _AGENT["gpu_state_seconds"]
     gpu_window_seconds: float = _AGENT["gpu_window_seconds"]
     gpu_swing_high: float = _THRESHOLDS["gpu_swing_high"]
     gpu_swing_low: float = _THRESHOLDS["gpu_swing_low"]

@@ -5,11 +5,14 @@ rank table, or dropped and counted:
 ``ranksight_ingest_datagrams_total{result=ok|malformed|oversize|rejected|overflow}``.
 
 The receive loop drains the socket in a tight non-blocking loop, then sleeps
-before looking again, so that datagrams are handled in batches (warm caches:
-at 800 datagrams/s a batch costs about half the CPU per datagram of waking up
-for each one). The sleep adapts to the arrival rate so that a batch fills at
-most a quarter of SO_RCVBUF (asked large; 8 MB holds ~6,500 small datagrams),
-between IDLE_SLEEP_MIN and IDLE_SLEEP_MAX. A unix datagram socket queues at most
+before looking again, so that datagrams are handled in batches. A record handled
+right after others costs about half the CPU of one handled after a pause (warm
+caches: 190 against 420 us for a 3.7 KB "steps" record on the 2-core CPU box,
+bench/RESULTS.md), so the agent wakes rarely: at the hooks' rate of 8 ranks
+(30-40 datagrams/s) every IDLE_SLEEP_MAX, twice a second. The sleep adapts to the
+arrival rate so that a batch fills at most a quarter of SO_RCVBUF (asked large:
+32 MB where allowed, which holds ~7,000 full datagrams), between IDLE_SLEEP_MIN
+and IDLE_SLEEP_MAX; a stop wakes it at once. A unix datagram socket queues at most
 net.unix.max_dgram_qlen datagrams whatever its SO_RCVBUF (10 by the kernel's default, 512
 where systemd sets it): there a batch is a quarter of that queue, and when that leaves less than
 IDLE_SLEEP_MIN to sleep the receiver wakes for every arrival instead. The agent warns at startup
@@ -53,7 +56,7 @@ log = logging.getLogger("ranksight.exporter.ingest")
 RESULTS = C.INGEST_RESULTS
 RCVBUF_BYTES = 32 << 20
 IDLE_SLEEP_MIN = 0.005  # between drains, seconds: at high rates ...
-IDLE_SLEEP_MAX = 0.08  # ... and at low rates (a burst from idle then still fits the buffer)
+IDLE_SLEEP_MAX = 0.5  # ... and at low rates (the records wait at most this long; scrapes come every 15 s)
 BYTES_PER_QUEUED = 4096  # a batch may fill SO_RCVBUF up to rcvbuf / this many datagrams (truesize ~1.3 KB)
 STOP_POLL = 0.2  # how often a waiting receiver checks for stop
 UNIX_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
@@ -91,7 +94,7 @@ class Ingest:
         """Validate and apply one datagram; returns its result label. ``ancdata`` (unix socket): the
         recvmsg ancillary data, with the kernel's SCM_CREDENTIALS of the sender, checked first."""
         try:
-            rec = decode(data)
+            rec = decode(data, phases=False)
         except ProtocolError as e:
             res = e.result
             v = e.version
@@ -305,8 +308,8 @@ class Receiver:
             rate = n / max(t - last, 1e-3)
             last = t
             pause = min(IDLE_SLEEP_MAX, batch_target / rate if rate else IDLE_SLEEP_MAX)
-            if pause >= min_sleep or not creds:
-                time.sleep(max(min_sleep, pause))
+            if (pause >= min_sleep or not creds) and stop.wait(max(min_sleep, pause)):
+                return
 
 
 def _unix_qlen() -> int:

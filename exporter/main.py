@@ -98,6 +98,7 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
         watch_paths=watch,
         ranks=RankSettings.from_config(a),
         gpu_poll_seconds=a["gpu_poll_seconds"],
+        gpu_state_seconds=a["gpu_state_seconds"],
         gpu_window_seconds=a["gpu_window_seconds"],
         gpu_swing_high=t["gpu_swing_high"],
         gpu_swing_low=t["gpu_swing_low"],

@@ -22,7 +22,9 @@ log = logging.getLogger("ranksight.hooks")
 _perf = time.perf_counter
 
 
-TICK_SECONDS = 0.25  # the background thread's period: step records wait at most this long
+TICK_SECONDS = 0.25  # the background thread's period
+STEPS_WAIT_SECONDS = protocol.STEPS_WAIT_SECONDS
+STEP_DIGITS = protocol.STEP_DIGITS
 
 
 # CUDA: the newest step record waits this long (or for the next one) while GPU intervals are still
@@ -35,7 +37,8 @@ STEPS_COLUMNS = (("dur", 3), ("data", 4), ("fwd", 5), ("bwd", 6), ("opt", 7), ("
                  ("ckpt", 11))
 
 
-STEPS_PER_RECORD = 24  # at most this many steps per "steps" record (protocol.STEPS_MAX is the agent's cap)
+STEPS_PER_RECORD = protocol.STEPS_MAX  # at most this many steps per "steps" record (the agent's cap); a record
+# over protocol.MAX_DATAGRAM bytes is sent as the fewest parts of equal steps that fit (_send_steps)
 
 
 def enc_fields(fields: Dict[str, Any]) -> str:
@@ -191,21 +194,37 @@ class Background:
         self._steps_prefix = protocol.encode(dict(self._base, t="steps")).decode()[:-1] + ","
 
     def _take_items(self) -> List[tuple]:
-        """The queued records, the held-back step record first (background thread, or close())."""
-        items = drain(self._queue)
+        """The queued records, the held-back step records first (background thread, or close())."""
+        items = self._held_run
+        self._held_run = []
         held = self._held
         if held is not None:
             self._held = None
-            items.insert(0, held)
+            items.append(held)
+        items.extend(drain(self._queue))
         return items
 
     def _flush(self) -> None:
+        """Send what is queued. While the oldest of the trailing step records is younger than
+        STEPS_WAIT_SECONDS, they go out in full datagrams only (``_steps_fill`` steps each) and the
+        rest waits for the next tick."""
         with self._send_lock:  # close() flushes under it too: a record is held, sent or taken, never lost
             if self._bye_sent:
                 return
             items = self._take_items()
             if not items:
                 return
+            if not self._stop.is_set():
+                j = len(items)
+                while j > 0 and items[j - 1][0] == "step":
+                    j -= 1
+                if j < len(items) and _perf() - items[j][2] < STEPS_WAIT_SECONDS:
+                    keep = (len(items) - j) % self._steps_fill
+                    if keep:
+                        self._held_run = items[len(items) - keep:]
+                        del items[len(items) - keep:]
+                    self._send_items(items)
+                    return
             tl = self._tl
             if tl is not None and tl.pending and not self._stop.is_set():
                 # hold back the newest step record while GPU intervals are pending: if the watch ends
@@ -219,8 +238,8 @@ class Background:
 
     def _send_items(self, items: List[tuple]) -> None:
         """Send queued records in order. Consecutive step records go out as "steps" records (up
-        to STEPS_PER_RECORD steps each, with the totals after their last step): one datagram per
-        tick per rank, not one per step."""
+        to STEPS_PER_RECORD steps each and MAX_DATAGRAM bytes, with the totals after their last
+        step): one datagram per tick per rank while a tick's steps fit in one, not one per step."""
         if not items:
             return
         send, enc = self._transport.send, protocol.encode
@@ -235,7 +254,7 @@ class Background:
                         table.add(seq, dur, data, comm, xcomm, ckpt)
                         if table.due(_perf()):
                             self._print_table()
-                    if batch and (seq != batch[-1][1] + 1 or len(batch) >= STEPS_PER_RECORD):
+                    if batch and (seq != batch[-1][1] + 1 or len(batch) >= self._steps_fill):
                         self._send_steps(batch)
                         batch = []
                     batch.append(it)
@@ -259,7 +278,7 @@ class Background:
         try:
             cols = []
             for k, j in STEPS_COLUMNS:
-                nums = ",".join(["%.9g" % it[j] for it in batch])
+                nums = ",".join([STEP_DIGITS % it[j] for it in batch])
                 if "n" in nums or "-" in nums.replace("e-", ""):  # nan, inf or a negative number
                     raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
                 cols.append(f'"{k}":[{nums}]')
@@ -283,12 +302,20 @@ class Background:
         except (ValueError, TypeError) as e:
             self._hook_error("record encoding", e)
             return
+        # how many steps a datagram holds, by this record's bytes per step (the fixed part, identity
+        # and totals, counted once): consecutive steps go out in records of that many
+        fixed = len(data) - len(",".join(cols)) - len(micro)
+        per_step = (len(data) - fixed) / len(batch)
+        fit = max(1, int((protocol.STEPS_FILL_BYTES - fixed) // max(per_step, 1.0)))
+        self._steps_fill = min(fit, STEPS_PER_RECORD)
         if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
             for it in batch:
                 totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12], sign=-1)
-            half = len(batch) // 2
-            self._send_steps(batch[:half])
-            self._send_steps(batch[half:])
+            # the fewest parts of equal steps that fit; a part still too big splits again
+            parts = min(len(batch), max(2, -(-len(batch) // fit)))
+            size = -(-len(batch) // parts)
+            for i in range(0, len(batch), size):
+                self._send_steps(batch[i:i + size])
             return
         self._transport.send(data)
 

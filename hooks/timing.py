@@ -72,6 +72,39 @@ class IntervalSet:
         return new if new > 0 else 0.0
 
 
+def driver_recorder(torch_mod: Any, device: Any) -> Optional[Callable[[Any], bool]]:
+    """A function that records an existing CUDA event again on the device's current stream with
+    the driver's ``cuEventRecord``, called through ``ctypes.PyDLL`` so the GIL stays held, and
+    returns True; False when it could not (then the caller uses ``Event.record``).
+
+    ``Event.record`` releases the GIL around the driver call and takes it back after: inside a
+    training loop whose other threads (a DataLoader's pin-memory thread, the hooks' background
+    thread) wait for the GIL, taking it back waits for them, so one record costs several times
+    its tight-loop cost. The driver call itself is short and never blocks, so holding the GIL
+    through it is cheaper. The event must have been recorded once by torch (which creates it and
+    marks it recorded for ``query()`` and ``elapsed_time()``); the stream is torch's current raw
+    stream for the device, the one ``Event.record`` would use. Any error from the driver (a
+    context that is not the event's, no driver library) returns False, and torch's own record
+    raises or succeeds as it always did. None when the driver API cannot be reached."""
+    try:
+        import ctypes
+
+        fn = ctypes.PyDLL("libcuda.so.1").cuEventRecord
+        fn.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+        fn.restype = ctypes.c_int
+        raw_stream = torch_mod._C._cuda_getCurrentRawStream
+        index = device.index if getattr(device, "index", None) is not None else torch_mod.cuda.current_device()
+        raw_stream(index)
+    except Exception:  # no libcuda, a torch without the call, no CUDA device: torch's record only
+        return None
+
+    def rerecord(ev: Any) -> bool:
+        h = ev.cuda_event
+        return bool(h) and fn(h, raw_stream(index)) == 0
+
+    return rerecord
+
+
 # Interval kinds the GPU timeline resolves. COMM and XCOMM are unions (overlaps counted once).
 FWD, BWD, OPT, XCOMM, COMM = "fwd", "bwd", "opt", "xcomm", "comm"
 UNION_KINDS = (COMM, XCOMM)
@@ -92,10 +125,14 @@ class CudaTimeline:
     """
 
     POOL = True  # reuse own events (bench/gpu/overhead.py compares it with fresh events)
+    # How an event that exists is recorded again: "driver" (cuEventRecord called with the GIL held,
+    # see driver_recorder) or "torch" (Event.record). bench/gpu/overhead.py --record-ab compares them.
+    RECORD = "driver"
 
     def __init__(self, torch_mod: Any, device: Any, max_pending: int):
         self._cuda = torch_mod.cuda
         self.device = device
+        self._rerecord = driver_recorder(torch_mod, device) if self.RECORD == "driver" else None
         self.max_pending = int(max_pending)
         self.dropped = 0
         self.created = 0  # CUDA events created (bench/gpu/overhead.py reports it per step)
@@ -115,10 +152,13 @@ class CudaTimeline:
         free = self._free
         if own and free:
             ev = free.pop()
+            rr = self._rerecord
+            if rr is None or not rr(ev):
+                ev.record(self._cuda.current_stream(self.device))
         else:
             ev = self._cuda.Event(enable_timing=True)
             self.created += 1
-        ev.record(self._cuda.current_stream(self.device))
+            ev.record(self._cuda.current_stream(self.device))
         if own and self.POOL:
             if len(self._own) >= 4 * self.max_pending:  # marked and never pushed (a hook that raised): forget
                 self._own.clear()

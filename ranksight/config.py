@@ -136,7 +136,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "down_after_misses": Opt(3, "rank_up drops to 0 after this many missed heartbeats", 1, 1000),
         "stall_min_seconds": Opt(30.0, "stalled: no step for max(this, stall_p99_factor x p99)", 0.1, 1e6),
         "stall_p99_factor": Opt(5.0, "see stall_min_seconds", 1, 1000),
-        "gpu_poll_seconds": Opt(1.0, "NVML sampling period", 0.05, 60),
+        "gpu_poll_seconds": Opt(1.0, "NVML utilization samples: drained this often", 0.05, 60),
+        "gpu_state_seconds": Opt(5.0, "NVML device state (memory, temperature, power, SM clock, clocks-event reasons, "
+                                      "PCIe link, GPM activity): read this often", 0.05, 600),
         "gpu_window_seconds": Opt(15.0, "GPU waveform window", 1, 3600),
         "nic_include": Opt("", "regex of interfaces to include (empty: all)"),
         "nic_exclude": Opt(r"^(lo|veth.*|docker.*|br-.*|virbr.*)$", "regex of interfaces to exclude"),

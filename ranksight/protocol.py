@@ -117,6 +117,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from operator import itemgetter
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple, Union
@@ -128,6 +129,13 @@ VERSION = 2
 ACCEPTED = (1, 2)
 MAX_DATAGRAM = 4096  # bytes; larger is "oversize"
 STEPS_MAX = 64  # steps in one "steps" record
+# How the hooks send "steps" records (a sender's choice; the agent reads any): as many steps as
+# one datagram holds, or what queued once the oldest waited STEPS_WAIT_SECONDS, so the agent reads
+# few records (a record's identity and totals cost it as much as 25 steps' values); each step's
+# values with STEP_DIGITS significant digits (the totals are summed unrounded).
+STEPS_WAIT_SECONDS = 1.0
+STEP_DIGITS = "%.6g"
+STEPS_FILL_BYTES = MAX_DATAGRAM * 15 // 16  # a full "steps" datagram, with room for values of more digits
 MAX_WORLD = 1 << 20
 MAX_STR = 128
 MAX_MSG = 512
@@ -302,14 +310,82 @@ _STEP_KEYS = (0, 9 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS),
               10 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS))
 
 
-def decode(data: bytes) -> Dict[str, Any]:
-    """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError."""
+# A "steps" record's per-step phase lists (every per-step list but dur and micro) make up most of
+# its bytes, and the agent keeps none of them: its counters come from the totals the record
+# carries. decode(..., phases=False) checks them without turning them into floats: one regular
+# expression over the record's bytes matches the lists in the order the hooks write them, each
+# number in a grammar narrower than JSON's (no sign, no leading zero, below 100000, an exponent
+# only negative: a number it matches is one the field checks accept), and they are cut out before
+# the JSON parse. The cut is taken only when everything else says the lists sat in the top-level
+# object of a v2 "steps" record (the only "{" before them is the first byte; none of their keys
+# is left after the cut; each list has as many numbers as "dur"). Anything else is parsed and
+# checked whole, so the cut changes no verdict and no reason, only the cost of the common record.
+PHASE_LISTS = STEP_SECONDS_FIELDS[1:]
+_NUM = rb"(?:0|[1-9][0-9]{0,4}+)(?:\.[0-9]++)?+(?:e-[0-9]{1,3}+)?+"  # possessive: no backtracking
+_PHASE_CUT = re.compile(b"".join(b',"' + k.encode() + rb'":\[(' + _NUM + rb"(?:," + _NUM + rb")*+)\]"
+                                 for k in PHASE_LISTS) + rb'(?=,"micro":\[)')
+_PHASE_START = b',"' + PHASE_LISTS[0].encode() + b'":['
+_NUMERIC = frozenset((int, float))
+_INTEGER = frozenset((int,))
+
+
+def _seconds_list(vals: Any, n: int) -> bool:
+    """``vals`` is a list of ``n`` ints or floats, each in [0, MAX_SECONDS] (NaN fails): the
+    element-wise check, done by C loops (``min``, ``max`` and ``sum`` see every element)."""
+    if type(vals) is not list or len(vals) != n or not set(map(type, vals)) <= _NUMERIC:
+        return False
+    if not (0 <= min(vals) and max(vals) <= MAX_SECONDS):  # (first: no huge int reaches the float sum)
+        return False
+    s = sum(vals)
+    return s == s  # a NaN anywhere makes the sum NaN
+
+
+def _count_list(vals: Any, n: int) -> bool:
+    """``vals`` is a list of ``n`` ints (not bools), each in [0, MAX_COUNT]."""
+    return (type(vals) is list and len(vals) == n and set(map(type, vals)) <= _INTEGER
+            and (n == 0 or (0 <= min(vals) and max(vals) <= MAX_COUNT)))
+
+
+def _cut_phases(data: bytes) -> Optional[Dict[str, Any]]:
+    """A v2 "steps" record parsed without its phase lists, which are valid; None when the cut
+    does not apply (see above)."""
+    i = data.find(_PHASE_START)
+    if i < 0 or data.count(b"{", 0, i) != 1 or data[:1] != b"{":
+        return None
+    m = _PHASE_CUT.match(data, i)
+    if m is None:
+        return None
+    try:
+        rec = _parse(data[:i] + data[m.end():])
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if type(rec) is not dict or rec.get("t") != "steps" or rec.get("v") != 2:
+        return None
+    durs = rec.get("dur")
+    if type(durs) is not list:
+        return None
+    n = len(durs)
+    for j in range(1, len(PHASE_LISTS) + 1):
+        if m.group(j).count(b",") + 1 != n:
+            return None
+    for k in PHASE_LISTS:
+        if k in rec:  # the same key again elsewhere: JSON keeps the last one; let the full parse decide
+            return None
+    return rec
+
+
+def decode(data: bytes, phases: bool = True) -> Dict[str, Any]:
+    """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError.
+    ``phases`` False (the agent): a "steps" record's phase lists are checked, not returned."""
     if len(data) > MAX_DATAGRAM:
         raise ProtocolError(C.INGEST_OVERSIZE, f"{len(data)} bytes")
-    try:
-        rec = _parse(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ProtocolError(C.INGEST_MALFORMED, "not JSON") from None
+    rec = None if phases else _cut_phases(data)
+    cut = rec is not None
+    if not cut:
+        try:
+            rec = _parse(data)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise ProtocolError(C.INGEST_MALFORMED, "not JSON") from None
     if not isinstance(rec, dict):
         raise ProtocolError(C.INGEST_MALFORMED, "not an object")
     v = rec.get("v")
@@ -364,7 +440,7 @@ def decode(data: bytes) -> Dict[str, Any]:
     elif t == "steps":
         if v < 2:
             raise ProtocolError(C.INGEST_REJECTED, "steps needs v2")
-        _steps(rec, out)
+        _steps(rec, out, cut)
     elif t == "hb":
         out["seq"] = _int(rec, "seq", 0, MAX_COUNT)
         out["every"] = _secs(rec, "every", 0.01, 3600.0, default=1.0)
@@ -427,8 +503,9 @@ def decode(data: bytes) -> Dict[str, Any]:
     return out
 
 
-def _steps(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
-    """Validate a "steps" record into ``out`` (lists as sent, scalars, totals)."""
+def _steps(rec: Dict[str, Any], out: Dict[str, Any], cut: bool = False) -> None:
+    """Validate a "steps" record into ``out`` (lists as sent, scalars, totals). ``cut``: the phase
+    lists were checked and cut out before the parse (``_cut_phases``); they are not in ``out``."""
     seq = rec.get("seq")
     if type(seq) is not int or not 1 <= seq <= MAX_COUNT:
         raise ProtocolError(C.INGEST_REJECTED, "bad seq")
@@ -437,18 +514,15 @@ def _steps(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     if type(durs) is not list or not 1 <= len(durs) <= STEPS_MAX:
         raise ProtocolError(C.INGEST_REJECTED, "bad dur")
     n = out["n"] = len(durs)
-    for k in STEP_SECONDS_FIELDS:
+    for k in ("dur",) if cut else STEP_SECONDS_FIELDS:
         vals = rec.get(k)
-        if type(vals) is not list or len(vals) != n:
+        if not _seconds_list(vals, n):  # int or float (a formatter writes 0.0 as 0); NaN and inf fail the range
             raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
-        for x in vals:  # int or float (a formatter writes 0.0 as 0); NaN and inf fail the range
-            if not ((type(x) is float or type(x) is int) and 0 <= x <= MAX_SECONDS):
-                raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
         out[k] = vals
     micro = rec.get("micro")
-    if type(micro) is not list or len(micro) != n or not all(type(x) is int and 0 <= x <= MAX_COUNT for x in micro):
+    if not _count_list(micro, n):
         raise ProtocolError(C.INGEST_REJECTED, "bad micro")
-    out["micro"] = [x if x >= 1 else 1 for x in micro]
+    out["micro"] = micro if min(micro) >= 1 else [x if x >= 1 else 1 for x in micro]
     get = rec.get
     for k in STEPS_LAST_FIELDS:
         x = get(k, 0)
@@ -481,11 +555,40 @@ def expand_steps(rec: Dict[str, Any]) -> list:
     return out
 
 
+# "tot" as the hooks send it (every key, ints and floats in range, the last checkpoint's two keys
+# or neither), checked by one compiled expression like the "step" record: then the parsed dict is
+# the result. Anything else goes through the key-by-key checks below.
+def _compile_totals_check() -> Any:
+    names = TOTAL_INT_KEYS + TOTAL_SECONDS_KEYS
+    args = ", ".join(f"_{k}" for k in names)
+    checks = [f"type(_{k}) is int and 0 <= _{k} <= {MAX_COUNT!r}" for k in TOTAL_INT_KEYS]
+    checks += [f"type(_{k}) is float and 0.0 <= _{k} <= {MAX_TOTAL_SECONDS!r}" for k in TOTAL_SECONDS_KEYS]
+    n = len(names)
+    src = (f"def _tot_fast(tot, _get=_fields):\n"
+           f"    m = len(tot)\n"
+           f"    if m != {n} and m != {n + 2}:\n        return False\n"
+           f"    try:\n        {args} = _get(tot)\n    except KeyError:\n        return False\n"
+           f"    if not (" + " and ".join(checks) + "):\n        return False\n"
+           f"    if m == {n}:\n        return True\n"
+           f"    a = tot.get('lck'); b = tot.get('lckd')\n"
+           f"    return type(a) is float and 0.0 <= a <= 1e11 and type(b) is float and 0.0 <= b <= 1e11\n")
+    ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
+    exec(compile(src, "<ranksight.protocol totals schema>", "exec"), ns)
+    return ns["_tot_fast"]
+
+
+_tot_fast = _compile_totals_check()
+
+
 def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     """Validate "tot" and "hist" (v2 heartbeat and bye) into out["tot"], out["hist"]."""
     tot = rec.get("tot")
     if not isinstance(tot, dict):
         raise ProtocolError(C.INGEST_REJECTED, "bad tot")
+    if type(tot) is dict and _tot_fast(tot):
+        _hists(rec, out)
+        out["tot"] = tot
+        return
     t: Dict[str, Any] = {}
     for k in TOTAL_INT_KEYS:
         t[k] = _int(tot, k, 0, MAX_COUNT) if k in tot else 0
@@ -494,6 +597,11 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     for k in ("lck", "lckd"):
         if k in tot:
             t[k] = _secs(tot, k, 0.0, 1e11, default=None)
+    _hists(rec, out)
+    out["tot"] = t
+
+
+def _hists(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     hist = rec.get("hist", {})
     if not isinstance(hist, dict):
         raise ProtocolError(C.INGEST_REJECTED, "bad hist")
@@ -502,9 +610,7 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
         counts = hist.get(k)
         if counts is None:
             continue
-        if (not isinstance(counts, list) or len(counts) != n
-                or not all(type(c) is int and 0 <= c <= MAX_COUNT for c in counts)):
+        if not _count_list(counts, n):
             raise ProtocolError(C.INGEST_REJECTED, f"bad hist {k}")
         h[k] = counts
-    out["tot"] = t
     out["hist"] = h

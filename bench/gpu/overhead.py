@@ -20,6 +20,10 @@ What it does
   * ``--pool-ab``: the host breakdown (``mark()`` microseconds per call inside the loop) and the
     host-bound tiny model once more with fresh events per mark (``CudaTimeline.POOL = False``),
     interleaved with the pooled runs, so the pool's saving is measured on the same machine.
+  * ``--record-ab``: the same with pooled events re-recorded by torch's ``Event.record`` (A,
+    ``CudaTimeline.RECORD = "torch"``, which releases the GIL) against the driver's
+    ``cuEventRecord`` with the GIL held (B, the default): host breakdown of each, and the tiny
+    model and the batch-8 step interleaved A/B.
 
 Reported: median of the per-pair ratios (instrumented / plain), the ratio of the medians,
 their spread, and the medians in ms. Target: ratio <= 1.005 on a >= 20 ms step.
@@ -105,11 +109,21 @@ class Bench:
                 "herr": herr}
 
     def interleave(self, model: Any, opt: Any, x: Any, mode: str, reps: int,
-                   baseline_pool: Optional[bool] = None) -> Dict[str, Any]:
+                   baseline_pool: Optional[bool] = None, arms: Optional[Any] = None) -> Dict[str, Any]:
         """``reps`` ABBA pairs of a plain and an instrumented run. ``baseline_pool`` (True/False):
         the "plain" arm is instead an instrumented run with ``CudaTimeline.POOL`` set to it, the
-        other arm the opposite (an A/B of the event pool)."""
+        other arm the opposite (an A/B of the event pool). ``arms``: a function called with False
+        (arm A) or True (arm B) before an instrumented run of each, and with None after (an A/B of
+        two hooks settings; "plain" is then arm A)."""
         from ranksight.hooks.timing import CudaTimeline
+
+        if arms is not None:
+            def baseline_run(watched: bool) -> Dict[str, float]:
+                arms(watched)
+                try:
+                    return self.one_run(model, opt, x, True, mode)
+                finally:
+                    arms(None)
 
         plain: List[float] = []
         inst: List[float] = []
@@ -119,7 +133,9 @@ class Bench:
         for rep in range(reps):
             order = (False, True) if rep % 2 == 0 else (True, False)
             for watched in order:
-                if baseline_pool is None:
+                if arms is not None:
+                    r = baseline_run(watched)
+                elif baseline_pool is None:
                     r = self.one_run(model, opt, x, watched, mode)
                 else:
                     CudaTimeline.POOL = baseline_pool if not watched else not baseline_pool
@@ -223,8 +239,18 @@ def event_cost_us(torch: Any, device: Any, n: int = 5000) -> Dict[str, float]:
         e.record(stream)
     t5 = time.perf_counter()
     torch.cuda.synchronize(device)
-    return {"create_record_us": (t1 - t0) / n * 1e6, "query_us": (t3 - t2) / n * 1e6,
-            "elapsed_time_us": (t4 - t3) / 1000 * 1e6, "rerecord_us": (t5 - t4) / n * 1e6}
+    out = {"create_record_us": (t1 - t0) / n * 1e6, "query_us": (t3 - t2) / n * 1e6,
+           "elapsed_time_us": (t4 - t3) / 1000 * 1e6, "rerecord_us": (t5 - t4) / n * 1e6}
+    from ranksight.hooks.timing import driver_recorder
+
+    rr = driver_recorder(torch, device)
+    if rr is not None:  # the same re-records through the driver with the GIL held
+        t6 = time.perf_counter()
+        ok = sum(1 for e in evs if rr(e))
+        t7 = time.perf_counter()
+        torch.cuda.synchronize(device)
+        out.update(rerecord_driver_us=(t7 - t6) / n * 1e6, rerecord_driver_ok=ok / n)
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -245,6 +271,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="cpu: a smoke run of this script with the tiny model (no GPU figures)")
     p.add_argument("--pool-ab", action="store_true",
                    help="also compare pooled with fresh CUDA events (host breakdown, tiny model)")
+    p.add_argument("--record-ab", action="store_true",
+                   help="also compare torch's Event.record with the driver's cuEventRecord for re-recorded events "
+                        "(host breakdown, tiny model, batch-8 step)")
     p.add_argument("--out", help="write the full result JSON here")
     a = p.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
@@ -298,6 +327,21 @@ def main(argv: Optional[List[str]] = None) -> int:
             finally:
                 CudaTimeline.POOL = True
             save()
+        from ranksight.hooks.timing import CudaTimeline
+
+        def record_arm(b_arm: Optional[bool]) -> None:  # A: torch's record, B: the driver's (the default)
+            CudaTimeline.RECORD = "torch" if b_arm is False else "driver"
+
+        if a.record_ab and device.type == "cuda":
+            record_arm(False)
+            try:
+                out["host_breakdown_torch_record"] = host_breakdown(b, model, opt, x)
+            finally:
+                record_arm(None)
+            save()
+            W.log(f"overhead: batch-8 step, torch (A) vs driver (B) re-records, {a.reps} pairs")
+            out["step_async_record_ab"] = b.interleave(model, opt, x, "async", a.reps, arms=record_arm)
+            save()
         for mode in modes:
             W.log(f"overhead: {mode} loop, {a.reps} pairs x {a.steps} steps")
             out[f"step_{mode}"] = b.interleave(model, opt, x, mode, a.reps)
@@ -331,6 +375,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 t["spec"] = W.spec_dict(tspec)
                 out["host_bound_tiny_pool_ab"] = t
                 save()
+            if a.record_ab and device.type == "cuda":
+                W.log(f"overhead: host-bound tiny model, torch (A) vs driver (B) re-records, {a.tiny_reps} pairs")
+                t = tb.interleave(tm, to, tx, "async", a.tiny_reps, arms=record_arm)
+                t["spec"] = W.spec_dict(tspec)
+                out["host_bound_tiny_record_ab"] = t
+                save()
     finally:
         if agent is not None:
             try:
@@ -353,16 +403,18 @@ def render(out: Dict[str, Any]) -> str:
     ec = out.get("event_cost")
     if ec:
         lines.append(f"one event: create+record {ec['create_record_us']:.2f} us, query {ec['query_us']:.2f} us, "
-                     f"elapsed_time {ec['elapsed_time_us']:.2f} us, re-record {ec['rerecord_us']:.2f} us")
+                     f"elapsed_time {ec['elapsed_time_us']:.2f} us, re-record {ec['rerecord_us']:.2f} us"
+                     + (f", re-record by the driver {ec['rerecord_driver_us']:.2f} us" if "rerecord_driver_us" in ec else ""))
     lines.append(f"{'loop':<18}{'plain ms':>10}{'hooks ms':>10}{'ratio (med of pairs)':>22}{'p25..p75':>16}{'delta us':>10}")
-    for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny", "host_bound_tiny_pool_ab"):
+    for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny", "host_bound_tiny_pool_ab",
+                "step_async_record_ab", "host_bound_tiny_record_ab"):
         r = out.get(key)
         if not r:
             continue
         lines.append(f"{key:<18}{r['plain_ms_median']:>10.3f}{r['instrumented_ms_median']:>10.3f}"
                      f"{r['ratio_median_of_pairs']:>22.4f}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
                      f"{r['delta_us_per_step_median']:>10.1f}")
-    for key in ("host_breakdown", "host_breakdown_fresh_events"):
+    for key in ("host_breakdown", "host_breakdown_fresh_events", "host_breakdown_torch_record"):
         hb = out.get(key)
         if hb:
             lines.append(f"{key}: mark() {hb['mark_us_per_call']:.2f} us per call in the loop, "

@@ -2,9 +2,14 @@
 
 A sampling thread wakes every ``poll_seconds`` and, for each GPU, drains
 ``nvmlDeviceGetSamples(h, NVML_GPU_UTILIZATION_SAMPLES, last_ts)`` (every
-sample since the previous poll; about 5 per second on H200) and reads memory,
-temperature, power, SM clock, clocks-event reasons, PCIe link and GPM SM and
-tensor activity. Scrapes only read what the thread stored; they never call NVML.
+sample since the previous poll; about 5 per second on H200, which the driver
+buffers, so none is lost between polls). Every ``state_seconds`` (and on the
+first pass) it also reads memory, temperature, power, SM clock, clocks-event
+reasons, the current PCIe link and GPM SM and tensor activity (the GPM figures
+average the time between two reads); the maximum PCIe link is read until the
+GPU answers it, then kept. A scrape every 15 s sees state at most
+``state_seconds`` old, for a fifth of the NVML calls of reading it every
+second. Scrapes only read what the thread stored; they never call NVML.
 
 Waveform per GPU, from the raw samples:
 - window mean/min/max over the last ``window_seconds`` of sample time;
@@ -80,6 +85,8 @@ class GpuState:
         self.sm_active: Optional[float] = None
         self.tensor_active: Optional[float] = None
         self.expo: Optional[Dict[str, Any]] = None  # label sets for exposition (GpuCollector._labels)
+        self.state_at: Optional[float] = None  # monotonic time of the last device state read
+        self.pcie_max: Dict[str, int] = {}  # gen_max, width_max once the GPU answered them
 
     def observe(self, ts: int, util: float, high: float, low: float) -> None:
         prev = self.prev_ts
@@ -113,9 +120,12 @@ class GpuCollector:
     def __init__(self, node: str, poll_seconds: float = _AGENT["gpu_poll_seconds"],
                  window_seconds: float = _AGENT["gpu_window_seconds"],
                  swing_high: float = _THRESHOLDS["gpu_swing_high"], swing_low: float = _THRESHOLDS["gpu_swing_low"],
-                 nvml: Any = None):
+                 nvml: Any = None, state_seconds: float = _AGENT["gpu_state_seconds"],
+                 clock: Any = time.monotonic):
         self.node = node
+        self.clock = clock
         self.poll_seconds = poll_seconds
+        self.state_seconds = state_seconds
         self.window_seconds = window_seconds
         self.high = swing_high
         self.low = swing_low
@@ -219,7 +229,12 @@ class GpuCollector:
                 if e.value != nv.NVML_ERROR_NOT_FOUND:  # NOT_FOUND: no sample since last_ts
                     raise
                 vtype, samples = None, []
-            state = self._device_state(g)
+            now = self.clock()
+            state = None
+            # due: a read within half a poll of the period counts as on time (the thread's wake-ups jitter)
+            if g.state_at is None or now - g.state_at >= self.state_seconds - self.poll_seconds / 2:
+                state = self._device_state(g)
+                g.state_at = now
         except nv.NVMLError as e:
             with self.lock:
                 if g.up:
@@ -237,8 +252,9 @@ class GpuCollector:
                 g.observe(ts, _sample_value(nv, vtype, s.sampleValue) / 100.0, self.high, self.low)
                 g.last_ts = ts
             g.trim(self.window_seconds)
-            (g.mem_used, g.mem_total, g.temp, g.power, g.sm_hz, g.reasons, g.pcie,
-             g.sm_active, g.tensor_active) = state
+            if state is not None:
+                (g.mem_used, g.mem_total, g.temp, g.power, g.sm_hz, g.reasons, g.pcie,
+                 g.sm_active, g.tensor_active) = state
 
     def _field(self, g: GpuState, what: str, fn, *args):
         """One NVML read; None when the device does not support it (logged once per GPU and field).
@@ -262,11 +278,17 @@ class GpuCollector:
         mhz = self._field(g, "sm clock", nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM)
         reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
         reasons = self._field(g, "clocks-event reasons", reasons_fn)
+        pmax = g.pcie_max
+        for k, fn in (("gen_max", nv.nvmlDeviceGetMaxPcieLinkGeneration), ("width_max", nv.nvmlDeviceGetMaxPcieLinkWidth)):
+            if k not in pmax:  # the link's maximum does not change: read until answered, then kept
+                v = self._field(g, "pcie", fn)
+                if v is not None:
+                    pmax[k] = v
         pcie = {
             "gen_current": self._field(g, "pcie", nv.nvmlDeviceGetCurrPcieLinkGeneration),
-            "gen_max": self._field(g, "pcie", nv.nvmlDeviceGetMaxPcieLinkGeneration),
+            "gen_max": pmax.get("gen_max"),
             "width_current": self._field(g, "pcie", nv.nvmlDeviceGetCurrPcieLinkWidth),
-            "width_max": self._field(g, "pcie", nv.nvmlDeviceGetMaxPcieLinkWidth),
+            "width_max": pmax.get("width_max"),
         }
         sm, tensor = self._gpm(g)
         return (
@@ -466,6 +488,6 @@ def _sample_value(nv: Any, vtype: Any, v: Any) -> float:
 def _build(ctx: Context) -> GpuCollector:
     s = ctx.settings
     g = GpuCollector(s.node, s.gpu_poll_seconds, s.gpu_window_seconds, s.gpu_swing_high, s.gpu_swing_low,
-                     nvml=ctx.nvml)
+                     nvml=ctx.nvml, state_seconds=s.gpu_state_seconds)
     g.start()
     return g

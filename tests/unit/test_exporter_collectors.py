@@ -398,10 +398,11 @@ class Spy:
         return vt, samples
 
 
-def run_gpu(seconds: int, traces=("steady", "sawtooth", "idle")):
+def run_gpu(seconds: int, traces=("steady", "sawtooth", "idle"), state_seconds: float = 1.0):
     clock = FakeClock()
     spy = Spy(NvmlStandin(count=len(traces), traces=traces, clock=clock))
-    gc = GpuCollector(NODE, poll_seconds=1.0, window_seconds=15.0, swing_high=0.8, swing_low=0.5, nvml=spy)
+    gc = GpuCollector(NODE, poll_seconds=1.0, window_seconds=15.0, swing_high=0.8, swing_low=0.5, nvml=spy,
+                      state_seconds=state_seconds, clock=clock)
     gc.start(threads=False)
     for _ in range(seconds):
         clock.t += 1.0
@@ -485,6 +486,44 @@ def test_gpu_device_state_matches_the_trace():
     assert one(got, C.GPU_SM_ACTIVE.name, gpu="0") == pytest.approx(st["gpm_steady"]["sm_util"] / 100)
     assert one(got, C.GPU_TENSOR_ACTIVE.name, gpu="0") == pytest.approx(st["gpm_steady"]["tensor_util"] / 100)
     assert not series(got, C.GPU_SM_ACTIVE.name, gpu="1")
+
+
+def test_gpu_state_is_read_every_state_seconds_and_the_samples_every_poll():
+    calls: Dict[str, int] = {}
+
+    class Counting(Spy):
+        def __getattr__(self, name):
+            fn = getattr(self.nv, name)
+            if not (name.startswith("nvmlDevice") and callable(fn)):
+                return fn
+
+            def counted(*a, **k):
+                calls[name] = calls.get(name, 0) + 1
+                return fn(*a, **k)
+            return counted
+
+        def nvmlDeviceGetSamples(self, h, kind, ts):
+            calls["nvmlDeviceGetSamples"] = calls.get("nvmlDeviceGetSamples", 0) + 1
+            return super().nvmlDeviceGetSamples(h, kind, ts)
+
+    clock = FakeClock()
+    spy = Counting(NvmlStandin(count=1, traces=("steady",), clock=clock))
+    gc = GpuCollector(NODE, poll_seconds=1.0, nvml=spy, state_seconds=5.0, clock=clock)
+    gc.start(threads=False)  # its first pass reads everything
+    calls.clear()
+    for _ in range(20):
+        clock.t += 1.0
+        gc.poll()
+    assert calls["nvmlDeviceGetSamples"] == 20
+    assert calls["nvmlDeviceGetTemperature"] == calls["nvmlDeviceGetCurrPcieLinkWidth"] == 4  # at 5, 10, 15, 20 s
+    assert "nvmlDeviceGetMaxPcieLinkWidth" not in calls, "the link's maximum is read once"
+    got = exposed(gc.collect())
+    st = trace()["static"]
+    assert one(got, C.GPU_PCIE_WIDTH.name, state="max", gpu="0") == st["pcie_width_max"]
+    assert one(got, C.GPU_TEMPERATURE.name, gpu="0") == st["temperature_c"]
+    assert one(got, C.GPU_SM_ACTIVE.name, gpu="0") == pytest.approx(st["gpm_steady"]["sm_util"] / 100)
+    # the waveform still sees every sample: 20 s of the steady trace's ~5 samples a second
+    assert len(spy.returned[0]) >= 90
 
 
 def test_gpu_lost_marks_only_that_gpu():
@@ -592,9 +631,9 @@ def test_gpu_second_recording_idle_values_power_cap_and_sawtooth_gpm():
     st = _json.loads(path.read_text())["static"]
     clock = FakeClock()
     nv = NvmlStandin(count=3, traces=("steady", "sawtooth", "idle"), path=path, clock=clock)
-    gc = GpuCollector(NODE, nvml=nv)
+    gc = GpuCollector(NODE, nvml=nv, clock=clock)
     gc.start(threads=False)
-    clock.t += 1
+    clock.t += gc.state_seconds  # the next device state read (GPM needs two)
     gc.poll()
     got = exposed(gc.collect())
     assert one(got, C.GPU_POWER.name, gpu="0") == st["power_mw"] / 1000

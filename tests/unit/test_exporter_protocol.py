@@ -69,3 +69,129 @@ def test_fast_path_is_taken_for_what_the_bench_sends():
     assert P.decode(P.encode(rec)) == rec
     parsed = json.loads(P.encode(step(2)))
     assert P._step_fast(parsed, P._STEP_KEYS[2])
+
+
+# --- "steps" records: the agent's decode (phases=False) cuts the phase lists out before parsing
+
+
+def steps_bytes(n: int = 5, **over) -> bytes:
+    """A "steps" record in the hooks' layout (hooks/sender.py): identity, ts, seq, the per-step
+    lists in column order with 9 significant digits, micro, the last-step scalars, tot, hist."""
+    head = {"v": 2, "job": "j", "ws": 4, "rank": 1, "lr": 1, "node": "n", "pid": 7, "sess": 99, "t": "steps",
+            "ts": 1.7e9, "seq": 3}
+    cols = {k: [0.0013 * (i + 1) * (j + 1) for j in range(n)] for i, k in enumerate(P.STEP_SECONDS_FIELDS)}
+    cols["ckpt"] = [0.0] * n
+    tail = {"micro": [1] * n, "retries": 0, "ooms": 0, "mres": 1 << 30, "malloc": 1 << 29, "herr": 0, "hdrop": 0,
+            "wrss": 0, "restart": 0,
+            "tot": {"steps": 10, "micro": 10, "dur": 0.5, "data": 0.01, "fwd": 0.1, "bwd": 0.2, "opt": 0.05,
+                    "b2o": 0.3, "comm": 0.1, "xcomm": 0.01, "ckpt_s": 0.0, "ckpt_bytes": 0, "ckpt_n": 0,
+                    "ckpt_fail": 0},
+            "hist": {k: [0] * m for k, m in P.HIST_SIZES.items()}}
+    for k, x in over.items():
+        for part in (head, cols, tail):
+            if k in part:
+                part[k] = x
+    lists = ",".join('"%s":[%s]' % (k, ",".join(v if isinstance(v, str) else "%.9g" % v for v in vals))
+                     if isinstance(vals, list) else json.dumps({k: vals})[1:-1] for k, vals in cols.items())
+    return ("%s,%s,%s" % (json.dumps(head, separators=(",", ":"))[:-1], lists,
+                          json.dumps(tail, separators=(",", ":"), allow_nan=True)[1:])).encode()
+
+
+def lists_off(res):
+    return {k: x for k, x in res.items() if k not in P.PHASE_LISTS} if isinstance(res, dict) else res
+
+
+def whole(data: bytes):
+    """The full decode's verdict, less the phase lists the agent does not keep."""
+    return lists_off(verdict(data))
+
+
+def agent(data: bytes):
+    """The agent's decode (the phase lists are not kept when the cut was taken)."""
+    try:
+        return lists_off(P.decode(data, phases=False))
+    except P.ProtocolError as e:
+        return (e.result, str(e))
+
+
+def test_the_hooks_layout_takes_the_cut_and_gives_the_full_result_less_the_lists():
+    data = steps_bytes(24)
+    assert P._cut_phases(data) is not None
+    full, cut = P.decode(data), P.decode(data, phases=False)
+    assert set(full) - set(cut) == set(P.PHASE_LISTS)
+    assert cut == whole(data) and cut["n"] == 24 and cut["dur"] == full["dur"]
+
+
+CUT_VARIANTS = [
+    {"fwd": ["-0.1"] * 5}, {"bwd": ["1e400"] * 5}, {"opt": ["NaN"] * 5}, {"data": ["1E-5"] * 5},
+    {"comm": ["01"] * 5}, {"xcomm": ["1."] * 5}, {"b2o": [".5"] * 5}, {"fwd": ["1e+5"] * 5},
+    {"fwd": ["123456.0"] * 5}, {"fwd": ["604800"] * 5}, {"fwd": ["99999.99"] * 5}, {"fwd": ["true"] * 5},
+    {"fwd": ["null"] * 5}, {"fwd": ['"1"'] * 5}, {"fwd": ["[1]"] * 5}, {"fwd": [0.1] * 4}, {"fwd": [0.1] * 6},
+    {"ckpt": ["0"] * 5}, {"ckpt": ["1e-400"] * 5}, {"dur": [0.1] * 4}, {"dur": ["-1"] * 5}, {"micro": [1] * 4},
+    {"micro": [0] * 5}, {"t": "step"}, {"v": 1}, {"v": 3}, {"seq": 0}, {"tot": {}}, {"hist": {"step": [1]}},
+    {"fwd": 0.1}, {"fwd": []},
+]
+
+
+@pytest.mark.parametrize("over", CUT_VARIANTS, ids=[json.dumps(o) for o in CUT_VARIANTS])
+def test_the_cut_changes_no_verdict(over):
+    data = steps_bytes(**over)
+    assert agent(data) == whole(data)
+
+
+def test_the_cut_is_not_taken_where_json_would_read_the_lists_otherwise():
+    good = steps_bytes()
+    # the same key again after the lists (JSON keeps the last), whitespace, another order, a nested object
+    dup = good[:-1] + b',"fwd":[1,2]}'
+    spaced = good.replace(b',"fwd":[', b', "fwd":[')
+    # the lists in a nested object that has a "micro" of its own, right after them
+    i = good.index(b',"data":[')
+    j = good.index(b',"micro":[')
+    nested = good[:i] + b',"x":{"a":1' + good[i:j] + b',"micro":[1]}' + good[j:]
+    for data in (dup, spaced, nested, b" " + good, good.replace(b'"job":"j"', b'"job":"{"')):
+        assert agent(data) == whole(data), data
+
+
+def test_the_cut_agrees_on_random_byte_edits():
+    rnd = random.Random(7)
+    good = steps_bytes(6)
+    i, j = good.index(b',"data":['), good.index(b',"micro":[')
+    chars = b'0123456789.,e-+E[]{}":a '
+    took = 0
+    for _ in range(3000):
+        b = bytearray(good)
+        for _ in range(rnd.randrange(1, 4)):
+            k = rnd.randrange(i - 20, j + 20)
+            op = rnd.random()
+            if op < 0.6:
+                b[k] = rnd.choice(chars)
+            elif op < 0.8:
+                b.insert(k, rnd.choice(chars))
+            else:
+                del b[k]
+        data = bytes(b)
+        took += P._cut_phases(data) is not None
+        assert agent(data) == whole(data), data
+    assert took > 300, "the edits should leave many records the cut still takes"
+
+
+TOT_VARIANTS = [
+    {}, {"ckpt_s": 0}, {"steps": 1.0}, {"dur": -1.0}, {"dur": float("nan")}, {"dur": 1e11}, {"steps": True},
+    {"lck": 1.7e9, "lckd": 2.5}, {"lck": 1.7e9}, {"lck": 17, "lckd": 2.5}, {"lck": 1.7e9, "lckd": -1.0},
+    {"extra": 1, "other": 2}, {"ckpt_n": KeyError}, {"micro": KeyError, "x": 0}, {"xcomm": None},
+]
+
+
+@pytest.mark.parametrize("over", TOT_VARIANTS, ids=[json.dumps(o, default=str) for o in TOT_VARIANTS])
+def test_the_totals_fast_check_agrees_with_the_key_checks(over):
+    rec = json.loads(steps_bytes())
+    rec["tot"].update(over)
+    rec["tot"] = {k: x for k, x in rec["tot"].items() if x is not KeyError}
+    data = json.dumps(rec, allow_nan=True).encode()
+    saved = P._tot_fast
+    P._tot_fast = lambda tot: False
+    try:
+        slow_res = verdict(data)
+    finally:
+        P._tot_fast = saved
+    assert verdict(data) == slow_res

@@ -67,6 +67,11 @@ def test_fast_loop_goes_out_in_few_datagrams_and_the_agent_counts_every_step():
     assert seqs == list(range(1, n + 1)), "every step exactly once, in order"
     assert len(batches) < n / 10, f"{len(batches)} datagrams for {n} steps"
     assert max(b["n"] for b in batches) <= protocol.STEPS_MAX
+    # the agent reads every one without parsing its phase lists, and keeps the same
+    steps_data = [d for d, r in zip(data, recs) if r["t"] == "steps"]
+    assert all(protocol._cut_phases(d) is not None for d in steps_data)
+    for d, r in zip(steps_data, batches):
+        assert protocol.decode(d, phases=False) == {k: x for k, x in r.items() if k not in protocol.PHASE_LISTS}
     # the agent, fed the same datagrams, ends exact; and again with every other batch lost
     for keep in (lambda i: True, lambda i: i % 2 == 0):
         table = RankTable(RankSettings())
