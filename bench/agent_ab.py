@@ -8,7 +8,7 @@ bench/bench_exporter.py: 8 stand-in GPUs, 8 ranks at 100 steps/s as the hooks se
 every 15 s); only the agent's code differs. Side A is ``--base`` (default HEAD) exported with
 ``git archive``; side B is the working tree. Each side's packages are laid out as the installed
 package maps them (ranksight/ with dashboards/, alerts/ and exporter/ inside) and put first on
-PYTHONPATH for the agent process.
+the agent process's PYTHONPATH (bench_exporter.py's RANKSIGHT_BENCH_AGENT_PYTHONPATH).
 
     python3 bench/agent_ab.py [--base REV] [--pairs 5] [--cpu-seconds 20] [--json]
 """
@@ -41,7 +41,8 @@ def overlay(tree: Path, dest: Path) -> Path:
 
 
 def one(path: Path, cpu_seconds: float) -> Dict:
-    env = dict(os.environ, PYTHONPATH=str(path), PYTHONDONTWRITEBYTECODE="1")
+    # the agent process alone runs the side's code; the load and the benchmark are this checkout's
+    env = dict(os.environ, RANKSIGHT_BENCH_AGENT_PYTHONPATH=str(path), PYTHONDONTWRITEBYTECODE="1")
     out = subprocess.run([sys.executable, str(BENCH), "--json", "--scrapes", "5", "--rates", "", "--overload-rate", "0",
                           "--cpu-seconds", str(cpu_seconds)], env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:

@@ -48,6 +48,7 @@ SUPPORT = HERE.parent.parent / "tests" / "support"  # the NVML stand-in, a test 
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 NE_QUERY = "/metrics?collect[]=netstat&collect[]=netdev&collect[]=netclass"
 TARGETS = {"cpu_percent": 1.0, "rss_mb": 60.0, "ingest_per_s": 50_000}
+AGENT_PATH_ENV = "RANKSIGHT_BENCH_AGENT_PYTHONPATH"  # PYTHONPATH of the agent process alone
 BATCH_EVERY = 0.25  # the hooks' background tick (hooks/sender.py TICK_SECONDS)
 
 
@@ -461,9 +462,12 @@ def measure(args: argparse.Namespace) -> Dict:
     port, uport = free_port(), free_port(udp=True)
     py = sys.executable
     mod = str(HERE)  # this script runs the agent and the sender as its children
+    env = dict(os.environ)
+    if os.environ.get(AGENT_PATH_ENV):  # bench/agent_ab.py: another revision's agent, this load
+        env["PYTHONPATH"] = os.environ[AGENT_PATH_ENV]
     agent = subprocess.Popen([py, mod, "_serve", "--listen", f"127.0.0.1:{port}", "--ingest",
                               f"udp://127.0.0.1:{uport}", "--gpus", str(args.gpus)] + (["--trace", trace] if trace else []),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     ne: Optional[subprocess.Popen] = None
     load: Optional[subprocess.Popen] = None
     result: Dict = {"setup": {"gpus": args.gpus, "ranks": args.ranks, "steps_per_second_per_rank": args.steps_per_second,

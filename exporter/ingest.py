@@ -6,10 +6,10 @@ rank table, or dropped and counted:
 
 The receive loop drains the socket in a tight non-blocking loop, then sleeps
 before looking again, so that datagrams are handled in batches. A record handled
-right after others costs about half the CPU of one handled after a pause (warm
-caches: 190 against 420 us for a 3.7 KB "steps" record on the 2-core CPU box,
-bench/RESULTS.md), so the agent wakes rarely: at the hooks' rate of 8 ranks
-(30-40 datagrams/s) every IDLE_SLEEP_MAX, twice a second. The sleep adapts to the
+right after others costs a third of the CPU of one handled after a pause (warm
+caches: 127 against 378 us for a 3.7 KB "steps" record after 50 ms, on the 2-core
+CPU box: bench/bench_ingest_gap.py), so the agent wakes rarely: at the hooks'
+rate of 8 ranks (about 30 datagrams/s) every IDLE_SLEEP_MAX, twice a second. The sleep adapts to the
 arrival rate so that a batch fills at most a quarter of SO_RCVBUF (asked large:
 32 MB where allowed, which holds ~7,000 full datagrams), between IDLE_SLEEP_MIN
 and IDLE_SLEEP_MAX; a stop wakes it at once. A unix datagram socket queues at most

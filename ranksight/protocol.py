@@ -36,8 +36,8 @@ identity (all records)
   wrss    int   DataLoader workers' total RSS bytes (0 when none)
   restart int   restart count from the launcher
 
-"steps" (v2) consecutive optimizer steps in one datagram: what the hooks send (one per rank per
-        background tick, about 4 a second, instead of one per step)
+"steps" (v2) consecutive optimizer steps in one datagram: what the hooks send (as many steps as
+        fit in one datagram, or what queued in STEPS_WAIT_SECONDS, instead of one per step)
   seq     int   the first step's number; the others follow (seq+1, ...)
   ts      float (identity field) when the last of them ended
   dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt   [float, ...]  per step, as in "step"

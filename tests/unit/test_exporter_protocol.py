@@ -76,7 +76,8 @@ def test_fast_path_is_taken_for_what_the_bench_sends():
 
 def steps_bytes(n: int = 5, **over) -> bytes:
     """A "steps" record in the hooks' layout (hooks/sender.py): identity, ts, seq, the per-step
-    lists in column order with 9 significant digits, micro, the last-step scalars, tot, hist."""
+    lists in column order (9 significant digits here: longer numbers than the hooks' 6), micro,
+    the last-step scalars, tot, hist."""
     head = {"v": 2, "job": "j", "ws": 4, "rank": 1, "lr": 1, "node": "n", "pid": 7, "sess": 99, "t": "steps",
             "ts": 1.7e9, "seq": 3}
     cols = {k: [0.0013 * (i + 1) * (j + 1) for j in range(n)] for i, k in enumerate(P.STEP_SECONDS_FIELDS)}
