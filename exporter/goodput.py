@@ -188,7 +188,12 @@ def step(r: Any, rec: dict, now: float) -> None:
     if g.gap is not None:
         g._close_gap(max(start, g.gap_since))
     if g.stall_since is not None:  # the first step of the record is the one that was stalled
-        first = (lambda k: rec[k][0]) if isinstance(rec["dur"], list) else (lambda k: rec[k])
+        if not isinstance(rec["dur"], list):
+            first = rec.__getitem__
+        elif "first" in rec:  # the agent's decode cut the phase lists out and kept the first step's values
+            first = rec["first"].__getitem__
+        else:
+            first = (lambda k: rec[k][0])
         dur = durs[0]
         s = g._close_stall(max(start + dur, g.stall_since))
         inside = min(s, dur)

@@ -49,15 +49,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ranksight import catalog as C
 from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, Address, ProtocolError, decode
 
-from .ranks import RankTable
+from .ranks import RECEIVE_DELAY_MAX, RankTable
 
 log = logging.getLogger("ranksight.exporter.ingest")
 
 RESULTS = C.INGEST_RESULTS
 RCVBUF_BYTES = 32 << 20
 IDLE_SLEEP_MIN = 0.005  # between drains, seconds: at high rates ...
-IDLE_SLEEP_MAX = 0.5  # ... and at low rates (the records wait at most this long; scrapes come every 15 s)
-BYTES_PER_QUEUED = 4096  # a batch may fill SO_RCVBUF up to rcvbuf / this many datagrams (truesize ~1.3 KB)
+IDLE_SLEEP_MAX = RECEIVE_DELAY_MAX  # ... and at low rates (records wait at most this long; the heartbeat check allows for it)
+BYTES_PER_QUEUED = 8192  # a batch may fill SO_RCVBUF up to rcvbuf / this many datagrams (a full 4 KB "steps" datagram's truesize)
 STOP_POLL = 0.2  # how often a waiting receiver checks for stop
 UNIX_QLEN_FILE = "/proc/sys/net/unix/max_dgram_qlen"
 UNIX_QLEN_DEFAULT = 10  # the kernel's default, assumed when the file cannot be read
@@ -102,28 +102,36 @@ class Ingest:
                 self._versions_logged.add(v)
                 log.warning("datagrams of protocol version %r rejected: this agent reads versions %s (upgrade the "
                             "agent to read newer hooks)", v, ", ".join(map(str, ACCEPTED)))
+            self.counts[res] += 1
+            return res
+        except Exception:  # a decoder bug must cost a datagram, never the receive thread
+            self._bug()
+            self.counts[C.INGEST_REJECTED] += 1
+            return C.INGEST_REJECTED
+        why = self._forged(rec, ancdata) if ancdata is not None else ""
+        if why:
+            self.forged[why] += 1
+            res = C.INGEST_REJECTED
+            if why not in self._forged_logged:  # once per kind: a forger must not flood the log
+                self._forged_logged.add(why)
+                log.warning("rejected a record for job %r rank %d: %s (counted as rejected; logged once)",
+                            rec["job"], rec["rank"], {"pid": "its pid is not the sender's",
+                                                      "job": "the job belongs to another user",
+                                                      "nocred": "no sender credentials"}[why])
         else:
-            why = self._forged(rec, ancdata) if ancdata is not None else ""
-            if why:
-                self.forged[why] += 1
+            try:
+                res = self.table.apply(rec, now)
+            except Exception:  # an agent bug must cost a datagram, never the agent
+                self._bug()
                 res = C.INGEST_REJECTED
-                if why not in self._forged_logged:  # once per kind: a forger must not flood the log
-                    self._forged_logged.add(why)
-                    log.warning("rejected a record for job %r rank %d: %s (counted as rejected; logged once)",
-                                rec["job"], rec["rank"], {"pid": "its pid is not the sender's",
-                                                          "job": "the job belongs to another user",
-                                                          "nocred": "no sender credentials"}[why])
-            else:
-                try:
-                    res = self.table.apply(rec, now)
-                except Exception:  # an agent bug must cost a datagram, never the agent
-                    self.bugs += 1
-                    if not self._bug_logged:
-                        self._bug_logged = True
-                        log.exception("datagram handling failed (dropped, counted as rejected; logged once)")
-                    res = C.INGEST_REJECTED
         self.counts[res] += 1
         return res
+
+    def _bug(self) -> None:
+        self.bugs += 1
+        if not self._bug_logged:
+            self._bug_logged = True
+            log.exception("datagram handling failed (dropped, counted as rejected; logged once)")
 
     def _forged(self, rec: dict, ancdata: List[Tuple[int, int, bytes]]) -> str:
         """'' when the sender may send this record, else why not: 'pid', 'job' or 'nocred'."""

@@ -59,6 +59,10 @@ RANKS_API = "/api/v1/ranks"  # the agent's JSON view of its ranks and their last
 # A heartbeat is late by up to this share of its interval before a miss counts
 # (sender jitter and the checker's own period).
 MISS_GRACE = 0.5
+# The receiver stamps a batch of datagrams when it drains the socket, at most this long after the
+# first of them arrived (ingest.IDLE_SLEEP_MAX): a heartbeat's stamp may be that late, so a gap
+# counts as missed heartbeats only beyond it.
+RECEIVE_DELAY_MAX = 0.5
 MAX_WATCHED_DIRS = 64
 P99_REFRESH_SECONDS = 5.0
 
@@ -367,7 +371,7 @@ class Rank:
         if self.finished is not None:  # exited cleanly: lingering, neither missed nor down nor stalled
             return
         if self.last_hb is not None:
-            n = int((now - self.last_hb) / self.every - MISS_GRACE)
+            n = int((now - self.last_hb - RECEIVE_DELAY_MAX) / self.every - MISS_GRACE)
             if n > self.missed_gap:
                 self.misses += n - self.missed_gap
                 self.missed_gap = n

@@ -220,6 +220,11 @@ class Background:
                     j -= 1
                 if j < len(items) and _perf() - items[j][2] < STEPS_WAIT_SECONDS:
                     keep = (len(items) - j) % self._steps_fill
+                    tl = self._tl
+                    if keep == 0 and tl is not None and tl.pending:
+                        # full datagrams only, yet GPU intervals pending: the newest datagram's worth
+                        # waits, so that close() can still add those intervals to its last step
+                        keep = min(self._steps_fill, len(items) - j)
                     if keep:
                         self._held_run = items[len(items) - keep:]
                         del items[len(items) - keep:]

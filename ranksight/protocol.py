@@ -252,7 +252,9 @@ def _int(rec: Dict[str, Any], k: str, lo: int, hi: int) -> int:
 
 def _secs(rec: Dict[str, Any], k: str, lo: float = 0.0, hi: float = MAX_SECONDS, default: Optional[float] = 0.0) -> float:
     v = rec.get(k, default)
-    if v is None or type(v) not in (int, float) or not math.isfinite(v) or not (lo <= v <= hi):
+    # the range alone: NaN and the infinities fail it, and an int of any size compares exactly
+    # (math.isfinite would raise OverflowError for one too large for a float)
+    if v is None or type(v) not in (int, float) or not (lo <= v <= hi):
         raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
     return float(v)
 
@@ -321,9 +323,22 @@ _STEP_KEYS = (0, 9 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS),
 # is left after the cut; each list has as many numbers as "dur"). Anything else is parsed and
 # checked whole, so the cut changes no verdict and no reason, only the cost of the common record.
 PHASE_LISTS = STEP_SECONDS_FIELDS[1:]
-_NUM = rb"(?:0|[1-9][0-9]{0,4}+)(?:\.[0-9]++)?+(?:e-[0-9]{1,3}+)?+"  # possessive: no backtracking
-_PHASE_CUT = re.compile(b"".join(b',"' + k.encode() + rb'":\[(' + _NUM + rb"(?:," + _NUM + rb")*+)\]"
-                                 for k in PHASE_LISTS) + rb'(?=,"micro":\[)')
+
+
+def _phase_cut(possessive: bool) -> "re.Pattern[bytes]":
+    """The phase lists' pattern. Possessive quantifiers (Python 3.11 and newer) save the matcher
+    its backtracking bookkeeping, about half its time; the grammar reads each number one way
+    only, so the greedy form (older Pythons) matches the same bytes."""
+    p = b"+" if possessive else b""
+    num = rb"(?:0|[1-9][0-9]{0,4}" + p + rb")(?:\.[0-9]+" + p + rb")?" + p + rb"(?:e-[0-9]{1,3}" + p + rb")?" + p
+    return re.compile(b"".join(b',"' + k.encode() + rb'":\[(' + num + rb"(?:," + num + rb")*" + p + rb")\]"
+                               for k in PHASE_LISTS) + rb'(?=,"micro":\[)')
+
+
+try:
+    _PHASE_CUT = _phase_cut(True)
+except re.error:  # before Python 3.11
+    _PHASE_CUT = _phase_cut(False)
 _PHASE_START = b',"' + PHASE_LISTS[0].encode() + b'":['
 _NUMERIC = frozenset((int, float))
 _INTEGER = frozenset((int,))
@@ -347,10 +362,12 @@ def _count_list(vals: Any, n: int) -> bool:
 
 
 def _cut_phases(data: bytes) -> Optional[Dict[str, Any]]:
-    """A v2 "steps" record parsed without its phase lists, which are valid; None when the cut
-    does not apply (see above)."""
+    """A v2 "steps" record parsed without its phase lists, which are valid, and with the first
+    step's value of each under "first" (goodput splits a stall's first step with them); None when
+    the cut does not apply (see above). The record must start as encode() writes it, ``{"``: the
+    expression reads bytes, and JSON's other encodings (UTF-16, UTF-32) are left to the parse."""
     i = data.find(_PHASE_START)
-    if i < 0 or data.count(b"{", 0, i) != 1 or data[:1] != b"{":
+    if i < 0 or data[:2] != b'{"' or data.count(b"{", 0, i) != 1:
         return None
     m = _PHASE_CUT.match(data, i)
     if m is None:
@@ -371,12 +388,15 @@ def _cut_phases(data: bytes) -> Optional[Dict[str, Any]]:
     for k in PHASE_LISTS:
         if k in rec:  # the same key again elsewhere: JSON keeps the last one; let the full parse decide
             return None
+    rec["first"] = {k: float(data[m.start(j):data.find(b",", m.start(j), m.end(j) + 1) if n > 1 else m.end(j)])
+                    for j, k in enumerate(PHASE_LISTS, 1)}
     return rec
 
 
 def decode(data: bytes, phases: bool = True) -> Dict[str, Any]:
     """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError.
-    ``phases`` False (the agent): a "steps" record's phase lists are checked, not returned."""
+    ``phases`` False (the agent): a "steps" record's phase lists are checked, and where they were
+    cut out only the first step's values are returned, as "first": {field: seconds}."""
     if len(data) > MAX_DATAGRAM:
         raise ProtocolError(C.INGEST_OVERSIZE, f"{len(data)} bytes")
     rec = None if phases else _cut_phases(data)
@@ -519,6 +539,8 @@ def _steps(rec: Dict[str, Any], out: Dict[str, Any], cut: bool = False) -> None:
         if not _seconds_list(vals, n):  # int or float (a formatter writes 0.0 as 0); NaN and inf fail the range
             raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
         out[k] = vals
+    if cut:
+        out["first"] = rec["first"]
     micro = rec.get("micro")
     if not _count_list(micro, n):
         raise ProtocolError(C.INGEST_REJECTED, "bad micro")

@@ -99,7 +99,8 @@ def steps_bytes(n: int = 5, **over) -> bytes:
 
 
 def lists_off(res):
-    return {k: x for k, x in res.items() if k not in P.PHASE_LISTS} if isinstance(res, dict) else res
+    """A decoded record without its phase lists (and the first values the cut keeps of them)."""
+    return {k: x for k, x in res.items() if k not in P.PHASE_LISTS + ("first",)} if isinstance(res, dict) else res
 
 
 def whole(data: bytes):
@@ -119,8 +120,11 @@ def test_the_hooks_layout_takes_the_cut_and_gives_the_full_result_less_the_lists
     data = steps_bytes(24)
     assert P._cut_phases(data) is not None
     full, cut = P.decode(data), P.decode(data, phases=False)
-    assert set(full) - set(cut) == set(P.PHASE_LISTS)
-    assert cut == whole(data) and cut["n"] == 24 and cut["dur"] == full["dur"]
+    assert set(full) - set(cut) == set(P.PHASE_LISTS) and set(cut) - set(full) == {"first"}
+    assert lists_off(cut) == whole(data) and cut["n"] == 24 and cut["dur"] == full["dur"]
+    assert cut["first"] == {k: full[k][0] for k in P.PHASE_LISTS}
+    one = steps_bytes(1)  # a record of one step: its lists hold one number each
+    assert P.decode(one, phases=False)["first"] == {k: P.decode(one)[k][0] for k in P.PHASE_LISTS}
 
 
 CUT_VARIANTS = [
@@ -149,8 +153,18 @@ def test_the_cut_is_not_taken_where_json_would_read_the_lists_otherwise():
     i = good.index(b',"data":[')
     j = good.index(b',"micro":[')
     nested = good[:i] + b',"x":{"a":1' + good[i:j] + b',"micro":[1]}' + good[j:]
-    for data in (dup, spaced, nested, b" " + good, good.replace(b'"job":"j"', b'"job":"{"')):
+    # JSON in UTF-16 whose "node" string holds the lists' ASCII bytes (they read as other
+    # characters there): the bytes must not be cut as lists
+    rec = {k: x for k, x in json.loads(good).items() if k not in P.PHASE_LISTS}
+    head, tail = json.dumps(rec, separators=(",", ":")).split('"node":"n"')
+    lists = b"".join(b',"%s":[%s]' % (k.encode(), b",".join([b"1"] * 5)) for k in P.PHASE_LISTS)
+    if len(lists) % 2:  # even: the UTF-16 text after the cut stays aligned
+        lists = lists.replace(b"[1,", b"[10,", 1)
+    utf16 = (head + '"node":"').encode("utf-16-le") + lists + b',"micro":[' + ('"' + tail).encode("utf-16-le")
+    assert whole(utf16)[0] == "rejected"
+    for data in (dup, spaced, nested, b" " + good, good.replace(b'"job":"j"', b'"job":"{"'), utf16):
         assert agent(data) == whole(data), data
+    assert P._cut_phases(utf16) is None
 
 
 def test_the_cut_agrees_on_random_byte_edits():
@@ -176,6 +190,17 @@ def test_the_cut_agrees_on_random_byte_edits():
     assert took > 300, "the edits should leave many records the cut still takes"
 
 
+def test_a_huge_integer_is_a_rejection_not_an_exception():
+    for data in (step(2, ts=10 ** 400), step(2, dur=10 ** 400)):
+        raw = json.dumps(data).encode()
+        assert verdict(raw)[0] == "rejected" and slow(raw)[0] == "rejected"
+    rec = json.loads(steps_bytes())
+    rec["tot"]["dur"] = 10 ** 400
+    for phases in (True, False):
+        with pytest.raises(P.ProtocolError):
+            P.decode(json.dumps(rec).encode(), phases=phases)
+
+
 TOT_VARIANTS = [
     {}, {"ckpt_s": 0}, {"steps": 1.0}, {"dur": -1.0}, {"dur": float("nan")}, {"dur": 1e11}, {"steps": True},
     {"lck": 1.7e9, "lckd": 2.5}, {"lck": 1.7e9}, {"lck": 17, "lckd": 2.5}, {"lck": 1.7e9, "lckd": -1.0},
@@ -196,3 +221,28 @@ def test_the_totals_fast_check_agrees_with_the_key_checks(over):
     finally:
         P._tot_fast = saved
     assert verdict(data) == slow_res
+
+
+def test_a_stall_ended_by_a_cut_steps_record_splits_like_the_full_record():
+    """Goodput moves a stalled first step's data wait and exposed comm out of their categories; with
+    the phase lists cut out it reads them from "first" and splits the same way."""
+    from ranksight.exporter import goodput
+    from ranksight.exporter.ranks import RankSettings, RankTable
+
+    cols = {"data": [0.4, 0.001, 0.001, 0.001], "xcomm": [0.05, 0.0, 0.0, 0.0], "dur": [3.0, 0.01, 0.01, 0.01]}
+    later = json.loads(steps_bytes(4))
+    later.update(cols, seq=10)
+    first_rec = json.loads(steps_bytes(4))
+    order = list(first_rec)
+    got = []
+    for phases in (True, False):
+        table = RankTable(RankSettings())
+        assert table.apply(P.decode(steps_bytes(4), phases=phases), 100.0) == "ok"
+        g = table.ranks[("j", 1)].gp
+        g.gap = None  # running, then stalled from t=95 in the data phase
+        g.stall_since, g.stall_kind = 95.0, goodput.DATA
+        data = ("{%s}" % ",".join(json.dumps({k: later[k]}, separators=(",", ":"))[1:-1] for k in order)).encode()
+        assert P._cut_phases(data) is not None
+        assert table.apply(P.decode(data, phases=phases), 101.0) == "ok"
+        got.append(dict(g.over))
+    assert got[0] == got[1] and got[0][goodput.DATA] == pytest.approx(0.4), got
