@@ -44,7 +44,8 @@ def nvml_run(gpu_results):
 
     loads = Loads()
     before = len(_xid_threads())
-    coll = GpuCollector("h200-test", poll_seconds=0.5, window_seconds=WINDOW_S)
+    # device state every poll: these tests read NVML itself, not the collector's state period
+    coll = GpuCollector("h200-test", poll_seconds=0.5, window_seconds=WINDOW_S, state_seconds=0.5)
     coll.start()
     assert coll.error is None, f"the GPU collector is down with the real pynvml: {coll.error}"
     out: Dict[str, Any] = {"driver": coll.driver, "name": coll.gpus[0].name, "gpus": len(coll.gpus)}

@@ -30,7 +30,7 @@ def test_fixture_traces_exist():
 def test_recorded_waveforms_are_told_apart(path):
     clock = Clock()
     nv = NvmlStandin(count=2, traces=("steady", "sawtooth"), path=path, clock=clock)
-    coll = GpuCollector("fixture", poll_seconds=0.5, window_seconds=6.0, nvml=nv)
+    coll = GpuCollector("fixture", poll_seconds=0.5, window_seconds=6.0, nvml=nv, clock=clock)
     coll.start(threads=False)
     assert coll.error is None
     try:
@@ -59,7 +59,7 @@ def test_sub_sample_period_sawtooth_reads_flat(path):
     collector sees a low mean and no swing (the waveform cannot resolve it; the mean still can)."""
     clock = Clock()
     nv = NvmlStandin(count=1, traces=("sawtooth_fast",), path=path, clock=clock)
-    coll = GpuCollector("fixture", poll_seconds=0.5, window_seconds=6.0, nvml=nv)
+    coll = GpuCollector("fixture", poll_seconds=0.5, window_seconds=6.0, nvml=nv, clock=clock)
     coll.start(threads=False)
     try:
         clock.t += 0.5
