@@ -7,7 +7,7 @@ Both sides run the same load and the same benchmark script (this checkout's
 bench/bench_exporter.py: 8 stand-in GPUs, 8 ranks at 100 steps/s as the hooks send them, a scrape
 every 15 s); only the agent's code differs. Side A is ``--base`` (default HEAD) exported with
 ``git archive``; side B is the working tree. Each side's packages are laid out as the installed
-package maps them (ranksight/ with dashboards/, alerts/ and exporter/ inside) and put first on
+package maps them (ranksight/ with dashboards/, alerts/, exporter/ and hooks/ inside) and put first on
 the agent process's PYTHONPATH (bench_exporter.py's RANKSIGHT_BENCH_AGENT_PYTHONPATH).
 
     python3 bench/agent_ab.py [--base REV] [--pairs 5] [--cpu-seconds 20] [--json]
@@ -35,7 +35,7 @@ def overlay(tree: Path, dest: Path) -> Path:
     for f in (tree / "ranksight").iterdir():
         if f.name != "__pycache__" and not f.name.endswith(".egg-info"):
             (pkg / f.name).symlink_to(f)
-    for sub in ("dashboards", "alerts", "exporter"):
+    for sub in ("dashboards", "alerts", "exporter", "hooks"):
         (pkg / sub).symlink_to(tree / sub)
     return dest
 

@@ -3,9 +3,9 @@ scrape), the agent's CPU % and RSS, and the highest ingest rate with no drops.
 
 Setup: the agent runs as its own process with all collectors on the real /proc and /sys
 and 8 stand-in GPUs serving the recorded H200 traces (tests/support/nvml_standin.py);
-a sender process plays 8 ranks at 100 steps/s each as the hooks send them: per rank "steps"
-records of as many steps as a datagram holds (or what queued when the heartbeat is due) and one
-heartbeat a second, both carrying the totals.
+a sender process plays 8 ranks at 100 steps/s each as the hooks send them: per rank and tick
+(0.25 s) its steps in "steps" records of as many as a datagram holds, and one heartbeat a
+second, both carrying the totals.
 
 - scrape: interleaved A/B, one agent scrape then one node_exporter scrape
   (``collect[]=netstat&collect[]=netdev&collect[]=netclass``), each on its own keep-alive
@@ -198,9 +198,8 @@ def _hists(counts: Dict[str, List[int]], dur: float, n: int) -> Dict[str, List[i
 
 def _send_batched(a: argparse.Namespace) -> int:
     """8 ranks' traffic as the hooks send it (hooks/sender.py): each BATCH_EVERY tick every rank
-    queues its steps; they go out as "steps" records (the totals after their last step) of as many
-    steps as a datagram holds, the rest waiting until its oldest waited protocol.STEPS_WAIT_SECONDS;
-    a heartbeat with the totals once a second."""
+    sends its steps as "steps" records (the totals after their last step) of as many steps as a
+    datagram holds; a heartbeat with the totals once a second."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dest = ("127.0.0.1", a.port)
     per = max(1, round(a.rate / a.ranks * BATCH_EVERY))
@@ -208,8 +207,6 @@ def _send_batched(a: argparse.Namespace) -> int:
     tot = [dict(steps=0, micro=0, dur=0.0, data=0.0, fwd=0.0, bwd=0.0, opt=0.0, b2o=0.0, comm=0.0, xcomm=0.0,
                 ckpt_s=0.0, ckpt_bytes=0, ckpt_n=0, ckpt_fail=0) for _ in range(a.ranks)]
     hist: List[Dict[str, List[int]]] = [{"ckpt": [0] * P.HIST_SIZES["ckpt"]} for _ in range(a.ranks)]
-    queued: List[List[float]] = [[] for _ in range(a.ranks)]
-    since = [0.0] * a.ranks  # when the oldest queued step of each rank was queued
     fill = [24] * a.ranks  # steps a datagram holds, measured on each record sent (as the hooks do)
     jitter = random.Random(1)  # measured durations: every value has all its significant digits
     base = dict(v=P.VERSION, job="bench", ws=a.ranks, node=socket.gethostname(), pid=4242, sess=1)
@@ -248,19 +245,11 @@ def _send_batched(a: argparse.Namespace) -> int:
             break
         hb_due = tick % round(1 / BATCH_EVERY) == 0
         for r in range(a.ranks):
-            if not queued[r]:
-                since[r] = now
-            queued[r] += [0.01 * (1 + ((tick * per + i) % 17) / 100) * jitter.uniform(0.999, 1.001)
-                          for i in range(per)]
-            q = queued[r]
-            old = now - since[r] >= P.STEPS_WAIT_SECONDS
-            while q and (old or len(q) >= fill[r]):
+            q = [0.01 * (1 + ((tick * per + i) % 17) / 100) * jitter.uniform(0.999, 1.001) for i in range(per)]
+            while q:
                 s.sendto(record(r, q[:fill[r]]), dest)
                 sent += 1
                 q = q[fill[r]:]
-            if q and len(q) != len(queued[r]):
-                since[r] = now
-            queued[r] = q
             if hb_due:
                 s.sendto(P.encode(dict(base, t="hb", rank=r, lr=r, ts=time.time(), seq=tick + 1, every=1.0,
                                        step=tot[r]["steps"], phase="forward", coll=-1.0, probe=0.001,

@@ -23,7 +23,6 @@ _perf = time.perf_counter
 
 
 TICK_SECONDS = 0.25  # the background thread's period
-STEPS_WAIT_SECONDS = protocol.STEPS_WAIT_SECONDS
 STEP_DIGITS = protocol.STEP_DIGITS
 
 
@@ -194,42 +193,22 @@ class Background:
         self._steps_prefix = protocol.encode(dict(self._base, t="steps")).decode()[:-1] + ","
 
     def _take_items(self) -> List[tuple]:
-        """The queued records, the held-back step records first (background thread, or close())."""
-        items = self._held_run
-        self._held_run = []
+        """The queued records, the held-back step record first (background thread, or close())."""
+        items = drain(self._queue)
         held = self._held
         if held is not None:
             self._held = None
-            items.append(held)
-        items.extend(drain(self._queue))
+            items.insert(0, held)
         return items
 
     def _flush(self) -> None:
-        """Send what is queued. While the oldest of the trailing step records is younger than
-        STEPS_WAIT_SECONDS, they go out in full datagrams only (``_steps_fill`` steps each) and the
-        rest waits for the next tick."""
+        """Send what is queued: each tick's steps in records of as many as a datagram holds."""
         with self._send_lock:  # close() flushes under it too: a record is held, sent or taken, never lost
             if self._bye_sent:
                 return
             items = self._take_items()
             if not items:
                 return
-            if not self._stop.is_set():
-                j = len(items)
-                while j > 0 and items[j - 1][0] == "step":
-                    j -= 1
-                if j < len(items) and _perf() - items[j][2] < STEPS_WAIT_SECONDS:
-                    keep = (len(items) - j) % self._steps_fill
-                    tl = self._tl
-                    if keep == 0 and tl is not None and tl.pending:
-                        # full datagrams only, yet GPU intervals pending: the newest datagram's worth
-                        # waits, so that close() can still add those intervals to its last step
-                        keep = min(self._steps_fill, len(items) - j)
-                    if keep:
-                        self._held_run = items[len(items) - keep:]
-                        del items[len(items) - keep:]
-                    self._send_items(items)
-                    return
             tl = self._tl
             if tl is not None and tl.pending and not self._stop.is_set():
                 # hold back the newest step record while GPU intervals are pending: if the watch ends

@@ -157,7 +157,6 @@ class Watcher(StepPath, Background):
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
         self.totals = Totals()
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
-        self._held_run: List[tuple] = []  # step records waiting for the next heartbeat (sender.STEPS_WAIT_SECONDS)
         self._steps_fill = 24  # steps one "steps" datagram holds (measured on every record sent)
         # taking queued records and sending them is one critical section (background thread, close());
         # after close() sent the bye (_bye_sent) nothing else is sent

@@ -36,8 +36,8 @@ identity (all records)
   wrss    int   DataLoader workers' total RSS bytes (0 when none)
   restart int   restart count from the launcher
 
-"steps" (v2) consecutive optimizer steps in one datagram: what the hooks send (as many steps as
-        fit in one datagram, or what queued in STEPS_WAIT_SECONDS, instead of one per step)
+"steps" (v2) consecutive optimizer steps in one datagram: what the hooks send (a tick's steps,
+        as many as fit in one datagram, instead of one per step)
   seq     int   the first step's number; the others follow (seq+1, ...)
   ts      float (identity field) when the last of them ended
   dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt   [float, ...]  per step, as in "step"
@@ -129,11 +129,11 @@ VERSION = 2
 ACCEPTED = (1, 2)
 MAX_DATAGRAM = 4096  # bytes; larger is "oversize"
 STEPS_MAX = 64  # steps in one "steps" record
-# How the hooks send "steps" records (a sender's choice; the agent reads any): as many steps as
-# one datagram holds, or what queued once the oldest waited STEPS_WAIT_SECONDS, so the agent reads
-# few records (a record's identity and totals cost it as much as 25 steps' values); each step's
-# values with STEP_DIGITS significant digits (the totals are summed unrounded).
-STEPS_WAIT_SECONDS = 1.0
+# How the hooks send "steps" records (a sender's choice; the agent reads any): each background
+# tick's steps in records of as many as one datagram holds (a record's identity and totals cost
+# the agent as much as 25 steps' values), each step's values with STEP_DIGITS significant digits
+# (the totals are summed unrounded). Steps never wait past their tick: a rank killed with
+# SIGKILL loses at most one tick of them.
 STEP_DIGITS = "%.6g"
 STEPS_FILL_BYTES = MAX_DATAGRAM * 15 // 16  # a full "steps" datagram, with room for values of more digits
 MAX_WORLD = 1 << 20

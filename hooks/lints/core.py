@@ -436,7 +436,9 @@ class LintsCore:
 
 
     def _run(self) -> None:
-        while not self._stop.wait(TICK_SECONDS):
+        # the first tick at once: the checks "at start" (disk headroom, NUMA binding) then see the
+        # job before its first steps and checkpoints, however fast those come
+        while not self._stop.is_set():
             if self.w._closed:
                 break
             with self._tick_lock:
@@ -444,6 +446,8 @@ class LintsCore:
                     self.tick(time.monotonic())
                 except Exception as e:
                     self._error("thread", e)
+            if self._stop.wait(TICK_SECONDS):
+                break
         try:
             self._leave_node()
         except Exception as e:
