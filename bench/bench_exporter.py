@@ -232,8 +232,7 @@ def _send_batched(a: argparse.Namespace) -> int:
         tail = P.encode(dict(micro=[1] * len(durs), retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, herr=0,
                              hdrop=0, wrss=0, restart=0, tot=sent_tot(r), hist=hist[r]))[1:].decode()
         data = ("%s,%s,%s" % (head, cols, tail)).encode()
-        fixed = len(head) + len(tail)
-        fill[r] = max(1, min(P.STEPS_MAX, int((P.STEPS_FILL_BYTES - fixed) // ((len(data) - fixed) / len(durs)))))
+        fill[r] = P.steps_fill(len(data), len(head) + len(tail), len(durs))
         return data
 
     def sent_tot(r: int) -> Dict[str, object]:

@@ -23,7 +23,6 @@ _perf = time.perf_counter
 
 
 TICK_SECONDS = 0.25  # the background thread's period
-STEP_DIGITS = protocol.STEP_DIGITS
 
 
 # CUDA: the newest step record waits this long (or for the next one) while GPU intervals are still
@@ -262,7 +261,7 @@ class Background:
         try:
             cols = []
             for k, j in STEPS_COLUMNS:
-                nums = ",".join([STEP_DIGITS % it[j] for it in batch])
+                nums = ",".join([protocol.STEP_DIGITS % it[j] for it in batch])
                 if "n" in nums or "-" in nums.replace("e-", ""):  # nan, inf or a negative number
                     raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
                 cols.append(f'"{k}":[{nums}]')
@@ -288,10 +287,8 @@ class Background:
             return
         # how many steps a datagram holds, by this record's bytes per step (the fixed part, identity
         # and totals, counted once): consecutive steps go out in records of that many
-        fixed = len(data) - len(",".join(cols)) - len(micro)
-        per_step = (len(data) - fixed) / len(batch)
-        fit = max(1, int((protocol.STEPS_FILL_BYTES - fixed) // max(per_step, 1.0)))
-        self._steps_fill = min(fit, STEPS_PER_RECORD)
+        fit = self._steps_fill = protocol.steps_fill(len(data), len(data) - len(",".join(cols)) - len(micro),
+                                                     len(batch))
         if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
             for it in batch:
                 totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12], sign=-1)

@@ -136,6 +136,13 @@ STEPS_MAX = 64  # steps in one "steps" record
 # SIGKILL loses at most one tick of them.
 STEP_DIGITS = "%.6g"
 STEPS_FILL_BYTES = MAX_DATAGRAM * 15 // 16  # a full "steps" datagram, with room for values of more digits
+
+
+def steps_fill(size: int, fixed: int, n: int) -> int:
+    """How many steps one "steps" datagram holds, from a record of ``n`` steps and ``size`` bytes
+    of which ``fixed`` are not per step (identity, scalars, totals): 1..STEPS_MAX."""
+    per_step = max((size - fixed) / n, 1.0)
+    return max(1, min(STEPS_MAX, int((STEPS_FILL_BYTES - fixed) // per_step)))
 MAX_WORLD = 1 << 20
 MAX_STR = 128
 MAX_MSG = 512
@@ -289,20 +296,28 @@ def _parse(data: bytes) -> Any:
 # is decode()'s result. Anything it does not take (a missing field, an int where a float is usual,
 # NaN, an extra key) goes through the field-by-field checks below, which accept or reject it, with
 # their reason, as always; so the fast path changes no verdict, only the cost of the common one.
-def _compile_step_check() -> Any:
-    names = STEP_SECONDS_FIELDS + STEP_COUNT_FIELDS
-    args = ", ".join(f"_{k}" for k in names)
-    checks = [f"type(_{k}) is float and 0.0 <= _{k} <= {MAX_SECONDS!r}" for k in STEP_SECONDS_FIELDS]
-    checks += [f"type(_{k}) is int and 0 <= _{k} <= {MAX_COUNT!r}" for k in STEP_COUNT_FIELDS]
-    src = (f"def _step_fast(rec, n, _get=_fields):\n"
-           f"    if len(rec) != n:\n        return False\n"
-           f"    try:\n        {args} = _get(rec)\n    except KeyError:\n        return False\n"
-           f"    if not (" + " and ".join(checks) + " and _seq >= 1):\n        return False\n"
-           f"    if _micro < 1:\n        rec['micro'] = 1\n"
-           f"    return True\n")
+def _compile_check(name: str, params: str, floats: Tuple[str, ...], float_hi: float, ints: Tuple[str, ...],
+                   head: str, tail: str) -> Any:
+    """``def name(params)``: ``head`` (it may return early), then every key of ``floats`` and
+    ``ints`` read in one itemgetter (a missing one: False) and checked in one expression (a float
+    in [0, float_hi], an int in [0, MAX_COUNT]), then ``tail``. The keys are locals ``_<key>``."""
+    names = floats + ints
+    checks = [f"type(_{k}) is float and 0.0 <= _{k} <= {float_hi!r}" for k in floats]
+    checks += [f"type(_{k}) is int and 0 <= _{k} <= {MAX_COUNT!r}" for k in ints]
+    src = (f"def {name}({params}, _get=_fields):\n{head}"
+           f"    try:\n        {', '.join(f'_{k}' for k in names)}, = _get(rec)\n    except KeyError:\n        return False\n"
+           f"    if not (" + " and ".join(checks) + "):\n        return False\n" + tail)
     ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
-    exec(compile(src, "<ranksight.protocol step schema>", "exec"), ns)
-    return ns["_step_fast"]
+    exec(compile(src, f"<ranksight.protocol {name}>", "exec"), ns)
+    return ns[name]
+
+
+def _compile_step_check() -> Any:
+    return _compile_check("_step_fast", "rec, n", STEP_SECONDS_FIELDS, MAX_SECONDS, STEP_COUNT_FIELDS,
+                          "    if len(rec) != n:\n        return False\n",
+                          "    if _seq < 1:\n        return False\n"
+                          "    if _micro < 1:\n        rec['micro'] = 1\n"
+                          "    return True\n")
 
 
 _step_fast = _compile_step_check()
@@ -356,9 +371,9 @@ def _seconds_list(vals: Any, n: int) -> bool:
 
 
 def _count_list(vals: Any, n: int) -> bool:
-    """``vals`` is a list of ``n`` ints (not bools), each in [0, MAX_COUNT]."""
+    """``vals`` is a list of ``n`` (>= 1) ints (not bools), each in [0, MAX_COUNT]."""
     return (type(vals) is list and len(vals) == n and set(map(type, vals)) <= _INTEGER
-            and (n == 0 or (0 <= min(vals) and max(vals) <= MAX_COUNT)))
+            and 0 <= min(vals) and max(vals) <= MAX_COUNT)
 
 
 def _cut_phases(data: bytes) -> Optional[Dict[str, Any]]:
@@ -581,22 +596,12 @@ def expand_steps(rec: Dict[str, Any]) -> list:
 # or neither), checked by one compiled expression like the "step" record: then the parsed dict is
 # the result. Anything else goes through the key-by-key checks below.
 def _compile_totals_check() -> Any:
-    names = TOTAL_INT_KEYS + TOTAL_SECONDS_KEYS
-    args = ", ".join(f"_{k}" for k in names)
-    checks = [f"type(_{k}) is int and 0 <= _{k} <= {MAX_COUNT!r}" for k in TOTAL_INT_KEYS]
-    checks += [f"type(_{k}) is float and 0.0 <= _{k} <= {MAX_TOTAL_SECONDS!r}" for k in TOTAL_SECONDS_KEYS]
-    n = len(names)
-    src = (f"def _tot_fast(tot, _get=_fields):\n"
-           f"    m = len(tot)\n"
-           f"    if m != {n} and m != {n + 2}:\n        return False\n"
-           f"    try:\n        {args} = _get(tot)\n    except KeyError:\n        return False\n"
-           f"    if not (" + " and ".join(checks) + "):\n        return False\n"
-           f"    if m == {n}:\n        return True\n"
-           f"    a = tot.get('lck'); b = tot.get('lckd')\n"
-           f"    return type(a) is float and 0.0 <= a <= 1e11 and type(b) is float and 0.0 <= b <= 1e11\n")
-    ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
-    exec(compile(src, "<ranksight.protocol totals schema>", "exec"), ns)
-    return ns["_tot_fast"]
+    n = len(TOTAL_INT_KEYS) + len(TOTAL_SECONDS_KEYS)
+    return _compile_check("_tot_fast", "rec", TOTAL_SECONDS_KEYS, MAX_TOTAL_SECONDS, TOTAL_INT_KEYS,
+                          f"    m = len(rec)\n    if m != {n} and m != {n + 2}:\n        return False\n",
+                          f"    if m == {n}:\n        return True\n"
+                          "    a = rec.get('lck'); b = rec.get('lckd')\n"
+                          "    return type(a) is float and 0.0 <= a <= 1e11 and type(b) is float and 0.0 <= b <= 1e11\n")
 
 
 _tot_fast = _compile_totals_check()
@@ -607,7 +612,7 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
     tot = rec.get("tot")
     if not isinstance(tot, dict):
         raise ProtocolError(C.INGEST_REJECTED, "bad tot")
-    if type(tot) is dict and _tot_fast(tot):
+    if _tot_fast(tot):
         _hists(rec, out)
         out["tot"] = tot
         return

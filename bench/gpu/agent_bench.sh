@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu/agent_bench.sh            # JSON in $OUT/bench_exporter.json (or /tmp/ranksight-gpu-out)
 #
-# Installs the checkout like run_all.sh (pip install --no-deps -e ., else a PYTHONPATH overlay that maps
+# Makes the checkout importable (bench/gpu/checkout_env.sh: pip install --no-deps -e ., else a PYTHONPATH overlay that maps
 # ranksight.exporter -> exporter/ etc.), then runs bench/bench_exporter.py --json (scrape p50/p99, CPU and
 # RSS at 8 ranks x 100 steps/s with 15 s scrapes, and the highest ingest rate without drops).
 # Extra arguments go to the benchmark, e.g. --rates 40000,50000,60000,70000,80000.
@@ -12,17 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ranksight-gpu-out}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-if ! $PY -c 'import ranksight.exporter.agent' 2>/dev/null; then
-  $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e . >/dev/null 2>&1 || true
-fi
-if ! $PY -c 'import ranksight.exporter.agent' 2>/dev/null; then
-  root=/tmp/rs-overlay-agent
-  rm -rf "$root"; mkdir -p "$root/ranksight"
-  for f in ranksight/*; do ln -s "$PWD/$f" "$root/ranksight/"; done
-  for sub in hooks exporter dashboards alerts; do ln -s "$PWD/$sub" "$root/ranksight/$sub"; done
-  export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. bench/gpu/checkout_env.sh
 nproc
 timeout 540 $PY bench/bench_exporter.py --json "$@" > "$OUT/bench_exporter.json"
 rc=$?

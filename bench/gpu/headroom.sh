@@ -15,17 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ranksight-gpu-out}
 mkdir -p "$OUT"
-PY=${PYTHON:-python3}
-if ! $PY -c 'import ranksight.hooks, ranksight.exporter.agent' 2>/dev/null; then
-  $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e . >/dev/null 2>&1 || true
-fi
-if ! $PY -c 'import ranksight.hooks, ranksight.exporter.agent' 2>/dev/null; then
-  root=/tmp/rs-overlay-headroom
-  rm -rf "$root"; mkdir -p "$root/ranksight"
-  for f in ranksight/*; do ln -s "$PWD/$f" "$root/ranksight/"; done
-  for sub in hooks exporter dashboards alerts; do ln -s "$PWD/$sub" "$root/ranksight/$sub"; done
-  export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. bench/gpu/checkout_env.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1
 echo "== tests"
 timeout "${HEADROOM_TESTS_S:-110}" $PY -m pytest -q -rfE -p no:cacheprovider tests/gpu/test_gpu_event_record.py \
