@@ -95,31 +95,34 @@ class Recorder:
             self._on_error("checkpoint begin", e)
             return None
 
-    def blocking_done(self, tok: Optional[tuple]) -> None:
-        """The caller's thread is free again (end of the blocking part)."""
+    def blocking_done(self, tok: Optional[tuple], t1: Optional[float] = None) -> None:
+        """The caller's thread is free again (end of the blocking part, at ``t1`` if given)."""
         if tok is None:
             return
         self._tls.depth = 0
         src, t0, main, old = tok
         if main:
             try:
-                self._on_main(time.perf_counter() - t0)
+                self._on_main((time.perf_counter() if t1 is None else t1) - t0)
                 self._set_phase(old)
             except Exception as e:
                 self._on_error("checkpoint end", e)
 
-    def finish(self, tok: Optional[tuple], ok: bool, nbytes: int) -> None:
-        """The write is complete (any thread)."""
+    def finish(self, tok: Optional[tuple], ok: bool, nbytes: int, t1: Optional[float] = None) -> None:
+        """The write is complete (any thread; at ``t1`` if given)."""
         if tok is None:
             return
         try:
-            self._emit(time.perf_counter() - tok[1], max(0, int(nbytes)), bool(ok), tok[0])
+            self._emit((time.perf_counter() if t1 is None else t1) - tok[1], max(0, int(nbytes)), bool(ok), tok[0])
         except Exception as e:
             self._on_error("checkpoint record", e)
 
     def end(self, tok: Optional[tuple], ok: bool, nbytes: int) -> None:
-        self.blocking_done(tok)
-        self.finish(tok, ok, nbytes)
+        """A save that blocked its caller to the end: one end time for the step's checkpoint
+        share and the record's duration, so the two agree."""
+        t1 = time.perf_counter()
+        self.blocking_done(tok, t1)
+        self.finish(tok, ok, nbytes, t1)
 
     # -------------------------------------------------------------- patches
     def install(self, patcher: Patcher) -> None:

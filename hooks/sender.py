@@ -162,11 +162,7 @@ class Background:
             idle = now - self._last_progress
             if self._seq > 0:
                 idle = max(idle, now - self._stack_seq[1])
-            body = sw.tick(now, idle, self._phase)
-            if body is not None and body["frames"]:
-                cw = self._collective_waiting(now)
-                if cw is not None:
-                    body["cw"] = cw
+            body = sw.tick(now, idle, self._phase, lambda: self._collective_waiting(now))
             if body is not None and not self._bye_sent:
                 self._transport.send(stack.fit(dict(self._base, t="stack", ts=time.time()), body))
         except Exception as e:

@@ -20,7 +20,7 @@ import re
 import sys
 import sysconfig
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ranksight import protocol
 
@@ -101,15 +101,20 @@ class StackWatch:
     after_s: float  # no progress for this long: send the stack
     every_s: float  # at most this often (unless it changed after at least this long)
     places: Optional[Places] = None
-    _sent: Optional[Tuple[str, ...]] = None
+    _sent: Optional[Tuple[Tuple[str, ...], Optional[Tuple[Any, ...]]]] = None  # (frames, cw position) sent
     _sent_at: float = -1e18
 
-    def tick(self, now: float, idle_s: float, phase: str) -> Optional[Dict[str, Any]]:
-        """The "stack" record's fields to send now, or None. ``idle_s``: seconds without progress."""
+    def tick(self, now: float, idle_s: float, phase: str,
+             waiting: Optional[Callable[[], Optional[Dict[str, Any]]]] = None) -> Optional[Dict[str, Any]]:
+        """The "stack" record's fields to send now, or None. ``idle_s``: seconds without progress.
+        ``waiting()``, called only when the stack is read, gives the collective the rank waits in
+        (``cw``); a record goes out when the frames or that collective changed. A rank blocked in
+        one collective keeps its frames while the position can still move (the Flight Recorder
+        retires an earlier collective from another thread, after the rank went on)."""
         if self.after_s <= 0:
             return None
         if idle_s < self.after_s:
-            if self._sent:  # progress again: one empty record clears the agent's stack
+            if self._sent is not None:  # progress again: one empty record clears the agent's stack
                 self._sent, self._sent_at = None, now
                 return {"frames": [], "where": "", "idle": 0.0, "phase": phase}
             return None
@@ -119,10 +124,16 @@ class StackWatch:
             self.places = Places()
         frames = read(self.tid)
         shown = tuple(fmt(f) for f in frames[:protocol.MAX_STACK_FRAMES])
-        if shown == self._sent:
+        cw = waiting() if waiting is not None and shown else None
+        key = (shown, None if cw is None else (cw.get("op"), cw.get("pg"), cw.get("seq")))
+        if key == self._sent:
             return None
-        self._sent, self._sent_at = shown, now
-        return {"frames": list(shown), "where": self.places.where(frames), "idle": round(idle_s, 3), "phase": phase}
+        self._sent, self._sent_at = key, now
+        body: Dict[str, Any] = {"frames": list(shown), "where": self.places.where(frames), "idle": round(idle_s, 3),
+                                "phase": phase}
+        if cw is not None:
+            body["cw"] = cw
+        return body
 
 
 def fit(base: Dict[str, Any], body: Dict[str, Any]) -> bytes:

@@ -57,6 +57,7 @@ FAULT_HELP: Dict[str, str] = {
 }
 FAULTS = tuple(FAULT_HELP)
 DEFAULT_FAULT = "straggler"
+DEMO_STRAGGLER_EXTRA = 2.0  # the straggler's extra compute per step, as a share of its forward+backward
 # fault -> (triage entries whose alerts name it, does the alert sit on the faulty rank?, what was injected)
 EXPECTED_ENTRIES: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
     "slow-data": (("dataloader-bound",), True, "rank {r}'s dataset sleeps on every read"),
@@ -487,6 +488,11 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
 
     job_args = ["--duration", f"{args.duration:g}", "--fault", fault, "--rank-to-fault", str(bad),
                 "--fault-after", f"{after:g}", "--checkpoint-dir", str(run_dir / "checkpoints")]
+    if fault == "straggler":
+        # the straggler at 3x its compute: its peer then waits about half of every step, well over
+        # CommBound's 30% even when the machine's other load slows both ranks (the verdict shows the
+        # CommBound the straggler mutes)
+        job_args += ["--straggler-extra", f"{DEMO_STRAGGLER_EXTRA:g}"]
     env = dict(os.environ, RANKSIGHT_AGENT=agent.ingest, RANKSIGHT_JOB=JOB, OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1")
     if not _has_numpy():  # torch warns at import when numpy is absent; harmless for this job

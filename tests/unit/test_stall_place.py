@@ -57,6 +57,32 @@ def test_stack_names_the_users_frame_and_the_call_on_its_line() -> None:
     assert sw.tick(11.0, idle_s=0.0, phase="forward") is None
 
 
+def test_stack_goes_again_when_the_collective_position_moves_under_the_same_frames() -> None:
+    """A rank blocked in one collective keeps its frames; the Flight Recorder can still retire an
+    earlier collective after the rank went on. The record goes again with the new position (the
+    agent's desync check compares the ranks' positions), and not while the position stays."""
+    t = _thread_in_sleeper()
+    sw = stack.StackWatch(t.ident, after_s=1.0, every_s=5.0)
+    pos = {"op": "all_reduce", "pg": "default_pg", "seq": 362, "wait": 1.0}
+    calls = []
+
+    def waiting():
+        calls.append(1)
+        return dict(pos)
+
+    assert sw.tick(0.0, idle_s=0.5, phase="backward", waiting=waiting) is None and not calls  # not read in progress
+    first = sw.tick(1.0, idle_s=1.5, phase="backward", waiting=waiting)
+    assert first is not None and first["cw"]["seq"] == 362
+    assert sw.tick(2.0, idle_s=2.5, phase="backward", waiting=waiting) is None and len(calls) == 1  # too soon
+    pos["wait"] = 6.0
+    assert sw.tick(7.0, idle_s=7.5, phase="backward", waiting=waiting) is None  # same place, only longer
+    pos.update(seq=363, wait=0.5)
+    again = sw.tick(13.0, idle_s=13.5, phase="backward", waiting=waiting)
+    assert again is not None and again["cw"] == pos and again["frames"] == first["frames"]
+    assert sw.tick(19.0, idle_s=19.5, phase="backward", waiting=lambda: None) is not None  # the position gone
+    assert sw.tick(25.0, idle_s=25.5, phase="backward", waiting=lambda: None) is None
+
+
 def test_library_frames_are_not_the_place() -> None:
     places = stack.Places()
     assert not places.is_user(threading.__file__)
