@@ -207,7 +207,7 @@ def _send_batched(a: argparse.Namespace) -> int:
     tot = [dict(steps=0, micro=0, dur=0.0, data=0.0, fwd=0.0, bwd=0.0, opt=0.0, b2o=0.0, comm=0.0, xcomm=0.0,
                 ckpt_s=0.0, ckpt_bytes=0, ckpt_n=0, ckpt_fail=0) for _ in range(a.ranks)]
     hist: List[Dict[str, List[int]]] = [{"ckpt": [0] * P.HIST_SIZES["ckpt"]} for _ in range(a.ranks)]
-    fill = [24] * a.ranks  # steps a datagram holds, measured on each record sent (as the hooks do)
+    fill = [P.STEPS_FILL_FIRST] * a.ranks  # steps a datagram holds, measured on each record sent (as the hooks do)
     jitter = random.Random(1)  # measured durations: every value has all its significant digits
     base = dict(v=P.VERSION, job="bench", ws=a.ranks, node=socket.gethostname(), pid=4242, sess=1)
     t0 = time.perf_counter()

@@ -157,7 +157,7 @@ class Watcher(StepPath, Background):
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
         self.totals = Totals()
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
-        self._steps_fill = 24  # steps one "steps" datagram holds (measured on every record sent)
+        self._steps_fill = protocol.STEPS_FILL_FIRST  # steps one "steps" datagram holds (measured on every record sent)
         # taking queued records and sending them is one critical section (background thread, close());
         # after close() sent the bye (_bye_sent) nothing else is sent
         self._send_lock = threading.RLock()  # (close() may run on the background thread itself)

@@ -116,7 +116,6 @@ logged once per version.
 from __future__ import annotations
 
 import json
-import math
 import re
 from operator import itemgetter
 from dataclasses import dataclass
@@ -136,13 +135,7 @@ STEPS_MAX = 64  # steps in one "steps" record
 # SIGKILL loses at most one tick of them.
 STEP_DIGITS = "%.6g"
 STEPS_FILL_BYTES = MAX_DATAGRAM * 15 // 16  # a full "steps" datagram, with room for values of more digits
-
-
-def steps_fill(size: int, fixed: int, n: int) -> int:
-    """How many steps one "steps" datagram holds, from a record of ``n`` steps and ``size`` bytes
-    of which ``fixed`` are not per step (identity, scalars, totals): 1..STEPS_MAX."""
-    per_step = max((size - fixed) / n, 1.0)
-    return max(1, min(STEPS_MAX, int((STEPS_FILL_BYTES - fixed) // per_step)))
+STEPS_FILL_FIRST = 24  # steps a sender puts in its first record, before steps_fill() measured one
 MAX_WORLD = 1 << 20
 MAX_STR = 128
 MAX_MSG = 512
@@ -157,6 +150,14 @@ MAX_STACK_WHERE = 120
 STACK_DATAGRAM = 2048  # a "stack" record's size budget, under MAX_DATAGRAM: agents built with a 2048-byte limit take it too
 PHASES = ("data", "forward", "backward", "optimizer", "checkpoint", "other", "idle")
 CKPT_SOURCES = ("torch.save", "dcp", "timer", "atomic_save")
+
+
+def steps_fill(size: int, fixed: int, n: int) -> int:
+    """How many steps one "steps" datagram holds, from a record of ``n`` steps and ``size`` bytes
+    of which ``fixed`` are not per step (identity, scalars, totals): 1..STEPS_MAX."""
+    per_step = max((size - fixed) / n, 1.0)
+    return max(1, min(STEPS_MAX, int((STEPS_FILL_BYTES - fixed) // per_step)))
+
 
 STEP_SECONDS_FIELDS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm", "ckpt")
 STEP_COUNT_FIELDS = ("seq", "micro", "retries", "ooms", "mres", "malloc", "herr", "hdrop", "wrss", "restart")

@@ -17,18 +17,8 @@ R=/tmp/ranksight-multigpu
 rm -rf "$R"; mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONDONTWRITEBYTECODE=1
 unset TORCH_NCCL_ENABLE_TIMING TORCH_NCCL_TRACE_BUFFER_SIZE TORCH_FR_BUFFER_SIZE
-PY=${PYTHON:-python3}
 [[ -x .devbin/prometheus ]] && export RANKSIGHT_PROMETHEUS="$PWD/.devbin/prometheus"
-
-if ! $PY -c 'import ranksight.hooks, ranksight.exporter.collectors.gpu' 2>/dev/null; then
-  $PY -m pip install -q --no-deps --no-build-isolation --no-cache-dir -e . 2>&1 | tail -3
-fi
-if ! $PY -c 'import ranksight.hooks, ranksight.exporter.collectors.gpu' 2>/dev/null; then
-  root=/tmp/rs-overlay; rm -rf "$root"; mkdir -p "$root/ranksight"
-  for f in ranksight/*; do ln -s "$PWD/$f" "$root/ranksight/"; done
-  for sub in hooks exporter dashboards alerts; do ln -s "$PWD/$sub" "$root/ranksight/$sub"; done
-  export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. bench/gpu/checkout_env.sh  # PY, and this checkout importable as ranksight
 { nvidia-smi -L; nvidia-smi topo -m; $PY -c 'import torch; print(torch.__version__, torch.cuda.device_count(), torch.cuda.nccl.version())'; } 2>&1 | tee "$R/env.log"
 timeout --kill-after=10 $((DEADLINE + 15)) $PY bench/multigpu/orchestrate.py --out "$R" --deadline "$DEADLINE" \
   > >(tee "$R/orchestrate.log") 2>&1
