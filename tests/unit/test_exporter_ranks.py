@@ -11,7 +11,7 @@ import pytest
 from ranksight import catalog as C
 from ranksight.exporter.ingest import Ingest
 from ranksight.exporter.collectors.ranks import RanksCollector
-from ranksight.exporter.ranks import RankSettings, RankTable
+from ranksight.exporter.ranks import RECEIVE_DELAY_MAX, RankSettings, RankTable
 from ranksight.exporter.stats import WindowQuantile
 
 from test_exporter_helpers import dgram, hb, ident, one, parse, series, step
@@ -109,8 +109,6 @@ def test_heartbeat_misses_rank_up_and_recovery():
     i = ident()
     w.send(i, hb(every=1.0))
     # a heartbeat may wait in the socket up to the receiver's sleep before it is stamped
-    from ranksight.exporter.ranks import RECEIVE_DELAY_MAX
-
     w.tick(1.25 + RECEIVE_DELAY_MAX)
     assert one(w.scrape(), C.HEARTBEAT_MISSES.name) == 0  # late by less than half an interval: not yet a miss
     w.tick(0.5)
@@ -134,8 +132,6 @@ def test_heartbeat_misses_rank_up_and_recovery():
 def test_miss_interval_follows_the_senders_every():
     w = World()
     i = ident()
-    from ranksight.exporter.ranks import RECEIVE_DELAY_MAX
-
     w.send(i, hb(every=0.2))
     w.tick(1.0 + RECEIVE_DELAY_MAX, every=0.05)
     assert one(w.scrape(), C.HEARTBEAT_MISSES.name) == 4  # floor(1.0 / 0.2 - 0.5), after the receive delay
