@@ -34,6 +34,7 @@ SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to 
 HEALTHY_WATCH = 30.0  # a healthy run is watched this long after its first step (rate window + for:)
 FAULT_AFTER = 3.0  # kill-rank / hang: seconds after the first step
 POLL = 0.5
+SETTLE_LIMIT = 10.0  # at most this long for Alertmanager to hold what Prometheus fires (sent after each 1 s evaluation)
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,7 @@ class Suite:
         while time.monotonic() < hold_until:  # the timeline keeps every alert seen meanwhile
             self._note(obs, self._job_alerts(job.name), fault_start)
             time.sleep(POLL)
-        obs.job_alerts = self._job_alerts(job.name)
+        obs.job_alerts = self._settled_alerts(job.name, obs, fault_start)
         self._triage(job.name, obs)
         if case.dashboards:
             obs.dashboards = self._dashboard_queries(job.name, nodes)
@@ -322,6 +323,22 @@ class Suite:
             if key not in obs.seen:
                 obs.seen.add(key)
                 obs.timeline.append(f"{now:+6.1f}s {key[0]}[{key[1]}]{' inhibited' if key[2] else ''}")
+
+    def _settled_alerts(self, job: str, obs: Observation, t0: float) -> List[Dict[str, Any]]:
+        """The job's alerts in Alertmanager once it holds every alert Prometheus fires for the job
+        (at most SETTLE_LIMIT): Prometheus sends a newly firing alert after its evaluation, so for a
+        moment `ranksight triage`, which reads Prometheus, can name an instance (the other rank of
+        a job-wide cause) that Alertmanager does not hold yet."""
+        assert self.stack is not None
+        end = time.monotonic() + SETTLE_LIMIT
+        while True:
+            held = self._job_alerts(job)
+            self._note(obs, held, t0)
+            firing = [a["labels"] for a in self.stack.prom.alerts()
+                      if a["state"] == "firing" and a["labels"].get("job") == job]
+            if time.monotonic() >= end or all(any(f.items() <= a["labels"].items() for a in held) for f in firing):
+                return held
+            time.sleep(POLL)
 
     def _job_alerts(self, job: str) -> List[Dict[str, Any]]:
         assert self.stack is not None
