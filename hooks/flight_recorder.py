@@ -68,15 +68,23 @@ class FlightRecorder:
             del first[key]
         return max((now - t for t in first.values()), default=-1.0)
 
-    def waiting(self) -> Optional[Dict[str, Any]]:
-        """The oldest collective this rank enqueued and has not completed, from the full dump:
-        {"op": "all_reduce", "pg": "default_pg", "seq": its collective sequence number in that
-        group, "wait": seconds since it was created}, or None. Read only while the rank makes no
-        progress (hooks/stack.py's trigger), never on the step path."""
+    def waiting(self, op: str = "") -> Optional[Dict[str, Any]]:
+        """The collective this rank waits in, from the full dump: {"op": "all_reduce", "pg":
+        "default_pg", "seq": its collective sequence number in that group, "wait": seconds since
+        it was created}, or None. Open collectives are those the group's status has enqueued and
+        not completed. ``op``: the collective the Python wrappers see the rank blocked in; the
+        newest open one of that op is it. gloo counts a collective completed from its worker
+        threads, and that count can stay behind while the rank is blocked (seen on a loaded CPU
+        box: rank 1 blocked in broadcast #352 while all_reduce #348 still read open), so the
+        oldest open one would name a collective the rank finished. Without ``op`` (a collective
+        the wrappers do not see, such as DDP's C++ all-reduce) or with no open one of that op:
+        the oldest open one. Read only while the rank makes no progress (hooks/stack.py's
+        trigger), never on the step path."""
         raw = self._dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
         doc = pickle.loads(raw) if raw else {}
         status = doc.get("pg_status") or {}
-        best: Optional[Tuple[int, Dict[str, Any]]] = None
+        oldest: Optional[Tuple[int, Dict[str, Any]]] = None
+        newest_op: Optional[Tuple[int, Dict[str, Any]]] = None
         for e in doc.get("entries", []):
             st = status.get(str(e.get("pg_id"))) or {}
             try:
@@ -87,15 +95,18 @@ class FlightRecorder:
             if e.get("is_p2p") or type(seq) is not int or not done < seq <= enq:
                 continue
             created = e.get("time_created_ns") or 0
-            if best is None or created < best[0]:
-                best = (created, e)
+            if oldest is None or created < oldest[0]:
+                oldest = (created, e)
+            if op and _op_name(e) == op and (newest_op is None or created >= newest_op[0]):
+                newest_op = (created, e)
+        best = newest_op or oldest
         if best is None:
             return None
         created, e = best
         pg = e.get("process_group")
         name = (pg[1] or pg[0]) if isinstance(pg, (list, tuple)) and len(pg) == 2 else str(pg or e.get("pg_id", ""))
         wait = (time.time_ns() - created) / 1e9 if created else 0.0
-        return {"op": str(e.get("profiling_name", "")).split(":")[-1][:64], "pg": str(name)[:128],
+        return {"op": _op_name(e), "pg": str(name)[:128],
                 "seq": e["collective_seq_id"], "wait": round(min(max(wait, 0.0), 7 * 86400.0), 3)}
 
     def poll_due(self, now: float) -> bool:
@@ -145,3 +156,8 @@ class FlightRecorder:
             if not (0 <= age <= 7 * 86400):
                 age = -1.0
         return out, age
+
+
+def _op_name(e: Dict[str, Any]) -> str:
+    """An entry's collective as the Python API names it: "gloo:all_reduce" -> "all_reduce"."""
+    return str(e.get("profiling_name", "")).split(":")[-1][:64]

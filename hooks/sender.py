@@ -169,16 +169,18 @@ class Background:
             self._hook_error("stack", e)
 
     def _collective_waiting(self, now: float) -> Optional[Dict[str, Any]]:
-        """Where the blocked rank waits: the Flight Recorder's oldest open collective (every
-        collective of every group, DDP's C++ ones too), else the wrappers' own."""
+        """Where the blocked rank waits: from the Flight Recorder (every collective of every group,
+        DDP's C++ ones too, with the group's sequence number), told which op the wrappers see the
+        rank blocked in (FlightRecorder.waiting); else the wrappers' own."""
+        wrapped = self.comm.waiting(now)
         if self._fr_status is not None:
             try:
-                got = self._fr_status.waiting()
+                got = self._fr_status.waiting(wrapped["op"] if wrapped is not None else "")
                 if got is not None:
                     return got
             except Exception as e:
                 self._hook_error("Flight Recorder position", e)
-        return self.comm.waiting(now)
+        return wrapped
 
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident

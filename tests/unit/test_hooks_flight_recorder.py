@@ -43,3 +43,24 @@ def test_in_flight_collective_age():
     fr = _reader([{"entries": [_e(3, "started", created=time.time_ns() - 2_000_000_000)]}])
     got, age = fr.poll()
     assert got == [] and 1.5 < age < 60
+
+
+def _coll(seq: int, op: str, created: int) -> Dict[str, Any]:
+    # an entry as torch 2.13's gloo recorder dumps it (fields the reader uses)
+    return {"pg_id": 0, "record_id": seq, "collective_seq_id": seq, "profiling_name": f"gloo:{op}",
+            "process_group": ["0", "default_pg"], "is_p2p": False, "state": "scheduled",
+            "time_created_ns": created}
+
+
+def test_waiting_names_the_blocked_op_when_the_completed_count_lags():
+    """gloo's completed count can stay behind while the rank is blocked: all_reduce #348-#351 read
+    open though finished, and the rank is blocked in broadcast #352 (the wrappers see broadcast)."""
+    import time
+
+    t = time.time_ns() - 5_000_000_000
+    dump = {"pg_status": {"0": {"last_enqueued_collective": 352, "last_completed_collective": 347}},
+            "entries": [_coll(s, "all_reduce", t + s) for s in range(340, 352)] + [_coll(352, "broadcast", t + 352)]}
+    fr = _reader([dump] * 3)
+    assert fr.waiting("broadcast")["seq"] == 352 and fr.waiting("broadcast")["op"] == "broadcast"
+    got = fr.waiting()  # not told: the oldest open collective, as the status has it
+    assert (got["op"], got["pg"], got["seq"]) == ("all_reduce", "default_pg", 348) and got["wait"] > 4
