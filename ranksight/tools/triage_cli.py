@@ -224,8 +224,12 @@ class Walk:
             labels = dict(i.labels if i else s.labels)
             labels.update({k: s.labels[k] for k in _joined(e) if k in s.labels})  # e.g. the node's training job
             findings.append(Finding(e, labels, i.value if i else None))
-        findings.sort(key=lambda f: (f.value is None, -(f.value or 0) if e.op == ">" else (f.value or 0)))
         fired = [l for l in firing.get(e.alert, []) if self._keep(e, l)]
+        # the places whose alert fired first (what Alertmanager pages), then the worst value: an
+        # instance whose condition holds but whose `for:` has not passed yet is named after them
+        paged = {tuple(l.get(n, "") for n in e.scope) for l in fired}
+        findings.sort(key=lambda f: (tuple(f.labels.get(n, "") for n in e.scope) not in paged, f.value is None,
+                                     -(f.value or 0) if e.op == ">" else (f.value or 0)))
         return Check(e, worst, len(ind), findings, fired)
 
     def run(self) -> Report:
