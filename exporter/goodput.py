@@ -26,8 +26,12 @@ rank and exposed as counters (the recording rules of ranksight/triage_goodput.py
   subtract it from the in-step counters so that no second counts twice.
 
 Time: everything is kept on the agent's monotonic clock; ``pstart`` (unix seconds on the same
-host) is converted with the wall/monotonic offset taken at import (``OFFSET``). A rank that never
-reached its first step while a gap is open is not also counted as stalled: the gap wins.
+host) is converted with the wall/monotonic offset taken at import (``OFFSET``), and so is each
+record's ``ts``: a death is dated by the process's last record, a clean exit by its "bye" and a first
+step by its end, as the sender made them, not by their arrival (the receiver drains in batches, up
+to ``RECEIVE_DELAY_MAX`` late); an implausible ``ts`` (a skewed clock) falls back to the arrival.
+A rank that never reached its first step while a gap is open is not also counted as stalled: the
+gap wins.
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ class Ledger:
     """Lifecycle accounting of one (job, rank); all times on the agent's monotonic clock."""
 
     __slots__ = ("wall", "seg", "bad", "over", "gap", "gap_since", "stall_since", "stall_kind", "alive",
-                 "dead", "safe", "safe_ts", "own_ts", "sess_prod", "sessions", "bye_at", "bye_wasted", "rerun")
+                 "dead", "safe", "safe_ts", "safe_open", "own_ts", "sess_prod", "sessions", "bye_at", "bye_wasted", "rerun")
 
     def __init__(self, now: float):
         self.wall = 0.0  # closed wall segments
@@ -66,6 +70,7 @@ class Ledger:
         self.dead = False  # the current process died (disruption counted, recovery open)
         self.safe: Optional[float] = None  # productive seconds at the last checkpoint known to be saved
         self.safe_ts: Optional[float] = None  # that checkpoint's unix time
+        self.safe_open = False  # the rank wrote that checkpoint: its next step record may hold the write
         self.own_ts: Optional[float] = None  # the rank's own last checkpoint time, as last seen here
         self.sess_prod = 0.0  # productive seconds when the current session started
         self.bye_at: Optional[float] = None  # the last clean exit ("bye")
@@ -156,8 +161,10 @@ def hello(r: Any, pstart: float, now: float) -> None:
 
 
 def _end(rec: dict, now: float) -> float:
-    """When the record's last step ended, on the agent's clock: the sender's ``ts`` (same host), unless
-    it is implausible (a skewed clock), then the arrival."""
+    """When the record was made (for steps: when its last step ended), on the agent's clock: the
+    sender's ``ts`` (same host), unless it is implausible (a skewed clock), then the arrival. The
+    arrival can be up to ``RECEIVE_DELAY_MAX`` late (the receiver drains in batches), which would
+    move a death, a clean exit or a restart's first step by that much."""
     t = rec["ts"] - OFFSET
     return t if now - 60.0 <= t <= now + 1.0 else now
 
@@ -188,12 +195,7 @@ def step(r: Any, rec: dict, now: float) -> None:
     if g.gap is not None:
         g._close_gap(max(start, g.gap_since))
     if g.stall_since is not None:  # the first step of the record is the one that was stalled
-        if not isinstance(rec["dur"], list):
-            first = rec.__getitem__
-        elif "first" in rec:  # the agent's decode cut the phase lists out and kept the first step's values
-            first = rec["first"].__getitem__
-        else:
-            first = (lambda k: rec[k][0])
+        first = _first(rec)
         dur = durs[0]
         s = g._close_stall(max(start + dur, g.stall_since))
         inside = min(s, dur)
@@ -205,9 +207,25 @@ def step(r: Any, rec: dict, now: float) -> None:
             inside -= take
 
 
+def _first(rec: dict) -> Any:
+    """The first step's field getter of a "step" or "steps" record."""
+    if not isinstance(rec["dur"], list):
+        return rec.__getitem__
+    if "first" in rec:  # the agent's decode cut the phase lists out and kept the first step's values
+        return rec["first"].__getitem__
+    return lambda k: rec[k][0]
+
+
 def checkpoint_seen(ranks: Iterable[Any], writer: Any) -> None:
     """``writer`` has a newer successful checkpoint: progress so far is safe on it and on every rank
-    of its job tracked here that has no newer checkpoint of its own."""
+    of its job tracked here that has no newer checkpoint of its own.
+
+    The writer's checkpoint seconds already hold the write, but a save that blocked its caller lies
+    in a step that has not ended yet: the first step of the writer's next step record (the hooks
+    send records in order, and a checkpoint record ends a run of steps). That step's checkpoint
+    share is added to the safe point when it arrives (``safe_open``), so that the write is not
+    counted again as wasted progress. An async save's completion record is followed by a step with
+    no share: its blocking part was in an earlier step."""
     ts = writer.last_ckpt_ts
     for r in ranks:
         if r.job != writer.job:
@@ -217,19 +235,25 @@ def checkpoint_seen(ranks: Iterable[Any], writer: Any) -> None:
             if g.safe_ts is None or ts > g.safe_ts:
                 g.safe_ts = ts
                 g.safe = productive(r, g)
+                g.safe_open = r is writer
 
 
 def after(ranks: Iterable[Any], r: Any, rec: dict, now: float) -> None:
     """After the table applied ``rec`` to ``r``."""
     g: Ledger = r.gp
-    g.alive = now
+    at = min(_end(rec, now), now)  # when the record was made: a death is dated by the last one, a clean exit by its bye
+    g.alive = max(at, g.alive)
     t = rec["t"]
     if t == "step" or t == "steps":
+        if g.safe_open:
+            g.safe_open = False
+            dur0 = rec["dur"][0] if isinstance(rec["dur"], list) else rec["dur"]
+            g.safe += min(max(_first(rec)("ckpt"), 0.0), dur0)
         step(r, rec, now)
     elif t == "hello":
         hello(r, rec.get("pstart", 0.0), now)
     elif t == "bye" and r.finished is not None:
-        finish(r, now)
+        finish(r, at)
     if r.last_ckpt_ts is not None and r.last_ckpt_ts != g.own_ts:
         g.own_ts = r.last_ckpt_ts
         checkpoint_seen(ranks, r)

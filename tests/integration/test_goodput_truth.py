@@ -149,7 +149,9 @@ def test_goodput_matches_the_jobs_own_accounting_and_the_report_flags_the_regres
     got, want = _shares(s.prom), truth(faulty.dir)
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-9)
     diff = {c: round(got.get(c, 0.0) - want[c], 4) for c in C.GOODPUT_CATEGORIES}
-    check(all(abs(v) <= TOLERANCE for v in diff.values()), f"measured {got}\njob's own {want}\ndiff {diff}")
+    if not all(abs(v) <= TOLERANCE for v in diff.values()):  # with the agent's per-rank ledger, to say where
+        ledger = [ln for ln in b.metrics_text().splitlines() if ln.startswith((C.RANK_WALL.name, C.BADPUT.name))]
+        check(False, f"measured {got}\njob's own {want}\ndiff {diff}\nagent: " + "\n".join(ledger))
     check(want["wasted_progress"] > 0.05 and want["recovery"] > 0.03 and want["data_wait"] > 0.1,
           f"the faulty job did not lose what it should have: {want}")
 

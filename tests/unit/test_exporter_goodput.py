@@ -13,6 +13,7 @@ from ranksight import catalog as C
 from ranksight.exporter import goodput
 
 from test_exporter_helpers import one
+from test_exporter_ranks import RECEIVE_DELAY_MAX
 from test_exporter_totals import Sender, World
 
 DATA, XCOMM, CKPT = 0.25, 0.005, 0.5
@@ -178,3 +179,64 @@ def test_a_clean_exit_then_a_launcher_restart_is_a_disruption():
     assert r["recovery"] == pytest.approx(1019.0 - 1014.0)  # the bye to the first step's start
     assert r["startup"] == pytest.approx(1002.0 - 998.0)
     assert r["wall"] == pytest.approx(1020.0 - 998.0)
+
+
+def test_a_death_and_a_clean_exit_are_dated_by_the_records_not_by_their_late_arrival():
+    """The receiver drains in batches, so records arrive up to RECEIVE_DELAY_MAX late. The ledger
+    dates the death by the process's last record, the restart by its first step and the clean
+    exit by its "bye", each by the sender's ts: its wall and recovery are the job's own."""
+    late = RECEIVE_DELAY_MAX * 0.8
+    w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
+
+    def send(s: Sender, body: dict, made: float) -> None:
+        w.now = made + late
+        assert w.send(dict(s.ident, ts=goodput.OFFSET + made), body) == "ok"
+        w.table.check(w.now)
+
+    s = Sender(sess=1, pid=1000)
+    send(s, dict(t="hello", info={}, dirs={}, pstart=goodput.OFFSET + 998.0), 1000.0)
+    for n in range(10):  # ten 1 s steps from 1001 to 1011, heartbeats between them
+        send(s, s.step(1.0, data=DATA, micro=1), 1002.0 + n)
+        send(s, s.hb(seq=n + 1), 1002.5 + n)
+    w.tick(5.0)  # the process died after its heartbeat at 1011.5; the agent finds it down later
+    s = Sender(sess=2, pid=1001)
+    send(s, dict(t="hello", info={}, dirs={}, pstart=goodput.OFFSET + 1014.0), 1016.0)
+    for n in range(3):  # the restart's steps: 1018 to 1021
+        send(s, s.step(1.0, data=DATA, micro=1), 1019.0 + n)
+    send(s, s.bye(), 1021.5)
+    w.tick(3.0)
+    r = _split(w.scrape(), "0")
+    assert r["recovery"] == pytest.approx(1018.0 - 1011.5)
+    assert r["wall"] == pytest.approx(1021.5 - 998.0)
+    assert r["startup"] == pytest.approx(1001.0 - 998.0)
+    assert r["other"] == pytest.approx(0.5 + 0.5)  # the last step to the last heartbeat, and to the bye
+
+
+def test_a_blocking_save_is_checkpoint_time_not_wasted_progress():
+    """A save that blocks its caller ends (its record goes out) before the step that holds it does:
+    the rank's checkpoint seconds hold the write before its step seconds do. The safe point takes
+    the held step's checkpoint share when that step arrives, so at the death the write counts once,
+    as checkpoint time, and only the productive time after it is wasted."""
+    w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
+    s = Sender(sess=1, pid=1000)
+
+    def send(body: dict, made: float) -> None:
+        w.now = made
+        assert w.send(dict(s.ident, ts=goodput.OFFSET + made), body) == "ok"
+        w.table.check(w.now)
+
+    send(dict(t="hello", info={}, dirs={}, pstart=goodput.OFFSET + 998.0), 999.0)
+    for n in range(5):  # 1 s steps from 1000 to 1005
+        send(s.step(1.0, data=DATA, micro=1), 1001.0 + n)
+    s.totals.checkpoint(goodput.OFFSET + 1005.75, 0.5, 100, True)  # the step from 1005 saves 1005.25-1005.75
+    send(dict(t="ckpt", dur=0.5, bytes=100, ok=True, src="timer"), 1005.75)
+    send(dict(s.step(1.5, data=DATA, micro=1), ckpt=0.5), 1006.5)
+    for n in range(3):  # three more steps, then the process dies (no bye)
+        send(s.step(1.0, data=DATA, micro=1), 1007.5 + n)
+    send(s.hb(seq=1), 1009.5)
+    w.tick(6.0)
+    r = _split(w.scrape(), "0")
+    productive_step = 1.0 - DATA - 0.005
+    assert r["wasted_progress"] == pytest.approx((1.5 - DATA - 0.005 - 0.5) + 3 * productive_step)
+    assert r["checkpoint"] == pytest.approx(0.5)
+    assert r["productive"] == pytest.approx(5 * productive_step)
