@@ -204,7 +204,7 @@ def _send_batched(a: argparse.Namespace) -> int:
     dest = ("127.0.0.1", a.port)
     per = max(1, round(a.rate / a.ranks * BATCH_EVERY))
     # the totals as hooks/totals.py keeps them: every key, checkpoints included, and four histograms
-    tot = [dict(steps=0, micro=0, dur=0.0, data=0.0, fwd=0.0, bwd=0.0, opt=0.0, b2o=0.0, comm=0.0, xcomm=0.0,
+    tot = [dict(steps=0, micro=0, dur=0.0, data=0.0, fwd=0.0, bwd=0.0, opt=0.0, b2o=0.0, comm=0.0, xcomm=0.0, ckpt=0.0,
                 ckpt_s=0.0, ckpt_bytes=0, ckpt_n=0, ckpt_fail=0) for _ in range(a.ranks)]
     hist: List[Dict[str, List[int]]] = [{"ckpt": [0] * P.HIST_SIZES["ckpt"]} for _ in range(a.ranks)]
     fill = [P.STEPS_FILL_FIRST] * a.ranks  # steps a datagram holds, measured on each record sent (as the hooks do)

@@ -55,7 +55,7 @@ class Ledger:
     """Lifecycle accounting of one (job, rank); all times on the agent's monotonic clock."""
 
     __slots__ = ("wall", "seg", "bad", "over", "gap", "gap_since", "stall_since", "stall_kind", "alive",
-                 "dead", "safe", "safe_ts", "safe_open", "own_ts", "sess_prod", "sessions", "bye_at", "bye_wasted", "rerun")
+                 "dead", "safe", "safe_ts", "own_ts", "sess_prod", "sessions", "bye_at", "bye_wasted", "rerun")
 
     def __init__(self, now: float):
         self.wall = 0.0  # closed wall segments
@@ -70,7 +70,6 @@ class Ledger:
         self.dead = False  # the current process died (disruption counted, recovery open)
         self.safe: Optional[float] = None  # productive seconds at the last checkpoint known to be saved
         self.safe_ts: Optional[float] = None  # that checkpoint's unix time
-        self.safe_open = False  # the rank wrote that checkpoint: its next step record may hold the write
         self.own_ts: Optional[float] = None  # the rank's own last checkpoint time, as last seen here
         self.sess_prod = 0.0  # productive seconds when the current session started
         self.bye_at: Optional[float] = None  # the last clean exit ("bye")
@@ -220,12 +219,11 @@ def checkpoint_seen(ranks: Iterable[Any], writer: Any) -> None:
     """``writer`` has a newer successful checkpoint: progress so far is safe on it and on every rank
     of its job tracked here that has no newer checkpoint of its own.
 
-    The writer's checkpoint seconds already hold the write, but a save that blocked its caller lies
-    in a step that has not ended yet: the first step of the writer's next step record (the hooks
-    send records in order, and a checkpoint record ends a run of steps). That step's checkpoint
-    share is added to the safe point when it arrives (``safe_open``), so that the write is not
-    counted again as wasted progress. An async save's completion record is followed by a step with
-    no share: its blocking part was in an earlier step."""
+    The rank's checkpoint seconds are its steps' checkpoint shares, so a save that blocked its
+    caller enters them with the step that holds it, which ends after the checkpoint record (the
+    hooks send records in order): that step's share is checkpoint time, and the rest of the step,
+    done after the save, is progress the checkpoint does not hold. An async save's completion
+    record comes after the steps that held its staging."""
     ts = writer.last_ckpt_ts
     for r in ranks:
         if r.job != writer.job:
@@ -235,7 +233,6 @@ def checkpoint_seen(ranks: Iterable[Any], writer: Any) -> None:
             if g.safe_ts is None or ts > g.safe_ts:
                 g.safe_ts = ts
                 g.safe = productive(r, g)
-                g.safe_open = r is writer
 
 
 def after(ranks: Iterable[Any], r: Any, rec: dict, now: float) -> None:
@@ -245,10 +242,6 @@ def after(ranks: Iterable[Any], r: Any, rec: dict, now: float) -> None:
     g.alive = max(at, g.alive)
     t = rec["t"]
     if t == "step" or t == "steps":
-        if g.safe_open:
-            g.safe_open = False
-            dur0 = rec["dur"][0] if isinstance(rec["dur"], list) else rec["dur"]
-            g.safe += min(max(_first(rec)("ckpt"), 0.0), dur0)
         step(r, rec, now)
     elif t == "hello":
         hello(r, rec.get("pstart", 0.0), now)

@@ -231,7 +231,10 @@ class Rank:
             if v > h.sum:
                 h.sum = v
         lck = tot.get("lck")
-        if lck is not None and (self.last_ckpt_ts is None or lck > self.last_ckpt_ts):
+        # the totals carry the checkpoint's time rounded to the microsecond, its record the full
+        # float: the same checkpoint reads up to 0.5 us later here, and must not read as a newer one
+        # (goodput would move the safe point to now and lose the progress since the save)
+        if lck is not None and (self.last_ckpt_ts is None or lck > self.last_ckpt_ts + LCK_SAME):
             self.last_ckpt_ts = lck
             if "lckd" in tot:
                 self.last_ckpt_dur = tot["lckd"]
@@ -267,6 +270,7 @@ class Rank:
         self.opt_s += rec["opt"]
         self.comm_s += rec["comm"]
         self.xcomm_s += rec["xcomm"]
+        self.ckpt_s += rec["ckpt"]
         h = self.h_step  # Hist.observe, inlined: this runs for every step of every rank
         h.counts[bisect_left(h.bounds, dur)] += 1
         h.sum += dur
@@ -331,8 +335,9 @@ class Rank:
             self.totals(rec)
 
     def checkpoint(self, rec: dict) -> None:
+        """A checkpoint record: the write's duration goes to the write histogram; the time it
+        blocked the steps (ckpt_s, checkpoint_seconds_total) comes with the steps' own "ckpt"."""
         dur = rec["dur"]
-        self.ckpt_s += dur
         self.h_ckpt.observe(dur)
         self.last_ckpt_dur = dur
         if rec["ok"]:
@@ -543,9 +548,11 @@ def normalize_uuid(u: str) -> str:
     return u if u.startswith("gpu-") or u.startswith("mig-") else "gpu-" + u
 
 
+LCK_SAME = 1e-6  # seconds: a totals' last-checkpoint time within this of the known one is the same checkpoint
+
 # v2 totals: ("tot" key, Rank attribute); histograms: ("hist" key, Rank attribute, "tot" key of its sum)
 _TOT_ATTRS = (("steps", "steps"), ("micro", "micro"), ("dur", "step_s"), ("data", "data_s"), ("fwd", "fwd_s"),
-              ("bwd", "bwd_s"), ("opt", "opt_s"), ("comm", "comm_s"), ("xcomm", "xcomm_s"), ("ckpt_s", "ckpt_s"),
+              ("bwd", "bwd_s"), ("opt", "opt_s"), ("comm", "comm_s"), ("xcomm", "xcomm_s"), ("ckpt", "ckpt_s"),
               ("ckpt_bytes", "ckpt_bytes"), ("ckpt_fail", "ckpt_fail"))
 _HIST_ATTRS = (("step", "h_step", "dur"), ("data", "h_data", "data"), ("b2o", "h_b2o", "b2o"),
                ("ckpt", "h_ckpt", "ckpt_s"))

@@ -3,7 +3,9 @@
 * ``torch.save`` and ``torch.distributed.checkpoint`` ``save``/``async_save`` are patched
   once while a watch is active (``hooks.patch_torch_save``) and restored by ``unwatch()``.
   A ``torch.save`` into an in-memory buffer (``io.BytesIO``) is not a checkpoint write
-  and is not timed (DCP itself serializes small items that way).
+  and is not timed (DCP itself serializes small items that way), nor is one called from DCP's
+  own modules (its file writer saves each item with ``torch.save``, on a background thread for
+  ``async_save``): a DCP save is recorded once, as "dcp".
 * ``checkpoint_timer(path)``: a context manager around any checkpoint code.
 * ``atomic_save(obj, path)``: ``torch.save`` to a temporary file in the same directory,
   flush, fsync, ``os.replace``, fsync the directory.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -58,6 +61,17 @@ def size_of(path: Optional[str], prefix: Optional[str] = None) -> int:
             except OSError:
                 pass
     return total
+
+
+def _from_dcp(frame: Any) -> bool:
+    """The caller is a module of torch.distributed.checkpoint (DCP writing one of its items)."""
+    try:
+        return str(frame.f_globals.get("__name__", "")).startswith(DCP_MODULE)
+    except Exception:
+        return False
+
+
+DCP_MODULE = "torch.distributed.checkpoint"
 
 
 class Recorder:
@@ -157,7 +171,7 @@ class Recorder:
         rec = self
 
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            if not rec.active or isinstance(f, io.BytesIO):
+            if not rec.active or isinstance(f, io.BytesIO) or _from_dcp(sys._getframe(1)):
                 return orig(obj, f, *args, **kwargs)
             path = path_of(f)
             tok = rec.begin("torch.save", obj, path)

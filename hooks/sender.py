@@ -269,7 +269,7 @@ class Background:
             return
         totals = self.totals
         for it in batch:
-            totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12])
+            totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[11], it[12])
         try:
             retries, ooms, mres, malloc = self._mem
             hdrop = self._tl.dropped if self._tl is not None else 0
@@ -289,7 +289,7 @@ class Background:
                                                      len(batch))
         if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
             for it in batch:
-                totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[12], sign=-1)
+                totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[11], it[12], sign=-1)
             # the fewest parts of equal steps that fit; a part still too big splits again
             parts = min(len(batch), max(2, -(-len(batch) // fit)))
             size = -(-len(batch) // parts)

@@ -17,7 +17,7 @@ class Totals:
     exactly the records sent before it."""
 
     __slots__ = ("v", "ckpt", "h_step", "h_data", "h_b2o", "h_ckpt", "lck", "lckd")
-    _STEP_KEYS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm")
+    _STEP_KEYS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm", "ckpt")
 
     def __init__(self) -> None:
         self.v = dict.fromkeys(("steps", "micro"), 0)
@@ -31,8 +31,10 @@ class Totals:
         self.lckd = 0.0
 
     def step(self, dur: float, data: float, fwd: float, bwd: float, opt: float, b2o: float, comm: float,
-             xcomm: float, micro: int, sign: int = 1) -> None:
-        """Add one sent step (``sign=-1`` takes back one that had to be split before it was sent)."""
+             xcomm: float, ckpt: float, micro: int, sign: int = 1) -> None:
+        """Add one sent step (``sign=-1`` takes back one that had to be split before it was sent).
+        ``ckpt``: the step's checkpoint time (what saves blocked it), summed as "ckpt"; the
+        checkpoint records' own durations are "ckpt_s"."""
         v = self.v
         v["steps"] += sign
         v["micro"] += sign * micro
@@ -44,6 +46,7 @@ class Totals:
         v["b2o"] += sign * b2o
         v["comm"] += sign * comm
         v["xcomm"] += sign * xcomm
+        v["ckpt"] += sign * ckpt
         self.h_step[bisect_left(C.STEP_DURATION.buckets, dur)] += sign
         self.h_data[bisect_left(C.DATALOADER_WAIT_HIST.buckets, data)] += sign
         self.h_b2o[bisect_left(C.BACKWARD_TO_OPTIMIZER.buckets, b2o)] += sign

@@ -99,7 +99,8 @@ COMM_SECONDS = _m("comm_seconds_total", "counter", "seconds", R,
 EXPOSED_COMM_SECONDS = _m("exposed_comm_seconds_total", "counter", "seconds", R,
                           "Communication not overlapped with compute: time blocked waiting on collectives.")
 CHECKPOINT_SECONDS = _m("checkpoint_seconds_total", "counter", "seconds", R,
-                        "Time spent writing checkpoints.")
+                        "Time checkpoint saves blocked the training steps: a blocking save's write, an async "
+                        "save's staging. Each write's own duration is checkpoint_write_seconds.")
 CHECKPOINT_WRITE = _m("checkpoint_write_seconds", "histogram", "seconds", R,
                       "Checkpoint write duration.", CHECKPOINT_BUCKETS)
 CHECKPOINT_BYTES = _m("checkpoint_bytes_total", "counter", "bytes", R, "Checkpoint bytes written.")

@@ -102,6 +102,9 @@ heartbeat brings the true values back.
   tot: {"steps", "micro": int; "dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm": float
         (sums of the step fields); "ckpt_s": float, "ckpt_bytes", "ckpt_n", "ckpt_fail": int
         (checkpoint records: seconds, bytes of the successful ones, count, failures);
+        "ckpt": float (optional: the sum of the steps' "ckpt", the time saves blocked the steps;
+        an async save's background write is in "ckpt_s" but not here. A sender without it is
+        read as "ckpt" = "ckpt_s");
         "lck": float, "lckd": float (optional: unix time and duration of the last successful
         checkpoint)}
   hist: {"step", "data", "b2o", "ckpt": [int, ...]} non-cumulative bucket counts over the catalog's
@@ -167,6 +170,7 @@ STEPS_LAST_FIELDS = ("retries", "ooms", "mres", "malloc", "herr", "hdrop", "wrss
 # Totals (v2): the integer and float keys of "tot", and the histograms of "hist" with their bucket counts.
 TOTAL_INT_KEYS = ("steps", "micro", "ckpt_bytes", "ckpt_n", "ckpt_fail")
 TOTAL_SECONDS_KEYS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm", "ckpt_s")
+TOTAL_STEP_CKPT = "ckpt"  # optional total: the sum of the steps' checkpoint time (see Totals above)
 MAX_TOTAL_SECONDS = 1e10  # a cumulative sum over a long job (a week's MAX_SECONDS is per step)
 
 
@@ -593,14 +597,21 @@ def expand_steps(rec: Dict[str, Any]) -> list:
     return out
 
 
-# "tot" as the hooks send it (every key, ints and floats in range, the last checkpoint's two keys
-# or neither), checked by one compiled expression like the "step" record: then the parsed dict is
-# the result. Anything else goes through the key-by-key checks below.
+# "tot" as the hooks send it (every key, ints and floats in range, the steps' checkpoint total or
+# not, the last checkpoint's two keys or neither), checked by one compiled expression like the
+# "step" record: then the parsed dict is the result. Anything else goes through the key-by-key
+# checks below.
 def _compile_totals_check() -> Any:
     n = len(TOTAL_INT_KEYS) + len(TOTAL_SECONDS_KEYS)
     return _compile_check("_tot_fast", "rec", TOTAL_SECONDS_KEYS, MAX_TOTAL_SECONDS, TOTAL_INT_KEYS,
-                          f"    m = len(rec)\n    if m != {n} and m != {n + 2}:\n        return False\n",
+                          f"    m = len(rec)\n    if m < {n} or m > {n + 3}:\n        return False\n",
                           f"    if m == {n}:\n        return True\n"
+                          f"    c = rec.get({TOTAL_STEP_CKPT!r})\n"
+                          "    if c is not None:\n"
+                          f"        if not (type(c) is float and 0.0 <= c <= {MAX_TOTAL_SECONDS!r}):\n"
+                          "            return False\n"
+                          f"        if m == {n + 1}:\n            return True\n"
+                          f"    elif m != {n + 2}:\n        return False\n"
                           "    a = rec.get('lck'); b = rec.get('lckd')\n"
                           "    return type(a) is float and 0.0 <= a <= 1e11 and type(b) is float and 0.0 <= b <= 1e11\n")
 
@@ -615,6 +626,8 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
         raise ProtocolError(C.INGEST_REJECTED, "bad tot")
     if _tot_fast(tot):
         _hists(rec, out)
+        if TOTAL_STEP_CKPT not in tot:
+            tot[TOTAL_STEP_CKPT] = tot["ckpt_s"]
         out["tot"] = tot
         return
     t: Dict[str, Any] = {}
@@ -622,6 +635,8 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
         t[k] = _int(tot, k, 0, MAX_COUNT) if k in tot else 0
     for k in TOTAL_SECONDS_KEYS:
         t[k] = _secs(tot, k, 0.0, MAX_TOTAL_SECONDS)
+    t[TOTAL_STEP_CKPT] = (_secs(tot, TOTAL_STEP_CKPT, 0.0, MAX_TOTAL_SECONDS) if TOTAL_STEP_CKPT in tot
+                          else t["ckpt_s"])
     for k in ("lck", "lckd"):
         if k in tot:
             t[k] = _secs(tot, k, 0.0, 1e11, default=None)

@@ -447,6 +447,41 @@ def test_dcp_save_is_recorded(rx, tmp_path):
     assert c["src"] == "dcp" and c["ok"] and 0 < c["bytes"] <= total
 
 
+def test_dcp_async_save_blocks_its_step_for_the_staging_and_records_the_write(rx, tmp_path):
+    """A real ``dcp.async_save`` whose background write takes 0.6 s: the step that launched it
+    holds only the staging ("ckpt" of the step, summed as tot["ckpt"]); the "ckpt" record and
+    tot["ckpt_s"] hold the whole write, launch to completion."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class SlowWriter(FileSystemWriter):
+        def write_data(self, plan, planner):  # runs on DCP's background thread
+            time.sleep(0.6)
+            return super().write_data(plan, planner)
+
+    model, opt, data = make(12)
+    loader = ranksight.watch(model, opt, data, agent=rx.url, config=FAST)
+    fut = None
+    for i, (x, y) in enumerate(loader):
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if i == 2:
+            fut = dcp.async_save({"model": model.state_dict()}, no_dist=True,
+                                 storage_writer=SlowWriter(str(tmp_path / "dcp")))
+        time.sleep(0.05)
+    getattr(fut, "upload_completion", fut).result(timeout=30)
+    ranksight.unwatch()
+    assert rx.wait_for(lambda: rx.of("ckpt") and rx.of("bye"))
+    (c,) = rx.of("ckpt")  # DCP's own torch.save calls on its writer thread are not checkpoints
+    assert c["src"] == "dcp" and c["ok"] and c["dur"] >= 0.6
+    shares = [s["ckpt"] for s in rx.steps()]
+    assert len(shares) == 12 and 0 < max(shares) < 0.3 and sum(1 for x in shares if x > 0) == 1
+    tot = rx.of("bye")[-1]["tot"]
+    assert tot["ckpt"] == pytest.approx(sum(shares), abs=1e-6)
+    assert tot["ckpt_s"] == pytest.approx(c["dur"], abs=1e-6)
+
+
 # ---------------------------------------------------------------------------------- heartbeat / probe / table / lints
 def test_heartbeat_probe_sees_a_stuck_main_thread(rx):
     model, opt, data = make(2)

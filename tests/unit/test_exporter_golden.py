@@ -61,13 +61,15 @@ def _hist(values: Sequence[float], buckets: Sequence[float]) -> List[int]:
 
 
 def _totals(durs: Sequence[float], data: float, fwd: float, bwd: float, opt: float, b2o: float, comm: float,
-            xcomm: float, micro: int, ckpts: Sequence[Tuple[float, int, bool]] = ()) -> dict:
-    """The "tot" and "hist" fields after these steps and checkpoints, as the hooks add them up."""
+            xcomm: float, micro: int, ckpts: Sequence[Tuple[float, int, bool]] = (),
+            step_ckpt: float = 0.0) -> dict:
+    """The "tot" and "hist" fields after these steps and checkpoints, as the hooks add them up
+    (``step_ckpt``: the steps' checkpoint time, their "ckpt" summed)."""
     n = len(durs)
     ok = [c for c in ckpts if c[2]]
     tot = {"steps": n, "micro": micro * n, "dur": sum(durs), "data": data * n, "fwd": fwd * n, "bwd": bwd * n,
            "opt": opt * n, "b2o": b2o * n, "comm": comm * n, "xcomm": xcomm * n,
-           "ckpt_s": sum(c[0] for c in ckpts), "ckpt_bytes": sum(c[1] for c in ok), "ckpt_n": len(ckpts),
+           "ckpt": step_ckpt, "ckpt_s": sum(c[0] for c in ckpts), "ckpt_bytes": sum(c[1] for c in ok), "ckpt_n": len(ckpts),
            "ckpt_fail": len(ckpts) - len(ok)}
     if ok:
         tot["lck"], tot["lckd"] = T0, ok[-1][0]
@@ -92,19 +94,20 @@ def datagrams() -> List[dict]:
                         "log": "/var/log/train", "tmp": ""}, pstart=T0 - 30.0, gpu=uuid0 if r == 0 else ""))
         out.append(dict(i, t="hb", seq=1, every=30.0, step=0, phase="data", coll=-1.0, probe=0.0))
     r0, r1 = ids
-    # rank 0: a batched "steps" record (what the hooks send), a checkpoint, a heartbeat with totals
-    out.append(dict(r0, t="steps", seq=1, dur=durs, ckpt=[0.0] * len(durs),
+    # rank 0: a batched "steps" record (what the hooks send), an async checkpoint (staged for 0.5 s
+    # in the last step, written in 12 s), a heartbeat with totals
+    out.append(dict(r0, t="steps", seq=1, dur=durs, ckpt=[0.0, 0.0, 0.5],
                     **{k: [v] * len(durs) for k, v in step_kw.items()},
                     retries=1, ooms=0, mres=8 << 30, malloc=6 << 30, herr=0, hdrop=2, wrss=1 << 28, restart=0,
-                    **_totals(durs, **step_kw)))
-    out.append(dict(r0, t="ckpt", dur=ckpt[0], bytes=ckpt[1], ok=True, src="torch.save"))
+                    **_totals(durs, **step_kw, step_ckpt=0.5)))
+    out.append(dict(r0, t="ckpt", dur=ckpt[0], bytes=ckpt[1], ok=True, src="dcp"))
     out.append(dict(r0, t="hb", seq=2, every=30.0, step=3, phase="forward", coll=-1.0, probe=0.1, pdur=0.1,
-                    herr=0, **_totals(durs, **step_kw, ckpts=[ckpt])))
+                    herr=0, **_totals(durs, **step_kw, ckpts=[ckpt], step_ckpt=0.5)))
     out.append(dict(r0, t="lint", lint=C.LINT_SAMPLER_EPOCH, active=True,
                     msg="DistributedSampler.set_epoch never called"))
     # rank 1: v1-style single step records, a failed checkpoint, a stack while it waits
     for seq, d in enumerate(durs[:2], 1):
-        out.append(dict(r1, t="step", seq=seq, dur=d, ckpt=0.0, retries=0, ooms=0, mres=0, malloc=0, herr=0,
+        out.append(dict(r1, t="step", seq=seq, dur=d, ckpt=0.25 * (seq - 1), retries=0, ooms=0, mres=0, malloc=0, herr=0,
                         hdrop=0, wrss=0, restart=0, **step_kw))
     out.append(dict(r1, t="ckpt", dur=2.5, bytes=0, ok=False, src="atomic_save"))
     out.append(dict(r1, t="lint", lint=C.LINT_NUMA_BINDING, active=False, msg=""))

@@ -44,6 +44,7 @@ class Timeline:
         self.beating: Dict[int, bool] = {}
         self.phase: Dict[int, str] = {}
         self.hb_n = 0
+        self.ckpt_next: Dict[int, float] = {}  # rank -> the checkpoint share of its next step (a blocking save)
 
     def start(self, rank: int, pid: int, pstart: float) -> None:
         s = Sender(sess=pid, pid=pid, rank=rank)
@@ -61,7 +62,7 @@ class Timeline:
                 while todo and todo[0][0] <= self.w.now + 1e-9:
                     _, dur, data = todo.pop(0)
                     s = self.senders[r]
-                    rec = s.step(dur, data=data, micro=1)
+                    rec = s.step(dur, data=data, micro=1, ckpt=self.ckpt_next.pop(r, 0.0))
                     assert self.w.send(s.ident, rec) == "ok"
             if abs(self.w.now - round(self.w.now)) < 1e-9:
                 self.hb_n += 1
@@ -71,7 +72,9 @@ class Timeline:
             self.w.table.check(self.w.now)
 
     def ckpt(self, rank: int, unix: float) -> None:
+        """A blocking save of CKPT seconds: its record goes out now, the step that holds it next."""
         s = self.senders[rank]
+        self.ckpt_next[rank] = CKPT
         s.totals.checkpoint(unix, CKPT, 100, True)
         assert self.w.send(s.ident, dict(t="ckpt", dur=CKPT, bytes=100, ok=True, src="timer", ts=unix)) == "ok"
 
@@ -115,7 +118,7 @@ def test_a_restart_after_a_checkpoint_and_a_stall_split_the_wall_time_exactly():
     r0, r1 = _split(got, "0"), _split(got, "1")
 
     productive_step = 1.0 - DATA - 0.005  # Sender.step: xcomm 0.005 per step
-    wasted = 9 * productive_step  # steps 1016..1024 after the checkpoint at 1015
+    wasted = 9 * productive_step - CKPT  # steps 1016..1024 after the checkpoint at 1015 (the first held the write)
     assert r0["wall"] == pytest.approx(1040.5 - 994.0)
     assert r0["startup"] == pytest.approx(10.0)
     assert r0["recovery"] == pytest.approx(1035.0 - 1024.0)
@@ -128,6 +131,7 @@ def test_a_restart_after_a_checkpoint_and_a_stall_split_the_wall_time_exactly():
     assert r0["other"] == pytest.approx(0.5)  # last step end to the bye
 
     # rank 1 saves nothing: the job's checkpoint on this agent (rank 0's) is its safe point too
+    wasted = 9 * productive_step  # its steps 1016..1024, none holding a write
     assert r1["wasted_progress"] == pytest.approx(wasted)
     assert r1["wall"] == pytest.approx(1041.5 - 994.0)
     assert r1["stalled"] == pytest.approx(4.0)  # last progress 1037 to the step that ended it
@@ -175,7 +179,7 @@ def test_a_clean_exit_then_a_launcher_restart_is_a_disruption():
     rec = s.step(1.0, data=DATA, micro=1)
     assert tl.w.send(s.ident, dict(rec, restart=1)) == "ok"  # launcher restart count 0 -> 1
     r = _split(tl.w.scrape(), "0")
-    assert r["wasted_progress"] == pytest.approx(4 * (1.0 - DATA - 0.005))  # steps 1011..1014
+    assert r["wasted_progress"] == pytest.approx(4 * (1.0 - DATA - 0.005) - CKPT)  # steps 1011..1014 (1011 held the write)
     assert r["recovery"] == pytest.approx(1019.0 - 1014.0)  # the bye to the first step's start
     assert r["startup"] == pytest.approx(1002.0 - 998.0)
     assert r["wall"] == pytest.approx(1020.0 - 998.0)
@@ -213,10 +217,10 @@ def test_a_death_and_a_clean_exit_are_dated_by_the_records_not_by_their_late_arr
 
 
 def test_a_blocking_save_is_checkpoint_time_not_wasted_progress():
-    """A save that blocks its caller ends (its record goes out) before the step that holds it does:
-    the rank's checkpoint seconds hold the write before its step seconds do. The safe point takes
-    the held step's checkpoint share when that step arrives, so at the death the write counts once,
-    as checkpoint time, and only the productive time after it is wasted."""
+    """A save that blocks its caller ends (its record goes out) before the step that holds it does;
+    the rank's checkpoint seconds take the write with that step (its checkpoint share). At the
+    death the write counts once, as checkpoint time, and only the productive time after it is
+    wasted."""
     w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
     s = Sender(sess=1, pid=1000)
 
@@ -230,7 +234,7 @@ def test_a_blocking_save_is_checkpoint_time_not_wasted_progress():
         send(s.step(1.0, data=DATA, micro=1), 1001.0 + n)
     s.totals.checkpoint(goodput.OFFSET + 1005.75, 0.5, 100, True)  # the step from 1005 saves 1005.25-1005.75
     send(dict(t="ckpt", dur=0.5, bytes=100, ok=True, src="timer"), 1005.75)
-    send(dict(s.step(1.5, data=DATA, micro=1), ckpt=0.5), 1006.5)
+    send(s.step(1.5, data=DATA, micro=1, ckpt=0.5), 1006.5)
     for n in range(3):  # three more steps, then the process dies (no bye)
         send(s.step(1.0, data=DATA, micro=1), 1007.5 + n)
     send(s.hb(seq=1), 1009.5)
@@ -240,3 +244,33 @@ def test_a_blocking_save_is_checkpoint_time_not_wasted_progress():
     assert r["wasted_progress"] == pytest.approx((1.5 - DATA - 0.005 - 0.5) + 3 * productive_step)
     assert r["checkpoint"] == pytest.approx(0.5)
     assert r["productive"] == pytest.approx(5 * productive_step)
+
+
+@pytest.mark.parametrize("lck_later", [0.0, 4e-7, 1e-3])
+def test_the_totals_last_checkpoint_rounded_up_is_the_same_checkpoint(lck_later):
+    """The totals carry the last checkpoint's time rounded to the microsecond, its record the full
+    float, so the totals can read up to 0.5 us later. That is the same checkpoint: the safe point
+    stays at the save and the steps after it are wasted at the death. A time 1 ms later is a newer
+    checkpoint, and the safe point moves to it."""
+    w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
+    s = Sender(sess=1, pid=1000)
+
+    def send(body: dict, made: float) -> None:
+        w.now = made
+        assert w.send(dict(s.ident, ts=goodput.OFFSET + made), body) == "ok"
+        w.table.check(w.now)
+
+    send(dict(t="hello", info={}, dirs={}, pstart=goodput.OFFSET + 998.0), 999.0)
+    send(s.step(1.0, data=DATA, micro=1), 1001.0)
+    saved = goodput.OFFSET + 1001.25
+    send(dict(t="ckpt", dur=0.25, bytes=100, ok=True, src="timer", ts=saved), 1001.25)
+    s.totals.checkpoint(saved, 0.25, 100, True)
+    for n in range(4):
+        send(s.step(1.0 if n else 1.25, data=DATA, micro=1, ckpt=0.0 if n else 0.25), 1002.25 + n)
+    fields = s.totals.fields()
+    fields["tot"]["lck"] = saved + lck_later
+    send(dict(s.hb(seq=1), **fields), 1005.5)
+    w.tick(6.0)
+    r = _split(w.scrape(), "0")
+    productive_step = 1.0 - DATA - XCOMM
+    assert r["wasted_progress"] == pytest.approx(0.0 if lck_later > 1e-6 else 4 * productive_step)

@@ -205,6 +205,9 @@ TOT_VARIANTS = [
     {}, {"ckpt_s": 0}, {"steps": 1.0}, {"dur": -1.0}, {"dur": float("nan")}, {"dur": 1e11}, {"steps": True},
     {"lck": 1.7e9, "lckd": 2.5}, {"lck": 1.7e9}, {"lck": 17, "lckd": 2.5}, {"lck": 1.7e9, "lckd": -1.0},
     {"extra": 1, "other": 2}, {"ckpt_n": KeyError}, {"micro": KeyError, "x": 0}, {"xcomm": None},
+    {"ckpt": 0.5}, {"ckpt": 0.5, "lck": 1.7e9, "lckd": 2.5}, {"ckpt": 0.5, "lck": 1.7e9}, {"ckpt": 0.5, "x": 1},
+    {"ckpt": -1.0}, {"ckpt": 1}, {"ckpt": "0.5"}, {"ckpt": float("nan")}, {"ckpt": 0.5, "lck": 17, "lckd": 2.5},
+    {"lck": 1.7e9, "x": 1}, {"ckpt": 0.5, "lckd": 2.5, "x": 1},
 ]
 
 
@@ -221,6 +224,24 @@ def test_the_totals_fast_check_agrees_with_the_key_checks(over):
     finally:
         P._tot_fast = saved
     assert verdict(data) == slow_res
+
+
+@pytest.mark.parametrize("phases", [True, False])
+def test_the_steps_checkpoint_total_is_read_and_a_sender_without_it_reads_as_the_writes(phases):
+    """tot["ckpt"] (the steps' checkpoint time) is optional: present, it is kept, on the fast path
+    and on the key checks alike; absent (hooks before it), it reads as "ckpt_s"."""
+    for fast in (True, False):
+        saved = P._tot_fast
+        if not fast:
+            P._tot_fast = lambda tot: False
+        try:
+            rec = json.loads(steps_bytes())
+            rec["tot"].update(ckpt=0.25, ckpt_s=12.0, lck=1.7e9, lckd=12.0)
+            assert P.decode(json.dumps(rec).encode(), phases=phases)["tot"]["ckpt"] == 0.25
+            del rec["tot"]["ckpt"]
+            assert P.decode(json.dumps(rec).encode(), phases=phases)["tot"]["ckpt"] == 12.0
+        finally:
+            P._tot_fast = saved
 
 
 def test_a_stall_ended_by_a_cut_steps_record_splits_like_the_full_record():

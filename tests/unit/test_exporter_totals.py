@@ -29,10 +29,11 @@ class Sender:
         self.totals = Totals()
         self.seq = 0
 
-    def step(self, dur: float, data: float = 0.01, micro: int = 2) -> dict:
+    def step(self, dur: float, data: float = 0.01, micro: int = 2, ckpt: float = 0.0) -> dict:
         self.seq += 1
-        rec = step(seq=self.seq, dur=dur, data=data, micro=micro)
-        self.totals.step(dur, data, rec["fwd"], rec["bwd"], rec["opt"], rec["b2o"], rec["comm"], rec["xcomm"], micro)
+        rec = step(seq=self.seq, dur=dur, data=data, micro=micro, ckpt=ckpt)
+        self.totals.step(dur, data, rec["fwd"], rec["bwd"], rec["opt"], rec["b2o"], rec["comm"], rec["xcomm"], ckpt,
+                         micro)
         return rec
 
     def ckpt(self, dur: float, nbytes: int, ok: bool = True) -> dict:
@@ -128,13 +129,20 @@ def test_new_session_or_process_continues_the_counters():
 
 
 def test_checkpoint_totals_survive_lost_records():
+    """Three blocking saves, each inside a step: the steps' checkpoint time and the writes come
+    back whole with the heartbeat, though two saves' records and steps were lost."""
     w, s = World(), Sender()
-    s.ckpt(2.0, 1000)  # lost
-    w.send(s.ident, s.ckpt(3.0, 500))
-    s.ckpt(1.0, 0, ok=False)  # lost
+    for dur, nbytes, ok, sent in ((2.0, 1000, True, False), (3.0, 500, True, True), (1.0, 0, False, False)):
+        st, ck = s.step(dur + 0.5, ckpt=dur), s.ckpt(dur, nbytes, ok)
+        if sent:
+            w.send(s.ident, st)
+            w.send(s.ident, ck)
+    got = w.scrape()
+    assert one(got, C.CHECKPOINT_SECONDS.name, **LAB) == pytest.approx(3.0)  # the one step that arrived
     w.send(s.ident, s.hb())
     got = w.scrape()
     assert one(got, C.CHECKPOINT_SECONDS.name, **LAB) == pytest.approx(6.0)
+    assert one(got, C.CHECKPOINT_WRITE.sum, **LAB) == pytest.approx(6.0)
     assert one(got, C.CHECKPOINT_BYTES.name, **LAB) == 1500
     assert one(got, C.CHECKPOINT_FAILURES.name, **LAB) == 1
     assert one(got, C.CHECKPOINT_WRITE.count, **LAB) == 3
@@ -245,3 +253,33 @@ def test_rank_gpu_info_joins_a_rank_to_the_agents_gpu_label():
     w2 = World(gpu_labels=lambda: {})  # a UUID this node's NVML does not list: no attribution
     w2.send(s.ident, {"t": "hello", "info": {}, "dirs": {}, "gpu": "GPU-ffff"})
     assert not series(w2.scrape(), C.RANK_GPU_INFO.name)
+
+
+def test_an_async_save_counts_its_staging_as_checkpoint_time_and_its_write_as_the_write():
+    """An async save staged for 0.5 s in a step and written in 12 s: the steps' checkpoint time
+    (checkpoint_seconds_total, what the step arithmetic and goodput subtract) is the 0.5 s; the
+    write histogram and the last duration hold the 12 s."""
+    w, s = World(), Sender()
+    w.send(s.ident, s.step(0.6, ckpt=0.5))
+    for _ in range(3):
+        w.send(s.ident, s.step(0.1))
+    w.send(s.ident, s.ckpt(12.0, 1 << 20))
+    w.send(s.ident, s.hb())
+    got = w.scrape()
+    assert one(got, C.CHECKPOINT_SECONDS.name, **LAB) == pytest.approx(0.5)
+    assert one(got, C.CHECKPOINT_WRITE.sum, **LAB) == pytest.approx(12.0)
+    assert one(got, C.LAST_CHECKPOINT_DURATION.name, **LAB) == pytest.approx(12.0)
+
+
+def test_totals_without_the_steps_checkpoint_time_read_as_the_writes():
+    """A v2 sender whose totals carry no "ckpt" (hooks before it): checkpoint_seconds_total is
+    the checkpoint records' seconds, as those hooks meant it."""
+    w, s = World(), Sender()
+    w.send(s.ident, s.step(0.1))
+    w.send(s.ident, s.ckpt(2.0, 10))
+    fields = s.totals.fields()
+    del fields["tot"]["ckpt"]
+    w.send(s.ident, dict(hb(seq=1, step_=s.seq), **fields))
+    got = w.scrape()
+    assert one(got, C.CHECKPOINT_SECONDS.name, **LAB) == pytest.approx(2.0)
+    assert one(got, C.CHECKPOINT_WRITE.sum, **LAB) == pytest.approx(2.0)
