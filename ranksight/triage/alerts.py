@@ -131,10 +131,10 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
                  f" or ({REC['ckpt_share']} > {t['checkpoint_wall_share']:g})",
             for_=d["checkpoint_slow"], threshold=t["checkpoint_wall_share"], unit="ratio",
             indicator=REC["ckpt_share"], op=">", scope=R,
-            summary="Checkpoint writes take over {:g} s or over {:.0%} of wall time".format(
+            summary="Checkpoint writes take over {:g} s or block the steps over {:.0%} of wall time".format(
                 t["checkpoint_write_seconds"], t["checkpoint_wall_share"]),
             description=f"{RANK_DESC}: checkpoint writes take {VAL} (seconds of the current or last write, "
-                        f"or share of wall time).",
+                        f"or share of wall time the saves blocked the steps).",
             **prose("checkpoint-slow"),
             next_check="heartbeat misses",
             # the ranks blocked while one rank writes are not hung; the utilization gap is the write

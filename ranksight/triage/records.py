@@ -136,9 +136,9 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         return f"sum by (job) ({R[key]}) / (sum by (job) ({R['step_s']}) > 0)"
 
     busy = REC["busy"]
-    # Checkpoint seconds per wall second = the share of wall time spent checkpointing, over a
-    # window longer than the checkpoint interval (1 h): over the 5 min rate window, every write
-    # longer than 15 s would read as a 5% share.
+    # Checkpoint seconds per wall second = the share of wall time saves blocked the steps (an async
+    # save's background write is not in it), over a window longer than the checkpoint interval
+    # (1 h): over the 5 min rate window, every blocking write longer than 15 s would read as a 5% share.
     rates = [
         Recording(R["step_s"], rate(C.STEP_SECONDS)),
         Recording(R["steps"], rate(C.STEPS)),
