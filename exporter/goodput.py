@@ -55,7 +55,7 @@ class Ledger:
     """Lifecycle accounting of one (job, rank); all times on the agent's monotonic clock."""
 
     __slots__ = ("wall", "seg", "bad", "over", "gap", "gap_since", "stall_since", "stall_kind", "alive",
-                 "dead", "safe", "safe_ts", "own_ts", "sess_prod", "sessions", "bye_at", "bye_wasted", "rerun")
+                 "dead", "safe", "safe_ts", "safe_open", "own_ts", "sess_prod", "sessions", "bye_at", "bye_wasted", "rerun")
 
     def __init__(self, now: float):
         self.wall = 0.0  # closed wall segments
@@ -70,6 +70,7 @@ class Ledger:
         self.dead = False  # the current process died (disruption counted, recovery open)
         self.safe: Optional[float] = None  # productive seconds at the last checkpoint known to be saved
         self.safe_ts: Optional[float] = None  # that checkpoint's unix time
+        self.safe_open = False  # the rank wrote it and counts checkpoint records: its next step may hold the write
         self.own_ts: Optional[float] = None  # the rank's own last checkpoint time, as last seen here
         self.sess_prod = 0.0  # productive seconds when the current session started
         self.bye_at: Optional[float] = None  # the last clean exit ("bye")
@@ -223,7 +224,12 @@ def checkpoint_seen(ranks: Iterable[Any], writer: Any) -> None:
     caller enters them with the step that holds it, which ends after the checkpoint record (the
     hooks send records in order): that step's share is checkpoint time, and the rest of the step,
     done after the save, is progress the checkpoint does not hold. An async save's completion
-    record comes after the steps that held its staging."""
+    record comes after the steps that held its staging.
+
+    A sender that does not report the steps' checkpoint time (``r.ckpt_rec``) has the record's
+    seconds in its checkpoint seconds already, before the step that holds a blocking save: that
+    step's share is added to the safe point when it arrives (``safe_open``), so that the write is
+    not counted again as wasted progress."""
     ts = writer.last_ckpt_ts
     for r in ranks:
         if r.job != writer.job:
@@ -233,6 +239,7 @@ def checkpoint_seen(ranks: Iterable[Any], writer: Any) -> None:
             if g.safe_ts is None or ts > g.safe_ts:
                 g.safe_ts = ts
                 g.safe = productive(r, g)
+                g.safe_open = r is writer and r.ckpt_rec
 
 
 def after(ranks: Iterable[Any], r: Any, rec: dict, now: float) -> None:
@@ -242,6 +249,10 @@ def after(ranks: Iterable[Any], r: Any, rec: dict, now: float) -> None:
     g.alive = max(at, g.alive)
     t = rec["t"]
     if t == "step" or t == "steps":
+        if g.safe_open:
+            g.safe_open = False
+            dur0 = rec["dur"][0] if isinstance(rec["dur"], list) else rec["dur"]
+            g.safe += min(max(_first(rec)("ckpt"), 0.0), dur0)
         step(r, rec, now)
     elif t == "hello":
         hello(r, rec.get("pstart", 0.0), now)

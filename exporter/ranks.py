@@ -99,7 +99,7 @@ class Rank:
         "cum",
         "mres", "malloc", "wrss", "restart",
         # checkpoints
-        "ckpt_s", "ckpt_bytes", "ckpt_fail", "h_ckpt", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
+        "ckpt_s", "ckpt_rec", "ckpt_bytes", "ckpt_fail", "h_ckpt", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
         # heartbeats
         "last_hb", "every", "missed_gap", "misses", "up", "phase", "coll", "probe", "hb_step",
         "stalled", "p99", "p99_at",
@@ -138,6 +138,9 @@ class Rank:
         self.cum: Dict[str, List[int]] = {k: [0, 0] for k in ("retries", "ooms", "herr", "hdrop")}
         self.mres = self.malloc = self.wrss = self.restart = 0
         self.ckpt_s = 0.0
+        # ckpt_s from the checkpoint records' seconds, not the steps' "ckpt": a sender that does not
+        # report the steps' checkpoint time (v1, and v2 hooks whose totals have no "ckpt")
+        self.ckpt_rec = False
         self.ckpt_bytes = 0
         self.ckpt_fail = 0
         self.h_ckpt = Hist(C.CHECKPOINT_WRITE.buckets)
@@ -180,6 +183,7 @@ class Rank:
                 else:
                     log.info("job %s rank %d: new watch session in pid %d; counters continue", self.job, self.rank, pid)
             goodput.new_session(self, now, first=self.pid == -1)
+            self.ckpt_rec = rec["v"] < 2  # v2: learnt from its totals
             self.pid = pid
             self.sess = sess
             self._carry()
@@ -212,7 +216,8 @@ class Rank:
         lost = self.lost_carried + tot["steps"] - self.recv
         if lost > self.lost:
             self.lost = lost
-        for k, a in _TOT_ATTRS:
+        self.ckpt_rec = rec_ckpt = "ckpt" not in tot
+        for k, a in _TOT_ATTRS_RECORDS if rec_ckpt else _TOT_ATTRS:
             v = carried[a] + tot[k]
             if v > getattr(self, a):
                 setattr(self, a, v)
@@ -270,7 +275,8 @@ class Rank:
         self.opt_s += rec["opt"]
         self.comm_s += rec["comm"]
         self.xcomm_s += rec["xcomm"]
-        self.ckpt_s += rec["ckpt"]
+        if not self.ckpt_rec:
+            self.ckpt_s += rec["ckpt"]
         h = self.h_step  # Hist.observe, inlined: this runs for every step of every rank
         h.counts[bisect_left(h.bounds, dur)] += 1
         h.sum += dur
@@ -336,8 +342,11 @@ class Rank:
 
     def checkpoint(self, rec: dict) -> None:
         """A checkpoint record: the write's duration goes to the write histogram; the time it
-        blocked the steps (ckpt_s, checkpoint_seconds_total) comes with the steps' own "ckpt"."""
+        blocked the steps (ckpt_s, checkpoint_seconds_total) comes with the steps' own "ckpt"
+        (from a sender that does not report that: the record's duration, as those senders meant it)."""
         dur = rec["dur"]
+        if self.ckpt_rec:
+            self.ckpt_s += dur
         self.h_ckpt.observe(dur)
         self.last_ckpt_dur = dur
         if rec["ok"]:
@@ -554,5 +563,6 @@ LCK_SAME = 1e-6  # seconds: a totals' last-checkpoint time within this of the kn
 _TOT_ATTRS = (("steps", "steps"), ("micro", "micro"), ("dur", "step_s"), ("data", "data_s"), ("fwd", "fwd_s"),
               ("bwd", "bwd_s"), ("opt", "opt_s"), ("comm", "comm_s"), ("xcomm", "xcomm_s"), ("ckpt", "ckpt_s"),
               ("ckpt_bytes", "ckpt_bytes"), ("ckpt_fail", "ckpt_fail"))
+_TOT_ATTRS_RECORDS = tuple(("ckpt_s", a) if a == "ckpt_s" else (k, a) for k, a in _TOT_ATTRS)  # totals without "ckpt"
 _HIST_ATTRS = (("step", "h_step", "dur"), ("data", "h_data", "data"), ("b2o", "h_b2o", "b2o"),
                ("ckpt", "h_ckpt", "ckpt_s"))

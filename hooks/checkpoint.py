@@ -3,9 +3,9 @@
 * ``torch.save`` and ``torch.distributed.checkpoint`` ``save``/``async_save`` are patched
   once while a watch is active (``hooks.patch_torch_save``) and restored by ``unwatch()``.
   A ``torch.save`` into an in-memory buffer (``io.BytesIO``) is not a checkpoint write
-  and is not timed (DCP itself serializes small items that way), nor is one called from DCP's
-  own modules (its file writer saves each item with ``torch.save``, on a background thread for
-  ``async_save``): a DCP save is recorded once, as "dcp".
+  and is not timed (DCP itself serializes small items that way), nor is one that DCP's file
+  writer or stager makes (each item of a DCP save goes through ``torch.save``, on a background
+  thread for ``async_save``): a DCP save is recorded once, as "dcp".
 * ``checkpoint_timer(path)``: a context manager around any checkpoint code.
 * ``atomic_save(obj, path)``: ``torch.save`` to a temporary file in the same directory,
   flush, fsync, ``os.replace``, fsync the directory.
@@ -63,15 +63,18 @@ def size_of(path: Optional[str], prefix: Optional[str] = None) -> int:
     return total
 
 
-def _from_dcp(frame: Any) -> bool:
-    """The caller is a module of torch.distributed.checkpoint (DCP writing one of its items)."""
+# the DCP modules whose torch.save calls write the items of a DCP save (recorded once, as "dcp");
+# DCP's other torch.save callers (dcp_to_torch_save, the experimental checkpointer) write whole
+# checkpoints of their own and are recorded as "torch.save"
+DCP_ITEM_WRITERS = frozenset(("torch.distributed.checkpoint.filesystem", "torch.distributed.checkpoint.staging"))
+
+
+def _from_dcp() -> bool:
+    """The caller of the torch.save wrapper (two frames up) is one of DCP_ITEM_WRITERS."""
     try:
-        return str(frame.f_globals.get("__name__", "")).startswith(DCP_MODULE)
-    except Exception:
+        return sys._getframe(2).f_globals.get("__name__") in DCP_ITEM_WRITERS
+    except Exception:  # no Python caller (an atexit callback, C code): not DCP
         return False
-
-
-DCP_MODULE = "torch.distributed.checkpoint"
 
 
 class Recorder:
@@ -171,7 +174,7 @@ class Recorder:
         rec = self
 
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            if not rec.active or isinstance(f, io.BytesIO) or _from_dcp(sys._getframe(1)):
+            if not rec.active or isinstance(f, io.BytesIO) or _from_dcp():
                 return orig(obj, f, *args, **kwargs)
             path = path_of(f)
             tok = rec.begin("torch.save", obj, path)

@@ -103,8 +103,8 @@ heartbeat brings the true values back.
         (sums of the step fields); "ckpt_s": float, "ckpt_bytes", "ckpt_n", "ckpt_fail": int
         (checkpoint records: seconds, bytes of the successful ones, count, failures);
         "ckpt": float (optional: the sum of the steps' "ckpt", the time saves blocked the steps;
-        an async save's background write is in "ckpt_s" but not here. A sender without it is
-        read as "ckpt" = "ckpt_s");
+        an async save's background write is in "ckpt_s" but not here. The agent counts a
+        sender without it as before: the checkpoint records' seconds);
         "lck": float, "lckd": float (optional: unix time and duration of the last successful
         checkpoint)}
   hist: {"step", "data", "b2o", "ckpt": [int, ...]} non-cumulative bucket counts over the catalog's
@@ -626,8 +626,6 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
         raise ProtocolError(C.INGEST_REJECTED, "bad tot")
     if _tot_fast(tot):
         _hists(rec, out)
-        if TOTAL_STEP_CKPT not in tot:
-            tot[TOTAL_STEP_CKPT] = tot["ckpt_s"]
         out["tot"] = tot
         return
     t: Dict[str, Any] = {}
@@ -635,8 +633,8 @@ def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
         t[k] = _int(tot, k, 0, MAX_COUNT) if k in tot else 0
     for k in TOTAL_SECONDS_KEYS:
         t[k] = _secs(tot, k, 0.0, MAX_TOTAL_SECONDS)
-    t[TOTAL_STEP_CKPT] = (_secs(tot, TOTAL_STEP_CKPT, 0.0, MAX_TOTAL_SECONDS) if TOTAL_STEP_CKPT in tot
-                          else t["ckpt_s"])
+    if TOTAL_STEP_CKPT in tot:
+        t[TOTAL_STEP_CKPT] = _secs(tot, TOTAL_STEP_CKPT, 0.0, MAX_TOTAL_SECONDS)
     for k in ("lck", "lckd"):
         if k in tot:
             t[k] = _secs(tot, k, 0.0, 1e11, default=None)

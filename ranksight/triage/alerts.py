@@ -124,7 +124,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             # A write still running past the limit (so it fires, and mutes the stalls, during the
             # write), or one that finished within the last rate window past the limit (the last-
             # duration gauge keeps its value until the next write, hence the recency guard), or
-            # checkpoints taking too large a share of wall time.
+            # saves blocking the steps for too large a share of wall time.
             expr=f"({C.CHECKPOINT_IN_PROGRESS} > {t['checkpoint_write_seconds']:g})"
                  f" or (({C.LAST_CHECKPOINT_DURATION} > {t['checkpoint_write_seconds']:g})"
                  f" and (time() - {C.LAST_CHECKPOINT} < {ckpt_recent:g}))"

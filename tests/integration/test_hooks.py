@@ -482,6 +482,21 @@ def test_dcp_async_save_blocks_its_step_for_the_staging_and_records_the_write(rx
     assert tot["ckpt_s"] == pytest.approx(c["dur"], abs=1e-6)
 
 
+def test_a_save_with_no_python_caller_writes_and_is_recorded(rx, tmp_path):
+    """torch.save as a bare thread's target has no Python frame above the wrapper (as in an atexit
+    callback): the wrapper's look at its caller must not fail the save."""
+    import _thread
+
+    model, opt, data = make(2)
+    ranksight.watch(model, opt, data, agent=rx.url, config=FAST)
+    path = tmp_path / "bare.pt"
+    _thread.start_new_thread(torch.save, ({"w": torch.ones(4)}, str(path)))
+    assert rx.wait_for(lambda: rx.of("ckpt"))
+    ranksight.unwatch()
+    (c,) = rx.of("ckpt")
+    assert c["src"] == "torch.save" and c["ok"] and c["bytes"] == path.stat().st_size > 0
+
+
 # ---------------------------------------------------------------------------------- heartbeat / probe / table / lints
 def test_heartbeat_probe_sees_a_stuck_main_thread(rx):
     model, opt, data = make(2)

@@ -12,7 +12,7 @@ import pytest
 from ranksight import catalog as C
 from ranksight.exporter import goodput
 
-from test_exporter_helpers import one
+from test_exporter_helpers import hb, one
 from test_exporter_ranks import RECEIVE_DELAY_MAX
 from test_exporter_totals import Sender, World
 
@@ -274,3 +274,57 @@ def test_the_totals_last_checkpoint_rounded_up_is_the_same_checkpoint(lck_later)
     r = _split(w.scrape(), "0")
     productive_step = 1.0 - DATA - XCOMM
     assert r["wasted_progress"] == pytest.approx(0.0 if lck_later > 1e-6 else 4 * productive_step)
+
+
+@pytest.mark.parametrize("old_hooks", [False, True], ids=["hooks", "hooks-without-tot-ckpt"])
+@pytest.mark.parametrize("async_save", [False, True], ids=["blocking", "async"])
+def test_wasted_progress_after_a_save_from_either_hooks(old_hooks, async_save):
+    """A blocking save (0.5 s inside a step, its record before that step) or an async one (0.2 s of
+    staging in a step, its 3 s write completing two steps later), then four steps and a death. The
+    progress after the save is wasted, with hooks that report the steps' checkpoint time and with
+    hooks before them (totals without "ckpt": checkpoint seconds are the records' seconds)."""
+    w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
+    s = Sender(sess=1, pid=1000)
+    hbs = iter(range(1, 100))
+
+    def send(body: dict, made: float) -> None:
+        w.now = made
+        assert w.send(dict(s.ident, ts=goodput.OFFSET + made), body) == "ok"
+        w.table.check(w.now)
+
+    def heartbeat(made: float) -> None:
+        fields = s.totals.fields()
+        if old_hooks:
+            del fields["tot"]["ckpt"]
+        send(dict(hb(seq=next(hbs), step_=s.seq), **fields), made)
+
+    send(dict(t="hello", info={}, dirs={}, pstart=goodput.OFFSET + 998.0), 999.0)
+    t = 1000.0
+    for _ in range(5):
+        t += 1.0
+        send(s.step(1.0, data=DATA, micro=1), t)
+    heartbeat(t + 0.1)
+    if async_save:
+        t += 1.2
+        send(s.step(1.2, data=DATA, micro=1, ckpt=0.2), t)  # the staging; the write runs on
+        for _ in range(2):
+            t += 1.0
+            send(s.step(1.0, data=DATA, micro=1), t)
+        s.totals.checkpoint(goodput.OFFSET + t + 0.1, 3.0, 100, True)
+        send(dict(t="ckpt", dur=3.0, bytes=100, ok=True, src="dcp", ts=goodput.OFFSET + t + 0.1), t + 0.1)
+    else:
+        s.totals.checkpoint(goodput.OFFSET + t + 0.75, 0.5, 100, True)
+        send(dict(t="ckpt", dur=0.5, bytes=100, ok=True, src="timer", ts=goodput.OFFSET + t + 0.75), t + 0.75)
+        t += 1.5
+        send(s.step(1.5, data=DATA, micro=1, ckpt=0.5), t)  # the step that held the save
+    heartbeat(t + 0.2)
+    for _ in range(4):
+        t += 1.0
+        send(s.step(1.0, data=DATA, micro=1), t)
+    heartbeat(t + 0.1)
+    w.tick(6.0)
+    r = _split(w.scrape(), "0")
+    productive_step = 1.0 - DATA - XCOMM
+    # the four steps after the save, and with a blocking save the rest of the step that held it
+    assert r["wasted_progress"] == pytest.approx((4 if async_save else 5) * productive_step)
+    assert r["checkpoint"] == pytest.approx((3.0 if old_hooks else 0.2) if async_save else 0.5)

@@ -271,15 +271,27 @@ def test_an_async_save_counts_its_staging_as_checkpoint_time_and_its_write_as_th
     assert one(got, C.LAST_CHECKPOINT_DURATION.name, **LAB) == pytest.approx(12.0)
 
 
-def test_totals_without_the_steps_checkpoint_time_read_as_the_writes():
-    """A v2 sender whose totals carry no "ckpt" (hooks before it): checkpoint_seconds_total is
-    the checkpoint records' seconds, as those hooks meant it."""
-    w, s = World(), Sender()
-    w.send(s.ident, s.step(0.1))
-    w.send(s.ident, s.ckpt(2.0, 10))
+def _old_fields(s: "Sender") -> dict:
+    """The totals as hooks before the steps' checkpoint time sent them (no tot["ckpt"])."""
     fields = s.totals.fields()
     del fields["tot"]["ckpt"]
-    w.send(s.ident, dict(hb(seq=1, step_=s.seq), **fields))
+    return fields
+
+
+def test_totals_without_the_steps_checkpoint_time_count_the_records():
+    """A v2 sender whose totals carry no "ckpt" (hooks before it): checkpoint_seconds_total is
+    the checkpoint records' seconds, as those hooks meant it, from the record on; its single step
+    records' "ckpt" is not added to them (a heartbeat between a save's record and the step that
+    held it would count the save twice)."""
+    w, s = World(), Sender()
+    w.send(s.ident, s.step(0.1))
+    w.send(s.ident, dict(hb(seq=1, step_=s.seq), **_old_fields(s)))
+    for k in range(5):  # five blocking 2 s saves, a heartbeat between each record and its step
+        w.send(s.ident, s.ckpt(2.0, 10))
+        assert one(w.scrape(), C.CHECKPOINT_SECONDS.name, **LAB) == pytest.approx(2.0 * (k + 1))
+        w.send(s.ident, dict(hb(seq=k + 2, step_=s.seq), **_old_fields(s)))
+        w.send(s.ident, s.step(2.1, ckpt=2.0))
+    w.send(s.ident, dict(hb(seq=9, step_=s.seq), **_old_fields(s)))
     got = w.scrape()
-    assert one(got, C.CHECKPOINT_SECONDS.name, **LAB) == pytest.approx(2.0)
-    assert one(got, C.CHECKPOINT_WRITE.sum, **LAB) == pytest.approx(2.0)
+    assert one(got, C.CHECKPOINT_SECONDS.name, **LAB) == pytest.approx(10.0)
+    assert one(got, C.CHECKPOINT_WRITE.sum, **LAB) == pytest.approx(10.0)
