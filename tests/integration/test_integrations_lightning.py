@@ -5,6 +5,7 @@ the run has ended. And a manual-optimization module stepping two optimizers per 
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 
 import pytest
@@ -58,7 +59,8 @@ def test_two_optimizers_per_batch_make_one_step(tmp_path):
     steps = rx.of("step")
     assert [s["seq"] for s in steps] == [1, 2, 3, 4]  # one step per batch: the last optimizer closes it
     assert all(s["micro"] == 1 for s in steps)
-    wait = sum(s["data"] for s in steps) / len(steps)  # 2 items x 10 ms per batch (a prefetch shifts one)
+    # 2 items x 10 ms per batch; the median, since a prefetch shifts one and a busy box delays one
+    wait = statistics.median(s["data"] for s in steps)
     assert abs(wait - 0.02) <= 0.25 * 0.02, [s["data"] for s in steps]
     assert all(s["opt"] > 0 and s["bwd"] > 0 and s["fwd"] > 0 for s in steps)
     assert res["after"] == res["before"]
