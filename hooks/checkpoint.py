@@ -91,6 +91,10 @@ class Recorder:
         self._main_tid = main_tid
         self._tls = threading.local()
         self.observers: list = []
+        # async saves still to be recorded: id(token) -> (token, future, path); the future's
+        # callback or, for a future already done, flush_async() records each exactly once
+        self._async: dict = {}
+        self._async_lock = threading.Lock()
 
     # -------------------------------------------------------------- begin / end
     def begin(self, src: str, obj: Any = None, path: Optional[str] = None) -> Optional[tuple]:
@@ -133,6 +137,28 @@ class Recorder:
             self._emit((time.perf_counter() if t1 is None else t1) - tok[1], max(0, int(nbytes)), bool(ok), tok[0])
         except Exception as e:
             self._on_error("checkpoint record", e)
+
+    def finish_async(self, key: int) -> None:
+        """Record the async save ``key`` if no one has yet (its future is done)."""
+        with self._async_lock:
+            item = self._async.pop(key, None)
+        if item is None:
+            return
+        tok, fut, path = item
+        try:
+            ok = not fut.cancelled() and fut.exception() is None
+        except Exception:
+            ok = False
+        self.finish(tok, ok, self._dcp_bytes(path) if ok else 0)
+
+    def flush_async(self) -> None:
+        """At the watch's end: record the async saves whose write is complete but whose future's
+        callbacks have not run yet (``Future.result()`` returns before they do), so that a
+        ``result()`` followed by ``unwatch()`` never loses the record."""
+        with self._async_lock:
+            done = [k for k, (_, fut, _) in self._async.items() if fut.done()]
+        for k in done:
+            self.finish_async(k)
 
     def end(self, tok: Optional[tuple], ok: bool, nbytes: int) -> None:
         """A save that blocked its caller to the end: one end time for the step's checkpoint
@@ -262,12 +288,10 @@ class Recorder:
                 return
             try:
                 fut = getattr(ret, "upload_completion", ret)  # AsyncSaveResponse (newer torch) or Future
-
-                def done(f: Any) -> None:
-                    ok = not f.cancelled() and f.exception() is None
-                    rec.finish(tok, ok, rec._dcp_bytes(path) if ok else 0)
-
-                fut.add_done_callback(done)
+                key = id(tok)
+                with rec._async_lock:
+                    rec._async[key] = (tok, fut, path)
+                fut.add_done_callback(lambda f: rec.finish_async(key))
             except Exception as e:
                 rec._on_error("dcp.async_save completion", e)
 

@@ -415,6 +415,10 @@ class Watcher(StepPath, Background):
                 return
             self._closed = True
         self._close_pending_at_exit()
+        try:
+            self.ckpt.flush_async()
+        except Exception as e:
+            self._hook_error("close: async checkpoints", e)
         self._active = False
         self.comm.active = False
         self.ckpt.active = False

@@ -447,12 +447,26 @@ def test_dcp_save_is_recorded(rx, tmp_path):
     assert c["src"] == "dcp" and c["ok"] and 0 < c["bytes"] <= total
 
 
-def test_dcp_async_save_blocks_its_step_for_the_staging_and_records_the_write(rx, tmp_path):
+@pytest.mark.parametrize("late_callbacks", [False, True], ids=["callbacks", "callbacks-after-unwatch"])
+def test_dcp_async_save_blocks_its_step_for_the_staging_and_records_the_write(rx, tmp_path, monkeypatch,
+                                                                             late_callbacks):
     """A real ``dcp.async_save`` whose background write takes 0.6 s: the step that launched it
     holds only the staging ("ckpt" of the step, summed as tot["ckpt"]); the "ckpt" record and
-    tot["ckpt_s"] hold the whole write, launch to completion."""
+    tot["ckpt_s"] hold the whole write, launch to completion. ``Future.result()`` returns before
+    the future's callbacks run; with them held back until after ``unwatch()``, the record still
+    goes out with the watch's last records."""
+    import concurrent.futures
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
+
+    if late_callbacks:
+        invoke = concurrent.futures.Future._invoke_callbacks
+
+        def late(self):
+            time.sleep(1.0)  # the completing thread descheduled after it woke result()
+            invoke(self)
+
+        monkeypatch.setattr(concurrent.futures.Future, "_invoke_callbacks", late)
 
     class SlowWriter(FileSystemWriter):
         def write_data(self, plan, planner):  # runs on DCP's background thread
