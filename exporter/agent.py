@@ -33,7 +33,7 @@ from .collectors import CollectorError, Context, Family, PartialError, build
 from .collectors.agent_health import AgentHealthCollector
 from .collectors.gpu import GpuCollector
 from .exposition import TextWriter
-from ranksight.protocol import parse_address
+from ranksight.address import parse_address
 
 from .ingest import Ingest, IngestError, Receiver
 from .ranks import RANKS_API, RankSettings, RankTable

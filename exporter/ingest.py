@@ -47,7 +47,8 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
-from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, Address, ProtocolError, decode
+from ranksight.address import Address
+from ranksight.protocol import ACCEPTED, MAX_DATAGRAM, ProtocolError, decode
 
 from .ranks import RECEIVE_DELAY_MAX, RankTable
 

@@ -18,7 +18,7 @@ from typing import List, Optional
 
 from ranksight import config as cfgmod
 from ranksight.config import ConfigError
-from ranksight.protocol import parse_address
+from ranksight.address import parse_address
 
 from .agent import COLLECTORS, Agent, AgentError, AgentSettings, parse_listen
 from .ranks import RankSettings

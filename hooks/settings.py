@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from ranksight import config as rs_config
-from ranksight.protocol import Address, parse_address
+from ranksight.address import Address, parse_address
 
 log = logging.getLogger("ranksight.hooks")
 

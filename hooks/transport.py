@@ -12,11 +12,11 @@ import logging
 import socket
 from typing import Optional
 
-from ranksight.protocol import Address, parse_address
+from ranksight.address import Address, parse_address
 
 log = logging.getLogger("ranksight.hooks")
 
-__all__ = ("Address", "Transport", "parse_address")  # the address grammar is ranksight.protocol's
+__all__ = ("Address", "Transport", "parse_address")  # the address grammar is ranksight.address's
 
 
 class Transport:

@@ -1,4 +1,4 @@
-"""Collectors register by name; the address grammar is one (ranksight.protocol) for the agent and the hooks."""
+"""Collectors register by name; the address grammar is one (ranksight.address) for the agent and the hooks."""
 import pytest
 
 from ranksight import catalog as C
@@ -6,7 +6,7 @@ from ranksight import config
 from ranksight.exporter.agent import AgentSettings
 from ranksight.exporter.collectors import FACTORIES, Context, build, register
 from ranksight.exporter.ranks import RankSettings, RankTable
-from ranksight.protocol import Address, parse_address
+from ranksight.address import Address, parse_address
 
 from support.nvml_standin import NvmlStandin
 
