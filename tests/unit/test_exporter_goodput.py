@@ -5,7 +5,7 @@ in exactly one category of the recording rules' split (computed here from the sc
 rules do)."""
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import pytest
 
@@ -216,18 +216,31 @@ def test_a_death_and_a_clean_exit_are_dated_by_the_records_not_by_their_late_arr
     assert r["other"] == pytest.approx(0.5 + 0.5)  # the last step to the last heartbeat, and to the bye
 
 
+class OneRank:
+    """One rank on one agent (no stall within 30 s); each record arrives at the agent time it was
+    made, dated by it (the sender's ts)."""
+
+    def __init__(self) -> None:
+        self.w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
+        self.s = Sender(sess=1, pid=1000)
+
+    @classmethod
+    def start(cls) -> Tuple[World, Sender, Callable[[dict, float], None]]:
+        o = cls()
+        return o.w, o.s, o.send
+
+    def send(self, body: dict, made: float) -> None:
+        self.w.now = made
+        assert self.w.send(dict(self.s.ident, ts=goodput.OFFSET + made), body) == "ok"
+        self.w.table.check(self.w.now)
+
+
 def test_a_blocking_save_is_checkpoint_time_not_wasted_progress():
     """A save that blocks its caller ends (its record goes out) before the step that holds it does;
     the rank's checkpoint seconds take the write with that step (its checkpoint share). At the
     death the write counts once, as checkpoint time, and only the productive time after it is
     wasted."""
-    w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
-    s = Sender(sess=1, pid=1000)
-
-    def send(body: dict, made: float) -> None:
-        w.now = made
-        assert w.send(dict(s.ident, ts=goodput.OFFSET + made), body) == "ok"
-        w.table.check(w.now)
+    w, s, send = OneRank.start()
 
     send(dict(t="hello", info={}, dirs={}, pstart=goodput.OFFSET + 998.0), 999.0)
     for n in range(5):  # 1 s steps from 1000 to 1005
@@ -252,13 +265,7 @@ def test_the_totals_last_checkpoint_rounded_up_is_the_same_checkpoint(lck_later)
     float, so the totals can read up to 0.5 us later. That is the same checkpoint: the safe point
     stays at the save and the steps after it are wasted at the death. A time 1 ms later is a newer
     checkpoint, and the safe point moves to it."""
-    w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
-    s = Sender(sess=1, pid=1000)
-
-    def send(body: dict, made: float) -> None:
-        w.now = made
-        assert w.send(dict(s.ident, ts=goodput.OFFSET + made), body) == "ok"
-        w.table.check(w.now)
+    w, s, send = OneRank.start()
 
     send(dict(t="hello", info={}, dirs={}, pstart=goodput.OFFSET + 998.0), 999.0)
     send(s.step(1.0, data=DATA, micro=1), 1001.0)
@@ -283,14 +290,8 @@ def test_wasted_progress_after_a_save_from_either_hooks(old_hooks, async_save):
     staging in a step, its 3 s write completing two steps later), then four steps and a death. The
     progress after the save is wasted, with hooks that report the steps' checkpoint time and with
     hooks before them (totals without "ckpt": checkpoint seconds are the records' seconds)."""
-    w = World(stall_min_seconds=30.0, stall_p99_factor=1.0)
-    s = Sender(sess=1, pid=1000)
+    w, s, send = OneRank.start()
     hbs = iter(range(1, 100))
-
-    def send(body: dict, made: float) -> None:
-        w.now = made
-        assert w.send(dict(s.ident, ts=goodput.OFFSET + made), body) == "ok"
-        w.table.check(w.now)
 
     def heartbeat(made: float) -> None:
         fields = s.totals.fields()
