@@ -139,7 +139,9 @@ def test_five_percent_datagram_loss_final_totals_exact(tmp_path, local_stack):
         subprocess.run(["ip", "netns", "exec", h.ns, "iptables", "-A", "INPUT", "-i", "lo", "-p", "udp", "--dport",
                         str(uport), "-m", "statistic", "--mode", "random", "--probability", "0.05", "-j", "DROP"],
                        check=True, capture_output=True, timeout=10)
-        job = NsJob(tmp_path, f"udp://127.0.0.1:{uport}", "rel-loss", hosts.argv(h, []), "--steps", "400",
+        # 1,600 steps: about 64 "steps" records a rank, so that the 5% loss drops some of them
+        # (with 400, about 16 a rank, it dropped none in about one run in five)
+        job = NsJob(tmp_path, f"udp://127.0.0.1:{uport}", "rel-loss", hosts.argv(h, []), "--steps", "1600",
                     "--step-sleep", "0.01")
         try:
             want = finish(job)
