@@ -2,9 +2,10 @@
 and the runbooks from the triage table (the ranksight/triage/ package).
 
 ``render(cfg)`` is deterministic (pure but for checking on-call secret files): it maps file names relative to the
-output folder to their text. ``write(cfg, out_dir)`` writes them. The committed
-files under ``alerts/`` are ``render()`` of the default profile; a test fails
-when they differ (run ``ranksight rules`` to refresh them).
+output folder to their text. ``write(cfg, out_dir)`` writes them. ``ranksight rules`` writes
+into ``--out DIR`` (default ``./run/rules``). The committed files under ``alerts/`` are
+``render()`` of the built-in defaults; a test fails when they differ, and
+``ranksight rules --in-place`` refreshes them (it refuses any other profile or config).
 
 Files:
   ranksight-rules.yml    the recording groups of triage.RULE_GROUPS (rank, rank state, node, and
@@ -23,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
 import yaml
 
-from ranksight import config, triage
+from ranksight import cli, config, triage
 
 from . import notify
 from .notify import HEADER
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 RULES_FILE = "ranksight-rules.yml"
 RUNBOOK_DIR = "runbooks"
+COMMITTED_DIR = Path(__file__).resolve().parent  # alerts/ of a checkout: what --in-place writes
 
 _KIND_TITLES = {
     "signal": "The six signals, in triage order",
@@ -206,7 +207,8 @@ def render(cfg: Mapping[str, Any]) -> Dict[str, str]:
 
 
 def write(cfg: Mapping[str, Any], out_dir: Path) -> List[Path]:
-    """Write render(cfg) under out_dir; remove runbooks of alerts that no longer exist."""
+    """Write render(cfg) under out_dir, each file replaced whole (a link there is replaced, its
+    target left alone); remove runbooks of alerts that no longer exist."""
     files = render(cfg)
     out_dir = Path(out_dir)
     (out_dir / RUNBOOK_DIR).mkdir(parents=True, exist_ok=True)
@@ -214,7 +216,9 @@ def write(cfg: Mapping[str, Any], out_dir: Path) -> List[Path]:
     for name, text in files.items():
         path = out_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
         written.append(path)
     for stale in sorted((out_dir / RUNBOOK_DIR).glob("*.md")):
         if f"{RUNBOOK_DIR}/{stale.name}" not in files:
@@ -227,16 +231,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: $RANKSIGHT_CONFIG)")
     p.add_argument("--profile", default="default", choices=sorted(config.PROFILES),
                    help="default, or test (short `for:` durations and windows, for end-to-end tests)")
-    p.add_argument("--out", metavar="DIR", type=Path, default=Path(__file__).resolve().parent,
-                   help="output folder (default: the alerts/ folder of this checkout, where the committed files live)")
+    cli.add_output_arguments(p, "rules", COMMITTED_DIR)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config, args.profile)
     try:
-        written = write(cfg, args.out)
+        out = cli.output_dir(args, "rules", COMMITTED_DIR,
+                             cli.departures(cfg, args, [("--profile", args.profile, "default")]))
+        written = write(cfg, out)
+    except cli.OutputError as e:
+        return cli.error(str(e))
     except OSError as e:
-        print(f"ranksight: error: cannot write to {args.out}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    print(f"wrote {len(written)} files to {args.out} (profile {args.profile})")
+        return cli.error(f"cannot write {e.filename or 'the rules'}: {e.strerror or e}")
+    print(f"wrote {len(written)} files to {out} (profile {args.profile})")
     return 0

@@ -12,7 +12,7 @@ agent the hooks still print their step table)::
 
 The model is a token classifier (an MLP over 64-dim token features). A sample is one
 sequence of 256 tokens; a rank takes 16 samples (4096 tokens) per step. On a 2-core machine a step
-takes about 60 ms with under 10% of it in the gradient all-reduce and under 5% in
+takes about 25 ms with under 15% of it in the gradient all-reduce and under 5% in
 the data loader: a healthy, compute-bound job.
 
 Fault injection (used by `ranksight demo` and the end-to-end tests; --rank-to-fault
@@ -20,7 +20,9 @@ picks the rank, default 1; each fault but comm-heavy starts --fault-after second
 the first step, default 10 for kill-rank and hang, 0 for the others):
 
   slow-data        that rank's dataset sleeps per sample (slow storage): data-loader bound
-  straggler        that rank runs extra real compute every step (--straggler-extra of a step)
+  straggler        that rank runs extra real compute every step: --straggler-extra times its own
+                   compute per step, measured on the rank (its main thread's CPU time per step), so
+                   0.25 is a rank 25% slower and 1.0 one twice as slow on any machine
   comm-heavy       all ranks: a wide model (1024) on a tiny batch (32 tokens) with SGD: the gradient
                    all-reduce dominates the step (a single-threaded AdamW over 2.4 M parameters
                    would itself take longer than the all-reduce on a 2-core machine)
@@ -39,10 +41,12 @@ that stop early (``ranksight demo`` ends the job that way once it has its verdic
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import io
 import os
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -74,6 +78,10 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=200, help="rank 0 checkpoints every N steps (0: never)")
     p.add_argument("--checkpoint-dir", default="run/checkpoints", help="where rank 0 writes last.pt")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device-ms", type=float, default=0.0, metavar="MS",
+                   help="simulated device time per step: the host waits this long in each step, as for a GPU's "
+                        "kernels (more ranks than cores then do not contend for the CPU; a straggler's device "
+                        "is --straggler-extra slower too)")
     p.add_argument("--timeout", type=float, default=1800.0, help="collective timeout in seconds (gloo)")
     g = p.add_argument_group("fault injection")
     g.add_argument("--fault", choices=FAULTS, default="none")
@@ -83,8 +91,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                         "0 for the others; comm-heavy is the model's shape and always on)")
     g.add_argument("--slow-data-seconds", type=float, default=0.003, help="slow-data: sleep per sequence read")
     g.add_argument("--straggler-extra", type=float, default=1.0,
-                   help="straggler: extra compute per step, as a fraction of a normal step's forward+backward "
-                        "(1.0 doubles it; with 2 ranks the job median is the mean of both, so +100%% reads 1.33x)")
+                   help="straggler: extra compute per step, as a share of the rank's own measured compute per "
+                        "step (0.25: 25%% slower; 1.0: twice as slow)")
     g.add_argument("--hang-seconds", type=float, default=3600.0, help="hang: how long the rank sleeps")
     g.add_argument("--checkpoint-mb", type=float, default=0.0,
                    help="extra state saved with each checkpoint, in MB (slow-checkpoint: 48, long-checkpoint: 24)")
@@ -166,6 +174,39 @@ class SlowStorage(io.RawIOBase):
         self.f.flush()
 
 
+class ExtraCompute:
+    """A straggler's real extra work, sized by the rank's own compute: after each step the rank
+    measures its main thread's CPU time for the step (forward, backward, optimizer, data; a wait in
+    a collective costs none), and before each faulty step it runs the shadow model's forward and
+    backward until its CPU time has grown by ``share`` times the median of its last steps'. The
+    magnitude then means the same on a fast or a slow machine, and under CPU contention."""
+
+    WARMUP = 5  # steps measured before the first extra work
+
+    def __init__(self, shadow: nn.Module, share: float, device_s: float = 0.0) -> None:
+        self.shadow, self.share, self.device_s = shadow, share, device_s
+        self.recent: "collections.deque[float]" = collections.deque(maxlen=21)
+        self.mark = time.thread_time()
+        self.spent = 0.0
+
+    def step_done(self) -> None:
+        now = time.thread_time()
+        self.recent.append(now - self.mark - self.spent)
+        self.mark, self.spent = now, 0.0
+
+    def run(self, x: torch.Tensor) -> None:
+        if len(self.recent) < self.WARMUP:
+            return
+        time.sleep(self.share * self.device_s)  # its device is as much slower (--device-ms)
+        target = self.share * statistics.median(self.recent)
+        chunk = x[:max(1, len(x) // 8)]
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < target:
+            self.shadow(chunk).sum().backward()
+        self.shadow.zero_grad(set_to_none=True)
+        self.spent += time.thread_time() - t0
+
+
 def save_checkpoint(path: Path, state: Dict, sync: bool, mbps: float = 0.0) -> None:
     """Write-then-rename, the usual durable pattern. With sync, every write goes through
     O_DSYNC, like a sync-mounted network filesystem; with mbps, at most that many MB/s."""
@@ -201,7 +242,9 @@ def main(argv: Optional[list] = None) -> int:
 
     loader = ranksight.watch(model, optimizer, loader)  # ranksight line 2 of 2
 
-    shadow = copy.deepcopy(model.module) if faulty and args.fault == "straggler" else None
+    device_s = args.device_ms / 1000
+    extra = (ExtraCompute(copy.deepcopy(model.module), args.straggler_extra, device_s)
+             if faulty and args.fault == "straggler" else None)
     slow_ckpt = args.fault == "slow-checkpoint"  # from its start: large O_DSYNC checkpoints every <= 10 steps
     long_ckpt = args.fault == "long-checkpoint"  # one slow write, --fault-after s in
     ckpt_dir = Path(args.checkpoint_dir)
@@ -240,12 +283,10 @@ def main(argv: Optional[list] = None) -> int:
                     os.kill(os.getpid(), signal.SIGKILL)
                 say(f"train_ddp: rank {rank} hangs for {args.hang_seconds:.0f} s (fault)")
                 time.sleep(args.hang_seconds)
-            if shadow is not None and fault_on:  # a slower rank: real extra compute outside DDP
-                n = max(1, int(round(args.straggler_extra * len(x))))
-                reps, rest = divmod(n, len(x))
-                for chunk in [x] * reps + ([x[:rest]] if rest else []):
-                    shadow(chunk).sum().backward()
-                shadow.zero_grad(set_to_none=True)
+            if device_s:  # the host waits for its device's share of the step
+                time.sleep(device_s)
+            if extra is not None and fault_on:  # a slower rank: real extra compute outside DDP
+                extra.run(x)
 
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             optimizer.zero_grad(set_to_none=True)
@@ -270,6 +311,8 @@ def main(argv: Optional[list] = None) -> int:
                     sync=args.checkpoint_sync or slow, mbps=args.checkpoint_mbps if own or long_now else 0.0)
             long_done = long_done or long_now
 
+            if extra is not None:
+                extra.step_done()
             stop = bool(args.steps) and step >= args.steps  # the same on every rank
             if step % 10 == 0:  # every rank takes part: average loss and the shared "time is up" flag
                 elapsed = time.monotonic() - start

@@ -53,8 +53,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "checkpoint_wall_share": Opt(0.05, "RanksightCheckpointSlow: checkpoint time / wall time above this", 0, 1),
         "checkpoint_max_age_seconds": Opt(4 * 3600.0, "RanksightCheckpointStale: no checkpoint for this long", 1, 1e8),
         "heartbeat_misses": Opt(1.0, "RanksightHeartbeatMissed: misses within the heartbeat window", 1, 1e6),
-        "straggler_ratio": Opt(1.2, "RanksightStraggler: rank busy time / job median busy time above this", 1, 100),
-        "straggler_min_step_share": Opt(0.1, "RanksightStraggler: ... and the extra busy time is at least this share of the step", 0, 1),
+        "straggler_ratio": Opt(1.1, "RanksightStraggler: rank busy time / its peers' median busy time above this", 1, 100),
+        "straggler_min_step_share": Opt(0.05, "RanksightStraggler: ... and the extra busy time is at least this share of the step", 0, 1),
         "alloc_retries_per_min": Opt(1.0, "RanksightCudaAllocRetries: allocator retries per minute above this", 0, 1e9),
         "step_creep_ratio": Opt(1.2, "RanksightCudaAllocRetries: (with retries) step p50 now / 1 h ago above this", 1, 100),
         "nic_min_speed_bytes": Opt(1.25e9, "reference line on the link-speed panels (bytes/s; 10 Gb/s); "

@@ -84,7 +84,9 @@ RULE_GROUPS.update(GROUPS)
 COMPONENTS = ("dataloader_wait", "exposed_comm", "checkpoint", "compute")
 ALLOC_CAUSE = "cuda_alloc_retries"
 
-# Cause alerts that explain a low goodput (they mute RanksightGoodputLow on the same job).
+# Cause alerts that explain a low goodput or a slower step: each mutes RanksightGoodputLow and
+# RanksightStepTimeRegression on the same job (a named cause is the page; the creep alert is for
+# a slowdown nothing else explains).
 GOODPUT_CAUSES = ("RanksightDataloaderBound", "RanksightCommBound", "RanksightTcpRetransmits",
                   "RanksightCheckpointSlow", "RanksightHeartbeatMissed", "RanksightRankDown",
                   "RanksightRankStalled", "RanksightStraggler", "RanksightCudaAllocRetries")
@@ -186,7 +188,9 @@ def entries(cfg: Mapping[str, Any]) -> List[Entry]:
     t, d, w = cfg["thresholds"], cfg["durations"], cfg["windows"]
     R = REC
     ratio = t["step_regression_ratio"]
-    over = f"({R['step_ratio']} > {ratio:g})"
+    # A creep is judged against history: only once the job has had a smoothed p50 for a whole
+    # smoothing window (its first hour is all startup and warm-up, and a fault in it is a cause's page)
+    over = f"(({R['step_ratio']} > {ratio:g}) and on (job) ({R['p50_avg']} offset {w['step_smooth']}))"
     floor = t["goodput_floor"]
     # a young job is all startup: judge it once its goodput has been recorded for goodput_min_wall
     low = f"({R['goodput']} < {floor:g}) and on (job) ({R['goodput']} offset {w['goodput_min_wall']})"
@@ -241,6 +245,7 @@ def entries(cfg: Mapping[str, Any]) -> List[Entry]:
 
 
 def with_goodput_inhibitions(table: List[Entry]) -> List[Entry]:
-    """The cause alerts of GOODPUT_CAUSES also mute RanksightGoodputLow on the same job."""
-    mute = Inhibit((GOODPUT_LOW,), ("job",))
+    """The cause alerts of GOODPUT_CAUSES also mute RanksightGoodputLow and
+    RanksightStepTimeRegression on the same job."""
+    mute = Inhibit((GOODPUT_LOW, STEP_REGRESSION), ("job",))
     return [replace(e, inhibits=e.inhibits + (mute,)) if e.alert in GOODPUT_CAUSES else e for e in table]

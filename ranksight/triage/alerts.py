@@ -16,6 +16,27 @@ from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, R
 from .prose import prose
 from .records import RANK_BY, REC
 
+# Description templates that read records at notification time (only firing instances run them).
+# RanksightCommBound: the comm share of the job's least-waiting rank, less its peers' data wait and
+# checkpoints (job_comm_min): its own comm cost.
+COMM_OWN = (f'{{{{ with query (printf "{REC["job_comm_min"]}{{job=%q}}" $labels.job) }}}}'
+            '{{ with index . 0 }}{{ humanizePercentage .Value }}{{ end }}{{ end }}')
+# RanksightStraggler: its busy time, its peers' median, and the difference: under synchronous data
+# parallel that is how long each of its peers waits for it every step (in their collectives).
+_BUSY = f'{REC["busy"]}{{job=%q,rank=%q}}'
+_PEERS = f'{REC["busy_median"]}{{job=%q}}'
+
+
+def _dur(q: str, *args: str) -> str:
+    return (f'{{{{ with query (printf "{q}" {" ".join(args)}) }}}}'
+            '{{ with index . 0 }}{{ humanizeDuration .Value }}{{ end }}{{ end }}')
+
+
+STRAGGLER_WHY = (_dur(_BUSY, "$labels.job", "$labels.rank") + " a step against "
+                 + _dur(_PEERS, "$labels.job") + ", so each of its peers waits about "
+                 + _dur(f"{_BUSY} - on (job) group_left () {_PEERS}", "$labels.job", "$labels.rank", "$labels.job")
+                 + " a step for it in their collectives")
+
 
 def table(cfg: Mapping[str, Any]) -> List[Entry]:
     t = cfg["thresholds"]
@@ -91,11 +112,20 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="comm-bound", alert="RanksightCommBound", kind="signal", order=3,
             title="Communication share of step time", severity="warning",
-            expr=f"{REC['comm_share']} > {t['comm_share']:g}",
-            for_=d["comm_bound"], threshold=t["comm_share"], unit="ratio",
+            # Label `comm`: "own" when even the job's least-waiting rank spends over the share in
+            # collectives (less what its peers' data wait and checkpoints explain): the comm is the
+            # job's own cost, and it stays loud beside a straggler. "waiting" otherwise: the rank
+            # waits for a slower peer, and a straggler on the job mutes it.
+            expr=f"label_replace(({REC['comm_share']} > {t['comm_share']:g}) and on (job) "
+                 f"({REC['job_comm_min']} > {t['comm_share']:g}), \"comm\", \"own\", \"\", \"\") or "
+                 f"label_replace(({REC['comm_share']} > {t['comm_share']:g}) unless on (job) "
+                 f"({REC['job_comm_min']} > {t['comm_share']:g}), \"comm\", \"waiting\", \"\", \"\")",
+            for_=d["comm_bound"], threshold=t["comm_share"], unit="ratio", joined=("comm",),
             indicator=REC["comm_share"], op=">", scope=R,
             summary="Collectives take over {:.0%} of step time: the job is communication-bound".format(t["comm_share"]),
-            description=f"{RANK_DESC} spends {VAL} of its step time in collectives.",
+            description=f"{RANK_DESC} spends {VAL} of its step time in collectives; the job's least-waiting rank "
+                        f"spends {COMM_OWN}{{{{ if eq $labels.comm \"own\" }}}}: the comm is the job's own cost"
+                        f"{{{{ else }}}}: this rank waits for a peer{{{{ end }}}}.",
             **prose("comm-bound"),
             next_check="network retransmits and link speed",
         ),
@@ -219,27 +249,26 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
         Entry(
             id="straggler", alert="RanksightStraggler", kind="cause", order=0,
             title="Straggler rank", severity="warning",
-            # The ratio alone is not enough: on a short, communication-heavy step a 2 ms difference in
-            # 10 ms of busy time reads 1.2x while nobody waits for anyone. The extra busy time must
-            # also be a real part of the step the job loses. And a job whose least-waiting rank still
-            # spends over the comm-bound share in collectives is communication-bound whatever its
-            # ranks' busy times do (scheduling noise moves busy time by 20% on a loaded host): its comm
-            # would page without any straggler, so no rank is called one and RanksightCommBound
-            # stays loud (the straggler mutes only comm above that irreducible share).
-            expr=with_gpu(f"(({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
+            # A rank whose busy time per step is over the ratio times its peers' median (the job
+            # median without its slowest rank), and whose extra busy time is a real part of the
+            # step: on a short, communication-heavy step a 2 ms difference in 10 ms of busy time
+            # reads 1.2x while nobody waits for anyone. Under synchronous data parallel its peers
+            # wait that extra time in their collectives. The label comm="waiting" makes it mute
+            # exactly their waiting comm share (RanksightCommBound with comm="waiting"): a job that
+            # is communication-bound by itself keeps that page beside the straggler's.
+            expr=with_gpu(f"label_replace(({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
                           f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
-                          f" > {t['straggler_min_step_share']:g})) "
-                          f"unless on (job) ({REC['job_comm_min']} > {t['comm_share']:g})"),
-            for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu",),
+                          f" > {t['straggler_min_step_share']:g}), \"comm\", \"waiting\", \"\", \"\")"),
+            for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu", "comm"),
             indicator=REC["straggler"], op=">", scope=R,
-            summary="One rank computes over {:.0%} slower than the job median: every other rank waits for it".format(
+            summary="One rank computes over {:.0%} slower than its peers: every other rank waits for it".format(
                 t["straggler_ratio"] - 1),
-            description=f"{RANK_DESC} busy time per step is {VAL}x the job median "
-                        f"(step minus data wait, exposed comm and checkpoint).",
+            description=f"{RANK_DESC} busy time per step (step minus data wait, exposed comm and checkpoint) is "
+                        f"{VAL}x its peers' median: {STRAGGLER_WHY}.",
             **prose("straggler"),
-            next_check="GPU throttling and PCIe link on the rank's node",
+            next_check="the rank's node: GPU throttling and PCIe link, or CPU load and NUMA binding",
             # the rest of the job waits for it in its collectives
-            inhibits=(Inhibit(comm, ("job",)),),
+            inhibits=(Inhibit(comm, ("job", "comm")),),
         ),
         Entry(
             id="cuda-alloc-retries", alert="RanksightCudaAllocRetries", kind="cause", order=0,

@@ -81,9 +81,10 @@ class Entry:
     next_check: str
     inhibits: Tuple[Inhibit, ...] = field(default=())
     runbook_base: str = RUNBOOK_BASE  # from config alerting.runbook_base_url
-    # Labels the alert takes from the rank series of its node, beyond scope (the training `job` of
-    # the ranks on a node, for a node cause that must mute symptoms job-wide). The indicator keeps
-    # the plain scope labels.
+    # Labels the alert carries beyond scope: taken from the rank series of its node (the training
+    # `job` of the ranks on a node, for a node cause that must mute symptoms job-wide; the rank's
+    # `gpu`), or set by its expression (`comm`: own or waiting). The indicator keeps the plain scope
+    # labels.
     joined: Tuple[str, ...] = ()
 
     @property

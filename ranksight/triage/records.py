@@ -160,13 +160,15 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
             f"clamp_min({R['step_s']} - {or_zero(R['data_s'])} - {or_zero(R['xcomm_s'])}"
             f" - {or_zero(R['ckpt_s'])}, 0) / ({R['steps']} > 0)",
         ),
-        # The job's median busy time. For a two-rank job the median of two is their mean, which
-        # halves the gap (a rank 1.5x slower than its peer would read 1.2x): there the reference
-        # is the faster rank, i.e. the lower median, which is the median of the straggler's peers.
+        # The reference a rank is judged against: the median busy time of its peers. A median that
+        # holds the straggler itself is diluted by it (of two ranks, the median is their mean: a rank
+        # 1.25x slower than its peer would read 1.11x). The median of the ranks other than the
+        # slowest is, for every rank in the upper half (the only ones that can be stragglers), the
+        # median of that rank's peers, exactly, for 2 ranks or 2,000 (removing any one value above
+        # the median leaves the same median): the faster rank of a pair, the middle of three.
         Recording(
             REC["busy_median"],
-            f"(quantile by (job) (0.5, {busy}) unless on (job) (count by (job) ({busy}) == 2))"
-            f" or (min by (job) ({busy}) and on (job) (count by (job) ({busy}) == 2))",
+            f"quantile by (job) (0.5, {busy} unless topk by (job) (1, {busy}))",
         ),
         Recording(REC["straggler"], f"{busy} / on (job) group_left () ({REC['busy_median']} > 0)"),
     ]

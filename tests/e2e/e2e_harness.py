@@ -140,18 +140,19 @@ class Agent:
 # ------------------------------------------------------------------ training job
 @dataclass
 class Job:
-    """A 2-rank gloo DDP run of examples/train_ddp.py, one process per rank (env:// rendezvous,
-    no torchrun: two processes instead of three on a 2-core machine)."""
+    """A gloo DDP run of examples/train_ddp.py (2 ranks unless ``world`` says otherwise), one process
+    per rank (env:// rendezvous, no torchrun: no launcher process on a 2-core machine)."""
 
     name: str
     workdir: Path
     args: Sequence[str] = ()
     agent_ingest: Sequence[str] = ("udp://127.0.0.1:9946",)  # per rank (one per host in the netns case)
     master_addr: str = "127.0.0.1"
-    argv_prefix: Sequence[Sequence[str]] = ((), ())  # per rank: e.g. `ip netns exec ...`
-    local_ranks: Sequence[int] = (0, 1)  # (0, 0) when each rank is on its own host
+    argv_prefix: Sequence[Sequence[str]] = ()  # per rank: e.g. `ip netns exec ...`; none: ()
+    local_ranks: Sequence[int] = ()  # (0, 0) when each rank is on its own host; none: 0..world-1
     env: Mapping[str, str] = field(default_factory=dict)  # every rank
-    rank_env: Sequence[Mapping[str, str]] = ({}, {})  # per rank
+    rank_env: Sequence[Mapping[str, str]] = ()  # per rank; none: {}
+    world: int = 2
     train: Path = TRAIN
     procs: List[Proc] = field(default_factory=list)
     launched: float = 0.0  # monotonic
@@ -160,18 +161,19 @@ class Job:
         port = free_port()
         ckdir = self.workdir / f"ckpt-{self.name}"
         self.launched = time.monotonic()
-        for rank in range(2):
+        for rank in range(self.world):
             e = dict(os.environ)
             e.update({
-                "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2",
-                "LOCAL_RANK": str(self.local_ranks[rank]),
+                "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(port), "RANK": str(rank),
+                "WORLD_SIZE": str(self.world),
+                "LOCAL_RANK": str(self.local_ranks[rank] if self.local_ranks else rank),
                 "RANKSIGHT_JOB": self.name,
                 "RANKSIGHT_AGENT": self.agent_ingest[rank % len(self.agent_ingest)],
                 "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
             })
             e.update(self.env)
-            e.update(self.rank_env[rank])
-            argv = [*self.argv_prefix[rank], PYTHON, str(self.train), "--checkpoint-dir", str(ckdir),
+            e.update(self.rank_env[rank] if self.rank_env else {})
+            argv = [*(self.argv_prefix[rank] if self.argv_prefix else ()), PYTHON, str(self.train), "--checkpoint-dir", str(ckdir),
                     "--log-every", "0", *self.args]
             self.procs.append(Proc(argv, self.workdir / f"job-{self.name}-rank{rank}.log", env=e, cwd=REPO))
         return self

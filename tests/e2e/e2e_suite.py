@@ -29,7 +29,6 @@ log = logging.getLogger("tests.e2e")
 
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT = 90.0  # launch -> first step seen by Prometheus (torch import, gloo rendezvous)
-DETECT_LIMIT = 60.0  # the bound: the expected alert fires within 60 s of the fault
 SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to fire (their own for:)
 HEALTHY_WATCH = 30.0  # a healthy run is watched this long after its first step (rate window + for:)
 FAULT_AFTER = 3.0  # kill-rank / hang: seconds after the first step
@@ -55,6 +54,8 @@ class Case:
     hold: float = 0.0  # keep watching this long after the symptoms (a false page that comes late)
     also: Tuple[Tuple[str, Mapping[str, str]], ...] = ()  # compound faults: further causes, loud too
     sole: bool = False  # one cause with side effects on other signals: it alone is ever loud, triage names it alone
+    world: int = 2  # ranks (single-host cases)
+    detect_limit: float = 60.0  # the cause is active in Alertmanager within this many seconds of the fault
 
 
 @dataclass
@@ -78,6 +79,7 @@ class Observation:
     seconds: float = 0.0  # wall time of the case
     timeline: List[str] = field(default_factory=list)  # alerts of the job as Alertmanager showed them
     seen: set = field(default_factory=set)
+    cause_gaps: List[float] = field(default_factory=list)  # seconds after the fault when the cause was not active
 
     def explain(self) -> str:
         return (f"case {self.case} (job {self.job}): {self.error}\n"
@@ -93,12 +95,32 @@ CASES: Dict[str, Case] = {c.name: c for c in (
          symptoms=(("RanksightCommBound", R0),),
          # 6 ms per sequence read: rank 1 waits ~half its step on data, rank 0 ~half in the all-reduce
          args=("--slow-data-seconds", "0.006")),
-    Case("straggler", "straggler", "RanksightStraggler", R1, symptoms=(("RanksightCommBound", R0),)),
+    # The straggler matrix: the extra compute is a share of the rank's own measured compute per step,
+    # so each case means the same on a faster or slower machine. Each is named within 30 s and stays
+    # active while it is watched (hold).
+    # strong: twice as slow; its peer waits about half of every step (CommBound, muted by it)
+    Case("straggler", "straggler", "RanksightStraggler", R1, symptoms=(("RanksightCommBound", R0),),
+         args=("--straggler-extra", "1.0"), detect_limit=30.0, hold=15.0),
+    # mild: 25% slower; in a job of 2 ranks and of 4 (the peers' median is then of three). Four
+    # single-threaded ranks on 2 cores would share the CPU and read each other's slices as busy time
+    # (healthy ranks 0.86-1.12x of each other, the straggler's extra CPU diluted to 1.1-1.2x), so the
+    # 4-rank job is device-bound as on GPUs: 80 ms of each step is simulated device time (the host
+    # waits), and the straggler's device is 25% slower along with its host compute.
+    Case("straggler-mild", "straggler", "RanksightStraggler", R1, args=("--straggler-extra", "0.25"),
+         detect_limit=30.0, hold=15.0),
+    Case("straggler-mild-4", "straggler", "RanksightStraggler", R1, world=4, detect_limit=30.0, hold=15.0,
+         args=("--straggler-extra", "0.25", "--device-ms", "80", "--hidden", "128", "--batch-seqs", "8")),
+    # a straggler (1.5x) on a comm-heavy model (the comm-wide shape): even the straggler spends over
+    # 30% of its step in collectives, so the comm share pages too, as the job's own cost (comm="own")
+    Case("straggler-comm", "straggler", "RanksightCommBound", {},
+         also=(("RanksightStraggler", R1),), detect_limit=30.0, hold=15.0,
+         args=("--straggler-extra", "0.5", "--hidden", "1280", "--batch-seqs", "1", "--seq-len", "32",
+               "--optimizer", "sgd", "--checkpoint-every", "0")),
     Case("comm-heavy", "comm-heavy", "RanksightCommBound", {}),
     # Comm-bound by shape, not by fault: wide layers, a small batch, a ~60 ms step with comm over half
     # of it on both ranks. Scheduling noise moves the ranks' busy times apart by 20-50%; that must not
     # page as a straggler (which would mute the comm-bound page). Watched 30 s past detection.
-    Case("comm-wide", "none", "RanksightCommBound", {}, hold=30.0,
+    Case("comm-wide", "none", "RanksightCommBound", {}, hold=30.0, detect_limit=30.0,
          args=("--hidden", "1280", "--batch-seqs", "1", "--seq-len", "32", "--optimizer", "sgd",
                "--checkpoint-every", "0")),
     Case("kill-rank", "kill-rank", "RanksightRankDown", R1, symptoms=(("RanksightHeartbeatMissed", R1),),
@@ -138,7 +160,8 @@ CASES: Dict[str, Case] = {c.name: c for c in (
 # slow-data job mostly sleeps in its loader, so they share a group; the CPU-bound cases run
 # alone on the 2 cores so that one job does not distort another's step-time shares.
 GROUPS: Tuple[Tuple[str, ...], ...] = (
-    ("slow-data", "kill-rank", "hang", "desync"), ("straggler",), ("comm-heavy",), ("comm-wide",), ("slow-checkpoint",),
+    ("slow-data", "kill-rank", "hang", "desync"), ("straggler",), ("straggler-mild",), ("straggler-mild-4",),
+    ("straggler-comm",), ("comm-heavy",), ("comm-wide",), ("slow-checkpoint",),
     ("data+checkpoint",), ("straggler+checkpoint",), ("long-checkpoint",),
     ("healthy", "packet-loss"),  # the two-host cases, one after the other on the same hosts
 )
@@ -217,7 +240,7 @@ class Suite:
     # -------------------------------------------------------------- single host
     def _run_single_host(self, case: Case, obs: Observation) -> None:
         assert self.agent is not None
-        job = Job(name=f"e2e-{case.name}", workdir=self.dir, args=self._args(case),
+        job = Job(name=f"e2e-{case.name}", workdir=self.dir, args=self._args(case), world=case.world,
                   agent_ingest=(self.agent.ingest,), env=dict(case.env), train=case.train or Job.train)
         self._run_job(case, job, obs)
 
@@ -266,13 +289,16 @@ class Suite:
             fault_start = time.monotonic()
         want = {"job": job.name, **case.where}
 
+        def active(alerts: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+            return [a for a in alerts if a["labels"]["alertname"] == case.cause
+                    and all(a["labels"].get(k) == v for k, v in want.items()) and not a["status"]["inhibitedBy"]]
+
         def cause() -> List[Dict[str, Any]]:
             alerts = self._job_alerts(job.name)
             self._note(obs, alerts, fault_start)
-            return [a for a in alerts if a["labels"]["alertname"] == case.cause
-                    and all(a["labels"].get(k) == v for k, v in want.items()) and not a["status"]["inhibitedBy"]]
+            return active(alerts)
         try:
-            obs.cause_alerts = wait_for(cause, DETECT_LIMIT + 15 - (time.monotonic() - fault_start),
+            obs.cause_alerts = wait_for(cause, case.detect_limit + 15 - (time.monotonic() - fault_start),
                                          f"{case.cause} {want} in Alertmanager", POLL)
             obs.detect_s = time.monotonic() - fault_start
         except AssertionError as e:
@@ -282,10 +308,12 @@ class Suite:
         def find(alert: str, sel: Mapping[str, str]) -> List[Dict[str, Any]]:
             alerts = self._job_alerts(job.name)
             self._note(obs, alerts, fault_start)  # the timeline misses nothing while the symptoms come
+            if not active(alerts):  # the fault goes on: its cause must stay active
+                obs.cause_gaps.append(round(time.monotonic() - fault_start, 1))
             return [a for a in alerts if a["labels"]["alertname"] == alert and _labels_match(a["labels"], sel)]
 
         deadline = time.monotonic() + SYMPTOM_WAIT
-        also_deadline = fault_start + DETECT_LIMIT + 15  # each further cause has the same bound as the first
+        also_deadline = fault_start + case.detect_limit + 15  # each further cause has the same bound as the first
         for alert, labels in case.also:  # the other causes of a compound fault: loud
             sel = {"job": job.name, **labels}
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"
@@ -306,7 +334,7 @@ class Suite:
                 obs.symptoms[key] = am_find(self.stack, alert, **sel)  # absent or not inhibited: the test says which
         hold_until = time.monotonic() + case.hold
         while time.monotonic() < hold_until:  # the timeline keeps every alert seen meanwhile
-            self._note(obs, self._job_alerts(job.name), fault_start)
+            find(case.cause, want)
             time.sleep(POLL)
         obs.job_alerts = self._settled_alerts(job.name, obs, fault_start)
         self._triage(job.name, obs)

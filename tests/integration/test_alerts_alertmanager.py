@@ -60,6 +60,8 @@ def alert_labels(e: triage.Entry, job: str, node: str, rank: int, gpu: str = _EX
             labels["lint"] = "numa_binding"
         if "gpu" in e.joined:  # the rank's GPU, from ranksight_rank_gpu_info
             labels["gpu"] = gpu
+        if "comm" in e.joined:  # the straggler's, and a waiting rank's comm share
+            labels["comm"] = "waiting"
     elif e.alert == "RanksightTcpRetransmits":  # aggregated by node, joined with the job of its ranks
         labels = {"node": node, "job": job}
     elif e.alert == "RanksightCollectiveDesync":  # aggregated by the training job and process group
@@ -82,8 +84,9 @@ class Case:
 
 
 def _variant(t: triage.Entry, job: str, node: str, rank: int, differ: FrozenSet[str]) -> Labels:
-    return alert_labels(t, job + "x" if "job" in differ else job, node + "x" if "node" in differ else node,
-                        5 if "rank" in differ else rank, "7" if "gpu" in differ else _EXTRA["gpu"])
+    labels = alert_labels(t, job + "x" if "job" in differ else job, node + "x" if "node" in differ else node,
+                          5 if "rank" in differ else rank, "7" if "gpu" in differ else _EXTRA["gpu"])
+    return {**labels, "comm": "own"} if "comm" in differ else labels
 
 
 def build_cases(cfg: config.Config, tag: str) -> List[Case]:
@@ -100,7 +103,7 @@ def build_cases(cfg: config.Config, tag: str) -> List[Case]:
         job, node = f"{tag}job{k}", f"{tag}n{k}"
         s, t = by[source], by[target]
         union = sorted({label for eq in rules for label in eq})
-        assert set(union) <= {"job", "node", "rank", "gpu"}, f"no variant for {union}"
+        assert set(union) <= {"job", "node", "rank", "gpu", "comm"}, f"no variant for {union}"
         rank = 0 if "rank" in union else 1  # "the other ranks of its job", unless a rule is per rank
         case = Case(f"{source} -> {target} on {rules}", alert_labels(s, job, node, 0))
         for differ in [frozenset()] + [frozenset([label]) for label in union] + [frozenset(union)]:
@@ -241,6 +244,16 @@ def test_the_main_pairs_by_name(alertmanager):
                           muted=[alert_labels(by[target], job, node, 1)],
                           free=[alert_labels(by[target], job + "x", node + "x", 1)]))
     _check(alertmanager, cases)
+
+
+def test_a_straggler_mutes_only_the_comm_share_that_waits_for_it(alertmanager):
+    """A straggler mutes its job's comm share where the ranks wait for it (comm="waiting"); a job
+    communication-bound by itself (comm="own") keeps that page beside the straggler's."""
+    by = triage.by_alert(config.load(None, "default", env={}))
+    strag, comm = by["RanksightStraggler"], by["RanksightCommBound"]
+    own = {**alert_labels(comm, "wide", "hostA", 0), "comm": "own"}
+    _check(alertmanager, [Case("straggler on a comm-heavy job", alert_labels(strag, "wide", "hostA", 1),
+                               muted=[alert_labels(comm, "wide", "hostA", 0)], free=[own])])
 
 
 def test_retransmits_on_one_host_mute_comm_share_on_every_host_of_the_job(alertmanager):
