@@ -3,7 +3,9 @@
 The dashboards are built with grafana-foundation-sdk (``build.py``) from the triage
 table and the metric catalog, rendered as Grafana's classic JSON model and written
 with sorted keys so that a fresh render can be compared byte for byte with the
-committed files.
+committed files. ``ranksight dashboards`` writes into ``--out DIR`` (default
+``./run/dashboards``); ``--in-place`` refreshes the committed ``dashboards/*.json``, the
+render of the built-in defaults (it refuses any other config).
 
 Pure helpers for tests and benchmarks:
 - ``render(cfg)``: file name -> dashboard JSON model;
@@ -19,15 +21,17 @@ import argparse
 import json
 import logging
 import re
-import sys
+import shlex
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from ranksight import cli
 from ranksight import config as rconfig
 
 log = logging.getLogger(__name__)
 
-OUT_DIR = Path(__file__).resolve().parent  # dashboards/ in a checkout (editable install)
+COMMITTED_DIR = Path(__file__).resolve().parent  # dashboards/ of a checkout: what --in-place writes
+OUT_DIR = COMMITTED_DIR  # the name ranksight.report reads the committed dashboards by
 FILES = ("ranksight-triage.json", "ranksight-ranks.json", "ranksight-node.json")
 SDK_PIN = "grafana-foundation-sdk>=0.0.21,<0.1"
 
@@ -140,10 +144,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", default=None,
                    help="ranksight config YAML (thresholds drawn on the panels); default: built-in defaults "
                         "or $RANKSIGHT_CONFIG")
-    p.add_argument("--out", metavar="DIR", default=str(OUT_DIR),
-                   help=f"directory to write {', '.join(FILES)} into (default: {OUT_DIR})")
+    cli.add_output_arguments(p, "dashboards", COMMITTED_DIR)
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if a file in --out differs from a fresh render")
+                   help="write nothing; exit 1 if a file in the output folder differs from a fresh render")
+
+
+def _rerun(args: argparse.Namespace, out: Path) -> str:
+    """The command that refreshes what --check found stale."""
+    where = "--in-place" if args.in_place else f"--out {shlex.quote(str(out))}"
+    return f"ranksight dashboards{f' --config {shlex.quote(args.config)}' if args.config else ''} {where}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,9 +160,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         models = render(cfg)
     except SdkMissing as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
+        return cli.error(str(e))
+    try:
+        out = cli.output_dir(args, "dashboards", COMMITTED_DIR, cli.departures(cfg, args), check=args.check)
+    except cli.OutputError as e:
+        return cli.error(str(e))
     if args.check:
         stale = []
         for name, model in models.items():
@@ -165,12 +176,11 @@ def run(args: argparse.Namespace) -> int:
             if not same:
                 stale.append(str(path))
         if stale:
-            print(f"stale dashboards (run `ranksight dashboards`): {', '.join(stale)}")
+            print(f"stale dashboards (run `{_rerun(args, out)}`): {', '.join(stale)}")
             return 1
         print(f"dashboards up to date in {out}")
         return 0
     try:
-        out.mkdir(parents=True, exist_ok=True)
         for name, model in models.items():
             path = out / name
             tmp = path.with_suffix(".json.tmp")
@@ -178,6 +188,5 @@ def run(args: argparse.Namespace) -> int:
             tmp.replace(path)
             print(f"wrote {path} ({sum(1 for _ in panels(model))} panels)")
     except OSError as e:
-        print(f"ranksight: error: cannot write dashboards to {out}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return cli.error(f"cannot write dashboards to {out}: {e.strerror or e}")
     return 0

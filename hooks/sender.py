@@ -102,8 +102,8 @@ class Background:
         d = selfcheck.dirs(self.settings.log_dir, self.settings.checkpoint_dir)
         info = selfcheck.collect(d, self.backend)
         self.selfcheck = info
-        line = "ranksight: self-check rank %d: %s; agent %s" % (self.identity.rank, selfcheck.describe(info),
-                                                               self.settings.agent)
+        line = "ranksight: self-check rank %d: %s; agent %s; %s" % (
+            self.identity.rank, selfcheck.describe(info), self.settings.agent, self.identity.job_line())
         if self.identity.local_rank == 0:
             if logging.getLogger().hasHandlers():
                 log.info(line)

@@ -5,6 +5,11 @@ Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 are the user's (config, ports, unreachable Prometheus) also print one line and
 exit 2. Every such line starts with ``ERROR_PREFIX``: subcommands print it with
 ``error(message)``.
+
+The generators (``rules``, ``dashboards``, ``k8s``) share their output options here
+(``add_output_arguments``, ``output_dir``): they write to ``--out DIR``, by default
+``./run/<name>`` under the current directory, and into the checkout's committed files only
+with ``--in-place``, which renders nothing but the built-in defaults.
 """
 from __future__ import annotations
 
@@ -12,8 +17,10 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import sys
-from typing import List, Optional
+from pathlib import Path
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from . import __version__
 from .config import ConfigError
@@ -25,6 +32,96 @@ def error(message: str, code: int = 2) -> int:
     """Print the one error line of a subcommand (to stderr) and return its exit status."""
     print(ERROR_PREFIX + message, file=sys.stderr)
     return code
+
+
+# ------------------------------------------------------------------ the generators' output folder
+# Where `ranksight rules|dashboards|k8s` write without --out: run/<name> under the current
+# directory, beside `ranksight stack`'s run/stack (run/ is git-ignored at a checkout's root).
+RUN_ROOT = Path("run")
+
+
+class OutputError(Exception):
+    """One line about --out or --in-place; the generator prints it with error() (exit 2)."""
+
+
+def _checkout_root(committed: Path) -> Optional[Path]:
+    """The checkout holding a committed folder (alerts/, dashboards/, deploy/kubernetes/): the
+    folder above this package when it has the pyproject.toml, as an editable install does. An
+    installed package has none, and no committed files to refresh."""
+    root = Path(__file__).resolve().parents[1]
+    if (root / "pyproject.toml").is_file() and root in committed.resolve().parents:
+        return root
+    return None
+
+
+def committed_label(committed: Path) -> str:
+    """alerts/, dashboards/ or deploy/kubernetes/: the committed folder as the README names it."""
+    root = _checkout_root(committed)
+    return (committed.relative_to(root).as_posix() if root else str(committed)) + "/"
+
+
+def add_output_arguments(p: argparse.ArgumentParser, name: str, committed: Path) -> None:
+    """--out DIR (default ./run/NAME) and --in-place (the committed folder of this checkout)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--out", metavar="DIR", type=Path, default=None,
+                   help=f"output folder (default: ./{RUN_ROOT / name}, under the current directory)")
+    g.add_argument("--in-place", action="store_true",
+                   help=f"write this checkout's committed {committed_label(committed)} instead: only the render "
+                        "of the built-in defaults, which is what they hold")
+
+
+def departures(cfg: Mapping[str, Any], args: Any, flags: Sequence[Tuple[str, Any, Any]] = ()) -> List[str]:
+    """What makes this render differ from the committed one: flags given as (flag, value, default)
+    that are not at their default, then each config key whose effective value is not the built-in
+    default, with where it came from."""
+    from . import config
+
+    out = [f"{flag} {value}" for flag, value, default in flags if value != default]
+    if out:
+        return out
+    base = config.load(None, "default", env={})
+    env = {k.lower(): k for k in os.environ if k.startswith("RANKSIGHT__")}
+    for section, keys in cfg.items():
+        for key, value in keys.items():
+            if value == base[section][key]:
+                continue
+            source = env.get(f"ranksight__{section}__{key}".lower())
+            if not source and getattr(args, "config", None):
+                source = f"--config {args.config}"
+            elif not source:
+                source = f"$RANKSIGHT_CONFIG {os.environ.get('RANKSIGHT_CONFIG', '')}".rstrip()
+            out.append(f"{section}.{key}={value} from {source}")
+    return out
+
+
+def output_dir(args: Any, name: str, committed: Path, differs: Sequence[str] = (), check: bool = False) -> Path:
+    """The folder a generator writes into (with check=True: compares against, creating nothing):
+    --out, else the committed folder with --in-place, else ./run/NAME. ``differs`` is departures():
+    the committed folder takes only the defaults' render. Raises OutputError (one line)."""
+    label = committed_label(committed)
+    if getattr(args, "in_place", False):
+        if _checkout_root(committed) is None:
+            raise OutputError(f"--in-place: {committed} is not in a ranksight checkout (an installed "
+                              "package has no committed files); write with --out DIR")
+        out, flag = committed, "--in-place"
+    else:
+        out = args.out if args.out is not None else RUN_ROOT / name
+        flag = f"--out {out}"
+    if differs and out.resolve() == committed.resolve():
+        shown = ", ".join(differs[:3]) + (", ..." if len(differs) > 3 else "")
+        raise OutputError(f"{flag}: the committed {label} is the render of the built-in defaults, "
+                          f"not of {shown}; write this render elsewhere with --out DIR")
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{flag}: {out} is not a directory")
+    if check:
+        return out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{flag}: cannot create {out}: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise OutputError(f"{flag}: {out} is not writable")
+    return out
 
 
 # name -> (module, one-line help)

@@ -2,10 +2,12 @@
 triage table, the catalog-built dashboards and the config.
 
 ``render(cfg, namespace, image)`` is pure and deterministic: it maps paths relative to the
-output folder (default ``deploy/kubernetes/``) to their text. The committed files are
-``render()`` of the default profile; a test fails when they differ (``ranksight k8s`` refreshes
-them). Every folder is a kustomize base (``kubectl kustomize deploy/kubernetes/agent``); the
-top-level ``kustomization.yaml`` takes them all.
+output folder to their text. ``ranksight k8s`` writes into ``--out DIR`` (default
+``./run/k8s``). The committed files under ``deploy/kubernetes/`` are ``render()`` of the
+built-in defaults (profile, config, namespace and image); a test fails when they differ, and
+``ranksight k8s --in-place`` refreshes them (it refuses anything else). Every folder is a
+kustomize base (``kubectl kustomize deploy/kubernetes/agent``); the top-level
+``kustomization.yaml`` takes them all.
 
 Files:
   namespace.yaml                the namespace every object lives in (``--namespace``)
@@ -39,17 +41,18 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
+import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
 import yaml
 
-from ranksight import __version__, config, triage
+from ranksight import __version__, cli, config, triage
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
 
-OUT_DIR = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"  # in a checkout
+# deploy/kubernetes/ of a checkout: what --in-place writes
+COMMITTED_DIR = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 NAMESPACE = "ranksight"
 IMAGE = f"ranksight-agent:{__version__}"
 APP = triage.SCRAPE_JOB  # Service name = the job label prometheus-operator gives the scrape targets
@@ -447,11 +450,15 @@ def kustomizations(files: Mapping[str, str]) -> Dict[str, Dict[str, Any]]:
 
 
 def stale(files: Mapping[str, str], out: Path) -> List[str]:
-    """Paths under out that differ from files, or that this generator wrote and no longer renders."""
+    """Paths under out that differ from files, or that this generator wrote and no longer renders.
+    Only the generator's own layout is looked at (out/*.yaml, the bases' folders, examples/), so an
+    --out above another render (deploy/ above deploy/kubernetes/) leaves that render alone."""
     bad = [p for p, text in files.items() if not (out / p).is_file() or (out / p).read_text() != text]
     mark = HEADER.split("(", 1)[0]
-    extra = [p.relative_to(out).as_posix() for p in sorted(out.rglob("*.yaml"))
-             if p.read_text(errors="replace").startswith(mark)]
+    mine = [*out.glob("*.yaml"), *(f for b in BASES for f in (out / b).glob("*.yaml")),
+            *(out / "examples").rglob("*.yaml")]
+    extra = [p.relative_to(out).as_posix() for p in sorted(mine)
+             if p.is_file() and p.read_text(errors="replace").startswith(mark)]
     return bad + [p for p in extra if p not in files]
 
 
@@ -463,38 +470,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", default=NAMESPACE, metavar="NS",
                    help=f"namespace of every object, and the namespace label of every alert (default {NAMESPACE})")
     p.add_argument("--image", default=IMAGE, metavar="REF", help=f"the agent's image (default {IMAGE})")
-    p.add_argument("--out", metavar="DIR", type=Path, default=OUT_DIR,
-                   help=f"output folder (default: {OUT_DIR}, where the committed files live)")
+    cli.add_output_arguments(p, "k8s", COMMITTED_DIR)
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if a file in --out differs from a fresh render")
+                   help="write nothing; exit 1 if a file in the output folder differs from a fresh render")
 
 
 def _valid_name(ns: str) -> bool:
     return bool(re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", ns))
 
 
+def _rerun(args: argparse.Namespace, out: Path) -> str:
+    """The command that refreshes what --check found stale."""
+    given = (("config", args.config, None), ("profile", args.profile, "default"),
+             ("namespace", args.namespace, NAMESPACE), ("image", args.image, IMAGE))
+    flags = [f"--{k} {shlex.quote(str(v))}" for k, v, default in given if v != default]
+    flags.append("--in-place" if args.in_place else f"--out {shlex.quote(str(out))}")
+    return " ".join(["ranksight k8s", *flags])
+
+
 def run(args: argparse.Namespace) -> int:
     if not _valid_name(args.namespace):
-        print(f"ranksight: error: --namespace {args.namespace!r}: expected a DNS label "
-              "(lower-case letters, digits and '-', at most 63)", file=sys.stderr)
-        return 2
+        return cli.error(f"--namespace {args.namespace!r}: expected a DNS label "
+                         "(lower-case letters, digits and '-', at most 63)")
     if not args.image.strip() or any(c.isspace() for c in args.image):
-        print(f"ranksight: error: --image {args.image!r}: expected an image reference", file=sys.stderr)
-        return 2
+        return cli.error(f"--image {args.image!r}: expected an image reference")
     cfg = config.load(args.config, args.profile)
     try:
         files = render(cfg, args.namespace, args.image)
     except ImportError as e:  # the dashboards need grafana-foundation-sdk
-        print(f"ranksight: error: cannot render the dashboards: {e}", file=sys.stderr)
-        return 2
+        return cli.error(f"cannot render the dashboards: {e}")
     except RuntimeError as e:  # dashboards.generate.SdkMissing
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
+        return cli.error(str(e))
+    differs = cli.departures(cfg, args, [("--profile", args.profile, "default"),
+                                         ("--namespace", args.namespace, NAMESPACE), ("--image", args.image, IMAGE)])
+    try:
+        out = cli.output_dir(args, "k8s", COMMITTED_DIR, differs, check=args.check)
+    except cli.OutputError as e:
+        return cli.error(str(e))
     if args.check:
         bad = stale(files, out)
         if bad:
-            print(f"stale Kubernetes manifests in {out} (run `ranksight k8s`): {', '.join(bad)}")
+            print(f"stale Kubernetes manifests in {out} (run `{_rerun(args, out)}`): {', '.join(bad)}")
             return 1
         print(f"Kubernetes manifests up to date in {out}")
         return 0
@@ -508,8 +524,7 @@ def run(args: argparse.Namespace) -> int:
         for p in stale(files, out):
             (out / p).unlink()  # generated YAML no longer rendered (a dashboard that went away)
     except OSError as e:
-        print(f"ranksight: error: cannot write to {out}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return cli.error(f"cannot write to {out}: {e.strerror or e}")
     print(f"wrote {len(files)} files to {out} (namespace {args.namespace}, profile {args.profile})")
     secrets = secret_files(cfg)
     if secrets:

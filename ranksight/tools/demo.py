@@ -40,6 +40,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 from .. import catalog, config, triage
 from ..cli import error
 from .plumbing import ApiError, free_port, port_in_use, set_pdeathsig, wait_until
+from .triage_text import runbook_path
 from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, LocalStack, MissingBinary,
                     StackError, render_alert_files)
 
@@ -57,7 +58,7 @@ FAULT_HELP: Dict[str, str] = {
 }
 FAULTS = tuple(FAULT_HELP)
 DEFAULT_FAULT = "straggler"
-DEMO_STRAGGLER_EXTRA = 2.0  # the straggler's extra compute per step, as a share of its forward+backward
+DEMO_STRAGGLER_EXTRA = 2.0  # the straggler's extra compute per step, as a share of its own measured compute
 # fault -> (triage entries whose alerts name it, does the alert sit on the faulty rank?, what was injected)
 EXPECTED_ENTRIES: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
     "slow-data": (("dataloader-bound",), True, "rank {r}'s dataset sleeps on every read"),
@@ -579,9 +580,9 @@ def _verdict(args: argparse.Namespace, cfg: Mapping, stack: Optional[LocalStack]
         say(f"         it mutes: {', '.join(sorted(f'{s.name} on {s.where}' for s in muted))}")
     entry = triage.by_alert(cfg).get(hit.name)
     if entry is not None:
-        local = Path(__file__).resolve().parents[2] / "alerts" / "runbooks" / f"{entry.id}.md"
         say(f"         next: {entry.next_check}")
-        say(f"         runbook: {local if local.is_file() else entry.runbook} ({entry.diagnosis})")
+        local = runbook_path(entry)
+        say(f"         runbook: {entry.runbook}{f' (local copy: {local})' if local else ''} ({entry.diagnosis})")
     return 0
 
 

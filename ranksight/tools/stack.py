@@ -4,10 +4,12 @@ It runs Debian's ``/usr/bin/prometheus`` and ``/usr/bin/prometheus-alertmanager`
 loopback with their data in a run directory (default ``./run/stack``). Prometheus
 gets a copy of ``deploy/prometheus.yml`` rendered with the local targets, ports and
 rules path; the rules and ``alertmanager.yml`` are rendered from the triage table
-(``ranksight.alerts.generate.render``) for the chosen profile. ``up`` daemonizes
-(pid files in the run dir), waits for both ``/-/ready`` and prints the URLs;
+(``ranksight.alerts.generate.render``) for the chosen profile into the run directory, never
+into the checkout's committed ``alerts/``.
+``up`` daemonizes (pid files in the run dir), waits for both ``/-/ready`` and prints the URLs
+and the shortest command that stops them from the current directory (``stack_command``);
 ``down`` stops them (TERM, then KILL after 10 s); ``status`` says what runs
-(exit 0 all running, 1 partly, 3 nothing).
+(exit 0 all running, 1 partly, 3 nothing). Without ``--run-dir`` each acts on ``./run/stack``.
 
 Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; torch-free):
 
@@ -47,6 +49,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -76,6 +79,7 @@ RULES_FILE = "ranksight-rules.yml"
 ALERTMANAGER_FILE = "alertmanager.yml"
 TEMPLATES_DIR = "templates"  # Alertmanager notification templates, beside alertmanager.yml
 DEFAULT_TARGET = "127.0.0.1:9945"
+DEFAULT_RUN_DIR = "run/stack"  # relative to the current directory
 DEFAULT_PROMETHEUS_PORT = 9090
 DEFAULT_ALERTMANAGER_PORT = 9093
 
@@ -421,8 +425,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = "exit status: 0 ok (status: both running), 1 status: one running, 3 status: none running, 2 error"
     p.add_argument("action", choices=("up", "down", "status"),
                    help="up: start and wait until ready; down: stop; status: say what runs")
-    p.add_argument("--run-dir", default="run/stack", metavar="DIR",
-                   help="configs, data, logs and pid files (default ./run/stack)")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR, metavar="DIR",
+                   help=f"configs, rendered rules, data, logs and pid files (default ./{DEFAULT_RUN_DIR})")
     p.add_argument("--config", metavar="FILE", help="YAML config file for the rules (default: $RANKSIGHT_CONFIG)")
     p.add_argument("--profile", default="default", choices=sorted(config.PROFILES),
                    help="rules profile: default, or test (short `for:` and windows; scrapes every 5 s)")
@@ -457,6 +461,16 @@ def _status_lines(stack: LocalStack) -> List[str]:
         except (ApiError, OSError, urllib.error.URLError, ValueError) as e:
             lines.append(f"prometheus API: {e}")
     return lines
+
+
+def stack_command(action: str, run_dir: os.PathLike) -> str:
+    """The shortest `ranksight stack ACTION` that reaches run_dir from the current directory:
+    no --run-dir for the default one, else the shorter of its relative and absolute paths."""
+    d = Path(run_dir).resolve()
+    if d == Path(DEFAULT_RUN_DIR).resolve():
+        return f"ranksight stack {action}"
+    rel = os.path.relpath(d)
+    return f"ranksight stack {action} --run-dir {shlex.quote(min(rel, str(d), key=len))}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -498,7 +512,7 @@ def _run(args: argparse.Namespace) -> int:
         raise StackError(f"--scrape-interval {interval!r}: expected a duration like 5s or 1m")
     previous = LocalStack.attach(run_dir)
     if any(previous.pids().values()):
-        print(f"ranksight stack: already running in {run_dir} (ranksight stack down --run-dir {run_dir} first)")
+        print(f"ranksight stack: already running in {run_dir} ({stack_command('down', run_dir)} first)")
         for line in _status_lines(previous):
             print(line)
         return 0
@@ -510,5 +524,5 @@ def _run(args: argparse.Namespace) -> int:
     print(f"prometheus    {stack.prom_url}   (pid {stack.pids()['prometheus']}, rules: profile {args.profile})")
     print(f"alertmanager  {stack.am_url}   (pid {stack.pids()['alertmanager']})")
     print(f"scraping      {', '.join(targets)} every {interval}; data and logs in {stack.run_dir}")
-    print(f"stop with     ranksight stack down --run-dir {args.run_dir}")
+    print(f"stop with     {stack_command('down', stack.run_dir)}")
     return 0

@@ -5,7 +5,14 @@ signals in order, then the extra causes, then the symptoms. For every entry it
 asks Prometheus for the alert expression without its ``for:`` (which series are
 abnormal now, or at any point of ``--since``) and for the entry's indicator (the
 value to print). A job can be slow long before an alert's ``for:`` elapses, so
-the verdict comes from the indicators; firing ``ALERTS`` are shown beside them.
+the verdict comes from the alert's condition, not from whether the alert fires yet;
+firing and pending ``ALERTS`` are shown beside it.
+
+An indicator past its headline threshold whose alert condition does not hold (the
+alert needs more: the straggler's extra time must be a real share of the step, a
+young job's goodput is not judged) keeps the verdict "ok" in JSON, with
+``threshold_crossed`` true and the reason in ``not_alerting``; the text reads "watch".
+Every check's ``status`` in JSON is the text's verdict column (with names in full).
 
 A symptom whose known cause is also abnormal is reported as explained by that
 cause, using the same relation Alertmanager uses to mute it (the entries'
@@ -13,6 +20,11 @@ cause, using the same relation Alertmanager uses to mute it (the entries'
 explained by rank 1 being a straggler; rank 0 blocked in a collective is
 explained by rank 1 being stalled. The first abnormal entry that nothing
 explains is the cause.
+
+``--job`` of a job that has no series now (it ended, or its agent is gone) is looked
+up the way ``ranksight report`` finds runs, within LOOKBACK: it is triaged as of
+its last data, and a line says so. The monitoring's own health (an agent Prometheus
+cannot scrape) is judged now, whatever ``--since`` or the job's end.
 
 Exit status: 0 healthy, 1 a problem was found, 2 usage error or Prometheus
 unreachable (one line on stderr).
@@ -25,20 +37,26 @@ import math
 import re
 import sys
 import time
+import urllib.error
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import catalog as C
 from .. import config, triage
 from ..cli import error
+from ..report import make as report_runs
 from ..triage import Entry
-from .plumbing import ApiError, PrometheusAPI, Sample
+from . import triage_text as T
+from .plumbing import ApiError, PrometheusAPI, Sample, http_get
 
 WALK_KINDS = ("signal", "cause", "symptom")  # what can be "the cause"; lints and health are notes
 # Symptoms of waiting on peers in collectives: a cause on any node of the job explains them (see Walk._explain).
 JOB_WIDE_SYMPTOMS = frozenset(e.alert for e in triage.table(config.defaults()) if e.id in ("comm-bound", "rank-blocked"))
-_SHOWN_LABELS = ("job", "node", "rank", "gpu", "device", "path", "instance", "collector", "lint", "xid")
+# How far back `--job` looks for a job that has no series now (`ranksight report --lookback`'s default).
+LOOKBACK = "7d"
+SEARCH = ("1h", "1d", LOOKBACK)  # the ranges searched for its last data, in turn
+PROMETHEUS_HINT = "point --prometheus at Prometheus (it listens on :9090 by default: http://localhost:9090)"
 
 
 class TriageError(ApiError):
@@ -63,6 +81,32 @@ def connect(url: str, timeout: float) -> PrometheusAPI:
         raise TriageError(f"--prometheus: {e}") from None
 
 
+def not_prometheus(prom: PrometheusAPI, err: ApiError) -> str:
+    """The one line for the first query's failure: ``err`` as it is when the URL is unreachable or is a
+    Prometheus that refused; when the URL answers HTTP but not as a Prometheus API, that, and whether
+    it looks like a ranksight agent (its /metrics serves ranksight series)."""
+    try:
+        doc = json.loads(http_get(f"{prom.url}/api/v1/status/buildinfo", prom.timeout))
+        if isinstance(doc, dict) and doc.get("status") == "success":
+            return str(err)  # a Prometheus API: it refused the query itself
+    except urllib.error.HTTPError:
+        pass  # it answers, but has no Prometheus API
+    except (urllib.error.URLError, OSError):
+        return str(err)  # unreachable: err says so
+    except ValueError:
+        pass  # it answers, but not with JSON
+    metrics = b""
+    for url in [f"{prom.url}/metrics"] + ([prom.url] if prom.url.endswith("/metrics") else []):
+        try:
+            metrics += http_get(url, prom.timeout)
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+    if re.search(rb"^ranksight_\w+", metrics, re.M):
+        return (f"{prom.url} answers but is not a Prometheus API: it looks like a ranksight agent "
+                f"(it serves ranksight series on /metrics); {PROMETHEUS_HINT}")
+    return f"{prom.url} answers but is not a Prometheus API ({err}); {PROMETHEUS_HINT}"
+
+
 # ------------------------------------------------------------------ the walk
 @dataclass
 class Finding:
@@ -85,6 +129,13 @@ class Check:
     series: int  # how many indicator series were seen
     findings: List[Finding]
     firing: List[Dict[str, str]]  # firing ALERTS series of this entry
+    pending: List[Dict[str, str]] = field(default_factory=list)  # pending ALERTS series (inside their `for:`)
+    not_alerting: Optional[str] = None  # why no alert condition holds while the worst value is past the threshold
+
+    @property
+    def crossed(self) -> bool:
+        """The worst indicator value is past the headline threshold (over it, or under it for "<")."""
+        return T.crosses(self.entry, self.worst.value if self.worst else None)
 
     @property
     def verdict(self) -> str:
@@ -93,7 +144,7 @@ class Check:
                 return "explained"
             return "abnormal"
         if self.firing:
-            return "firing"  # the alert still fires but the indicator recovered (or its window differs)
+            return "firing"  # the alert still fires but its condition no longer holds (or its window differs)
         return "ok" if self.series else "no data"
 
 
@@ -108,6 +159,8 @@ class Report:
     causes: List[Finding]
     notes: List[str]
     places: List[str] = field(default_factory=list)  # where the stalled ranks are, and what the blocked ones wait in
+    ended: Optional[str] = None  # the line saying the job ended and when (triaged as of its last data)
+    ended_at: Optional[float] = None
 
     @property
     def healthy(self) -> bool:
@@ -129,44 +182,23 @@ def _over(expr: str, since: Optional[str], fn: str) -> str:
     return expr if not since else f"{fn}(({expr})[{since}:])"
 
 
-def _fmt_value(v: Optional[float], unit: str, multiple: bool = False) -> str:
-    if v is None:
-        return "-"
-    if unit == "ratio":
-        return f"{v:.2f}x" if multiple else f"{v:.1%}"
-    if unit == "seconds":
-        return f"{v:.3g} s" if v < 120 else f"{v / 60:.1f} min"
-    if unit == "bytes":
-        for suffix, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-            if abs(v) >= div:
-                return f"{v / div:.3g} {suffix}"
-        return f"{v:g} B"
-    if unit == "per_minute":
-        return f"{v:.3g}/min"
-    return f"{v:.4g}"
+def _quote(value: str) -> str:
+    """A PromQL string literal (JSON's escapes are PromQL's)."""
+    return json.dumps(value)
 
 
-def _fmt_threshold(e: Entry) -> str:
-    if e.threshold is None:
-        return "below max"
-    if e.unit == "bool":
-        return "== 0" if e.op == "<" else "== 1"
-    return f"{e.op} {_fmt_value(e.threshold, e.unit, _multiple(e))}"
+def _ts(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
-def _multiple(e: Entry) -> bool:
-    """A ratio to a reference (the straggler's 1.2x the job median), not a share of 1."""
-    return e.unit == "ratio" and e.threshold is not None and e.threshold >= 1
+def _ago(seconds: float) -> str:
+    m = seconds / 60
+    return f"{seconds:.0f} s" if seconds < 120 else f"{m:.0f} min" if m < 120 else f"{m / 60:.1f} h"
 
 
-def _fmt_labels(labels: Mapping[str, str]) -> str:
-    return " ".join(f"{k}={labels[k]}" for k in _SHOWN_LABELS if labels.get(k, "") != "")
-
-
-def _where(e: Entry, labels: Mapping[str, str], show_job: bool = True) -> str:
-    """The labels that say where: the entry's scope (job only when not triaging one job)."""
-    keep = [k for k in e.scope if show_job or k != "job"]
-    return _fmt_labels({k: v for k, v in labels.items() if k in keep})
+def _minutes(seconds: float) -> str:
+    """A --since that covers ``seconds``: whole minutes, rounded up."""
+    return f"{max(1, math.ceil(seconds / 60))}m"
 
 
 class Walk:
@@ -203,14 +235,18 @@ class Walk:
             out.setdefault(s.labels.get("job", ""), set()).add(s.labels.get("node", ""))
         return out
 
-    def _firing(self) -> Dict[str, List[Dict[str, str]]]:
-        sel = 'ALERTS{alertstate="firing",alertname=~"Ranksight.*"}'
-        out: Dict[str, List[Dict[str, str]]] = {}
+    def _alerts(self) -> Tuple[Dict[str, List[Dict[str, str]]], Dict[str, List[Dict[str, str]]]]:
+        """(firing, pending) ALERTS series by alert name."""
+        sel = 'ALERTS{alertname=~"Ranksight.*"}'
+        out: Dict[str, Dict[str, List[Dict[str, str]]]] = {"firing": {}, "pending": {}}
         for s in self.q(_over(sel, self.since, "max_over_time")):
-            out.setdefault(s.labels.get("alertname", ""), []).append(s.labels)
-        return out
+            state = out.get(s.labels.get("alertstate", ""))
+            if state is not None:
+                state.setdefault(s.labels.get("alertname", ""), []).append(s.labels)
+        return out["firing"], out["pending"]
 
-    def check(self, e: Entry, firing: Dict[str, List[Dict[str, str]]]) -> Check:
+    def check(self, e: Entry, firing: Dict[str, List[Dict[str, str]]],
+              pending: Optional[Dict[str, List[Dict[str, str]]]] = None) -> Check:
         fn_worst = "max_over_time" if e.op == ">" else "min_over_time"
         ind = [s for s in self.q(_over(e.indicator, self.since, fn_worst)) if self._keep(e, s.labels)]
         bad = [s for s in self.q(_over(e.expr, self.since, "max_over_time")) if self._keep(e, s.labels)]
@@ -223,6 +259,8 @@ class Walk:
             i = by_scope.get(s.key(e.scope))
             labels = dict(i.labels if i else s.labels)
             labels.update({k: s.labels[k] for k in _joined(e) if k in s.labels})  # e.g. the node's training job
+            # and the labels the alert adds (comm="waiting", category=...): inhibitions match on them
+            labels.update({k: v for k, v in s.labels.items() if k not in labels and k != "__name__"})
             findings.append(Finding(e, labels, i.value if i else None))
         fired = [l for l in firing.get(e.alert, []) if self._keep(e, l)]
         # the places whose alert fired first (what Alertmanager pages), then the worst value: an
@@ -230,41 +268,119 @@ class Walk:
         paged = {tuple(l.get(n, "") for n in e.scope) for l in fired}
         findings.sort(key=lambda f: (tuple(f.labels.get(n, "") for n in e.scope) not in paged, f.value is None,
                                      -(f.value or 0) if e.op == ">" else (f.value or 0)))
-        return Check(e, worst, len(ind), findings, fired)
+        waiting = [l for l in (pending or {}).get(e.alert, []) if self._keep(e, l)
+                   and tuple(l.get(n, "") for n in e.scope) not in paged]
+        c = Check(e, worst, len(ind), findings, fired, waiting)
+        if not findings and c.crossed:
+            c.not_alerting = T.gate(e, self.cfg)
+        return c
 
     def run(self) -> Report:
-        jobs = self._jobs()
+        try:
+            jobs = self._jobs()
+        except ApiError as e:
+            raise TriageError(not_prometheus(self.prom, e)) from None
         notes: List[str] = []
+        ended: Optional[Tuple[str, float]] = None
         if self.job is not None:
             if self.job not in jobs:
-                known = ", ".join(sorted(jobs)) or "none"
-                when = f" in the last {self.since}" if self.since else ""
-                raise TriageError(f"no ranksight series for job {self.job!r} in Prometheus{when} (jobs seen: {known})")
-            self.nodes = jobs[self.job]
+                ended = self._ended()
+                jobs = self._jobs()  # as of the job's last data
+            self.nodes = jobs.get(self.job, set())
         elif not jobs:
             notes.append("no rank reports any data (is a watched job running and its node agent scraped?)")
-        firing = self._firing()
+        firing, pending = self._alerts()
         table = triage.table(self.cfg)
         notes += self._rules_mismatch(table)
         rank = {k: i for i, k in enumerate(WALK_KINDS)}
         walk = sorted((e for e in table if e.kind in WALK_KINDS),
                       key=lambda e: (rank[e.kind], e.order))  # stable: table order within a kind
-        checks = [self.check(e, firing) for e in walk]
+        checks = [self.check(e, firing, pending) for e in walk]
         self._explain([f for c in checks for f in c.findings], jobs)
         causes = [f for c in checks for f in c.findings if not f.explained_by]
         for e in table:
-            if e.kind in ("lint", "health"):
-                c = self.check(e, firing)
-                for f in c.findings:
-                    what = "" if e.kind == "lint" else "monitoring blind spot: "  # a lint's summary says "Setup lint"
-                    notes.append(f"{what}{e.summary} ({_where(e, f.labels, show_job=self.job is None)})")
+            if e.kind == "lint":
+                for f in self.check(e, firing).findings:  # a lint's summary says "Setup lint"
+                    notes.append(f"{e.summary} ({T.where(e, f.labels, show_job=self.job is None)})")
+        notes += self._health(table)
         return Report(self.prom.url, self.job, self.since, self.at, checks, causes[0] if causes else None, causes, notes,
-                      self._places() if causes else [])
+                      self._places() if causes else [], ended[0] if ended else None, ended[1] if ended else None)
+
+    def _ended(self) -> Tuple[str, float]:
+        """The job has no series in the triaged range: find its last data within LOOKBACK (the runs
+        `ranksight report` finds), move the walk there and return the line that says so with the time;
+        TriageError when it has none, or when --since does not reach it."""
+        now = self.at
+        run, step = None, 1.0
+        # find_runs samples its range at 1/10,000 of it: the last hour first, to the second, so that a
+        # short job that ended minutes ago is not stepped over; then further back, coarser
+        for back in SEARCH:
+            lookback = config.duration_seconds(back)
+            runs = report_runs.find_runs(self.prom, self.job, now - lookback, now)
+            if runs:
+                run, step = runs[-1], max(1.0, lookback / 10000.0)
+                break
+        if run is None:  # name the jobs of the last hour (over a week, that query reads every rank's week)
+            recent = config.duration_seconds(SEARCH[0])
+            seen = report_runs.jobs_with_data(self.prom, now - recent, now)
+            raise TriageError(f"no ranksight series for job {self.job!r} in Prometheus in the last {LOOKBACK} "
+                              f"(jobs seen in the last {SEARCH[0]}: {', '.join(seen) or 'none'})")
+        end = run.end
+        if step > 1.0:  # read the run's end again, to the second
+            fine = report_runs.find_runs(self.prom, self.job, run.end - step, min(now, run.end + 2 * step))
+            end = fine[-1].end if fine else run.end
+        ago = _ago(now - end)
+        whole = _minutes(now - run.start)
+        if self.since is not None:
+            raise TriageError(f"no ranksight series for job {self.job!r} in the last {self.since}: its last data is "
+                              f"from {_ts(end)} ({ago} ago); pass --since {whole} to cover its last run, "
+                              f"or leave --since out to triage it as of its last minute")
+        self.at = end
+        gone = self._agents_down(end)
+        why = (f"job {self.job} has had no data since {_ts(end)} ({ago} ago): Prometheus cannot scrape its agent "
+               f"{', '.join(sorted(gone))} now" if gone else f"job {self.job} ended at {_ts(end)} ({ago} ago)")
+        return f"{why}; triaged as of its last minute; pass --since {whole} to judge its worst over its last run", end
+
+    def _agents_down(self, at: float) -> Set[str]:
+        """The agents that carried the job's ranks at ``at`` and that Prometheus cannot scrape now."""
+        down = self._down_targets()
+        if not down:
+            return set()
+        sel = f"{{job={_quote(self.job or '')}}}"
+        return {s.labels.get("instance", "") for s in self.prom.samples(f"{C.RANK_UP}{sel}", at)} & down
+
+    def _down_targets(self) -> Optional[Set[str]]:
+        """Instances of the agents' scrape job that Prometheus fails to scrape now (its active targets);
+        None when it cannot say (no targets API)."""
+        try:
+            targets = self.prom.targets()
+        except ApiError:
+            return None
+        return {t.get("labels", {}).get("instance", "") for t in targets
+                if t.get("labels", {}).get("job") == triage.SCRAPE_JOB and t.get("health") == "down"}
+
+    def _health(self, table: Sequence[Entry]) -> List[str]:
+        """The monitoring's blind spots now (never over --since, nor at an ended job's time): an agent
+        is reported down only while it is an active target whose last scrape failed."""
+        now = time.time()
+        down: Optional[Set[str]] = None
+        notes = []
+        for e in table:
+            if e.kind != "health":
+                continue
+            bad = [s for s in self.prom.samples(e.expr, now) if self._keep(e, s.labels)]
+            if e.scope == ("instance",) and bad:
+                down = self._down_targets() if down is None else down
+                if down is not None:
+                    bad = [s for s in bad if s.labels.get("instance", "") in down]
+            for s in bad:
+                notes.append(f"monitoring blind spot: {e.summary} ({T.where(e, s.labels, show_job=self.job is None)})")
+        return notes
 
     def _places(self) -> List[str]:
         """The chain of a hang: each stalled rank's place (its stack's innermost user frame) and the
         collective each blocked rank waits in, from the agents' where and collective series."""
-        sel = f'{{job="{self.job}"}}' if self.job is not None else ""
+        sel = f"{{job={_quote(self.job)}}}" if self.job is not None else ""
         waits = {(s.labels.get("job", ""), s.labels.get("rank", "")): s for s in self.q(f"{C.RANK_COLLECTIVE_WAIT}{sel}")}
         seqs = {(s.labels.get("job", ""), s.labels.get("rank", "")): s.value for s in self.q(f"{C.RANK_COLLECTIVE_SEQ}{sel}")}
         out: List[Tuple[int, str]] = []
@@ -322,75 +438,7 @@ class Walk:
 
 
 # ------------------------------------------------------------------ output
-def _finding_line(f: Finding) -> str:
-    return f"{f.entry.alert} ({_where(f.entry, f.labels)})"
-
-
-def render_text(r: Report) -> str:
-    when = datetime.fromtimestamp(r.at, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
-    span = f"worst over the last {r.since}" if r.since else "now"
-    lines = [f"ranksight triage  {r.prometheus}  job={r.job or '(all)'}  {when} ({span})", ""]
-    head = f"{'#':>2}  {'check':<40} {'value':<12} {'where':<34} {'threshold':<11} verdict"
-    section = None
-    for c in r.checks:
-        e = c.entry
-        if e.kind != section:
-            section = e.kind
-            title = {"signal": "the six signals, in triage order", "cause": "extra causes",
-                     "symptom": "symptoms"}[section]
-            lines += [f"{title}:", head] if section == "signal" else ["", f"{title}:"]
-        shown = c.findings[0] if c.findings else None
-        value = shown.value if shown else (c.worst.value if c.worst else None)
-        labels = shown.labels if shown else (c.worst.labels if c.worst else {})
-        verdict = {"ok": "ok", "no data": "no data", "firing": "alert firing, indicator back to normal",
-                   "abnormal": "ABNORMAL", "explained": "explained"}[c.verdict]
-        if c.findings:
-            n = len(c.findings)
-            if n > 1:
-                verdict += f" ({n} series)"
-            ex = [f for f in c.findings if f.explained_by]
-            if ex and c.verdict == "abnormal":
-                verdict += f", {len(ex)} explained"
-            if c.verdict == "explained":
-                g = shown.explained_by[0]
-                verdict += f" by {g.entry.alert} ({_where(g.entry, g.labels, show_job=r.job is None)})"
-        if c.firing:
-            verdict += f"  [{len(c.firing)} firing]"
-        where = _where(e, labels, show_job=r.job is None)
-        num = str(e.order) if e.order else ""
-        if c.verdict == "no data":
-            val = "no data"
-        elif e.unit == "bool":  # how many of the series are in the bad state
-            val = f"{len(c.findings)}/{c.series}"
-            where = where if c.findings else ""
-        else:
-            val = _fmt_value(value, e.unit, _multiple(e))
-        lines.append(f"{num:>2}  {e.title[:40]:<40} {val:<12} {where[:34]:<34} {_fmt_threshold(e):<11} {verdict}")
-    lines.append("")
-    if r.cause is None:
-        lines.append("verdict: healthy: every check is within its threshold")
-    else:
-        f = r.cause
-        e = f.entry
-        explains = [g for c in r.checks for g in c.findings if f in g.explained_by]
-        value = "" if e.unit == "bool" else (
-            f": {_fmt_value(f.value, e.unit, _multiple(e))} (threshold {_fmt_threshold(e)})")
-        lines += [
-            f"cause: {e.alert}: {e.title} on {_where(e, f.labels)}{value}",
-            f"  meaning:  {e.meaning}",
-            f"  runbook:  {e.runbook}",
-            f"  next:     {e.next_check}",
-        ]
-        if r.places:
-            lines.append("  where:    " + "; ".join(r.places))
-        if explains:
-            lines.append("  explains: " + "; ".join(_finding_line(g) for g in explains))
-        others = [g for g in r.causes[1:]]
-        if others:
-            lines.append("also abnormal and unexplained: " + "; ".join(_finding_line(g) for g in others))
-    for n in r.notes:
-        lines.append(f"note: {n}")
-    return "\n".join(lines)
+render_text = T.render_text
 
 
 def _finding_json(f: Finding) -> Dict[str, Any]:
@@ -403,34 +451,40 @@ def render_json(r: Report) -> Dict[str, Any]:
         if f is None:
             return None
         e = f.entry
+        local = T.runbook_path(e)
         return {"alert": e.alert, "id": e.id, "kind": e.kind, "title": e.title, "labels": f.labels,
                 "value": f.value, "threshold": e.threshold, "op": e.op, "unit": e.unit, "runbook": e.runbook,
+                "runbook_path": str(local) if local else None,
                 "next_check": e.next_check, "meaning": e.meaning,
                 "explains": [_finding_json(g) for c in r.checks for g in c.findings if f in g.explained_by]}
 
+    show_job = r.job is None
     return {
-        "prometheus": r.prometheus, "job": r.job, "since": r.since, "time": r.at,
+        "prometheus": r.prometheus, "job": r.job, "since": r.since, "time": r.at, "ended_at": r.ended_at,
         "healthy": r.healthy,
         "checks": [{
             "id": c.entry.id, "alert": c.entry.alert, "kind": c.entry.kind, "order": c.entry.order,
             "title": c.entry.title, "threshold": c.entry.threshold, "op": c.entry.op, "unit": c.entry.unit,
-            "verdict": c.verdict, "series": c.series,
+            "verdict": c.verdict, "status": T.status(c, show_job), "threshold_crossed": c.crossed,
+            "not_alerting": c.not_alerting, "series": c.series,
             "worst": {"labels": c.worst.labels, "value": c.worst.value} if c.worst else None,
             "findings": [_finding_json(f) for f in c.findings],
-            "firing": c.firing,
+            "firing": c.firing, "pending": c.pending,
         } for c in r.checks],
         "cause": cause(r.cause),
         "causes": [cause(f) for f in r.causes],
         "places": r.places,
-        "notes": r.notes,
+        "notes": ([r.ended] if r.ended else []) + r.notes,
     }
 
 
 # ------------------------------------------------------------------ CLI
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus", required=True, metavar="URL",
-                   help="Prometheus base URL, e.g. http://localhost:9090")
-    p.add_argument("--job", metavar="JOB", help="the training job to triage (its `job` label); default: every job")
+                   help="Prometheus base URL, e.g. http://localhost:9090 (not the node agent's port)")
+    p.add_argument("--job", metavar="JOB",
+                   help="the training job to triage (its `job` label); default: every job. A job with no series "
+                        f"now is triaged as of its last data within the last {LOOKBACK}")
     p.add_argument("--since", metavar="DURATION",
                    help="judge each check by its worst value over this range (e.g. 15m) instead of now")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -57,7 +57,7 @@ def test_committed_files_equal_a_fresh_render(default_cfg):
                    if f"runbooks/{p.name}" not in files)
     assert not stale and not extra, (
         f"alerts/ differ from a fresh render (stale: {stale}, no longer generated: {extra}); "
-        "run `ranksight rules` and commit the result")
+        "run `ranksight rules --in-place` and commit the result")
 
 
 def test_render_is_pure_and_deterministic(default_cfg, tmp_path):

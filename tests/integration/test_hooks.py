@@ -130,8 +130,9 @@ def test_job_name_order():
     from ranksight.hooks.identity import job_name
 
     assert job_name({"RANKSIGHT_JOB": "a", "TORCHELASTIC_RUN_ID": "b", "SLURM_JOB_ID": "c"}, "x.py") == "a"
-    assert job_name({"TORCHELASTIC_RUN_ID": "b", "SLURM_JOB_ID": "c"}, "x.py") == "b"
-    assert job_name({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "c"}, "x.py") == "c"
+    assert job_name({"TORCHELASTIC_RUN_ID": "b", "SLURM_JOB_ID": "c"}, "x.py") == "x-c"
+    assert job_name({"TORCHELASTIC_RUN_ID": "b"}, "x.py") == "x-b"
+    assert job_name({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "c"}, "x.py") == "x-c"
     assert job_name({}, "/path/train.py") == "train"
 
 

@@ -1,10 +1,12 @@
 """Identity under each launcher: the variables torchrun, ``accelerate launch`` (torchrun
-inside), Lightning's own launcher and Slurm ``srun`` set, before any process group exists; and
-a real torchrun elastic restart reported to a real agent. (The framework tests check the
-identity their launchers give through the agent's labels.)"""
+inside), Lightning's own launcher and Slurm ``srun`` set, before any process group exists; a
+real ``torchrun --standalone`` job named after its script; and a real torchrun elastic restart
+reported to a real agent. (The framework tests check the identity their launchers give through
+the agent's labels.)"""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -25,17 +27,22 @@ LIGHTNING = {"LOCAL_RANK": "1", "NODE_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADD
              "MASTER_PORT": "41000"}
 
 
+STANDALONE = "3e43cde6-94a4-4f5e-9c1d-0b8a2f6d7e51"  # torchrun --standalone: a uuid4 of its own
+
+
 def ident(env):
-    i = Identity.detect(env)
+    i = Identity.detect(env, argv0="/home/u/train.py")
     return i.job, i.rank, i.local_rank, i.world_size, i.restart
 
 
 @pytest.mark.parametrize("env, want", [
-    (TORCHRUN, ("a1b2", 3, 1, 4, 2)),
+    (TORCHRUN, ("train-a1b2", 3, 1, 4, 2)),  # --rdzv-id=a1b2, chosen by the user
+    (dict(TORCHRUN, TORCHELASTIC_RUN_ID=STANDALONE), ("train", 3, 1, 4, 2)),
     (dict(TORCHRUN, TORCHELASTIC_RUN_ID="none", RANKSIGHT_JOB="named"), ("named", 3, 1, 4, 2)),
-    (SRUN, ("81234", 5, 1, 8, 1)),
+    (SRUN, ("train-81234", 5, 1, 8, 1)),
     # torchrun started by srun on each node: torchrun's variables win, the job is Slurm's
-    (dict(SRUN, **dict(TORCHRUN, TORCHELASTIC_RUN_ID="none")), ("81234", 3, 1, 4, 2)),
+    (dict(SRUN, **dict(TORCHRUN, TORCHELASTIC_RUN_ID="none")), ("train-81234", 3, 1, 4, 2)),
+    (dict(SRUN, **TORCHRUN), ("train-81234", 3, 1, 4, 2)),
     (LIGHTNING, (None, 1, 1, 2, 0)),
     (dict(LIGHTNING, NODE_RANK="1", LOCAL_WORLD_SIZE="2", WORLD_SIZE="4"), (None, 3, 1, 4, 0)),
     # node 1 without the local world size: unknown until the process group exists
@@ -58,6 +65,20 @@ def test_node_label_from_ranksight_node_else_the_hostname():
     assert Identity.detect({"RANKSIGHT_NODE": "gpu-node-7"}).node == "gpu-node-7"  # a pod's spec.nodeName
     assert Identity.detect({"RANKSIGHT_NODE": " "}).node == socket.gethostname()
     assert Identity.detect({}).node == socket.gethostname()
+
+
+def test_torchrun_standalone_job_is_named_after_its_script(agent):
+    """torchrun --standalone makes up a uuid4 rendezvous id per run: the job name leaves it out,
+    so every run of plain_worker.py is the job "plain_worker", the same on both ranks."""
+    a = agent()
+    env = worker_env(a.ingest, "unused")
+    del env["RANKSIGHT_JOB"]
+    run = launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", WORKER,
+                  "--steps", "2"], env, timeout=180)
+    assert run["rc"] == 0, run["err"][-4000:]
+    assert sorted((r["rank"], r["job"]) for r in run["results"]) == [(0, "plain_worker"), (1, "plain_worker")]
+    series = rank_series(a.metrics_text(), "plain_worker")
+    assert sorted(series) == [0, 1] and all(s[catalog.STEPS.name] == 2 for s in series.values()), series
 
 
 def test_torchrun_elastic_restart_is_reported(agent):

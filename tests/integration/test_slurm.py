@@ -210,7 +210,7 @@ def test_srun_ddp_job_is_seen_by_the_agent_and_scancel_is_reported(slurm, agent,
         seen = wait_until(lambda: (lambda r: r if all(v.get("steps") == STEPS for v in r.values())
                                    and len(r) == 2 else None)(_ranks(a.metrics_text())), 10)
         assert seen, _ranks(a.metrics_text())
-        assert sorted(seen) == [(job, "0", "0"), (job, "1", "1")]
+        assert sorted(seen) == [(f"slurm_worker-{job}", "0", "0"), (f"slurm_worker-{job}", "1", "1")]
         assert all(v["up"] == 1 and v["misses"] == 0 for v in seen.values()), seen
 
         subprocess.run([slurm.bins["scancel"], job], env=slurm.env, check=True, timeout=10)

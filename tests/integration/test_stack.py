@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,9 +20,9 @@ from conftest import require_binary
 REPO = Path(__file__).resolve().parents[2]
 
 
-def ranksight(*args: str, env=None, timeout: float = 60) -> subprocess.CompletedProcess:
+def ranksight(*args: str, env=None, timeout: float = 60, cwd: Path = REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ranksight", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=REPO)
+                          env=env, timeout=timeout, cwd=cwd)
 
 
 def _ps_lines(needle: str):
@@ -30,15 +31,20 @@ def _ps_lines(needle: str):
 
 
 def test_stack_up_scrapes_agent_loads_rules_and_down_leaves_nothing(agent, tmp_path, free_port):
+    """From a folder of its own, `stack up` uses ./run/stack, says to stop it with the bare
+    `ranksight stack down`, and that works; the rules of its profile go into the run dir only."""
     a = agent()
-    run_dir = tmp_path / "stack"
+    run_dir = tmp_path / "run" / "stack"
     pport, aport = free_port(), free_port()
-    up = ranksight("stack", "up", "--run-dir", str(run_dir), "--profile", "test", "--targets", a.target,
-                   "--prometheus-port", str(pport), "--alertmanager-port", str(aport), "--scrape-interval", "1s")
+    up = ranksight("stack", "up", "--profile", "test", "--targets", a.target, "--prometheus-port", str(pport),
+                   "--alertmanager-port", str(aport), "--scrape-interval", "1s", cwd=tmp_path)
     pids = {}
     try:
         assert up.returncode == 0, up.stderr
         assert f"http://127.0.0.1:{pport}" in up.stdout and f"http://127.0.0.1:{aport}" in up.stdout
+        assert "stop with     ranksight stack down\n" in up.stdout, up.stdout
+        assert "(profile: test)" in (run_dir / "rules" / "ranksight-rules.yml").read_text().splitlines()[0]
+        assert "(profile: default)" in (REPO / "alerts" / "ranksight-rules.yml").read_text().splitlines()[0]
         pids = {n: int((run_dir / f"{n}.pid").read_text()) for n in ("prometheus", "alertmanager")}
         assert all(pid_alive(p) for p in pids.values())
         prom, am = PrometheusAPI(f"http://127.0.0.1:{pport}"), AlertmanagerAPI(f"http://127.0.0.1:{aport}")
@@ -72,8 +78,10 @@ def test_stack_up_scrapes_agent_loads_rules_and_down_leaves_nothing(agent, tmp_p
 
         again = ranksight("stack", "up", "--run-dir", str(run_dir), "--prometheus-port", str(pport))
         assert again.returncode == 0 and "already running" in again.stdout
+        named = re.search(r"\(ranksight stack down --run-dir (\S+) first\)", again.stdout)
+        assert named and (REPO / named.group(1)).resolve() == run_dir.resolve(), again.stdout
     finally:
-        down = ranksight("stack", "down", "--run-dir", str(run_dir))
+        down = ranksight("stack", "down", cwd=tmp_path)
     assert down.returncode == 0, down.stderr
     assert "stopped" in down.stdout
     # init reaps the orphaned servers a moment later; until then they are zombies (not running)

@@ -9,11 +9,15 @@ the recording rules divide):
   tri-straggler  rank 1 computes 1.5x longer; rank 0 shows the difference as collective wait
   tri-hang       rank 1 stops making progress outside a collective; rank 0 blocks in one
   tri-ok         both ranks compute-bound, small data wait and comm share
-  tri-ended      dataloader-bound, then both ranks say goodbye: only --since still sees it
+  tri-gated      communication-bound; rank 1's busy time is 1.13x rank 0's, but only 4% of the step:
+                 the straggler ratio is past its threshold while the alert's condition does not hold
+  tri-ended      dataloader-bound, then both ranks say goodbye: triaged as of its last data
 """
 from __future__ import annotations
 
+import http.server
 import json
+import re
 import socket
 import sys
 import threading
@@ -24,7 +28,7 @@ from typing import Dict, Iterator, Optional
 import pytest
 
 from e2e_harness import host_agent, start_stack, triage_cli  # noqa: E402
-from ranksight.tools.plumbing import wait_for  # noqa: E402
+from ranksight.tools.plumbing import free_port, wait_for  # noqa: E402
 from e2e_harness import cfg_test_profile  # noqa: E402
 
 from ranksight import protocol  # noqa: E402
@@ -131,12 +135,14 @@ def world(tmp_path_factory) -> Iterator[dict]:
         sender.set("tri-ok", 1, RankPlay())
         sender.set("tri-hang", 0, RankPlay())
         sender.set("tri-hang", 1, RankPlay())
+        sender.set("tri-gated", 0, RankPlay(dur=0.1, data=0.002, comm=0.07, xcomm=0.068))
+        sender.set("tri-gated", 1, RankPlay(dur=0.1, data=0.002, comm=0.066, xcomm=0.064))
         sender.set("tri-ended", 0, RankPlay(dur=0.1, data=0.004, comm=0.055, xcomm=0.05))
         sender.set("tri-ended", 1, RankPlay(dur=0.1, data=0.05, comm=0.006, xcomm=0.002))
         sender.start()
         # a few scrapes of steady state, then the hang: rank 1 stuck outside any collective, rank 0 blocked in one
         wait_for(lambda: len(stack.prom.query(
-            'count by (job) (rank:ranksight_comm_share:ratio_rate{job=~"tri-.*"})')) == 5, 30, "rates of every job")
+            'count by (job) (rank:ranksight_comm_share:ratio_rate{job=~"tri-.*"})')) == 6, 30, "rates of every job")
         now = time.time()
         sender.set("tri-hang", 1, RankPlay(stepping=False, hang_since=now))
         sender.set("tri-hang", 0, RankPlay(stepping=False, coll=0.0))
@@ -277,14 +283,102 @@ def test_all_jobs_lists_every_unexplained_cause(world):
     assert doc["cause"]["alert"] == "RanksightDataloaderBound"
 
 
-def test_since_sees_a_job_that_has_ended(world):
+def test_a_job_that_has_ended_is_triaged_as_of_its_last_data(world):
+    before = time.time()
     r = triage_cli(world["stack"].prom_url, "--profile", "test", "--job", "tri-ended")
-    assert r.returncode == 2
-    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
-    assert "no ranksight series for job 'tri-ended'" in r.stderr and "tri-ok" in r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "(as of the job's last data)" in lines[0]
+    assert re.fullmatch(r"job tri-ended ended at \S+ \S+Z \(\d+ (s|min) ago\); triaged as of its last minute; "
+                        r"pass --since \d+m to judge its worst over its last run", lines[1]), lines[1]
+    assert "cause: RanksightDataloaderBound" in r.stdout
+    rc, doc = run_json(world, "--job", "tri-ended")
+    assert rc == 1 and doc["cause"]["alert"] == "RanksightDataloaderBound" and doc["cause"]["labels"]["rank"] == "1"
+    assert world["t0"] < doc["ended_at"] == doc["time"] < before and doc["notes"][0].startswith("job tri-ended ended at")
+    # --since still judges the worst over a range that ends now
     rc, doc = run_json(world, "--job", "tri-ended", "--since", "2m")
-    assert rc == 1 and doc["since"] == "2m"
+    assert rc == 1 and doc["since"] == "2m" and doc["ended_at"] is None
     assert doc["cause"]["alert"] == "RanksightDataloaderBound" and doc["cause"]["labels"]["rank"] == "1"
+
+
+def test_a_since_that_misses_the_ended_job_says_when_it_last_had_data(world):
+    r = triage_cli(world["stack"].prom_url, "--profile", "test", "--job", "tri-ended", "--since", "1s")
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "no ranksight series for job 'tri-ended' in the last 1s: its last data is from " in r.stderr
+    assert re.search(r"pass --since \d+m to cover its last run", r.stderr), r.stderr
+
+
+def test_a_job_never_seen_is_one_line_exit_2(world):
+    r = triage_cli(world["stack"].prom_url, "--profile", "test", "--job", "tri-never")
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert "no ranksight series for job 'tri-never' in Prometheus in the last 7d" in r.stderr
+    assert "tri-ok" in r.stderr and "tri-ended" in r.stderr
+
+
+def test_a_ratio_past_its_threshold_whose_alert_does_not_hold_reads_watch_not_ok(world):
+    rc, doc = run_json(world, "--job", "tri-gated")
+    strag = check(doc, "RanksightStraggler")
+    assert strag["worst"]["labels"]["rank"] == "1" and strag["worst"]["value"] == pytest.approx(0.034 / 0.03, rel=0.03)
+    assert strag["verdict"] == "ok" and not strag["findings"] and strag["threshold_crossed"] is True
+    share = cfg_test_profile()["thresholds"]["straggler_min_step_share"]
+    assert strag["status"].startswith(f"watch: over, not alerting: also needs the extra busy time over {share:.0%} "
+                                      "of the step"), strag["status"]
+    assert doc["cause"]["alert"] == "RanksightCommBound"  # the job's own comm: the cause, straggler or not
+    r = triage_cli(world["stack"].prom_url, "--profile", "test", "--job", "tri-gated")
+    line = next(ln for ln in r.stdout.splitlines() if "Straggler rank" in ln)
+    assert "1.13x" in line and "> 1.10x" in line and line.rstrip().endswith(strag["status"]), line
+    # a young job's goodput is not judged yet: under the floor, "watch", never "ok"
+    rc, doc = run_json(world, "--job", "tri-data")
+    goodput = check(doc, "RanksightGoodputLow")
+    assert goodput["worst"]["value"] < 0.8 and goodput["verdict"] == "ok" and goodput["threshold_crossed"]
+    assert goodput["status"].startswith("watch: under, not alerting: judged once the job's goodput has 5m of history")
+    ok = check(run_json(world, "--job", "tri-ok")[1], "RanksightDataloaderBound")
+    assert ok["status"] == "ok" and ok["threshold_crossed"] is False
+
+
+class _EmptyMetrics(http.server.BaseHTTPRequestHandler):
+    """A scrape target that answers with an empty exposition: up == 1."""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+def blind_spots(world: dict, *args: str) -> list:
+    rc, doc = run_json(world, "--job", "tri-ok", *args)
+    return [n for n in doc["notes"] if n.startswith("monitoring blind spot: ")]
+
+
+def test_blind_spot_only_while_an_agent_is_down_now(world):
+    """An agent target that is down now is a blind spot. Its up == 0 samples inside --since are not,
+    once it answers again (an agent that started after Prometheus) or is gone from the targets."""
+    stack, agent = world["stack"], world["agent"]
+    port = free_port()
+    late = f"127.0.0.1:{port}"
+    srv = None
+    try:
+        stack.set_targets([agent.target, late])
+        wait_for(lambda: stack.prom.value(f'up{{instance="{late}"}}') == 0.0, 20, "the target scraped as down")
+        wait_for(lambda: any(t["health"] == "down" for t in stack.prom.targets()), 20, "the target listed as down")
+        blind = blind_spots(world)
+        assert len(blind) == 1 and f"instance={late}" in blind[0], blind
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), _EmptyMetrics)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        wait_for(lambda: all(t["health"] == "up" for t in stack.prom.targets()), 20, "the target up again")
+        assert blind_spots(world, "--since", "2m") == []
+    finally:
+        stack.set_targets([agent.target])
+        if srv is not None:
+            srv.shutdown()
+            srv.server_close()
+    assert blind_spots(world, "--since", "2m") == []
+    r = triage_cli(world["stack"].prom_url, "--profile", "test", "--job", "tri-ok", "--since", "2m")
+    assert "blind spot" not in r.stdout and "verdict: healthy" in r.stdout, r.stdout
 
 
 def test_unreachable_prometheus_is_one_line_exit_2(world):
@@ -294,8 +388,12 @@ def test_unreachable_prometheus_is_one_line_exit_2(world):
     assert r.stderr.strip().splitlines() == ["ranksight: error: cannot reach Prometheus at http://127.0.0.1:1: "
                                              "[Errno 111] Connection refused"]
     # something that is not Prometheus: the agent's own HTTP port
-    r = triage_cli(f"http://{world['agent'].target}")
+    agent = f"http://{world['agent'].target}"
+    r = triage_cli(agent)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == (f"ranksight: error: {agent} answers but is not a Prometheus API: it looks like a "
+                                f"ranksight agent (it serves ranksight series on /metrics); point --prometheus at "
+                                f"Prometheus (it listens on :9090 by default: http://localhost:9090)"), r.stderr
     assert port
 
 

@@ -2,7 +2,7 @@
 
 The rendezvous is the job's own: RANK and WORLD_SIZE from Slurm's SLURM_PROCID and SLURM_NTASKS,
 MASTER_ADDR and MASTER_PORT from the submitting environment. ranksight's two lines are marked; its
-identity (job = SLURM_JOB_ID, local rank = SLURM_LOCALID) is found on its own. After --steps
+identity (job = slurm_worker-<SLURM_JOB_ID>, local rank = SLURM_LOCALID) is found on its own. After --steps
 optimizer steps the task prints "READY <job id> <rank>" and idles (its heartbeats go on) until
 the job is cancelled.
 """

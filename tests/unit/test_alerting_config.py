@@ -295,7 +295,7 @@ def test_fragment_merged_into_an_existing_config_checks_and_routes(tmp_path, sec
 def test_committed_fragment_and_template_are_fresh_and_check():
     files = generate.render(config.load(None, "default", env={}))
     for name in (notify.FRAGMENT_FILE, notify.TEMPLATE_FILE):
-        assert (ROOT / "alerts" / name).read_text() == files[name], f"run `ranksight rules`: alerts/{name} is stale"
+        assert (ROOT / "alerts" / name).read_text() == files[name], f"run `ranksight rules --in-place`: alerts/{name} is stale"
     r = _check_config(ROOT / "deploy" / "alertmanager.yml")  # compose's file, with its template beside it
     assert r.returncode == 0 and " - 1 templates" in r.stdout, r.stdout + r.stderr
 

@@ -127,9 +127,9 @@ def test_schema_check_can_fail(boards):
 def test_committed_dashboards_equal_a_fresh_render(boards):
     for name, model in boards.items():
         path = ROOT / "dashboards" / name
-        assert path.exists(), f"{path} is missing: run `ranksight dashboards`"
+        assert path.exists(), f"{path} is missing: run `ranksight dashboards --in-place`"
         assert path.read_text(encoding="utf-8") == generate.dumps(model), \
-            f"{path} differs from a fresh render: run `ranksight dashboards` and commit the result"
+            f"{path} differs from a fresh render: run `ranksight dashboards --in-place` and commit the result"
 
 
 def test_generator_writes_no_metric_name_literal():
@@ -524,7 +524,7 @@ def test_cli_writes_checks_and_rejects_bad_input(tmp_path, boards):
     assert _cli("dashboards", "--out", str(out), "--check").returncode == 0
     (out / generate.FILES[0]).write_text("{}\n")
     r = _cli("dashboards", "--out", str(out), "--check")
-    assert r.returncode == 1 and "run `ranksight dashboards`" in r.stdout
+    assert r.returncode == 1 and f"run `ranksight dashboards --out {out}`" in r.stdout
     bad = tmp_path / "bad.yml"
     bad.write_text("thresholds: {comm_share: 7}\n")
     r = _cli("dashboards", "--config", str(bad), "--out", str(out))

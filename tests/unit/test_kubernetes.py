@@ -74,7 +74,8 @@ def _kind(docs: Dict[str, Dict[str, Any]], kind: str) -> Dict[str, Any]:
 # ------------------------------------------------------------------ freshness and the CLI
 def test_committed_manifests_equal_a_fresh_render(files):
     bad = k8s.stale(files, OUT)
-    assert not bad, f"deploy/kubernetes/ differs from a fresh render ({bad}); run `ranksight k8s` and commit"
+    assert not bad, (f"deploy/kubernetes/ differs from a fresh render ({bad}); "
+                     "run `ranksight k8s --in-place` and commit")
 
 
 def test_render_is_deterministic_and_follows_namespace_and_image(cfg, files):
@@ -89,11 +90,20 @@ def test_render_is_deterministic_and_follows_namespace_and_image(cfg, files):
     assert ds["image"] == "registry.example/ra:1"
 
 
+def test_stale_reads_only_the_generators_layout(files, tmp_path):
+    """An --out above another render (deploy/ above deploy/kubernetes/) neither counts nor removes
+    that render's files."""
+    for path, text in files.items():
+        (tmp_path / "kubernetes" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "kubernetes" / path).write_text(text)
+    assert k8s.stale(files, tmp_path) == list(files)  # every file missing here, nothing extra
+
+
 @pytest.mark.slow
 def test_cli_check_write_and_bad_usage(tmp_path):
     cli = [sys.executable, "-m", "ranksight", "k8s"]
     r = _run(*cli, "--check", "--out", str(tmp_path))
-    assert r.returncode == 1 and "stale" in r.stdout
+    assert r.returncode == 1 and f"(run `ranksight k8s --out {tmp_path}`)" in r.stdout
     r = _run(*cli, "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert not k8s.stale(k8s.render(config.load(None, "default", env={})), tmp_path)
