@@ -181,8 +181,8 @@ def test_pages_carry_the_verdict_and_follow_the_severity_routes(receivers, agent
     assert "warning job oc-straggler: RanksightStraggler rank 1" in strag["title"], strag
     assert "job oc-straggler, rank 1, node oc-node" in strag["text"], strag["text"]
     assert by["RanksightStraggler"].runbook in strag["text"] and by["RanksightStraggler"].runbook.endswith("/straggler.md")
-    assert "Mutes 2 symptoms while it fires: RanksightCommBound (same job), RanksightGoodputLow (same job)" \
-        in strag["text"], strag["text"]
+    assert ("Mutes 3 symptoms while it fires: RanksightCommBound (same job, comm), RanksightGoodputLow (same job), "
+            "RanksightStepTimeRegression (same job)") in strag["text"], strag["text"]
     assert "/d/ranksight-triage/?var-job=oc-straggler" in strag["text"] and strag["link"].endswith("var-job=oc-straggler")
     assert strag["channel"] == "#train-oncall"
     # mail (critical): the stalled rank
@@ -252,8 +252,9 @@ def test_a_big_group_is_one_short_page_and_node_alerts_link_the_node(receivers, 
     assert "(7 alerts)" in big["title"], big["title"]
     assert ALERT_LINE.findall(big["text"]) == ["RanksightDataloaderBound"] * 5, big["text"]
     assert "7 alerts firing in all; the first 5 are shown." in big["text"]
-    assert ("Mutes 4 symptoms while it fires: RanksightGpuSawtooth (same node), RanksightCommBound (same job), "
-            "RanksightStraggler (same job), RanksightGoodputLow (same job)") in big["text"]
+    assert ("Mutes 5 symptoms while it fires: RanksightGpuSawtooth (same node), RanksightCommBound (same job), "
+            "RanksightStraggler (same job), RanksightGoodputLow (same job), RanksightStepTimeRegression (same job)"
+            ) in big["text"]
     # looked up by name in the template: the rules carry no next-check annotation
     assert f"Next check: {by['RanksightDataloaderBound'].next_check}\n" in big["text"], big["text"]
     node = msgs["node"]
