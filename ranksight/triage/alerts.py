@@ -16,11 +16,8 @@ from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, R
 from .prose import prose
 from .records import RANK_BY, REC
 
-# Description templates that read records at notification time (only firing instances run them).
-# RanksightCommBound: the comm share of the job's least-waiting rank, less its peers' data wait and
-# checkpoints (job_comm_min): its own comm cost.
-COMM_OWN = (f'{{{{ with query (printf "{REC["job_comm_min"]}{{job=%q}}" $labels.job) }}}}'
-            '{{ with index . 0 }}{{ humanizePercentage .Value }}{{ end }}{{ end }}')
+# Description templates that read records when Prometheus renders an active alert's annotations
+# (every evaluation, for each pending and firing instance): only for alerts with few instances.
 # RanksightStraggler: its busy time, its peers' median, and the difference: under synchronous data
 # parallel that is how long each of its peers waits for it every step (in their collectives).
 _BUSY = f'{REC["busy"]}{{job=%q,rank=%q}}'
@@ -78,6 +75,9 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
     throttled_rec = f"max by (node, gpu) ({REC['throttled']}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
     drop_ratio = (f"sum by (node) ({REC['ingest']}{{result!=\"ok\"}}) / "
                   f"(sum by (node) ({REC['ingest']}) > 0)")
+    # each rank over the comm share, valued at its job's comm minimum (RanksightCommBound)
+    comm_over = (f"((0 * ({REC['comm_share']} > {t['comm_share']:g})) + on (job) group_left () "
+                 f"{REC['job_comm_min']})")
     entries: List[Entry] = [
         # ------------------------------------------------------------ 1. dataloader wait
         Entry(
@@ -116,15 +116,20 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             # collectives (less what its peers' data wait and checkpoints explain): the comm is the
             # job's own cost, and it stays loud beside a straggler. "waiting" otherwise: the rank
             # waits for a slower peer, and a straggler on the job mutes it.
-            expr=f"label_replace(({REC['comm_share']} > {t['comm_share']:g}) and on (job) "
-                 f"({REC['job_comm_min']} > {t['comm_share']:g}), \"comm\", \"own\", \"\", \"\") or "
-                 f"label_replace(({REC['comm_share']} > {t['comm_share']:g}) unless on (job) "
-                 f"({REC['job_comm_min']} > {t['comm_share']:g}), \"comm\", \"waiting\", \"\", \"\")",
+            # The alert's value is that least-waiting share (the job's comm minimum), joined onto each
+            # rank over the share: the page says which of the two it is without a query in its
+            # description, which Prometheus would run for each of thousands of waiting ranks on every
+            # evaluation (8,190 behind two stragglers took 5.9 s where the join takes milliseconds).
+            expr=f"label_replace({comm_over} and on (job) ({REC['job_comm_min']} > {t['comm_share']:g}), "
+                 f"\"comm\", \"own\", \"\", \"\") or "
+                 f"label_replace({comm_over} unless on (job) ({REC['job_comm_min']} > {t['comm_share']:g}), "
+                 f"\"comm\", \"waiting\", \"\", \"\")",
             for_=d["comm_bound"], threshold=t["comm_share"], unit="ratio", joined=("comm",),
             indicator=REC["comm_share"], op=">", scope=R,
             summary="Collectives take over {:.0%} of step time: the job is communication-bound".format(t["comm_share"]),
-            description=f"{RANK_DESC} spends {VAL} of its step time in collectives; the job's least-waiting rank "
-                        f"spends {COMM_OWN}{{{{ if eq $labels.comm \"own\" }}}}: the comm is the job's own cost"
+            description=f"{RANK_DESC} spends over {t['comm_share']:.0%} of its step time in collectives; the job's "
+                        f"least-waiting rank's share is {VAL}"
+                        f"{{{{ if eq $labels.comm \"own\" }}}}: the comm is the job's own cost"
                         f"{{{{ else }}}}: this rank waits for a peer{{{{ end }}}}.",
             **prose("comm-bound"),
             next_check="network retransmits and link speed",
