@@ -4,11 +4,11 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from ranksight import config as rconfig
+from ranksight.common.console import error
 from ranksight.common.units import binary_bytes
 from .scenario import DESIGNS, PROMETHEUS, PROMTOOL, Scenario
 from .server import BenchError
@@ -128,8 +128,7 @@ def run(args: argparse.Namespace) -> int:
             rows = substituted_queries(rconfig.load(args.config), Scenario.job, args.step, args.hours)
             Path(args.dump_queries).write_text(json.dumps([list(r) for r in rows], indent=1) + "\n")
         except OSError as e:
-            print(f"ranksight: error: cannot write {args.dump_queries}: {e.strerror or e}", file=sys.stderr)
-            return 2
+            return error(f"cannot write {args.dump_queries}: {e.strerror or e}")
         print(f"wrote {len(rows)} queries to {args.dump_queries}")
         return 0
     def _term(signum: int, frame: Any) -> None:  # stop Prometheus and clean up on kill too
@@ -151,12 +150,8 @@ def run(args: argparse.Namespace) -> int:
         bench.result["incomplete"] = True
         print(json.dumps(bench.result, indent=2) if args.json else json.dumps(bench.result))
         return 143
-    except BenchError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+    except (BenchError, ValueError) as e:
+        return error(str(e))
     if args.json:
         print(json.dumps(result, indent=2))
     else:
