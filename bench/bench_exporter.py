@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
 from ranksight import protocol as P
-from ranksight.tools.plumbing import free_port, stop_process, wait_http
+from ranksight.common.plumbing import free_port, stop_process, wait_http
 
 HERE = Path(__file__).resolve()
 SUPPORT = HERE.parent.parent / "tests" / "support"  # the NVML stand-in, a test double, lives with the tests

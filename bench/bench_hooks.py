@@ -266,7 +266,7 @@ def _ddp_worker() -> None:
 
 def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float = 600.0,
          target_ms: float = 10.0) -> Dict[str, Any]:
-    from ranksight.tools.plumbing import free_port
+    from ranksight.common.plumbing import free_port
 
     port = free_port()
     procs = []

@@ -129,14 +129,14 @@ SUBCOMMANDS = {
     "exporter": ("ranksight.exporter.main", "run the node agent: rank ingest, heartbeats, GPU/network/RDMA/disk collectors"),
     "rules": ("ranksight.alerts.generate", "write alert and recording rules, Alertmanager config and runbooks"),
     "dashboards": ("ranksight.dashboards.generate", "write the Grafana dashboards"),
-    "k8s": ("ranksight.k8s", "write the Kubernetes manifests (agent DaemonSet, ServiceMonitor, PrometheusRule, "
+    "k8s": ("ranksight.tools.k8s", "write the Kubernetes manifests (agent DaemonSet, ServiceMonitor, PrometheusRule, "
                                     "AlertmanagerConfig, dashboard ConfigMaps)"),
     "stack": ("ranksight.tools.stack", "start/stop a local Prometheus + Alertmanager (Debian binaries, no Docker)"),
     "demo": ("ranksight.tools.demo", "run the agent, the local stack and an instrumented 2-rank CPU DDP job"),
     "triage": ("ranksight.tools.triage_cli", "walk the six triage checks against Prometheus and name the first cause"),
     "report": ("ranksight.report.cli", "write a run report (HTML, Markdown, PNGs of the dashboards' panels) from Prometheus"),
-    "bench": ("ranksight.bench", "run the benchmarks (hooks, exporter, scale) and print JSON"),
-    "config": ("ranksight.config_cli", "print the effective config (validates it)"),
+    "bench": ("ranksight.tools.bench", "run the benchmarks (hooks, exporter, scale) and print JSON"),
+    "config": ("ranksight.tools.config_cli", "print the effective config (validates it)"),
 }
 
 

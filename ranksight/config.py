@@ -67,7 +67,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "ingest_drop_ratio": Opt(0.01, "RanksightIngestDropping: dropped / received datagrams above this", 0, 1),
         "lint_workers_host_mem_share": Opt(0.5, "lint dataloader_workers_rss: workers of all ranks above this share of host memory", 0, 1),
         "lint_min_free_bytes": Opt(10e9, "lint disk_headroom: minimum free bytes before the first checkpoint", 0, 1e15),
-        # goodput and step-time regression (ranksight/triage_goodput.py)
+        # goodput and step-time regression (ranksight/triage/goodput.py)
         "step_regression_ratio": Opt(1.2, "RanksightStepTimeRegression: the job's step p50 (averaged over "
                                           "windows.step_smooth) / its baseline above this", 1, 100),
         "report_share_delta": Opt(0.02, "ranksight report: a share (goodput or a badput category) that moved by more than "

@@ -39,7 +39,7 @@ import pytest
 
 from ranksight import config
 from ranksight.tools.stack import AgentProcess, LocalStack, MissingBinary, StackError, find_binary
-from ranksight.tools.plumbing import free_port as _free_port
+from ranksight.common.plumbing import free_port as _free_port
 
 CPU_COLLECTORS = "network,disk,ranks"
 

@@ -173,7 +173,7 @@ class Orchestrator:
 
     def start_prometheus(self, target: str) -> Tuple[Any, str]:
         from ranksight import config
-        from ranksight.tools.plumbing import free_port, spawn, wait_http
+        from ranksight.common.plumbing import free_port, spawn, wait_http
         from ranksight.tools.stack import deploy_dir, render_alert_files, render_prometheus_config
 
         d = self.out / "prometheus"
@@ -197,7 +197,7 @@ class Orchestrator:
         from prometheus_client.parser import text_string_to_metric_families
 
         from ranksight import catalog as C
-        from ranksight.tools.plumbing import stop_process
+        from ranksight.common.plumbing import stop_process
 
         agent = self.agent("agent_straggler")
         prom = None
@@ -252,7 +252,7 @@ class Orchestrator:
                                       "flagged_from_metrics": flagged, "window_s": t2 - t1}
             if prom is not None:
                 from ranksight import triage
-                from ranksight.tools.plumbing import ApiError, PrometheusAPI
+                from ranksight.common.plumbing import ApiError, PrometheusAPI
 
                 prom_api = PrometheusAPI(url)
                 straggler_alert = next(e.alert for e in triage.table(config.load(None, "test")) if e.id == "straggler")

@@ -37,7 +37,7 @@ from typing import Dict, List
 import yaml
 
 from ranksight import config, triage
-from ranksight.tools.plumbing import free_port
+from ranksight.common.plumbing import free_port
 
 RECORD = triage.REC["comm_share"]
 COMM_BOUND = {e.id: e.alert for e in triage.table(config.defaults())}["comm-bound"]

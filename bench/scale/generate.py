@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from ranksight.bench import load
+from ranksight.tools.bench import load
 
 scale = load("scale")
 

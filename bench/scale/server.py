@@ -1,4 +1,4 @@
-"""A real Prometheus for the benchmark (started and queried through ranksight.tools.plumbing) and promtool runs."""
+"""A real Prometheus for the benchmark (started and queried through ranksight.common.plumbing) and promtool runs."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ranksight.tools.plumbing import ApiError, PrometheusAPI, free_port, spawn, stop_process, wait_http
+from ranksight.common.plumbing import ApiError, PrometheusAPI, free_port, spawn, stop_process, wait_http
 
 log = logging.getLogger(__name__)
 

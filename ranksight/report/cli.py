@@ -19,8 +19,7 @@ from typing import Any, List, Optional, Tuple
 
 from ranksight import config as rconfig
 from ranksight.config import duration_seconds
-from ranksight.tools.triage_cli import TriageError, connect
-from ranksight.tools.plumbing import ApiError
+from ranksight.common.plumbing import ApiError, UsageError, connect
 
 from . import make, write
 
@@ -91,7 +90,7 @@ def build(args: argparse.Namespace, now: Optional[float] = None) -> Tuple[write.
         raise make.ReportError("--from must be before --to", 2)
     try:
         prom = connect(args.prometheus, args.timeout)
-    except TriageError as e:
+    except UsageError as e:
         raise make.ReportError(str(e), 2) from None
     scan_from = min(start if start is not None else end, end - lookback)
     runs = make.find_runs(prom, args.job, scan_from, end)

@@ -40,7 +40,7 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     ("127.0.0.1:PORT", to scrape), ``url``, ``ingest`` ("udp://127.0.0.1:PORT", for the
     hooks' ``RANKSIGHT_AGENT``), ``metrics_text()``, ``pid``.
 The ports, processes, waits and the Prometheus/Alertmanager clients (``free_port``, ``wait_until``,
-``PrometheusAPI``, ``AlertmanagerAPI``) live in ``ranksight.tools.plumbing``; import them from there.
+``PrometheusAPI``, ``AlertmanagerAPI``) live in ``ranksight.common.plumbing``; import them from there.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import yaml
 
 from .. import config, triage
-from .plumbing import (AlertmanagerAPI, ApiError, Proc, PrometheusAPI, free_port, http_get, last_line, port_in_use,
+from ..common.plumbing import (AlertmanagerAPI, ApiError, Proc, PrometheusAPI, free_port, http_get, last_line, port_in_use,
                        wait_http, wait_until)
 
 log = logging.getLogger(__name__)

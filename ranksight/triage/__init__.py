@@ -33,7 +33,7 @@ shortest window (the test profile's 30s windows assume scrapes every 10 s or les
 
 The package: model.py (Entry, Recording, Inhibit, shared constants), records.py (recording rules),
 alerts.py (the alerts and their PromQL), lints.py (the setup lints), prose.py with prose/*.md (the
-runbook prose), and ranksight/triage_goodput.py (goodput and the step-time baseline).
+runbook prose), and ranksight/triage/goodput.py (goodput and the step-time baseline).
 """
 from __future__ import annotations
 
@@ -52,4 +52,4 @@ __all__ = [
 ]
 
 # goodput and the step-time baseline: its records and groups join REC and RULE_GROUPS on import
-from .. import triage_goodput as _goodput  # noqa: E402,F401
+from . import goodput as _goodput  # noqa: E402,F401

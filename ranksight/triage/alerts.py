@@ -1,14 +1,14 @@
 """The alerts of the triage table: the six signals in order, the extra causes, the symptoms and the
 stack's own health, each an Entry with its PromQL, its thresholds from the config and its
 runbook prose (prose/<id>.md). ``table(cfg)`` adds the lints (lints.py) and the goodput entries
-(ranksight/triage_goodput.py)."""
+(ranksight/triage/goodput.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .. import catalog as C
-from .. import triage_goodput as _goodput
+from . import goodput as _goodput
 from ..config import duration_seconds
 from .lints import lint_entries
 from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,

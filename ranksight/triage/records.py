@@ -250,7 +250,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
         Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
     ]
-    from .. import triage_goodput as _goodput  # it builds on this module: imported at call time
+    from . import goodput as _goodput  # it builds on this module: imported at call time
 
     chain, job_state = _goodput.rank_group_rules(cfg)
     job += chain

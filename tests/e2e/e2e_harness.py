@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ranksight import config
-from ranksight.tools.plumbing import GiveUp, free_port, spawn, stop_process, wait_for
+from ranksight.common.plumbing import GiveUp, free_port, spawn, stop_process, wait_for
 from ranksight.tools.stack import AgentProcess, LocalStack
 
 log = logging.getLogger("tests.e2e")

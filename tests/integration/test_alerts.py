@@ -14,7 +14,8 @@ from typing import Any, Dict, List
 import pytest
 import yaml
 
-from ranksight import catalog, config, triage, triage_goodput
+from ranksight import catalog, config, triage
+from ranksight.triage import goodput as triage_goodput
 from ranksight.alerts import generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -307,7 +308,7 @@ def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
 
 def test_runbook_prose_files_are_each_used_and_complete(default_cfg):
     """Every entry's Meaning, Impact, Diagnosis and Mitigation come from ranksight/triage/prose/: one
-    file per entry id (lint.md for every lint, triage_goodput.py writes its own), none unused."""
+    file per entry id (lint.md for every lint, triage/goodput.py writes its own), none unused."""
     from ranksight.triage import prose as tp
 
     stems = {p.stem for p in tp.PROSE_DIR.glob("*.md")}

@@ -28,7 +28,7 @@ import pytest
 
 from ranksight import catalog as C
 from ranksight.hooks.watcher import STEPS_PER_RECORD
-from ranksight.tools.plumbing import free_port
+from ranksight.common.plumbing import free_port
 from ranksight.tools.stack import AgentProcess
 
 from test_exporter_helpers import ROOT, Proc, parse, series, wait_for

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from ranksight import catalog, config, protocol, triage
-from ranksight.tools.plumbing import PrometheusAPI, Proc, free_port, wait_until
+from ranksight.common.plumbing import PrometheusAPI, Proc, free_port, wait_until
 from ranksight.tools.stack import find_binary
 
 ROOT = Path(__file__).resolve().parents[2]

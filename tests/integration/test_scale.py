@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from ranksight import catalog as C
-from ranksight import config, triage, triage_goodput
-from ranksight.bench import load
+from ranksight import config, triage
+from ranksight.triage import goodput as triage_goodput
+from ranksight.tools.bench import load
 
 scale = load("scale")
 

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ranksight import catalog
-from ranksight.tools.plumbing import free_port, last_line, set_pdeathsig, wait_until
+from ranksight.common.plumbing import free_port, last_line, set_pdeathsig, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "systemd" / "ranksight-exporter.service"

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from ranksight import catalog, config, protocol, triage
-from ranksight.tools.plumbing import AlertmanagerAPI, PrometheusAPI, pid_alive, wait_until
+from ranksight.common.plumbing import AlertmanagerAPI, PrometheusAPI, pid_alive, wait_until
 from ranksight.tools.stack import LocalStack, render_alert_files, render_prometheus_config
 
 from conftest import require_binary

@@ -209,7 +209,7 @@ def counter_names(got: Dict, **match: str) -> Dict[str, float]:
 def mlx5_tree(root: Path, ports: int = 2) -> Path:
     """An mlx5 HCA as the kernel lays it out (counters: the IB PMA port counters; hw_counters:
     drivers/infiniband/hw/mlx5/counters.c), every file a distinct value."""
-    from ranksight.bench import load
+    from ranksight.tools.bench import load
     scale = load("scale")
 
     n = 0

@@ -17,7 +17,7 @@ from typing import Dict, FrozenSet, List, Optional, Tuple
 from prometheus_client.parser import text_string_to_metric_families
 
 from ranksight import protocol as P
-from ranksight.tools.plumbing import free_port, spawn, stop_process, wait_for  # noqa: F401 - shared by the exporter tests
+from ranksight.common.plumbing import free_port, spawn, stop_process, wait_for  # noqa: F401 - shared by the exporter tests
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -25,10 +25,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ranksight import catalog, config, k8s, protocol, triage
+from ranksight import catalog, config, protocol, triage
+from ranksight.tools import k8s
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
-from ranksight.tools.plumbing import AlertmanagerAPI, free_port, set_pdeathsig, wait_until
+from ranksight.common.plumbing import AlertmanagerAPI, free_port, set_pdeathsig, wait_until
 from support.operator_view import BASE_AM, operator_view, unprefixed
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,6 +20,8 @@ HTTP
     client (instant and range queries, rules, alerts, targets, timed streaming queries, its own
     /metrics). ``AlertmanagerAPI(url, timeout)``: the one Alertmanager client (alerts incl.
     inhibited, posting alerts). Both raise ``ApiError`` with one line for the user.
+    ``connect(url, timeout) -> PrometheusAPI``: the client for a ``--prometheus URL`` option;
+    ``UsageError`` (an ApiError) names the option when the URL is not one.
 """
 from __future__ import annotations
 
@@ -468,6 +470,18 @@ class PrometheusAPI:
             wall = time.perf_counter() - t0
             info = {"status": "error", "error": str(e), "series": 0, "points": 0, "bytes": 0}
         return wall, info
+
+
+class UsageError(ApiError):
+    """One line about an option the user gave (a URL that is not one); exit 2."""
+
+
+def connect(url: str, timeout: float) -> PrometheusAPI:
+    """The Prometheus client for --prometheus URL; UsageError (one line) on a bad URL."""
+    try:
+        return PrometheusAPI(url, timeout)
+    except ApiError as e:
+        raise UsageError(f"--prometheus: {e}") from None
 
 
 class AlertmanagerAPI:

@@ -52,7 +52,7 @@ from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
 
 # deploy/kubernetes/ of a checkout: what --in-place writes
-COMMITTED_DIR = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+COMMITTED_DIR = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 NAMESPACE = "ranksight"
 IMAGE = f"ranksight-agent:{__version__}"
 APP = triage.SCRAPE_JOB  # Service name = the job label prometheus-operator gives the scrape targets

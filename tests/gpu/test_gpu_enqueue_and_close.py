@@ -1,4 +1,4 @@
-"""Two GPU-timing fixes on the real GPU (bench/gpu/hooks_fixes.py; their CPU checks, with a
+"""Two GPU-timing fixes on the real GPU (bench/gpu/enqueue_and_close.py; their CPU checks, with a
 stand-in for CUDA events, are in tests/integration/test_hooks.py):
 
 * an async collective's start event is recorded after the call returned: on a host-bound step
@@ -20,16 +20,16 @@ import gpu_workload as W
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
 
 _CACHE: Dict[str, Dict[str, Any]] = {}
-ENQUEUE = 0.02  # bench/gpu/hooks_fixes.py ENQUEUE
+ENQUEUE = 0.02  # bench/gpu/enqueue_and_close.py ENQUEUE
 
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory, gpu_results):
-    d = tmp_path_factory.mktemp("hooks_fixes")
+    d = tmp_path_factory.mktemp("enqueue_and_close")
 
     def run(name: str) -> Dict[str, Any]:
-        return run_script_once(_CACHE, name, ["hooks_fixes.py", name], d / f"{name}.json", gpu_results,
-                               f"hooks_fixes_{name}", 240)
+        return run_script_once(_CACHE, name, ["enqueue_and_close.py", name], d / f"{name}.json", gpu_results,
+                               f"enqueue_and_close_{name}", 240)
 
     return run
 

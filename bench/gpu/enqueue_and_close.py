@@ -1,6 +1,6 @@
-"""Two GPU-timing fixes of the hooks, checked on a real GPU (tests/gpu/test_gpu_hooks_fixes.py).
+"""Two GPU-timing fixes of the hooks, checked on a real GPU (tests/gpu/test_gpu_enqueue_and_close.py).
 
-    python bench/gpu/hooks_fixes.py CASE --out result.json [--smoke]
+    python bench/gpu/enqueue_and_close.py CASE --out result.json [--smoke]
 
 Cases (each in its own process, one-rank NCCL group on cuda:0):
 

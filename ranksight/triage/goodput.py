@@ -41,10 +41,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Tuple
 
-from . import catalog as C
-from .triage.model import VAL, Entry, Inhibit, Recording
-from .triage.records import REC as BASE_REC
-from .triage.records import RULE_GROUPS
+from .. import catalog as C
+from .model import VAL, Entry, Inhibit, Recording
+from .records import REC as BASE_REC
+from .records import RULE_GROUPS
 
 GOODPUT_GROUP = "ranksight.recording.goodput"
 BASELINE_GROUP = "ranksight.recording.baseline"
