@@ -40,6 +40,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
 from ranksight import protocol as P
+from ranksight.common.console import fail
 from ranksight.common.plumbing import free_port, stop_process, wait_http
 
 HERE = Path(__file__).resolve()
@@ -446,7 +447,7 @@ def measure(args: argparse.Namespace) -> Dict:
     trace = args.nvml_trace
     DEFAULT_TRACE = _standin().DEFAULT_TRACE
     if trace is None and not DEFAULT_TRACE.exists():
-        raise SystemExit(f"ranksight: error: no NVML trace at {DEFAULT_TRACE}; pass --nvml-trace FILE")
+        fail(f"no NVML trace at {DEFAULT_TRACE}; pass --nvml-trace FILE", 1)
     port, uport = free_port(), free_port(udp=True)
     py = sys.executable
     mod = str(HERE)  # this script runs the agent and the sender as its children
