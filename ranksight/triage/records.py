@@ -1,111 +1,14 @@
-"""The recording rules of the triage table: their names (REC), their groups (RULE_GROUPS) and
-their expressions (``recording_rules(cfg)``)."""
+"""The recording rules of the triage table: their expressions (``recording_rules(cfg)``), group by
+group; their names (REC) and groups (RULE_GROUPS) are in names.py."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from .. import catalog as C
+from . import goodput as _goodput
 from .model import RDMA_TRAFFIC, THROTTLE_SHOWN, Recording
-
-# ----------------------------------------------------------------- recording rule names
-REC = {
-    "data_share": "rank:ranksight_dataloader_wait_share:ratio_rate",
-    "comm_share": "rank:ranksight_comm_share:ratio_rate",
-    "xcomm_share": "rank:ranksight_exposed_comm_share:ratio_rate",
-    "ckpt_share": "rank:ranksight_checkpoint_share:ratio_rate",
-    "step_mean": "rank:ranksight_step_duration_seconds:mean_rate",
-    "busy": "rank:ranksight_busy_seconds_per_step:rate",
-    "busy_median": "job:ranksight_busy_seconds_per_step:median",
-    "straggler": "rank:ranksight_straggler:ratio",
-    "job_buckets": "job:ranksight_step_duration_seconds_bucket:rate",
-    "job_p50": "job:ranksight_step_duration_seconds:p50_rate",
-    "job_p99": "job:ranksight_step_duration_seconds:p99_rate",
-    "job_steps": "job:ranksight_steps:rate",
-    "job_data_share": "job:ranksight_dataloader_wait_share:ratio_rate",
-    "job_comm_share": "job:ranksight_comm_share:ratio_rate",
-    # the job's irreducible comm share: that of its least-waiting rank (a straggler waits for nobody)
-    "job_comm_min": "job:ranksight_comm_share:min",
-    "job_xcomm_share": "job:ranksight_exposed_comm_share:ratio_rate",
-    "job_ckpt_share": "job:ranksight_checkpoint_share:ratio_rate",
-    "retrans": "node:ranksight_tcp_retransmit:ratio_rate",
-    "gpu_util": "gpu:ranksight_gpu_utilization:ratio_rate",
-    "gpu_swings": "gpu:ranksight_gpu_swings:per_minute_rate",
-    "node_gpu_util": "node:ranksight_gpu_utilization:ratio_rate",
-    # each per-rank step counter's rate, recorded once; the shares, busy time and job aggregates
-    # above are arithmetic on these (one rate() per raw series per evaluation)
-    "step_s": "rank:ranksight_step_seconds:rate",
-    "steps": "rank:ranksight_steps:rate",
-    "data_s": "rank:ranksight_dataloader_wait_seconds:rate",
-    "comm_s": "rank:ranksight_comm_seconds:rate",
-    "xcomm_s": "rank:ranksight_exposed_comm_seconds:rate",
-    "ckpt_s": "rank:ranksight_checkpoint_seconds:rate",
-    "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
-    "alloc_retries": "rank:ranksight_cuda_alloc_retries:per_minute_rate",
-    "ckpt_age": "rank:ranksight_checkpoint_age:seconds",
-    # job level, for the triage dashboard's fleet panels
-    "ckpt_age_median": "job:ranksight_checkpoint_age_seconds:median",
-    "ranks_up": "job:ranksight_ranks_up:sum",
-    "ranks": "job:ranksight_ranks:count",
-    # node level (fleet panels read these instead of thousands of raw port/device/GPU series)
-    "rdma_errors": "node:ranksight_rdma_port_errors:rate",
-    "rdma_packets": "node:ranksight_rdma_port_packets:rate",
-    "util_samples": "node:ranksight_gpu_utilization_samples_bucket:rate",
-    "if_errors": "node:ranksight_net_interface_errors:rate",
-    "if_drops": "node:ranksight_net_interface_drops:rate",
-    "if_bytes": "node:ranksight_net_interface_bytes:rate",
-    "ingest": "node:ranksight_ingest_datagrams:rate",
-    "disk_free": "node:ranksight_disk_free:ratio",
-    "throttled": "gpu:ranksight_gpu_throttled:max",
-    # a NIC's best link speed: over each baseline interval, and over a day of those (RanksightNicSpeedLow)
-    "nic_best": "node:ranksight_net_interface_speed_bytes:interval_max",
-    "nic_best_1d": "node:ranksight_net_interface_speed_bytes:max_1d",
-    # each rank's GPU, joined once per evaluation (the ranks dashboard draws these per rank)
-    "rank_gpu_util": "rank:ranksight_gpu_utilization:ratio_rate",
-    "rank_gpu_min": "rank:ranksight_gpu_utilization_window:min",
-    "rank_gpu_max": "rank:ranksight_gpu_utilization_window:max",
-}
-
-RANK_BY = "job, node, rank, local_rank"
-
-
-# Recording-rule groups, in the order they are written. Prometheus evaluates groups concurrently
-# and the rules of one group in order (a rule reads the earlier rules' results of the same
-# evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute
-# rates of large families run at `durations.slow_rule_interval` (at 1,024 nodes they are
-# the costliest rules and nothing alerts on them).
-# The rank records split in four groups that evaluate side by side. The step counters' rates come
-# first, in a group of their own (each raw family read once); the rank arithmetic on them (shares,
-# busy time, the straggler ratio) and the job aggregates of them (job shares, step components) are
-# two more groups that read the rates' latest evaluation, at most one interval old, and nothing of
-# each other. The rank state records read their own raw series and nothing else of the chain
-# (checkpoint share and age, backward-to-optimizer, allocator retries, ranks up). The slow node
-# families are three groups of independent rules: interface counters, GPU utilization sample
-# buckets, RDMA ports. At 1,024 nodes no group then evaluates in more than half its budget
-# (bench/RESULTS.md, "Scale").
-RULE_GROUPS: Dict[str, Optional[str]] = {
-    "ranksight.recording.rank_rates": None,  # None: Prometheus' evaluation_interval
-    "ranksight.recording.rank": None,
-    "ranksight.recording.job": None,
-    "ranksight.recording.rank_state": None,
-    "ranksight.recording.node": None,
-    "ranksight.recording.rank_gpu": None,
-    "ranksight.recording.histograms": "slow_rule_interval",
-    "ranksight.recording.node_counters": "slow_rule_interval",
-    "ranksight.recording.gpu_samples": "slow_rule_interval",
-    "ranksight.recording.rdma": "slow_rule_interval",
-    "ranksight.recording.nic": "baseline_rule_interval",
-}
-
-
-# The earlier groups whose records a group reads: their latest evaluation, at most one interval old
-# (every other record a rule reads comes from an earlier rule of its own group).
-GROUP_INPUTS: Dict[str, Tuple[str, ...]] = {
-    "ranksight.recording.rank": ("ranksight.recording.rank_rates",),
-    "ranksight.recording.job": ("ranksight.recording.rank_rates",),
-    "ranksight.recording.rank_gpu": ("ranksight.recording.node",),
-}
-
+from .names import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS  # noqa: F401 (public here)
 
 def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     """Every recording rule, group by group (RULE_GROUPS order), in evaluation order within a group.
@@ -250,8 +153,6 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
         Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
     ]
-    from . import goodput as _goodput  # it builds on this module: imported at call time
-
     chain, job_state = _goodput.rank_group_rules(cfg)
     job += chain
     state += job_state
