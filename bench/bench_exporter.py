@@ -440,9 +440,123 @@ def _pct(xs: List[float], q: float) -> float:
 
 
 # ------------------------------------------------------------------ the benchmark
-def measure(args: argparse.Namespace) -> Dict:
+def _scrape_times(args: argparse.Namespace, port: int, ne_port: Optional[int], result: Dict,
+                  ne: Optional[subprocess.Popen]) -> "Scraper":
+    """Scrape latency and size of the agent (and of node_exporter's network collectors when it runs)
+    into result["scrape_ms"]; the agent's Scraper, for the phases that follow."""
     import psutil
 
+    a_scr = Scraper(port, "/metrics")
+    n_scr = Scraper(ne_port, NE_QUERY) if ne_port is not None else None
+    for _ in range(5):
+        a_scr.get()
+        if n_scr:
+            n_scr.get()
+    a_t, n_t = [], []
+    a_size = n_size = 0
+    for _ in range(args.scrapes):
+        dt, body = a_scr.get()
+        a_t.append(dt * 1e3)
+        a_size = len(body)
+        if n_scr:
+            dt, body = n_scr.get()
+            n_t.append(dt * 1e3)
+            n_size = len(body)
+    text = a_scr.text()
+    result["scrape_ms"] = {"agent": {"p50": _pct(a_t, 0.5), "p99": _pct(a_t, 0.99), "gzip_bytes": a_size,
+                                     "samples": sum(1 for ln in text.splitlines() if ln and ln[0] != "#")}}
+    if n_t:
+        result["scrape_ms"]["node_exporter_network"] = {"p50": _pct(n_t, 0.5), "p99": _pct(n_t, 0.99),
+                                                        "gzip_bytes": n_size}
+        result["scrape_ms"]["ratio_p50"] = result["scrape_ms"]["agent"]["p50"] / result["scrape_ms"]["node_exporter_network"]["p50"]
+        result["scrape_ms"]["ratio_p99"] = result["scrape_ms"]["agent"]["p99"] / result["scrape_ms"]["node_exporter_network"]["p99"]
+        result["node_exporter_rss_mb"] = psutil.Process(ne.pid).memory_info().rss / 2**20
+    else:
+        result["scrape_ms"]["node_exporter_network"] = None
+    return a_scr
+
+
+def _cpu_window(args: argparse.Namespace, agent: subprocess.Popen, a_scr: "Scraper", rate: float,
+                result: Dict) -> None:
+    """The agent's CPU and RSS under the rank load, scraped at a Prometheus-like interval."""
+    import psutil
+
+    pa = psutil.Process(agent.pid)
+    i0 = _ingest_counts(a_scr)
+    c0 = pa.cpu_times()
+    n0 = _cpu_ns(agent.pid)
+    t0 = time.monotonic()
+    next_scrape = t0
+    while time.monotonic() - t0 < args.cpu_seconds:
+        if time.monotonic() >= next_scrape:
+            a_scr.get()
+            next_scrape += args.scrape_interval
+        time.sleep(0.05)
+    c1 = pa.cpu_times()
+    n1 = _cpu_ns(agent.pid)
+    wall = time.monotonic() - t0
+    ticks = 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / wall
+    result["agent_cpu_percent_ticks"] = ticks
+    result["agent_cpu_percent"] = 100.0 * (n1 - n0) / 1e9 / wall if n0 is not None and n1 is not None else ticks
+    result["agent_rss_mb"] = pa.memory_info().rss / 2**20
+    i1 = _ingest_counts(a_scr)
+    got = {k: v - i0.get(k, 0) for k, v in i1.items() if v - i0.get(k, 0)}
+    result["cpu_window"] = {"seconds": wall, "scrape_interval_s": args.scrape_interval,
+                            "steps_per_s": rate, "datagrams_per_s": sum(got.values()) / wall,
+                            # the load must be accepted: a rejected datagram costs the agent less
+                            "ingest": got}
+
+
+def _ingest_bursts(args: argparse.Namespace, py: str, mod: str, uport: int, a_scr: "Scraper") -> Dict:
+    """The ingest phase: bursts at rising rates until one is not counted in full."""
+    tried = []
+    best = 0.0
+    for r in [float(x) for x in args.rates.split(",") if x.strip()]:
+        time.sleep(0.5)
+        before = _ok_count(a_scr)
+        kern0 = _udp_rcvbuf_errors()
+        out = subprocess.run([py, mod, "_send", "--port", str(uport), "--rate", str(r), "--seconds",
+                              str(args.burst_seconds), "--ranks", str(args.ranks)],
+                             capture_output=True, text=True, timeout=args.burst_seconds + 60)
+        sent = json.loads(out.stdout)
+        achieved = sent["sent"] / sent["seconds"]
+        deadline = time.monotonic() + 20
+        got, last, still = 0, -1, 0
+        while time.monotonic() < deadline:  # wait until the agent has drained its socket
+            got = _ok_count(a_scr) - before
+            if got >= sent["sent"]:
+                break
+            still = still + 1 if got == last else 0
+            if still >= 5:
+                break
+            last = got
+            time.sleep(0.2)
+        kern = _udp_rcvbuf_errors() - kern0 if kern0 >= 0 else None
+        ok = got == sent["sent"]
+        tried.append({"target_per_s": r, "sent_per_s": round(achieved), "sent": sent["sent"], "counted_ok": got,
+                      "dropped": sent["sent"] - got, "kernel_rcvbuf_errors": kern, "no_drops": ok})
+        if not ok:
+            break
+        best = max(best, achieved)
+    return {"max_rate_no_drops_per_s": round(best), "burst_seconds": args.burst_seconds, "tried": tried}
+
+
+def _meets(result: Dict) -> Dict:
+    """Each target met (True/False), or None where it was not measured."""
+    sc = result.get("scrape_ms", {})
+    return {
+        "scrape_p50_vs_node_exporter": (sc.get("ratio_p50") is not None and sc["ratio_p50"] <= 1.0) if sc.get("node_exporter_network") else None,
+        "cpu": (result.get("agent_cpu_percent", 1e9) <= TARGETS["cpu_percent"]
+                and set(result.get("cpu_window", {}).get("ingest", {})) == {"ok"}),
+        "rss": result.get("agent_rss_mb", 1e9) <= TARGETS["rss_mb"],
+        "ingest": result.get("ingest", {}).get("max_rate_no_drops_per_s", 0) >= TARGETS["ingest_per_s"],
+        # offered at least the target rate, dropped what it had to, and lost no count
+        "overload_counts_exact": (result["overload"]["offered_per_s"] >= TARGETS["ingest_per_s"]
+                                  and result["overload"]["counts_exact"]) if "overload" in result else None,
+    }
+
+
+def measure(args: argparse.Namespace) -> Dict:
     trace = args.nvml_trace
     DEFAULT_TRACE = _standin().DEFAULT_TRACE
     if trace is None and not DEFAULT_TRACE.exists():
@@ -457,6 +571,7 @@ def measure(args: argparse.Namespace) -> Dict:
                               f"udp://127.0.0.1:{uport}", "--gpus", str(args.gpus)] + (["--trace", trace] if trace else []),
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     ne: Optional[subprocess.Popen] = None
+    ne_port = 0
     load: Optional[subprocess.Popen] = None
     result: Dict = {"setup": {"gpus": args.gpus, "ranks": args.ranks, "steps_per_second_per_rank": args.steps_per_second,
                               "cpus": os.cpu_count(), "python": sys.version.split()[0]}}
@@ -473,92 +588,12 @@ def measure(args: argparse.Namespace) -> Dict:
                                  str(load_seconds), "--ranks", str(args.ranks), "--heartbeats", "--batched"],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         time.sleep(3.0)  # warm-up: ranks known, windows filling, GPU sampler running
-        a_scr = Scraper(port, "/metrics")
-        n_scr = Scraper(ne_port, NE_QUERY) if ne is not None else None
-        for _ in range(5):
-            a_scr.get()
-            if n_scr:
-                n_scr.get()
-        a_t, n_t = [], []
-        a_size = n_size = 0
-        for _ in range(args.scrapes):
-            dt, body = a_scr.get()
-            a_t.append(dt * 1e3)
-            a_size = len(body)
-            if n_scr:
-                dt, body = n_scr.get()
-                n_t.append(dt * 1e3)
-                n_size = len(body)
-        text = a_scr.text()
-        result["scrape_ms"] = {"agent": {"p50": _pct(a_t, 0.5), "p99": _pct(a_t, 0.99), "gzip_bytes": a_size,
-                                         "samples": sum(1 for ln in text.splitlines() if ln and ln[0] != "#")}}
-        if n_t:
-            result["scrape_ms"]["node_exporter_network"] = {"p50": _pct(n_t, 0.5), "p99": _pct(n_t, 0.99),
-                                                            "gzip_bytes": n_size}
-            result["scrape_ms"]["ratio_p50"] = result["scrape_ms"]["agent"]["p50"] / result["scrape_ms"]["node_exporter_network"]["p50"]
-            result["scrape_ms"]["ratio_p99"] = result["scrape_ms"]["agent"]["p99"] / result["scrape_ms"]["node_exporter_network"]["p99"]
-            result["node_exporter_rss_mb"] = psutil.Process(ne.pid).memory_info().rss / 2**20
-        else:
-            result["scrape_ms"]["node_exporter_network"] = None
-        # CPU and RSS under the rank load, scraped at a Prometheus-like interval
-        pa = psutil.Process(agent.pid)
-        i0 = _ingest_counts(a_scr)
-        c0 = pa.cpu_times()
-        n0 = _cpu_ns(agent.pid)
-        t0 = time.monotonic()
-        next_scrape = t0
-        while time.monotonic() - t0 < args.cpu_seconds:
-            if time.monotonic() >= next_scrape:
-                a_scr.get()
-                next_scrape += args.scrape_interval
-            time.sleep(0.05)
-        c1 = pa.cpu_times()
-        n1 = _cpu_ns(agent.pid)
-        wall = time.monotonic() - t0
-        ticks = 100.0 * ((c1.user - c0.user) + (c1.system - c0.system)) / wall
-        result["agent_cpu_percent_ticks"] = ticks
-        result["agent_cpu_percent"] = 100.0 * (n1 - n0) / 1e9 / wall if n0 is not None and n1 is not None else ticks
-        result["agent_rss_mb"] = pa.memory_info().rss / 2**20
-        i1 = _ingest_counts(a_scr)
-        got = {k: v - i0.get(k, 0) for k, v in i1.items() if v - i0.get(k, 0)}
-        result["cpu_window"] = {"seconds": wall, "scrape_interval_s": args.scrape_interval,
-                                "steps_per_s": rate, "datagrams_per_s": sum(got.values()) / wall,
-                                # the load must be accepted: a rejected datagram costs the agent less
-                                "ingest": got}
+        a_scr = _scrape_times(args, port, ne_port if ne is not None else None, result, ne)
+        _cpu_window(args, agent, a_scr, rate, result)
         if load is not None:
             stop_process(load, 10)
         load = None
-        # ingest: rising bursts
-        tried = []
-        best = 0.0
-        for r in [float(x) for x in args.rates.split(",") if x.strip()]:
-            time.sleep(0.5)
-            before = _ok_count(a_scr)
-            kern0 = _udp_rcvbuf_errors()
-            out = subprocess.run([py, mod, "_send", "--port", str(uport), "--rate", str(r), "--seconds",
-                                  str(args.burst_seconds), "--ranks", str(args.ranks)],
-                                 capture_output=True, text=True, timeout=args.burst_seconds + 60)
-            sent = json.loads(out.stdout)
-            achieved = sent["sent"] / sent["seconds"]
-            deadline = time.monotonic() + 20
-            got, last, still = 0, -1, 0
-            while time.monotonic() < deadline:  # wait until the agent has drained its socket
-                got = _ok_count(a_scr) - before
-                if got >= sent["sent"]:
-                    break
-                still = still + 1 if got == last else 0
-                if still >= 5:
-                    break
-                last = got
-                time.sleep(0.2)
-            kern = _udp_rcvbuf_errors() - kern0 if kern0 >= 0 else None
-            ok = got == sent["sent"]
-            tried.append({"target_per_s": r, "sent_per_s": round(achieved), "sent": sent["sent"], "counted_ok": got,
-                          "dropped": sent["sent"] - got, "kernel_rcvbuf_errors": kern, "no_drops": ok})
-            if not ok:
-                break
-            best = max(best, achieved)
-        result["ingest"] = {"max_rate_no_drops_per_s": round(best), "burst_seconds": args.burst_seconds, "tried": tried}
+        result["ingest"] = _ingest_bursts(args, py, mod, uport, a_scr)
         if args.overload_rate > 0:
             time.sleep(0.5)
             result["overload"] = _overload(args, py, mod, uport, a_scr)
@@ -570,17 +605,7 @@ def measure(args: argparse.Namespace) -> Dict:
         if "Traceback" in err:
             result["agent_stderr_tail"] = err[-2000:]
     result["targets"] = TARGETS
-    sc = result.get("scrape_ms", {})
-    result["meets"] = {
-        "scrape_p50_vs_node_exporter": (sc.get("ratio_p50") is not None and sc["ratio_p50"] <= 1.0) if sc.get("node_exporter_network") else None,
-        "cpu": (result.get("agent_cpu_percent", 1e9) <= TARGETS["cpu_percent"]
-                and set(result.get("cpu_window", {}).get("ingest", {})) == {"ok"}),
-        "rss": result.get("agent_rss_mb", 1e9) <= TARGETS["rss_mb"],
-        "ingest": result.get("ingest", {}).get("max_rate_no_drops_per_s", 0) >= TARGETS["ingest_per_s"],
-        # offered at least the target rate, dropped what it had to, and lost no count
-        "overload_counts_exact": (result["overload"]["offered_per_s"] >= TARGETS["ingest_per_s"]
-                                  and result["overload"]["counts_exact"]) if "overload" in result else None,
-    }
+    result["meets"] = _meets(result)
     return result
 
 
