@@ -15,9 +15,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """One clear line about a bad config value."""
+from . import oncall
+from .errors import ConfigError  # noqa: F401 (public here: ranksight.config.ConfigError)
 
 
 @dataclass(frozen=True)
@@ -226,8 +225,6 @@ def validate(section: str, key: str, value: Any) -> Any:
     if (section, key) == ("agent", "rdma_counters"):
         return _rdma_counters(where, value)
     if (section, key) in (("alerting", "receivers"), ("alerting", "routes")):
-        from . import oncall
-
         return oncall.check_receivers(value) if key == "receivers" else oncall.check_routes(value)
     d = opt.default
     if isinstance(d, bool):
@@ -321,8 +318,6 @@ def load(path: Optional[str] = None, profile: str = "default", env: Optional[Map
             raise ConfigError(f"env {name}: expected RANKSIGHT__<section>__<key>")
         section, key = parts[0].lower(), parts[1].lower()
         _merge(cfg, {section: {key: value}}, f"env {name}")
-    from . import oncall
-
     oncall.check_refs(cfg["alerting"])
     out = Config(cfg)
     out.profile = profile

@@ -1,4 +1,4 @@
-"""Two GPU-timing fixes on the real GPU (bench/gpu/enqueue_and_close.py; their CPU checks, with a
+"""Two GPU-timing rules of the hooks on the real GPU (bench/gpu/enqueue_and_close.py; their CPU checks, with a
 stand-in for CUDA events, are in tests/integration/test_hooks.py):
 
 * an async collective's start event is recorded after the call returned: on a host-bound step
@@ -48,7 +48,7 @@ def test_async_comm_excludes_the_host_enqueue(case, name):
     _common(r)
     if name == "enqueue_ddp":
         assert r["stats"]["ddp_comm_hook"] is True
-    # before the fix every step counted the 20 ms enqueue as comm
+    # counting the enqueue would add 20 ms of comm to every step
     assert r["comm_per_step"] < ENQUEUE / 4, (
         f"{name}: comm {r['comm_per_step'] * 1e3:.3f} ms per step includes the {ENQUEUE * 1e3:.0f} ms enqueue")
 
