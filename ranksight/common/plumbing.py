@@ -242,7 +242,7 @@ class Proc:
     from another process (``ranksight stack down``)."""
     argv: List[str]
     log_file: Path
-    env: Optional[Mapping[str, str]] = None  # set on top of this process's environment
+    env: Optional[Mapping[str, str]] = None  # the child's whole environment; None: this process's
     name: str = ""  # in log lines; the command line when empty
     pid_file: Optional[Path] = None
     marker: str = ""
@@ -257,9 +257,8 @@ class Proc:
         if self.fresh_log:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
             Path(self.log_file).write_bytes(b"")
-        env = None if self.env is None else {**os.environ, **self.env}
         self.popen = spawn(self.argv, self.log_file, daemon=daemon, nice=self.nice, deathsig=self.deathsig,
-                           env=env, cwd=self.cwd)
+                           env=self.env, cwd=self.cwd)
         if self.pid_file is not None:
             self.pid_file.write_text(f"{self.popen.pid}\n")
         return self

@@ -7,6 +7,7 @@ prometheus_client's own parser (independent of the agent's writer).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -91,7 +92,7 @@ def dgram(identity: dict, body: dict) -> bytes:
 def started(argv: List[str], log: Path, env: Optional[dict] = None) -> Proc:
     """argv run from the checkout with its output in a fresh ``log`` and ``env`` on top of this
     process's environment; ``stop()`` signals its own pid only."""
-    return Proc(argv, log, env, cwd=ROOT, fresh_log=True).start()
+    return Proc(argv, log, {**os.environ, **(env or {})}, cwd=ROOT, fresh_log=True).start()
 
 
 def agent_cmd(*args: str) -> List[str]:
