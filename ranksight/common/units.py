@@ -13,6 +13,8 @@ dashboards' descriptions and the benchmarks' summaries (torch-free).
     ``1.25 GB/s``, ``3 per minute``.
 ``binary_bytes(n) -> str``
     A size in powers of 1024: ``512 B``, ``1.5 GiB``.
+``size(n) -> str``
+    A size in a sentence with one decimal, at least in kB: ``12.3 GB``, ``4.0 MB``, ``0.5 kB``.
 """
 from __future__ import annotations
 
@@ -64,6 +66,14 @@ def threshold(v: float, unit: str) -> str:
     if unit == "per_minute":
         return f"{v:g} per minute"
     return f"{v:g}"
+
+
+def size(n: float) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.1f} GB"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} MB"
+    return f"{n / 1e3:.1f} kB"
 
 
 def binary_bytes(n: float) -> str:
