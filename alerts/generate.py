@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 import yaml
 
 from ranksight import cli, config, triage
-from ranksight.common.console import error
+from ranksight.console import error
 
 from . import notify
 from .notify import HEADER

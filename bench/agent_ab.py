@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from ranksight.common.console import fail
+from ranksight.console import fail
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "bench_exporter.py"

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ranksight import catalog as C
-from ranksight.common.console import fail
+from ranksight.console import fail
 from ranksight.common.plumbing import free_port, stop_process, wait_http
 
 HERE = Path(__file__).resolve()

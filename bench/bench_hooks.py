@@ -305,7 +305,7 @@ def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float
 
 
 def run(args: argparse.Namespace) -> int:
-    from ranksight.common.console import error
+    from ranksight.console import error
 
     for name in ("runs", "steps", "ddp_steps"):
         if getattr(args, name) < 1:

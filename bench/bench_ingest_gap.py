@@ -57,7 +57,7 @@ def main(argv: List[str] = None) -> int:
         ap.error(f"--gaps {a.gaps!r}: expected seconds separated by commas")
     if a.rounds < 1 or not gaps or min(gaps) < 0:
         ap.error("--rounds must be >= 1 and --gaps non-negative")
-    from ranksight.common.console import fail
+    from ranksight.console import fail
     from ranksight.exporter.ingest import Ingest
     from ranksight.exporter.ranks import RankSettings, RankTable
 

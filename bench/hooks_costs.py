@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Dict, List
 
-from ranksight.common.console import error
+from ranksight.console import error
 from ranksight.common.plumbing import free_port
 
 HOOKS = ("_fwd_pre", "_fwd_post", "_opt_pre", "_opt_post", "_bwd_done", "_step_end")

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ranksight import cli
-from ranksight.common.console import error
+from ranksight.console import error
 from ranksight import config as rconfig
 
 log = logging.getLogger(__name__)

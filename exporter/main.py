@@ -18,7 +18,7 @@ from typing import List, Optional
 from ranksight import config as cfgmod
 from ranksight.config import ConfigError
 from ranksight.address import parse_address
-from ranksight.common.console import error
+from ranksight.console import error
 
 from .agent import COLLECTORS, Agent, AgentError, AgentSettings, parse_listen
 from .ranks import RankSettings

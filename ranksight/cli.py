@@ -4,7 +4,7 @@ Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``. Bad usage exits 2 with one clear line; runtime errors that
 are the user's (config, ports, unreachable Prometheus) also print one line and
 exit 2. Every such line starts with ``ERROR_PREFIX``: subcommands print it with
-``error(message)`` (both from ``ranksight.common.console``, which the tools and benchmarks use too).
+``error(message)`` (both from ``ranksight.console``, which the tools, the agent and the benchmarks use too).
 
 The generators (``rules``, ``dashboards``, ``k8s``) share their output options here
 (``add_output_arguments``, ``output_dir``): they write to ``--out DIR``, by default
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from . import __version__
-from .common.console import ERROR_PREFIX, error
+from .console import ERROR_PREFIX, error
 from .config import ConfigError
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ranksight import config as rconfig
-from ranksight.common.console import error
+from ranksight.console import error
 from ranksight.common.units import binary_bytes
 from .scenario import DESIGNS, PROMETHEUS, PROMTOOL, Scenario
 from .server import BenchError

@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from ranksight.common.console import error
+from ranksight.console import error
 from ranksight.tools.bench import load
 
 scale = load("scale")

@@ -18,8 +18,8 @@ from typing import Any, List, Optional, Tuple
 
 from ranksight import config as rconfig
 from ranksight.config import duration_seconds
-from ranksight.common.console import error
 from ranksight.common.plumbing import ApiError, UsageError, connect
+from ranksight.console import error
 
 from . import make, write
 

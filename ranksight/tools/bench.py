@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict, Optional
 
-from ..common.console import error
+from ..console import error
 
 CHECKOUT_BENCH = Path(__file__).resolve().parents[2] / "bench"
 

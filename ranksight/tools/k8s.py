@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 import yaml
 
 from ranksight import __version__, cli, config, triage
-from ranksight.common.console import error
+from ranksight.console import error
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
 

@@ -61,10 +61,10 @@ import yaml
 
 from .. import config, triage
 from ..common import servers
-from ..common.console import error
 from ..common.plumbing import (AlertmanagerAPI, ApiError, Proc, PrometheusAPI, free_port, http_get, last_line, port_in_use,
                                wait_http, wait_until)
 from ..common.servers import MissingBinary, ServerError, find_binary
+from ..console import error
 
 log = logging.getLogger(__name__)
 

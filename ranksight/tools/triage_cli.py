@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import catalog as C
 from .. import config, triage
-from ..common.console import error
+from ..console import error
 from ..report import make as report_runs
 from ..triage import Entry
 from . import triage_text as T

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from ranksight import catalog, config, triage
-from ranksight.triage import goodput as triage_goodput
+from ranksight.triage import goodput
 from ranksight.alerts import generate
 
 from conftest import require_binary
@@ -294,7 +294,7 @@ def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
         assert all(order.index(i) < order.index(g) for i in inputs), (g, inputs)
     for r in triage.recording_rules(default_cfg):
         for name in re.findall(r"\b((?:rank|job|node|gpu):ranksight_[a-z_]+:[a-z0-9_]+)", r.expr):
-            if r.group in triage_goodput.CROSS_GROUP_READERS and seen.get(name, r.group) != r.group:
+            if r.group in goodput.CROSS_GROUP_READERS and seen.get(name, r.group) != r.group:
                 assert name.startswith("job:"), (r.record, name)
                 continue
             assert seen.get(name) in (r.group,) + triage.GROUP_INPUTS.get(r.group, ()), (r.record, name)
@@ -309,7 +309,7 @@ def test_runbook_prose_files_are_each_used_and_complete(default_cfg):
     stems = {p.stem for p in tp.PROSE_DIR.glob("*.md")}
     table = triage.table(default_cfg)
     own = {e.id for e in table if e.kind != "lint" and e.alert not in
-           (triage_goodput.GOODPUT_LOW, triage_goodput.STEP_REGRESSION)}
+           (goodput.GOODPUT_LOW, goodput.STEP_REGRESSION)}
     assert stems == own | {"lint"}
     for stem in stems:
         assert all(tp.prose(stem, what="w", lint="l").values()), stem

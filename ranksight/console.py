@@ -8,6 +8,9 @@
     script that has no status to return.
 ``ERROR_PREFIX``
     What every such line starts with (argparse's usage errors print it too, see ``ranksight.cli``).
+
+It sits with the CLI in the contract (standard library only), so that the contract, the tools, the
+agent, the generators and the benchmarks all print through it.
 """
 from __future__ import annotations
 
