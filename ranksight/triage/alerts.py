@@ -14,7 +14,7 @@ from .lints import lint_entries
 from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
                     STALL_WHERE, THROTTLE_REASONS, VAL, Entry, Inhibit, with_gpu)
 from .prose import prose
-from .records import RANK_BY, REC
+from .names import RANK_BY, REC
 
 # Description templates that read records when Prometheus renders an active alert's annotations
 # (every evaluation, for each pending and firing instance): only for alerts with few instances.

@@ -1,6 +1,7 @@
 """Goodput and step-time regression: the records and alerts that judge a job against its own
 wall time and its own history. Part of the triage table: ``triage.recording_rules()`` and
-``triage.table()`` add what this module returns, ``triage.REC`` holds its record names.
+``triage.table()`` add what this module returns; its record names and groups are rows of the
+records table (names.py, ``triage.REC`` and ``triage.RULE_GROUPS``).
 
 Goodput is an accounting identity. Each rank's wall time (``rank_wall_seconds_total``: since its
 first process started, across restarts) splits into:
