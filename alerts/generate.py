@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 import yaml
 
 from ranksight import cli, config, triage
+from ranksight.console import error
 
 from . import notify
 from .notify import HEADER
@@ -241,8 +242,8 @@ def run(args: argparse.Namespace) -> int:
                              cli.departures(cfg, args, [("--profile", args.profile, "default")]))
         written = write(cfg, out)
     except cli.OutputError as e:
-        return cli.error(str(e))
+        return error(str(e))
     except OSError as e:
-        return cli.error(f"cannot write {e.filename or 'the rules'}: {e.strerror or e}")
+        return error(f"cannot write {e.filename or 'the rules'}: {e.strerror or e}")
     print(f"wrote {len(written)} files to {out} (profile {args.profile})")
     return 0

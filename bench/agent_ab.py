@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
+from ranksight.console import fail
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "bench_exporter.py"
 
@@ -46,11 +48,11 @@ def one(path: Path, cpu_seconds: float) -> Dict:
     out = subprocess.run([sys.executable, str(BENCH), "--json", "--scrapes", "5", "--rates", "", "--overload-rate", "0",
                           "--cpu-seconds", str(cpu_seconds)], env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
-        raise SystemExit(f"agent_ab: the benchmark failed: {out.stderr.strip().splitlines()[-1:]}")
+        fail(f"agent_ab: the benchmark failed: {out.stderr.strip().splitlines()[-1:]}", 1)
     r = json.loads(out.stdout)
     ing = r["cpu_window"]["ingest"]
     if set(ing) != {"ok"}:
-        raise SystemExit(f"agent_ab: the agent did not accept the load: {ing}")
+        fail(f"agent_ab: the agent did not accept the load: {ing}", 1)
     return {"cpu": r["agent_cpu_percent"], "rss": r["agent_rss_mb"]}
 
 
@@ -69,7 +71,7 @@ def main(argv: List[str] = None) -> int:
         try:
             arch = subprocess.run(["git", "-C", str(ROOT), "archive", a.base], capture_output=True, check=True).stdout
         except subprocess.CalledProcessError as e:
-            raise SystemExit(f"agent_ab: cannot export {a.base!r}: {e.stderr.decode().strip()}") from None
+            fail(f"agent_ab: cannot export {a.base!r}: {e.stderr.decode().strip()}", 1)
         subprocess.run(["tar", "-x", "-C", str(base)], input=arch, check=True)
         sides = {"A": overlay(base, Path(tmp) / "ov-a"), "B": overlay(ROOT, Path(tmp) / "ov-b")}
         runs: Dict[str, List[Dict]] = {"A": [], "B": []}

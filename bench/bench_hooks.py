@@ -266,7 +266,7 @@ def _ddp_worker() -> None:
 
 def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float = 600.0,
          target_ms: float = 10.0) -> Dict[str, Any]:
-    from ranksight.tools.plumbing import free_port
+    from ranksight.common.plumbing import free_port
 
     port = free_port()
     procs = []
@@ -305,13 +305,13 @@ def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float
 
 
 def run(args: argparse.Namespace) -> int:
+    from ranksight.console import error
+
     for name in ("runs", "steps", "ddp_steps"):
         if getattr(args, name) < 1:
-            print(f"ranksight: error: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
-            return 2
+            return error(f"--{name.replace('_', '-')} must be at least 1")
     if args.ddp_runs < 0:
-        print("ranksight: error: --ddp-runs must be 0 or more", file=sys.stderr)
-        return 2
+        return error("--ddp-runs must be 0 or more")
     import logging
 
     hooks_log = logging.getLogger("ranksight.hooks")
@@ -324,8 +324,7 @@ def run(args: argparse.Namespace) -> int:
         ddp: Optional[Dict[str, Any]] = (_ddp(args.ddp_runs, args.ddp_steps, sink.url, args.no_lints,
                                               target_ms=args.ddp_step_ms) if args.ddp_runs else None)
     except RuntimeError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 1
+        return error(str(e), 1)
     finally:
         sink.close()
         hooks_log.setLevel(level)

@@ -94,7 +94,7 @@ def mode(kind: str, tmp: str) -> Dict[str, Callable]:
 
 
 def probe(rate: float, seconds: float = 3.0) -> Dict:
-    from ranksight.tools.plumbing import free_port, wait_until
+    from ranksight.common.plumbing import free_port, wait_until
 
     with tempfile.TemporaryDirectory() as tmp:
         path, port = os.path.join(tmp, "ingest.sock"), free_port()

@@ -57,13 +57,14 @@ def main(argv: List[str] = None) -> int:
         ap.error(f"--gaps {a.gaps!r}: expected seconds separated by commas")
     if a.rounds < 1 or not gaps or min(gaps) < 0:
         ap.error("--rounds must be >= 1 and --gaps non-negative")
+    from ranksight.console import fail
     from ranksight.exporter.ingest import Ingest
     from ranksight.exporter.ranks import RankSettings, RankTable
 
     data = capture()
     steps = [d for d in data if b'"t":"steps"' in d]
     if not steps:
-        raise SystemExit("bench_ingest_gap: the sender sent no steps records")
+        fail("bench_ingest_gap: the sender sent no steps records", 1)
     ing = Ingest(RankTable(RankSettings()))
     now = time.monotonic()
     for d in data:  # every rank known, windows filled
@@ -80,7 +81,7 @@ def main(argv: List[str] = None) -> int:
                 tt += time.thread_time_ns() - t0
             per[g].append(tt / len(steps) / 1e3)
     if set(ing.counts) - {"ok"} and any(v for k, v in ing.counts.items() if k != "ok"):
-        raise SystemExit(f"bench_ingest_gap: records were not accepted: {ing.counts}")
+        fail(f"bench_ingest_gap: records were not accepted: {ing.counts}", 1)
     base = statistics.median(per[gaps[0]])
     res = {"records": len(steps), "bytes_per_record": sum(map(len, steps)) // len(steps), "rounds": a.rounds,
            "us_per_record": {str(g): {"median": statistics.median(v), "min": min(v), "max": max(v),

@@ -23,7 +23,8 @@ import sys
 import time
 from typing import Any, Dict, List
 
-from ranksight.tools.plumbing import free_port
+from ranksight.console import error
+from ranksight.common.plumbing import free_port
 
 HOOKS = ("_fwd_pre", "_fwd_post", "_opt_pre", "_opt_post", "_bwd_done", "_step_end")
 
@@ -138,8 +139,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=500)
     a = p.parse_args()
     if a.steps <= 50:
-        print("error: --steps must be above 50")
-        return 2
+        return error("--steps must be above 50")
     from bench_hooks import _Sink
 
     sink = _Sink()
@@ -160,8 +160,7 @@ def main() -> int:
         sink.close()
     for pr, (o, e) in zip(procs, outs):
         if pr.returncode != 0:
-            print(f"error: a rank exited {pr.returncode}: {e.strip().splitlines()[-3:]}")
-            return 1
+            return error(f"a rank exited {pr.returncode}: {e.strip().splitlines()[-3:]}", 1)
         d = json.loads(next(l for l in o.splitlines() if l.startswith("COSTS "))[6:])
         print(f"rank {d['rank']}  (us per call: median, min; DDPStats {d['ddp_stats']})")
         for k, (md, mn) in d["costs"].items():

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from ranksight import cli
+from ranksight.console import error
 from ranksight import config as rconfig
 
 log = logging.getLogger(__name__)
@@ -160,11 +161,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         models = render(cfg)
     except SdkMissing as e:
-        return cli.error(str(e))
+        return error(str(e))
     try:
         out = cli.output_dir(args, "dashboards", COMMITTED_DIR, cli.departures(cfg, args), check=args.check)
     except cli.OutputError as e:
-        return cli.error(str(e))
+        return error(str(e))
     if args.check:
         stale = []
         for name, model in models.items():
@@ -188,5 +189,5 @@ def run(args: argparse.Namespace) -> int:
             tmp.replace(path)
             print(f"wrote {path} ({sum(1 for _ in panels(model))} panels)")
     except OSError as e:
-        return cli.error(f"cannot write dashboards to {out}: {e.strerror or e}")
+        return error(f"cannot write dashboards to {out}: {e.strerror or e}")
     return 0

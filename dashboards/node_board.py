@@ -6,6 +6,7 @@ from typing import Any, Mapping
 from ranksight import catalog as C
 from ranksight import triage
 from ranksight.catalog import Metric
+from ranksight.triage import Entry
 from .panels import (Board, K, NODE_OF_AGENT, Q, Threshold, bottom, heatmap_panel, one_node, rate, sel,
                      signal_description, table_panel, timeline, top, ts, worst)
 
@@ -19,17 +20,33 @@ RDMA_CONGESTION_NAMED = ("port_xmit_wait", "np_cnp_sent", "rp_cnp_handled")
 
 
 def node_board(cfg: Mapping[str, Any]) -> Board:
-    R = triage.REC
-    t = cfg["thresholds"]
     by = {e.id: e for e in triage.table(cfg)}  # triage entries by id
     b = Board("ranksight-node", "ranksight / Node",
               "Per-node view: the GPU utilization waveform, GPU health, PCIe, network, RDMA and disk of the "
               f"selected nodes, from the ranksight agent. Across many nodes each panel draws the {K} worst GPUs, "
               "devices or nodes, or only the abnormal ones; select nodes with the $node variable to see theirs.",
               node_query=NODE_OF_AGENT)
-    gpu = "{{node}} gpu {{gpu}}"
-    gpus, nodes = one_node("GPUs"), "select nodes with the $node variable to see those"
-    slow = cfg["durations"]["slow_rule_interval"]  # evaluation interval of the node-counter rules
+    _gpu_rows(b, cfg, by)
+    _pcie_row(b)
+    _network_row(b, cfg, by)
+    _rdma_row(b, cfg)
+    _disk_and_agent_rows(b, by)
+    return b
+
+
+R = triage.REC
+GPU = "{{node}} gpu {{gpu}}"  # the legend of a GPU's line
+NODES = "select nodes with the $node variable to see those"
+
+
+def _slow(cfg: Mapping[str, Any]) -> str:
+    return cfg["durations"]["slow_rule_interval"]  # evaluation interval of the node-counter rules
+
+
+def _gpu_rows(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Entry]) -> None:
+    """The GPU utilization waveform and GPU health rows."""
+    t = cfg["thresholds"]
+    gpu, gpus, slow = GPU, one_node("GPUs"), _slow(cfg)
     util = lambda s: sel(C.GPU_UTILIZATION, f'stat="{s}"')  # noqa: E731
     rows = b.row("GPU utilization waveform")
     saw = by["gpu-sawtooth"]
@@ -93,6 +110,11 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            w=6),
     ]
 
+
+
+def _pcie_row(b: Board) -> None:
+    gpu = GPU
+
     def below_max(metric: Metric) -> str:
         current, most = sel(metric, 'state="current"'), sel(metric, 'state="max"')
         return f"{current} < ignoring (state) {most}"
@@ -109,6 +131,11 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            "link lost lanes: reseat the GPU (RanksightGpuPcieDegraded).", "short",
            [Q(below_max(C.GPU_PCIE_WIDTH), gpu + " {{state}}")], abnormal=True),
     ]
+
+
+def _network_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Entry]) -> None:
+    t = cfg["thresholds"]
+    nodes, slow = NODES, _slow(cfg)
     ret = by["tcp-retransmits"]
     rows = b.row("Network")
     rows += [
@@ -143,6 +170,10 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            [Q(bottom(sel(C.NET_IF_SPEED)), "{{node}} {{device}}")],
            threshold=Threshold(t["nic_min_speed_bytes"], "<"), w=8),
     ]
+
+
+def _rdma_row(b: Board, cfg: Mapping[str, Any]) -> None:
+    nodes, slow = NODES, _slow(cfg)
     rows = b.row("RDMA")
     rows += [
         ts(b.lay, "RDMA packets",
@@ -160,6 +191,10 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            "trained down. " + worst("ports", "lowest rate", one_node("ports")), "Bps",
            [Q(bottom(sel(C.RDMA_PORT_RATE)), "{{node}} {{device}}/{{port}}")], w=8),
     ]
+
+
+def _disk_and_agent_rows(b: Board, by: Mapping[str, Entry]) -> None:
+    """The disk row, and the ranks and agent row."""
     disk = by["disk-filling"]
     rows = b.row("Disk")
     rows += [
@@ -191,4 +226,3 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
            "(RanksightIngestDropping): select nodes with the $node variable to find where.", "cps",
            [Q(f"sum by (result) ({sel(R['ingest'])})", "{{result}}")], w=8),
     ]
-    return b

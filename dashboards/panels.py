@@ -31,6 +31,7 @@ with warnings.catch_warnings():
     from grafana_foundation_sdk.models import prometheus as pm
 
 from ranksight import catalog as C
+from ranksight.common import units
 from ranksight import triage
 from ranksight.catalog import Metric
 
@@ -268,21 +269,9 @@ def timeline(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q]
 
 
 # ---------------------------------------------------------------- descriptions
-def _fmt(value: float, unit: str) -> str:
-    if unit == "ratio":
-        return f"{value:.0%}"
-    if unit == "seconds":
-        return f"{value:g} s"
-    if unit == "bytes":
-        return f"{value / 1e9:g} GB/s"
-    if unit == "per_minute":
-        return f"{value:g} per minute"
-    return f"{value:g}"
-
-
 def signal_description(e: triage.Entry, lines: str) -> str:
     word = "high" if e.op == ">" else "low"
-    thr = f" (abnormal when {e.op} {_fmt(e.threshold, e.unit)})" if e.threshold is not None else ""
+    thr = f" (abnormal when {e.op} {units.threshold(e.threshold, e.unit)})" if e.threshold is not None else ""
     return (f"{e.meaning} If {word}{thr}, look at {e.next_check}. {lines} "
             f"Alert: {e.alert}; runbook: {e.runbook}")
 

@@ -149,7 +149,7 @@ def triage_board(cfg: Mapping[str, Any]) -> Board:
 
 def _goodput_row(b: Board, cfg: Mapping[str, Any]) -> None:
     """The triage dashboard's first row: of the wall time the job has run, how much trained, and
-    where the rest went (ranksight/triage_goodput.py); and its step time against its own baseline."""
+    where the rest went (ranksight/triage/goodput.py); and its step time against its own baseline."""
     R = triage.REC
     by = {e.id: e for e in triage.table(cfg)}  # triage entries by id
     low, reg = by["goodput-low"], by["step-time-regression"]

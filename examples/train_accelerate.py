@@ -17,27 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 
 import torch
 from accelerate import Accelerator
+from tokens import Tokens  # examples/tokens.py: random token ids
 
 import ranksight
 from ranksight.integrations import accelerate as rs_accelerate  # ranksight line 1 of 2
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, sleep: float):
-        self.x = torch.randint(0, 512, (n, 64), generator=torch.Generator().manual_seed(0))
-        self.sleep = sleep
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.sleep:
-            time.sleep(self.sleep)
-        return self.x[i]
 
 
 def main() -> None:

@@ -17,29 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+from tokens import Tokens  # examples/tokens.py: random token ids  # noqa: E402
 
 from ranksight.integrations.transformers import RanksightCallback  # ranksight line 1 of 2  # noqa: E402
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, seq: int, vocab: int, sleep: float):
-        self.x = torch.randint(0, vocab, (n, seq), generator=torch.Generator().manual_seed(0))
-        self.sleep = sleep
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> dict:
-        if self.sleep:
-            time.sleep(self.sleep)
-        return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
 def main() -> None:
@@ -53,7 +39,7 @@ def main() -> None:
     a = ap.parse_args()
     cfg = GPT2Config(vocab_size=512, n_positions=64, n_embd=64, n_layer=2, n_head=2)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    data = Tokens(a.steps * a.accum * a.batch * world, 64, cfg.vocab_size, a.data_sleep)
+    data = Tokens(a.steps * a.accum * a.batch * world, a.data_sleep, vocab=cfg.vocab_size, as_dict=True)
     out = a.out or tempfile.mkdtemp(prefix="ranksight-hf-")
     args = TrainingArguments(output_dir=out, max_steps=a.steps, per_device_train_batch_size=a.batch,
                              gradient_accumulation_steps=a.accum, save_strategy="steps", save_steps=a.save_steps,

@@ -18,26 +18,12 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 
 import lightning as L
 import torch
+from tokens import Tokens  # examples/tokens.py: random token ids
 
 from ranksight.integrations.lightning import RanksightCallback  # ranksight line 1 of 2
-
-
-class Tokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, sleep: float):
-        self.x = torch.randint(0, 512, (n, 64), generator=torch.Generator().manual_seed(0))
-        self.sleep = sleep
-
-    def __len__(self) -> int:
-        return len(self.x)
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.sleep:
-            time.sleep(self.sleep)
-        return self.x[i]
 
 
 class TokenModel(L.LightningModule):

@@ -2,7 +2,7 @@
 
 The rank's own counters give the in-step split (step time, data wait, exposed comm, checkpoint).
 What only the agent sees is the rank's life around its steps, kept in one :class:`Ledger` per
-rank and exposed as counters (the recording rules of ranksight/triage_goodput.py join them):
+rank and exposed as counters (the recording rules of ranksight/triage/goodput.py join them):
 
 - ``rank_wall_seconds_total``: wall time since the rank's first process started (the hello's
   ``pstart``; first sight without one), across restarts; it stops at a clean exit ("bye") and

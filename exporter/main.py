@@ -12,13 +12,13 @@ import os
 import re
 import signal
 import socket
-import sys
 import threading
 from typing import List, Optional
 
 from ranksight import config as cfgmod
 from ranksight.config import ConfigError
 from ranksight.address import parse_address
+from ranksight.console import error
 
 from .agent import COLLECTORS, Agent, AgentError, AgentSettings, parse_listen
 from .ranks import RankSettings
@@ -115,8 +115,7 @@ def serve(settings: AgentSettings, nvml: Optional[object] = None, stop: Optional
     try:
         agent.start()
     except AgentError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+        return error(str(e))
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -33,7 +33,7 @@ import torch
 from ranksight import catalog as C
 
 from .patch import Patcher, like
-from .watcher import timed_next
+from .steppath import timed_next
 
 log = logging.getLogger("ranksight.hooks")
 

@@ -239,7 +239,7 @@ RDMA_CURATED_COUNTERS: Tuple[str, ...] = (
 
 # ---------------------------------------------------------------- goodput: the agent's lifecycle accounting
 # (exporter/goodput.py). With the in-step counters above they split each rank's wall time; the
-# recording rules of ranksight/triage_goodput.py join them per job.
+# recording rules of ranksight/triage/goodput.py join them per job.
 GOODPUT_CATEGORIES: Tuple[str, ...] = ("productive", "data_wait", "exposed_comm", "checkpoint", "startup",
                                        "wasted_progress", "recovery", "stalled", "other")
 BADPUT_AGENT_CATEGORIES: Tuple[str, ...] = ("startup", "wasted_progress", "recovery", "stalled")

@@ -4,7 +4,7 @@ Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int``. Bad usage exits 2 with one clear line; runtime errors that
 are the user's (config, ports, unreachable Prometheus) also print one line and
 exit 2. Every such line starts with ``ERROR_PREFIX``: subcommands print it with
-``error(message)``.
+``error(message)`` (both from ``ranksight.console``, which the tools, the agent and the benchmarks use too).
 
 The generators (``rules``, ``dashboards``, ``k8s``) share their output options here
 (``add_output_arguments``, ``output_dir``): they write to ``--out DIR``, by default
@@ -23,15 +23,8 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from . import __version__
+from .console import ERROR_PREFIX, error
 from .config import ConfigError
-
-ERROR_PREFIX = "ranksight: error: "
-
-
-def error(message: str, code: int = 2) -> int:
-    """Print the one error line of a subcommand (to stderr) and return its exit status."""
-    print(ERROR_PREFIX + message, file=sys.stderr)
-    return code
 
 
 # ------------------------------------------------------------------ the generators' output folder
@@ -129,14 +122,14 @@ SUBCOMMANDS = {
     "exporter": ("ranksight.exporter.main", "run the node agent: rank ingest, heartbeats, GPU/network/RDMA/disk collectors"),
     "rules": ("ranksight.alerts.generate", "write alert and recording rules, Alertmanager config and runbooks"),
     "dashboards": ("ranksight.dashboards.generate", "write the Grafana dashboards"),
-    "k8s": ("ranksight.k8s", "write the Kubernetes manifests (agent DaemonSet, ServiceMonitor, PrometheusRule, "
+    "k8s": ("ranksight.tools.k8s", "write the Kubernetes manifests (agent DaemonSet, ServiceMonitor, PrometheusRule, "
                                     "AlertmanagerConfig, dashboard ConfigMaps)"),
     "stack": ("ranksight.tools.stack", "start/stop a local Prometheus + Alertmanager (Debian binaries, no Docker)"),
     "demo": ("ranksight.tools.demo", "run the agent, the local stack and an instrumented 2-rank CPU DDP job"),
     "triage": ("ranksight.tools.triage_cli", "walk the six triage checks against Prometheus and name the first cause"),
     "report": ("ranksight.report.cli", "write a run report (HTML, Markdown, PNGs of the dashboards' panels) from Prometheus"),
-    "bench": ("ranksight.bench", "run the benchmarks (hooks, exporter, scale) and print JSON"),
-    "config": ("ranksight.config_cli", "print the effective config (validates it)"),
+    "bench": ("ranksight.tools.bench", "run the benchmarks (hooks, exporter, scale) and print JSON"),
+    "config": ("ranksight.tools.config_cli", "print the effective config (validates it)"),
 }
 
 

@@ -15,9 +15,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """One clear line about a bad config value."""
+from . import oncall
+from .errors import ConfigError  # noqa: F401 (public here: ranksight.config.ConfigError)
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "ingest_drop_ratio": Opt(0.01, "RanksightIngestDropping: dropped / received datagrams above this", 0, 1),
         "lint_workers_host_mem_share": Opt(0.5, "lint dataloader_workers_rss: workers of all ranks above this share of host memory", 0, 1),
         "lint_min_free_bytes": Opt(10e9, "lint disk_headroom: minimum free bytes before the first checkpoint", 0, 1e15),
-        # goodput and step-time regression (ranksight/triage_goodput.py)
+        # goodput and step-time regression (ranksight/triage/goodput.py)
         "step_regression_ratio": Opt(1.2, "RanksightStepTimeRegression: the job's step p50 (averaged over "
                                           "windows.step_smooth) / its baseline above this", 1, 100),
         "report_share_delta": Opt(0.02, "ranksight report: a share (goodput or a badput category) that moved by more than "
@@ -226,8 +225,6 @@ def validate(section: str, key: str, value: Any) -> Any:
     if (section, key) == ("agent", "rdma_counters"):
         return _rdma_counters(where, value)
     if (section, key) in (("alerting", "receivers"), ("alerting", "routes")):
-        from . import oncall
-
         return oncall.check_receivers(value) if key == "receivers" else oncall.check_routes(value)
     d = opt.default
     if isinstance(d, bool):
@@ -321,8 +318,6 @@ def load(path: Optional[str] = None, profile: str = "default", env: Optional[Map
             raise ConfigError(f"env {name}: expected RANKSIGHT__<section>__<key>")
         section, key = parts[0].lower(), parts[1].lower()
         _merge(cfg, {section: {key: value}}, f"env {name}")
-    from . import oncall
-
     oncall.check_refs(cfg["alerting"])
     out = Config(cfg)
     out.profile = profile

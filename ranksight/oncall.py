@@ -29,7 +29,7 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Tuple, Union
 
-from .config import ConfigError
+from .errors import ConfigError
 
 NONE = "none"  # route target: drop
 WEBHOOK = "webhook"  # route target: the built-in receiver at alerting.webhook_url

@@ -1,8 +1,5 @@
 """Shared fixtures: real processes on free loopback ports, cleaned up after each test.
 
-``free_port`` -> callable ``free_port(udp=False) -> int``
-    A port free on 127.0.0.1 now.
-
 ``agent`` -> factory ``agent(collectors="network,disk,ranks", env=None, args=(), name="agent") -> AgentProcess``
     Starts a real ``ranksight exporter`` subprocess (``python -m ranksight exporter``) on a free
     HTTP port and a free UDP ingest port and waits until /metrics answers. Use ``a.target``
@@ -38,8 +35,8 @@ from typing import Callable, Iterator, List, Mapping, Optional, Sequence
 import pytest
 
 from ranksight import config
-from ranksight.tools.stack import AgentProcess, LocalStack, MissingBinary, StackError, find_binary
-from ranksight.tools.plumbing import free_port as _free_port
+from ranksight.common.servers import MissingBinary, ServerError, find_binary
+from ranksight.tools.stack import AgentProcess, LocalStack
 
 CPU_COLLECTORS = "network,disk,ranks"
 
@@ -67,11 +64,6 @@ def private_network() -> List[str]:
 
 
 @pytest.fixture
-def free_port() -> Callable[..., int]:
-    return _free_port
-
-
-@pytest.fixture
 def rx():
     """A datagram receiver on loopback for an in-process watch; at the end the watch is ended and
     every datagram the hooks sent must have passed protocol.decode."""
@@ -95,7 +87,7 @@ def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Ag
         started.append(a)
         try:
             return a.start(timeout=timeout)
-        except StackError as e:
+        except ServerError as e:
             error = str(e)
         pytest.fail(f"agent did not start: {error}", pytrace=False)
 
@@ -120,7 +112,7 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
         started.append(s)
         try:
             return s.start(timeout=timeout)
-        except StackError as e:
+        except ServerError as e:
             error = str(e)
         pytest.fail(f"local stack did not start: {error}", pytrace=False)
 

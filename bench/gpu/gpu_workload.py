@@ -97,7 +97,7 @@ def flush_step(opt: Any) -> None:
 
 # ---------------------------------------------------------------------- hooks datagrams
 from ranksight.tools.receiver import Receiver  # noqa: E402,F401  (the project's validating receiver)
-from ranksight.tools.plumbing import free_port  # noqa: E402,F401  (used by the GPU scripts as W.free_port)
+from ranksight.common.plumbing import free_port  # noqa: E402,F401  (used by the GPU scripts as W.free_port)
 
 
 def sum_fields(records: List[Dict[str, Any]], lo: int, hi: int,

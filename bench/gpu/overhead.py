@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -253,7 +253,7 @@ def event_cost_us(torch: Any, device: Any, n: int = 5000) -> Dict[str, float]:
     return out
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=20, help="interleaved pairs per loop style (default 20)")
     p.add_argument("--steps", type=int, default=50, help="timed steps per run (default 50)")
@@ -275,6 +275,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="also compare torch's Event.record with the driver's cuEventRecord for re-recorded events "
                         "(host breakdown, tiny model, batch-8 step)")
     p.add_argument("--out", help="write the full result JSON here")
+    return p
+
+
+def _record_arm(b_arm: Optional[bool]) -> None:
+    """A: torch's record, B: the driver's (the default)."""
+    from ranksight.hooks.timing import CudaTimeline
+
+    CudaTimeline.RECORD = "torch" if b_arm is False else "driver"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = _parser()
     a = p.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
     if any(m not in ("async", "sync") for m in modes) or a.reps < 1 or a.steps < 1:
@@ -304,83 +316,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             W.write_json(a.out, out)
     try:
         b = Bench(torch, device, url, a.steps, a.warm, a.settle)
-        spec = W.ModelSpec() if device.type == "cuda" else W.ModelSpec.tiny()
-        model, opt, x = W.build(spec, device)
-        out["spec"] = W.spec_dict(spec)
-        out["params"] = W.n_params(model)
-        for _ in range(5):
-            W.train_step(model, opt, x)
-        b.sync()
-        counted = b.one_run(model, opt, x, True, "async", count_events=True)
-        out["events_per_step"] = counted["events_per_step"]
-        out["events_created_per_step"] = counted["created_per_step"]
-        if device.type == "cuda":
-            out["event_cost"] = event_cost_us(torch, device)
-        out["host_breakdown"] = host_breakdown(b, model, opt, x)
-        save()
-        if a.pool_ab:
-            from ranksight.hooks.timing import CudaTimeline
-
-            CudaTimeline.POOL = False
-            try:
-                out["host_breakdown_fresh_events"] = host_breakdown(b, model, opt, x)
-            finally:
-                CudaTimeline.POOL = True
-            save()
-        from ranksight.hooks.timing import CudaTimeline
-
-        def record_arm(b_arm: Optional[bool]) -> None:  # A: torch's record, B: the driver's (the default)
-            CudaTimeline.RECORD = "torch" if b_arm is False else "driver"
-
-        if a.record_ab and device.type == "cuda":
-            record_arm(False)
-            try:
-                out["host_breakdown_torch_record"] = host_breakdown(b, model, opt, x)
-            finally:
-                record_arm(None)
-            save()
-            W.log(f"overhead: batch-8 step, torch (A) vs driver (B) re-records, {a.reps} pairs")
-            out["step_async_record_ab"] = b.interleave(model, opt, x, "async", a.reps, arms=record_arm)
-            save()
-        for mode in modes:
-            W.log(f"overhead: {mode} loop, {a.reps} pairs x {a.steps} steps")
-            out[f"step_{mode}"] = b.interleave(model, opt, x, mode, a.reps)
-            save()
-        del model, opt, x
+        _default_model(a, b, torch, device, modes, out, save)
         if a.gpu_bound_batch and device.type == "cuda":
-            gspec = W.ModelSpec(batch=a.gpu_bound_batch)
-            gm, go, gx = W.build(gspec, device)
-            for _ in range(5):
-                W.train_step(gm, go, gx)
-            W.log(f"overhead: GPU-bound batch {a.gpu_bound_batch}, async loop, {a.reps} pairs x {a.steps} steps")
-            g = b.interleave(gm, go, gx, "async", a.reps)
-            g["spec"] = W.spec_dict(gspec)
-            out["gpu_bound_async"] = g
-            save()
-            del gm, go, gx
+            _gpu_bound(a, b, device, out, save)
         if a.tiny_reps > 0:
-            tb = Bench(torch, device, url, a.tiny_steps, a.warm, a.settle)
-            tspec = W.ModelSpec.tiny()
-            tm, to, tx = W.build(tspec, device)
-            for _ in range(5):
-                W.train_step(tm, to, tx)
-            W.log(f"overhead: host-bound tiny model, {a.tiny_reps} pairs x {a.tiny_steps} steps")
-            t = tb.interleave(tm, to, tx, "async", a.tiny_reps)
-            t["spec"] = W.spec_dict(tspec)
-            out["host_bound_tiny"] = t
-            save()
-            if a.pool_ab:
-                W.log(f"overhead: host-bound tiny model, fresh (A) vs pooled (B) events, {a.tiny_reps} pairs")
-                t = tb.interleave(tm, to, tx, "async", a.tiny_reps, baseline_pool=False)
-                t["spec"] = W.spec_dict(tspec)
-                out["host_bound_tiny_pool_ab"] = t
-                save()
-            if a.record_ab and device.type == "cuda":
-                W.log(f"overhead: host-bound tiny model, torch (A) vs driver (B) re-records, {a.tiny_reps} pairs")
-                t = tb.interleave(tm, to, tx, "async", a.tiny_reps, arms=record_arm)
-                t["spec"] = W.spec_dict(tspec)
-                out["host_bound_tiny_record_ab"] = t
-                save()
+            _tiny_model(a, torch, device, url, out, save)
     finally:
         if agent is not None:
             try:
@@ -393,6 +333,89 @@ def main(argv: Optional[List[str]] = None) -> int:
     W.write_json(a.out, out)
     print(render(out))
     return 0
+
+
+def _default_model(a: argparse.Namespace, b: "Bench", torch: Any, device: Any, modes: List[str],
+                   out: Dict[str, Any], save: Callable[[], None]) -> None:
+    """The default model: events per step, the event and host costs, then each loop style's pairs."""
+    spec = W.ModelSpec() if device.type == "cuda" else W.ModelSpec.tiny()
+    model, opt, x = W.build(spec, device)
+    out["spec"] = W.spec_dict(spec)
+    out["params"] = W.n_params(model)
+    for _ in range(5):
+        W.train_step(model, opt, x)
+    b.sync()
+    counted = b.one_run(model, opt, x, True, "async", count_events=True)
+    out["events_per_step"] = counted["events_per_step"]
+    out["events_created_per_step"] = counted["created_per_step"]
+    if device.type == "cuda":
+        out["event_cost"] = event_cost_us(torch, device)
+    out["host_breakdown"] = host_breakdown(b, model, opt, x)
+    save()
+    if a.pool_ab:
+        from ranksight.hooks.timing import CudaTimeline
+
+        CudaTimeline.POOL = False
+        try:
+            out["host_breakdown_fresh_events"] = host_breakdown(b, model, opt, x)
+        finally:
+            CudaTimeline.POOL = True
+        save()
+    if a.record_ab and device.type == "cuda":
+        _record_arm(False)
+        try:
+            out["host_breakdown_torch_record"] = host_breakdown(b, model, opt, x)
+        finally:
+            _record_arm(None)
+        save()
+        W.log(f"overhead: batch-8 step, torch (A) vs driver (B) re-records, {a.reps} pairs")
+        out["step_async_record_ab"] = b.interleave(model, opt, x, "async", a.reps, arms=_record_arm)
+        save()
+    for mode in modes:
+        W.log(f"overhead: {mode} loop, {a.reps} pairs x {a.steps} steps")
+        out[f"step_{mode}"] = b.interleave(model, opt, x, mode, a.reps)
+        save()
+
+
+def _gpu_bound(a: argparse.Namespace, b: "Bench", device: Any, out: Dict[str, Any], save: Callable[[], None]) -> None:
+    """The async loop with a batch that makes the step GPU-bound."""
+    gspec = W.ModelSpec(batch=a.gpu_bound_batch)
+    gm, go, gx = W.build(gspec, device)
+    for _ in range(5):
+        W.train_step(gm, go, gx)
+    W.log(f"overhead: GPU-bound batch {a.gpu_bound_batch}, async loop, {a.reps} pairs x {a.steps} steps")
+    g = b.interleave(gm, go, gx, "async", a.reps)
+    g["spec"] = W.spec_dict(gspec)
+    out["gpu_bound_async"] = g
+    save()
+    del gm, go, gx
+
+
+def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: Dict[str, Any],
+                save: Callable[[], None]) -> None:
+    """The host-bound tiny model (and its fresh vs pooled events, torch vs driver re-record A/Bs)."""
+    tb = Bench(torch, device, url, a.tiny_steps, a.warm, a.settle)
+    tspec = W.ModelSpec.tiny()
+    tm, to, tx = W.build(tspec, device)
+    for _ in range(5):
+        W.train_step(tm, to, tx)
+    W.log(f"overhead: host-bound tiny model, {a.tiny_reps} pairs x {a.tiny_steps} steps")
+    t = tb.interleave(tm, to, tx, "async", a.tiny_reps)
+    t["spec"] = W.spec_dict(tspec)
+    out["host_bound_tiny"] = t
+    save()
+    if a.pool_ab:
+        W.log(f"overhead: host-bound tiny model, fresh (A) vs pooled (B) events, {a.tiny_reps} pairs")
+        t = tb.interleave(tm, to, tx, "async", a.tiny_reps, baseline_pool=False)
+        t["spec"] = W.spec_dict(tspec)
+        out["host_bound_tiny_pool_ab"] = t
+        save()
+    if a.record_ab and device.type == "cuda":
+        W.log(f"overhead: host-bound tiny model, torch (A) vs driver (B) re-records, {a.tiny_reps} pairs")
+        t = tb.interleave(tm, to, tx, "async", a.tiny_reps, arms=_record_arm)
+        t["spec"] = W.spec_dict(tspec)
+        out["host_bound_tiny_record_ab"] = t
+        save()
 
 
 def render(out: Dict[str, Any]) -> str:

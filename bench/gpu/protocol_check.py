@@ -19,7 +19,7 @@ import torch
 import ranksight
 from ranksight import catalog as C
 from ranksight.exporter.agent import Agent, AgentSettings
-from ranksight.tools.plumbing import free_port
+from ranksight.common.plumbing import free_port
 
 
 def metrics(port: int) -> str:

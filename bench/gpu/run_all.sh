@@ -9,7 +9,7 @@
 #   install    pip install --no-deps -e . (the image has the dependencies); falls back to a
 #              PYTHONPATH overlay that maps ranksight.hooks -> hooks/ etc. like pyproject's package-dir
 #   pytest     tests/gpu -v (sync debug mode, profiler agreement, Flight Recorder, NVML/GPM, agent scrape,
-#              async comm start after the enqueue and close() sending the last GPU times: test_gpu_hooks_fixes.py)
+#              async comm start after the enqueue and close() sending the last GPU times: test_gpu_enqueue_and_close.py)
 #   nvml       bench/gpu/record_nvml.py: idle/steady/sawtooth/sawtooth_fast traces for the CPU fixtures
 #   overhead   bench/gpu/overhead.py: interleaved plain/instrumented runs, medians
 #   integrations_hf, integrations_lightning
@@ -68,7 +68,7 @@ fi
 # shellcheck disable=SC2086  # RANKSIGHT_PYTEST_ARGS / RANKSIGHT_OVERHEAD_ARGS are word-split on purpose
 KARGS=(); [[ -n "${RANKSIGHT_PYTEST_K:-}" ]] && KARGS=(-k "$RANKSIGHT_PYTEST_K")
 stage pytest 330 $PY -m pytest -v -rA -p no:cacheprovider --durations=15 "${KARGS[@]}" ${RANKSIGHT_PYTEST_ARGS:-} tests/gpu/test_gpu_hooks.py \
-  tests/gpu/test_gpu_hooks_fixes.py tests/gpu/test_gpu_nvml.py tests/gpu/test_gpu_flight_recorder.py tests/gpu/test_gpu_trace.py \
+  tests/gpu/test_gpu_enqueue_and_close.py tests/gpu/test_gpu_nvml.py tests/gpu/test_gpu_flight_recorder.py tests/gpu/test_gpu_trace.py \
   tests/gpu/test_gpu_nvml_fixture.py
 stage nvml 100 $PY bench/gpu/record_nvml.py --out "$R/h200_nvml_trace_2026-11-29.json"
 stage overhead 200 $PY bench/gpu/overhead.py --out "$R/overhead.json" ${RANKSIGHT_OVERHEAD_ARGS:-}

@@ -51,7 +51,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -164,18 +164,9 @@ def trimmed_trace(path: Path, dest: Path, keep_ranges: int = 2) -> None:
         json.dump({"traceEvents": out, "note": "trimmed torch.profiler trace, H200, ranksight bench/gpu/scenarios.py"}, f)
 
 
-def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False, batch: int = 8) -> Dict[str, Any]:
-    """``smoke``: the same control flow on CPU with gloo and a tiny model (no CUDA events, no NCCL,
-    no sync debug mode): a check of this script, not of the GPU paths."""
-    set_env(name)
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import ranksight
-    from ranksight import hooks as rs_hooks
-
-    fr_mode = name in ("comm_fr", "fr_timing_only") and not smoke
+def _device(torch: Any, dist: Any, smoke: bool, batch: int) -> Tuple[Any, Any, Callable[[], Any], Callable[[Any], Any], int, int]:
+    """The device, its one-rank process group, the model spec, its synchronize and sync-debug-mode
+    setter, and the element counts of the small and big collectives."""
     if smoke:
         dev = torch.device("cpu")
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{W.free_port()}", rank=0, world_size=1)
@@ -191,12 +182,11 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
         sync = torch.cuda.synchronize
         debug = torch.cuda.set_sync_debug_mode
         small_n, big_n = 16 << 20, 128 << 20  # bf16: 32 MiB, 256 MiB
-    model, opt, x = W.build(spec, dev)
-    result: Dict[str, Any] = {"scenario": name, "batch": batch, "versions": W.versions(), "spec": W.spec_dict(spec),
-                              "params": W.n_params(model), "steps": steps, "warmup": warmup}
-    if name != "nccl_ws1":
-        model = DDP(model, device_ids=None if smoke else [0])
-    between = None
+    return dev, spec, sync, debug, small_n, big_n
+
+
+def _between(name: str, torch: Any, dist: Any, dev: Any, small_n: int, big_n: int) -> Optional[Callable[[], None]]:
+    """The collectives a scenario runs between backward and the optimizer step (None: only DDP's own)."""
     if name == "nccl_ws1":
         buf = torch.randn(small_n, device=dev, dtype=torch.bfloat16)
         ag_out = torch.empty_like(buf)
@@ -205,7 +195,8 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
             dist.all_reduce(buf)  # synchronous: exposed time
             work = dist.all_gather_into_tensor(ag_out, buf, async_op=True)
             work.wait()
-    elif name != "ddp_ws1":
+        return between
+    if name != "ddp_ws1":
         big = torch.randn(big_n, device=dev, dtype=torch.bfloat16)
         big_out = torch.empty_like(big)
         rs_out = torch.empty_like(big)
@@ -214,6 +205,54 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
             work = dist.all_gather_into_tensor(big_out, big, async_op=True)
             dist.reduce_scatter_tensor(rs_out, big)
             work.wait()
+        return between
+    return None
+
+
+def _compare(name: str, batch: int, trace_dir: Path, prof: Any, hooks: Dict[str, float]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The profiler's figures from its exported trace, and each hooks figure against the profiler's."""
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    tpath = trace_dir / f"{name}_b{batch}.trace.json"
+    prof.export_chrome_trace(str(tpath))
+    tr = ktrace.Trace.load(tpath)
+    pf = profiler_figures(tr)
+    if name == "ddp_ws1" and batch == 8:
+        trimmed_trace(tpath, trace_dir / "h200_ddp_ws1_2steps.trace.json.gz")
+    tpath.unlink()  # big; the trimmed copy is kept
+    h = hooks
+    cmp = {  # kernel spans: first GPU activity start .. last end of each range
+        "fwd": (h["fwd"], pf["fwd"]),
+        "opt": (h["opt"], pf["opt"]),
+        "bwd": (h["bwd"], pf["bwd"]),
+        "bwd_plus_tail": (h["bwd"] + h["xcomm"], pf["bwd"]),
+        "comm_vs_collective_gpu": (h["comm"], pf.get("collective_gpu_s", 0.0)),
+        # event spans: what an event pair around each range sees (includes the device waiting for the host)
+        "fwd_event": (h["fwd"], pf["fwd_event_span"]),
+        "opt_event": (h["opt"], pf["opt_event_span"]),
+        "bwd_plus_tail_event": (h["bwd"] + h["xcomm"], pf["bwd_event_span"]),
+    }
+    return pf, {k: {"hooks_s": a, "profiler_s": b, "rel_diff": ktrace.rel_diff(a, b)} for k, (a, b) in cmp.items()}
+
+
+def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False, batch: int = 8) -> Dict[str, Any]:
+    """``smoke``: the same control flow on CPU with gloo and a tiny model (no CUDA events, no NCCL,
+    no sync debug mode): a check of this script, not of the GPU paths."""
+    set_env(name)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ranksight
+    from ranksight import hooks as rs_hooks
+
+    fr_mode = name in ("comm_fr", "fr_timing_only") and not smoke
+    dev, spec, sync, debug, small_n, big_n = _device(torch, dist, smoke, batch)
+    model, opt, x = W.build(spec, dev)
+    result: Dict[str, Any] = {"scenario": name, "batch": batch, "versions": W.versions(), "spec": W.spec_dict(spec),
+                              "params": W.n_params(model), "steps": steps, "warmup": warmup}
+    if name != "nccl_ws1":
+        model = DDP(model, device_ids=None if smoke else [0])
+    between = _between(name, torch, dist, dev, small_n, big_n)
 
     rec = W.Receiver()
     loader = ranksight.watch(model, opt, W.batches(x, max(steps, warmup)), agent=rec.url, config=W.QUIET_HOOKS)
@@ -274,28 +313,7 @@ def run(name: str, steps: int, warmup: int, trace_dir: Path, smoke: bool = False
                   hdrop=max((r.get("hdrop", 0) for r in recs), default=0),
                   seqs=[r["seq"] for r in recs][-3:], flight_recorder=fr_window(dump, t0_ns, t1_ns))
 
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    tpath = trace_dir / f"{name}_b{batch}.trace.json"
-    prof.export_chrome_trace(str(tpath))
-    tr = ktrace.Trace.load(tpath)
-    pf = profiler_figures(tr)
-    result["profiler"] = pf
-    if name == "ddp_ws1" and batch == 8:
-        trimmed_trace(tpath, trace_dir / "h200_ddp_ws1_2steps.trace.json.gz")
-    tpath.unlink()  # big; the trimmed copy is kept
-    h = hooks
-    cmp = {  # kernel spans: first GPU activity start .. last end of each range
-        "fwd": (h["fwd"], pf["fwd"]),
-        "opt": (h["opt"], pf["opt"]),
-        "bwd": (h["bwd"], pf["bwd"]),
-        "bwd_plus_tail": (h["bwd"] + h["xcomm"], pf["bwd"]),
-        "comm_vs_collective_gpu": (h["comm"], pf.get("collective_gpu_s", 0.0)),
-        # event spans: what an event pair around each range sees (includes the device waiting for the host)
-        "fwd_event": (h["fwd"], pf["fwd_event_span"]),
-        "opt_event": (h["opt"], pf["opt_event_span"]),
-        "bwd_plus_tail_event": (h["bwd"] + h["xcomm"], pf["bwd_event_span"]),
-    }
-    result["compare"] = {k: {"hooks_s": a, "profiler_s": b, "rel_diff": ktrace.rel_diff(a, b)} for k, (a, b) in cmp.items()}
+    result["profiler"], result["compare"] = _compare(name, batch, trace_dir, prof, hooks)
     W.destroy_pg()
     return result
 

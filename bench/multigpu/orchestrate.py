@@ -171,9 +171,10 @@ class Orchestrator:
                 return c
         return None
 
-    def start_prometheus(self, target: str) -> Tuple[Any, str]:
+    def start_prometheus(self, target: str) -> Any:
+        """Prometheus over the test-profile rules, scraping ``target`` every second (a Server)."""
         from ranksight import config
-        from ranksight.tools.plumbing import free_port, spawn, wait_http
+        from ranksight.common import servers
         from ranksight.tools.stack import deploy_dir, render_alert_files, render_prometheus_config
 
         d = self.out / "prometheus"
@@ -181,31 +182,28 @@ class Orchestrator:
         for name, text in render_alert_files(config.load(None, "test")).items():
             if name.endswith((".yml", ".yaml")) and name != "alertmanager.yml":
                 (d / "rules" / name).write_text(text)
-        port = free_port()
         (d / "prometheus.yml").write_text(render_prometheus_config(
             (deploy_dir() / "prometheus.yml").read_text(), [target], "127.0.0.1:9", str(d / "rules" / "*.yml"),
             "1s", "1s"))
-        cmd = [self.prometheus_binary(), f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'data'}",
-               f"--web.listen-address=127.0.0.1:{port}"]
-        p = spawn(cmd, d / "prometheus.log")
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/-/ready", 20.0, p, 0.2)
-        return p, url
+        server = servers.prometheus(d / "prometheus.yml", d / "data", d / "prometheus.log",
+                                    binary=self.prometheus_binary()).start()
+        try:
+            server.wait_ready(20.0)
+        except servers.ServerError as e:  # the straggler check reads no rule and fails with the rest
+            log(str(e))
+        return server
 
     # ------------------------------------------------------------------ straggler
     def straggler(self, rank: int = 1, frac: float = 0.2, seconds: float = 80.0) -> None:
         from prometheus_client.parser import text_string_to_metric_families
 
         from ranksight import catalog as C
-        from ranksight.tools.plumbing import stop_process
-
         agent = self.agent("agent_straggler")
         prom = None
         try:
             binary = self.prometheus_binary()
-            url = ""
             if binary:
-                prom, url = self.start_prometheus(agent.target)
+                prom = self.start_prometheus(agent.target)
             p = self.torchrun(self.gpus, ["run", "--tag", "straggler", "--seconds", str(seconds), "--agent", agent.ingest,
                                           "--straggler-rank", str(rank), "--straggler-frac", str(frac / (1 - frac))],
                               seconds + 60, wait=False)
@@ -252,9 +250,9 @@ class Orchestrator:
                                       "flagged_from_metrics": flagged, "window_s": t2 - t1}
             if prom is not None:
                 from ranksight import triage
-                from ranksight.tools.plumbing import ApiError, PrometheusAPI
+                from ranksight.common.plumbing import ApiError, PrometheusAPI
 
-                prom_api = PrometheusAPI(url)
+                prom_api = PrometheusAPI(prom.url)
                 straggler_alert = next(e.alert for e in triage.table(config.load(None, "test")) if e.id == "straggler")
                 deadline = time.monotonic() + 40
                 firing: List[str] = []
@@ -283,7 +281,7 @@ class Orchestrator:
             self.summary["runs"]["straggler"] = {"ranks": self.ranks("straggler", self.gpus)}
         finally:
             if prom is not None:
-                stop_process(prom, 10.0, "prometheus")
+                prom.stop(10.0)
             agent.stop()
 
     # ------------------------------------------------------------------ hang

@@ -23,21 +23,20 @@ its instance count times that.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Dict, List
 
 import yaml
 
 from ranksight import config, triage
-from ranksight.tools.plumbing import free_port
+from ranksight.common import servers
+from ranksight.common.plumbing import ApiError, PrometheusAPI
 
 RECORD = triage.REC["comm_share"]
 COMM_BOUND = {e.id: e.alert for e in triage.table(config.defaults())}["comm-bound"]
@@ -70,11 +69,6 @@ def _openmetrics(path: Path, ranks: int, rpn: int, end: int) -> None:
         f.write("# EOF\n")
 
 
-def _get(url: str) -> Dict:
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return json.loads(r.read())
-
-
 def _measure(prom: str, data: Path, work: Path, variant: str, evals: int) -> List[float]:
     expr, ann = VARIANTS[variant]
     rule = {"alert": COMM_BOUND, "expr": expr, "for": "10m", "labels": {"severity": "warning"}}
@@ -86,10 +80,8 @@ def _measure(prom: str, data: Path, work: Path, variant: str, evals: int) -> Lis
     view = work / "view"
     shutil.rmtree(view, ignore_errors=True)
     shutil.copytree(data, view)
-    port = free_port()
-    proc = subprocess.Popen([prom, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={view}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = servers.prometheus(work / "prometheus.yml", view, work / "prometheus.log", binary=prom).start()
+    api = PrometheusAPI(server.url, timeout=30.0)
     out: List[float] = []
     seen = ""
     try:
@@ -97,16 +89,15 @@ def _measure(prom: str, data: Path, work: Path, variant: str, evals: int) -> Lis
         while len(out) < evals + 1 and time.monotonic() < deadline:
             time.sleep(0.5)
             try:
-                g = _get(f"http://127.0.0.1:{port}/api/v1/rules")["data"]["groups"][0]
-            except (OSError, ValueError, KeyError, IndexError):
+                g = api.rules()[0]
+            except (ApiError, KeyError, IndexError):
                 continue
             last = g.get("lastEvaluation", "")
             if last and not last.startswith("0001") and last != seen:
                 seen = last
                 out.append(float(g["evaluationTime"]))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        server.stop(30.0)
     return out[1:]  # the first evaluation creates the ALERTS series
 
 

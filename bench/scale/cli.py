@@ -4,11 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from ranksight import config as rconfig
+from ranksight.console import error
+from ranksight.common.units import binary_bytes
 from .scenario import DESIGNS, PROMETHEUS, PROMTOOL, Scenario
 from .server import BenchError
 from .queries import substituted_queries
@@ -90,14 +91,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024.0
-    return str(n)
-
-
 def report(r: Mapping[str, Any]) -> str:
     sc, se, q, ru, pr = r["scenario"], r["series"], r["queries"], r["rules"], r["prometheus"]
     lines = [
@@ -119,11 +112,11 @@ def report(r: Mapping[str, Any]) -> str:
         lines.append(f"rule group {g['name']}: {g['rules']} rules, evaluation median "
                      f"{g['evaluation_seconds_median']} s, max {g['evaluation_seconds_max']} s "
                      f"({g['evaluations']} evaluations)")
-    lines.append(f"prometheus: RSS {_fmt_bytes(pr['rss_bytes'])} (peak {_fmt_bytes(pr['rss_peak_bytes'])}), "
-                 f"Go heap {_fmt_bytes(pr['go_heap_inuse_bytes'])}; compaction {pr['compaction_seconds']} s")
+    lines.append(f"prometheus: RSS {binary_bytes(pr['rss_bytes'])} (peak {binary_bytes(pr['rss_peak_bytes'])}), "
+                 f"Go heap {binary_bytes(pr['go_heap_inuse_bytes'])}; compaction {pr['compaction_seconds']} s")
     g = r["generate"]
     b = r["backfill"]
-    lines.append(f"generated {g['samples']:,} samples in {g['series']:,} series ({_fmt_bytes(g['openmetrics_bytes'])}); "
+    lines.append(f"generated {g['samples']:,} samples in {g['series']:,} series ({binary_bytes(g['openmetrics_bytes'])}); "
                  f"backfill {b['openmetrics_seconds']} s, rules backfill {b['rules_seconds']} s; "
                  f"total {r['wall_seconds']} s")
     return "\n".join(lines)
@@ -135,8 +128,7 @@ def run(args: argparse.Namespace) -> int:
             rows = substituted_queries(rconfig.load(args.config), Scenario.job, args.step, args.hours)
             Path(args.dump_queries).write_text(json.dumps([list(r) for r in rows], indent=1) + "\n")
         except OSError as e:
-            print(f"ranksight: error: cannot write {args.dump_queries}: {e.strerror or e}", file=sys.stderr)
-            return 2
+            return error(f"cannot write {args.dump_queries}: {e.strerror or e}")
         print(f"wrote {len(rows)} queries to {args.dump_queries}")
         return 0
     def _term(signum: int, frame: Any) -> None:  # stop Prometheus and clean up on kill too
@@ -158,12 +150,8 @@ def run(args: argparse.Namespace) -> int:
         bench.result["incomplete"] = True
         print(json.dumps(bench.result, indent=2) if args.json else json.dumps(bench.result))
         return 143
-    except BenchError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+    except (BenchError, ValueError) as e:
+        return error(str(e))
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -61,7 +61,7 @@ rc=$?
 (cd /tmp && $PY - "$OUT/scale.json") <<'EOF' || true
 import json, sys
 r = json.load(open(sys.argv[1]))
-from ranksight.bench import load; report = load("scale").report
+from ranksight.tools.bench import load; report = load("scale").report
 print(report(r))
 EOF
 exit $rc

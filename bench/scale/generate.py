@@ -15,7 +15,8 @@ import argparse
 import sys
 import time
 
-from ranksight.bench import load
+from ranksight.console import error
+from ranksight.tools.bench import load
 
 scale = load("scale")
 
@@ -46,8 +47,7 @@ def main(argv=None) -> int:
         with open(a.out, "w", buffering=1 << 22) as f:
             c = scale.Generator(scn).write(f, range(a.nodes))
     except OSError as e:
-        print(f"generate.py: error: cannot write {a.out}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return error(f"generate.py: cannot write {a.out}: {e.strerror or e}")
     dt = time.monotonic() - t0
     print(f"{c.series} series, {c.samples} samples, {c.bytes} bytes in {dt:.1f} s "
           f"({dt / max(c.samples, 1) * 1e9:.0f} ns/sample) -> {a.out}")

@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 
-from ranksight.bench import load
+from ranksight.tools.bench import load
 
 scale = load("scale")
 

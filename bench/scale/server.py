@@ -1,4 +1,5 @@
-"""A real Prometheus for the benchmark (started and queried through ranksight.tools.plumbing) and promtool runs."""
+"""A real Prometheus for the benchmark (started by ranksight.common.servers, queried through
+ranksight.common.plumbing) and promtool runs."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ranksight.tools.plumbing import ApiError, PrometheusAPI, free_port, spawn, stop_process, wait_http
+from ranksight.common import servers
+from ranksight.common.plumbing import ApiError, PrometheusAPI
 
 log = logging.getLogger(__name__)
 
@@ -33,32 +35,28 @@ class Prometheus:
     fires when the *thread* that started it exits: Prometheus is started from the main thread only."""
 
     def __init__(self, binary: str, data: Path, config: Path, log_path: Path, extra: Sequence[str] = ()):
-        self.binary, self.data, self.config, self.log_path = binary, data, config, log_path
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = servers.prometheus(config, data, log_path, binary=binary, deathsig=signal.SIGKILL,
+                                         flags=["--storage.tsdb.retention.time=3650d", "--web.enable-lifecycle",
+                                                *extra])
+        self.port, self.url, self.log_path = self.server.port, self.server.url, log_path
         self.api = PrometheusAPI(self.url, timeout=300.0)
         self.timing = PrometheusAPI(self.url, timeout=900.0)
-        self.extra = list(extra)
-        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def proc(self) -> Optional[subprocess.Popen]:
+        """The running Prometheus process, None before start and after stop."""
+        return self.server.proc.popen if self.server.proc.alive() else None
 
     def start(self, timeout: float = 300.0) -> float:
         t0 = time.monotonic()
-        cmd = [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.data}",
-               f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=3650d",
-               "--web.enable-lifecycle", *self.extra]
-        self.proc = spawn(cmd, self.log_path, deathsig=signal.SIGKILL)
-        ok, code = wait_http(self.url + "/-/ready", timeout, self.proc, 0.2)
-        if code is not None:
-            raise BenchError(f"prometheus exited with {code}; see {self.log_path}")
-        if not ok:
-            raise BenchError(f"prometheus not ready after {timeout:.0f} s; see {self.log_path}")
+        try:
+            self.server.launch(timeout)
+        except servers.ServerError as e:
+            raise BenchError(str(e)) from None
         return time.monotonic() - t0
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        stop_process(self.proc, 120.0, "prometheus")
-        self.proc = None
+        self.server.stop(120.0)
 
     def rules(self) -> List[Dict[str, Any]]:
         """Rule groups with their evaluation times (/api/v1/rules)."""

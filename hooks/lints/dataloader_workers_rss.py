@@ -5,9 +5,9 @@ import os
 from typing import List, Sequence, Tuple
 
 from ranksight import catalog as C
+from ranksight.common import units
 
 from .core import MEMORY_FAST_CHECKS, MEMORY_FIRST_SECONDS, MEMORY_SECONDS, StoreGone, log, register
-from .facts import _gb
 
 
 @register(C.LINT_DATALOADER_WORKERS_RSS)
@@ -105,9 +105,9 @@ class DataloaderWorkersRss:
             return  # the node's other ranks have not published yet: report the node's sum once they have
         if node_total > limit:
             self.report(C.LINT_DATALOADER_WORKERS_RSS, True,
-                        f"DataLoader workers on node {self.w.identity.node} hold {_gb(node_total)} of private memory "
-                        f"({how}; this rank's {alive} workers: {_gb(uss)} private, {_gb(rss)} RSS) = {share:.0%} of "
-                        f"{what} {_gb(budget)}, above thresholds.lint_workers_host_mem_share "
+                        f"DataLoader workers on node {self.w.identity.node} hold {units.size(node_total)} of private memory "
+                        f"({how}; this rank's {alive} workers: {units.size(uss)} private, {units.size(rss)} RSS) = {share:.0%} of "
+                        f"{what} {units.size(budget)}, above thresholds.lint_workers_host_mem_share "
                         f"{self.settings.workers_host_mem_share:.0%}: lower num_workers/prefetch_factor, or keep samples "
                         "in numpy/torch arrays instead of Python lists/dicts (workers copy the pages they touch)",
                         key="over")

@@ -6,8 +6,8 @@ import tempfile
 from typing import List, Optional, Set, Tuple
 
 from ranksight import catalog as C
+from ranksight.common import units
 
-from .facts import _gb
 from .core import register
 
 
@@ -61,12 +61,12 @@ class DiskHeadroom:
             seen.add((kind, d))
             free = self._free(d)
             if free is not None and free < need:
-                low.append(f"{kind} {d} has {_gb(free)} free")
+                low.append(f"{kind} {d} has {units.size(free)} free")
         if low:
-            rule = (f"2 x the largest checkpoint ({_gb(largest)})" if largest > 0 else
+            rule = (f"2 x the largest checkpoint ({units.size(largest)})" if largest > 0 else
                     f"thresholds.lint_min_free_bytes before the first checkpoint")
             self.report(C.LINT_DISK_HEADROOM, True,
-                        f"less free space than {rule} = {_gb(need)}: {'; '.join(low)}; the next checkpoint or log "
+                        f"less free space than {rule} = {units.size(need)}: {'; '.join(low)}; the next checkpoint or log "
                         "write can fail (or leave a truncated checkpoint)", key=tuple(sorted(x.split(" has ")[0] for x in low)))
         else:
             self.report(C.LINT_DISK_HEADROOM, False)

@@ -18,14 +18,6 @@ def _is_rng_bytes(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1
 
 
-def _gb(n: float) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.1f} GB"
-    if n >= 1e6:
-        return f"{n / 1e6:.1f} MB"
-    return f"{n / 1e3:.1f} kB"
-
-
 def _is_tensor_like(v: Any) -> bool:
     return isinstance(v, torch.Tensor) or type(v).__name__ in ("ShardedTensor", "DTensor")
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 from ranksight import config as rconfig
 from ranksight.config import duration_seconds
-from ranksight.tools.triage_cli import TriageError, connect
-from ranksight.tools.plumbing import ApiError
+from ranksight.common.plumbing import ApiError, UsageError, connect
+from ranksight.console import error
 
 from . import make, write
 
@@ -91,7 +90,7 @@ def build(args: argparse.Namespace, now: Optional[float] = None) -> Tuple[write.
         raise make.ReportError("--from must be before --to", 2)
     try:
         prom = connect(args.prometheus, args.timeout)
-    except TriageError as e:
+    except UsageError as e:
         raise make.ReportError(str(e), 2) from None
     scan_from = min(start if start is not None else end, end - lookback)
     runs = make.find_runs(prom, args.job, scan_from, end)
@@ -138,17 +137,13 @@ def run(args: argparse.Namespace) -> int:
         rep, out = build(args)
         paths = write.write(rep, out)
     except make.ReportError as e:
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return e.code
+        return error(str(e), e.code)
     except ApiError as e:  # unreachable or refusing Prometheus
-        print(f"ranksight: error: {e}", file=sys.stderr)
-        return 2
+        return error(str(e))
     except ImportError as e:
-        print(f"ranksight: error: the report needs matplotlib: pip install 'ranksight[report]' ({e})", file=sys.stderr)
-        return 2
+        return error(f"the report needs matplotlib: pip install 'ranksight[report]' ({e})")
     except OSError as e:
-        print(f"ranksight: error: cannot write the report to {args.out}: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return error(f"cannot write the report to {args.out}: {e.strerror or e}")
     print(rep.verdict)
     print(f"report: {paths['html'].resolve()}")
     print(f"        {paths['md'].resolve()}")

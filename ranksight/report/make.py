@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ranksight import catalog as C
 from ranksight import triage
-from ranksight.tools.plumbing import PrometheusAPI as Prometheus
+from ranksight.common.plumbing import PrometheusAPI as Prometheus
 
 log = logging.getLogger("ranksight.report")
 R = triage.REC

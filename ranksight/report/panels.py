@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ranksight.common import units
 from ranksight.config import duration_seconds
 from ranksight.dashboards import generate as dgen
 
@@ -128,7 +129,7 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
             for s in prom.samples(expr, end):
                 labels = {k: v for k, v in s.labels.items() if k != "__name__" and k not in p.hidden}
                 row = merged.setdefault(tuple(sorted(labels.items())), dict(labels))
-                row[name] = _num(s.value, unit)
+                row[name] = units.grafana(s.value, unit)
             continue
         for labels, pts in prom.query_range(expr, start, end, step):
             # a per-rank series that ends within one rate window of the start is the previous run's
@@ -141,21 +142,6 @@ def fetch(prom: Any, p: Panel, job: str, start: float, end: float, step: float, 
 
 
 # ---------------------------------------------------------------- units (Grafana unit ids)
-def _num(v: float, unit: str) -> str:
-    if unit == "percentunit":
-        return f"{v:.1%}"
-    if unit == "none":
-        return f"{v:.3g}"
-    if unit == "s":
-        return f"{v:.3g} s" if abs(v) < 100 else f"{v:.0f} s"
-    if unit in ("bytes", "Bps"):
-        for div, suf in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-            if abs(v) >= div:
-                return f"{v / div:.3g} {suf}B" + ("/s" if unit == "Bps" else "")
-        return f"{v:.3g} B" + ("/s" if unit == "Bps" else "")
-    return f"{v:.3g}"
-
-
 UNIT_LABEL = {"percentunit": "%", "s": "seconds", "ops": "per second", "cpm": "per minute", "cps": "per second",
               "pps": "packets/s", "Bps": "bytes/s", "bytes": "bytes", "celsius": "°C", "watt": "W", "hertz": "Hz"}
 
@@ -202,7 +188,7 @@ def draw(ax: Any, d: Drawn, t0: float) -> None:
         last = pts[-1][1]
         ax.plot(_times(pts, t0), [v * k for _, v in pts], color="tab:green", linewidth=1)
         ax.fill_between(_times(pts, t0), [v * k for _, v in pts], alpha=0.15, color="tab:green")
-        ax.text(0.5, 0.55, _num(last, p.unit), ha="center", va="center", fontsize=22, transform=ax.transAxes,
+        ax.text(0.5, 0.55, units.grafana(last, p.unit), ha="center", va="center", fontsize=22, transform=ax.transAxes,
                 color=_stat_color(p, last))
         ax.text(0.5, 0.2, legend_, ha="center", fontsize=8, transform=ax.transAxes)
         ax.set_yticks([])

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
 from .. import catalog, config, triage
-from ..cli import error
-from .plumbing import ApiError, free_port, port_in_use, set_pdeathsig, wait_until
+from ..common.plumbing import ApiError, free_port, port_in_use, set_pdeathsig, wait_until
+from ..console import error
 from .triage_text import runbook_path
 from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, LocalStack, MissingBinary,
                     StackError, render_alert_files)

@@ -16,7 +16,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import protocol
-from .plumbing import wait_until
+from ..common.plumbing import wait_until
 
 
 class Receiver:

@@ -13,10 +13,8 @@ and the shortest command that stops them from the current directory (``stack_com
 
 Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; torch-free):
 
-``find_binary(name) -> str``
-    Path of "prometheus" / "alertmanager" / "promtool" / "amtool"; raises
-    ``MissingBinary`` whose message names the Debian package to install.
-    ``$RANKSIGHT_PROMETHEUS_BIN`` / ``$RANKSIGHT_ALERTMANAGER_BIN`` override.
+``find_binary(name) -> str``, ``MissingBinary``
+    From ``ranksight.common.servers``, which starts Prometheus and Alertmanager for LocalStack.
 ``render_prometheus_config(template, targets, alertmanager, rule_glob, scrape_interval, evaluation_interval,
                           scrape_options=None) -> str``
     deploy/prometheus.yml with local targets, Alertmanager address and rules path; ``scrape_options``
@@ -39,8 +37,9 @@ Python API (tests/conftest.py, tests/e2e and ``ranksight demo`` build on it; tor
     ``RANKSIGHT__agent__*`` env overrides). ``start(timeout)``, ``stop()``, ``target``
     ("127.0.0.1:PORT", to scrape), ``url``, ``ingest`` ("udp://127.0.0.1:PORT", for the
     hooks' ``RANKSIGHT_AGENT``), ``metrics_text()``, ``pid``.
-The ports, processes, waits and the Prometheus/Alertmanager clients (``free_port``, ``wait_until``,
-``PrometheusAPI``, ``AlertmanagerAPI``) live in ``ranksight.tools.plumbing``; import them from there.
+The ports, processes, waits and the Prometheus/Alertmanager clients (``free_port``, ``Proc``,
+``wait_until``, ``PrometheusAPI``, ``AlertmanagerAPI``) live in ``ranksight.common.plumbing``, the
+Prometheus and Alertmanager processes in ``ranksight.common.servers``; import them from there.
 """
 from __future__ import annotations
 
@@ -50,7 +49,6 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import sys
 import time
 import urllib.error
@@ -62,19 +60,14 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import yaml
 
 from .. import config, triage
-from .plumbing import (AlertmanagerAPI, ApiError, Proc, PrometheusAPI, free_port, http_get, last_line, port_in_use,
-                       wait_http, wait_until)
+from ..common import servers
+from ..common.plumbing import (AlertmanagerAPI, ApiError, Proc, PrometheusAPI, free_port, http_get, last_line, port_in_use,
+                               wait_http, wait_until)
+from ..common.servers import MissingBinary, ServerError, find_binary
+from ..console import error
 
 log = logging.getLogger(__name__)
 
-# binary -> (names looked up on PATH, env override, Debian package)
-BINARIES: Dict[str, tuple] = {
-    "prometheus": (("prometheus",), "RANKSIGHT_PROMETHEUS_BIN", "prometheus"),
-    "alertmanager": (("prometheus-alertmanager", "alertmanager"), "RANKSIGHT_ALERTMANAGER_BIN",
-                     "prometheus-alertmanager"),
-    "promtool": (("promtool",), "RANKSIGHT_PROMTOOL_BIN", "prometheus"),
-    "amtool": (("amtool",), "RANKSIGHT_AMTOOL_BIN", "prometheus-alertmanager"),
-}
 RULES_FILE = "ranksight-rules.yml"
 ALERTMANAGER_FILE = "alertmanager.yml"
 TEMPLATES_DIR = "templates"  # Alertmanager notification templates, beside alertmanager.yml
@@ -84,43 +77,10 @@ DEFAULT_PROMETHEUS_PORT = 9090
 DEFAULT_ALERTMANAGER_PORT = 9093
 
 
-class StackError(RuntimeError):
-    """One clear line for the user; the CLI prints it and exits 2."""
-
-
-class MissingBinary(StackError):
-    pass
+StackError = ServerError  # one clear line for the user; the CLI prints it and exits 2 (MissingBinary is one)
 
 
 # ------------------------------------------------------------------ small helpers
-def find_binary(name: str) -> str:
-    names, env_var, package = BINARIES[name]
-    override = os.environ.get(env_var)
-    if override:
-        if os.path.isfile(override) and os.access(override, os.X_OK):
-            return override
-        raise MissingBinary(f"{env_var}={override} is not an executable file "
-                            f"(install the Debian package: apt-get install {package})")
-    for n in names:
-        path = shutil.which(n)
-        if path:
-            return path
-    raise MissingBinary(f"{names[0]} not found on PATH: install the Debian package "
-                        f"'{package}' (apt-get install {package})")
-
-
-def _error_line(path: Path) -> str:
-    """The most telling line of a server log: the last error-level line, else the last line."""
-    try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    for ln in reversed(lines):
-        if "level=error" in ln or "level=ERROR" in ln or "err=" in ln:
-            return ln
-    return lines[-1] if lines else ""
-
-
 def parse_targets(text: str) -> List[str]:
     """'host:port,host:port' -> list; StackError (one line) on a bad entry."""
     out = []
@@ -209,10 +169,16 @@ class LocalStack:
         self.daemon = daemon
         self.owner = ""  # who started it, when not `ranksight stack up` (stack.json; status and down say it)
         d = self.run_dir
-        self.prometheus = Proc("prometheus", [], d / "prometheus.pid", d / "prometheus.log", str(d / "prometheus.yml"),
-                               nice=nice)
-        self.alertmanager = Proc("alertmanager", [], d / "alertmanager.pid", d / "alertmanager.log",
-                                 str(d / ALERTMANAGER_FILE), nice=nice)
+        self.prometheus = servers.prometheus(
+            d / "prometheus.yml", d / "prometheus-data", d / "prometheus.log", port=self.prometheus_port,
+            pid_file=d / "prometheus.pid", nice=nice,
+            flags=[f"--web.external-url={self.prom_url}/", "--web.enable-lifecycle",
+                   # Prometheus drops the alerts it evaluates before it has discovered Alertmanager (about
+                   # 5 s after start) and resends only every resend-delay (default 1m): one evaluation.
+                   f"--rules.alert.resend-delay={self._resend_delay()}"])
+        self.alertmanager = servers.alertmanager(
+            d / ALERTMANAGER_FILE, d / "alertmanager-data", d / "alertmanager.log", port=self.alertmanager_port,
+            pid_file=d / "alertmanager.pid", nice=nice, flags=[f"--web.external-url={self.am_url}/"])
 
     # -------------------------------------------------------------- URLs and clients
     @property
@@ -232,7 +198,7 @@ class LocalStack:
         return AlertmanagerAPI(self.am_url)
 
     def pids(self) -> Dict[str, Optional[int]]:
-        return {"prometheus": self.prometheus.pid(), "alertmanager": self.alertmanager.pid()}
+        return {s.kind: s.pid() for s in (self.prometheus, self.alertmanager)}
 
     # -------------------------------------------------------------- lifecycle
     def write_files(self) -> None:
@@ -268,7 +234,7 @@ class LocalStack:
         return name.startswith(TEMPLATES_DIR + "/") and name.endswith(".tmpl")
 
     def start(self, timeout: float = 30.0) -> "LocalStack":
-        prom_bin, am_bin = find_binary("prometheus"), find_binary("alertmanager")
+        find_binary("prometheus"), find_binary("alertmanager")  # fail before writing anything
         for what, port, flag in (("Prometheus", self.prometheus_port, "--prometheus-port"),
                                  ("Alertmanager", self.alertmanager_port, "--alertmanager-port")):
             if port_in_use(port):
@@ -276,17 +242,6 @@ class LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.write_files()
         d = self.run_dir
-        self.alertmanager.argv = [
-            am_bin, f"--config.file={d / ALERTMANAGER_FILE}", f"--storage.path={d / 'alertmanager-data'}",
-            f"--web.listen-address=127.0.0.1:{self.alertmanager_port}", "--cluster.listen-address=",
-            f"--web.external-url={self.am_url}/"]
-        self.prometheus.argv = [
-            prom_bin, f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={d / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{self.prometheus_port}", f"--web.external-url={self.prom_url}/",
-            "--web.enable-lifecycle",
-            # Prometheus drops the alerts it evaluates before it has discovered Alertmanager (about 5 s
-            # after start) and resends only every resend-delay (default 1m): keep it at one evaluation.
-            f"--rules.alert.resend-delay={self._resend_delay()}"]
         self.alertmanager.start(self.daemon)
         self.prometheus.start(self.daemon)
         (d / "stack.json").write_text(json.dumps({
@@ -318,15 +273,8 @@ class LocalStack:
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until both answer /-/ready; StackError naming the failing one (and its log line)."""
         deadline = time.monotonic() + timeout
-        for name, proc, url in (("prometheus", self.prometheus, self.prom_url),
-                                ("alertmanager", self.alertmanager, self.am_url)):
-            ok, code = wait_http(f"{url}/-/ready", max(deadline - time.monotonic(), 0.0), proc.popen)
-            if code is not None:
-                raise StackError(f"{name} exited with code {code}: {_error_line(proc.log_file)} "
-                                 f"(log: {proc.log_file})")
-            if not ok:
-                raise StackError(f"{name} not ready after {timeout:.0f} s: {_error_line(proc.log_file)} "
-                                 f"(log: {proc.log_file})")
+        for server in (self.prometheus, self.alertmanager):
+            server.wait_ready(timeout, deadline)
 
     def stop(self) -> None:
         self.prometheus.stop()
@@ -370,8 +318,8 @@ class AgentProcess:
         if collectors is not None:
             e["RANKSIGHT__agent__collectors"] = collectors
         e.update(env or {})
-        self.proc = Proc(name, [sys.executable, "-m", "ranksight", "exporter", *args],
-                         self.log_dir / f"{name}.pid", self.log_file, "ranksight", env=e, nice=nice)
+        self.proc = Proc([sys.executable, "-m", "ranksight", "exporter", *args], self.log_file, e, name=name,
+                         pid_file=self.log_dir / f"{name}.pid", marker="ranksight", nice=nice)
 
     @property
     def target(self) -> str:
@@ -477,8 +425,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except StackError as e:
-        from ..cli import error
-
         return error(str(e))
 
 

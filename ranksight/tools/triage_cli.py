@@ -44,11 +44,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .. import catalog as C
 from .. import config, triage
-from ..cli import error
+from ..console import error
 from ..report import make as report_runs
 from ..triage import Entry
 from . import triage_text as T
-from .plumbing import ApiError, PrometheusAPI, Sample, http_get
+from ..common.plumbing import ApiError, PrometheusAPI, Sample, connect, http_get
 
 WALK_KINDS = ("signal", "cause", "symptom")  # what can be "the cause"; lints and health are notes
 # Symptoms of waiting on peers in collectives: a cause on any node of the job explains them (see Walk._explain).
@@ -71,14 +71,6 @@ def alert_rules(prom: PrometheusAPI) -> Dict[str, Tuple[float, Tuple[float, ...]
                 for g in prom.rules("alert") for rule in g["rules"]}
     except (ApiError, KeyError, TypeError):
         return {}
-
-
-def connect(url: str, timeout: float) -> PrometheusAPI:
-    """The Prometheus client for --prometheus URL; TriageError (one line) on a bad URL."""
-    try:
-        return PrometheusAPI(url, timeout)
-    except ApiError as e:
-        raise TriageError(f"--prometheus: {e}") from None
 
 
 def not_prometheus(prom: PrometheusAPI, err: ApiError) -> str:

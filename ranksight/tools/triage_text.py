@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .. import triage
+from ..common import units
 from ..triage import Entry
 
 if TYPE_CHECKING:  # the walk's types; triage_cli imports this module
@@ -41,23 +42,6 @@ NOUNS = {"rank": "rank", "gpu": "GPU", "node": "node", "instance": "agent", "pat
 
 
 # ------------------------------------------------------------------ values and thresholds
-def fmt_value(v: Optional[float], unit: str, multiple: bool = False) -> str:
-    if v is None:
-        return "-"
-    if unit == "ratio":
-        return f"{v:.2f}x" if multiple else f"{v:.1%}"
-    if unit == "seconds":
-        return f"{v:.3g} s" if v < 120 else f"{v / 60:.1f} min"
-    if unit == "bytes":
-        for suffix, div in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-            if abs(v) >= div:
-                return f"{v / div:.3g} {suffix}"
-        return f"{v:g} B"
-    if unit == "per_minute":
-        return f"{v:.3g}/min"
-    return f"{v:.4g}"
-
-
 def multiple(e: Entry) -> bool:
     """A ratio to a reference (the straggler's 1.2x the job median), not a share of 1."""
     return e.unit == "ratio" and e.threshold is not None and e.threshold >= 1
@@ -68,7 +52,7 @@ def fmt_threshold(e: Entry) -> str:
         return "below max"
     if e.unit == "bool":
         return "== 0" if e.op == "<" else "== 1"
-    return f"{e.op} {fmt_value(e.threshold, e.unit, multiple(e))}"
+    return f"{e.op} {units.value(e.threshold, e.unit, multiple(e))}"
 
 
 def crosses(e: Entry, v: Optional[float]) -> bool:
@@ -294,7 +278,7 @@ def _row(c: "Check", show_job: bool, names: Names) -> Tuple[str, str, str, str, 
         val = f"{len(c.findings)}/{c.series}"
         place = place if c.findings else ""
     else:
-        val = fmt_value(value, e.unit, multiple(e))
+        val = units.value(value, e.unit, multiple(e))
     return str(e.order) if e.order else "", e.title, val, place, fmt_threshold(e), status(c, show_job, names)
 
 
@@ -327,7 +311,7 @@ def _cause(r: "Report", names: Names) -> List[str]:
     groups = by_alert(r.causes)
     f, same = groups[0]
     e = f.entry
-    value = "" if e.unit == "bool" else f": {fmt_value(f.value, e.unit, multiple(e))} (threshold {fmt_threshold(e)})"
+    value = "" if e.unit == "bool" else f": {units.value(f.value, e.unit, multiple(e))} (threshold {fmt_threshold(e)})"
     lines = [
         f"cause: {e.alert}: {e.title} on {where(e, f.labels, True, names)}{more(f, same)}{value}",
         f"  meaning:  {e.meaning}",

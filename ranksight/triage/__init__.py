@@ -31,16 +31,18 @@ no 3.x-only rule-group fields (``query_offset``). Under 3.x's left-open ranges a
 window holds one sample fewer: keep the scrape interval at most a third of the
 shortest window (the test profile's 30s windows assume scrapes every 10 s or less).
 
-The package: model.py (Entry, Recording, Inhibit, shared constants), records.py (recording rules),
-alerts.py (the alerts and their PromQL), lints.py (the setup lints), prose.py with prose/*.md (the
-runbook prose), and ranksight/triage_goodput.py (goodput and the step-time baseline).
+The package: model.py (Entry, Recording, Inhibit, shared constants), names.py (every record's name
+and the rule groups), records.py (the recording rules), goodput.py (goodput and the step-time
+baseline: its records and alerts), alerts.py (the alerts and their PromQL), lints.py (the setup
+lints), prose.py with prose/*.md (the runbook prose).
 """
 from __future__ import annotations
 
 from .model import (ALERT_GROUPS, CLOCK_EVENT_REASONS, DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC,
                     RDMA_TRAFFIC, RUNBOOK_BASE, SCRAPE_JOB, STALL_WHERE, THROTTLE_REASONS, THROTTLE_SHOWN, VAL,
                     WAITING_SYMPTOMS, Entry, Inhibit, Recording, with_gpu)
-from .records import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS, recording_groups, recording_rules  # noqa: I001
+from .names import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS
+from .records import recording_groups, recording_rules  # noqa: I001
 from .lints import LINTS
 from .alerts import by_alert, inhibit_pairs, signals, table
 
@@ -50,6 +52,3 @@ __all__ = [
     "THROTTLE_REASONS", "THROTTLE_SHOWN", "VAL", "WAITING_SYMPTOMS", "Entry", "Inhibit", "Recording",
     "by_alert", "inhibit_pairs", "recording_groups", "recording_rules", "signals", "table", "with_gpu",
 ]
-
-# goodput and the step-time baseline: its records and groups join REC and RULE_GROUPS on import
-from .. import triage_goodput as _goodput  # noqa: E402,F401

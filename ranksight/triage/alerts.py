@@ -1,20 +1,20 @@
 """The alerts of the triage table: the six signals in order, the extra causes, the symptoms and the
 stack's own health, each an Entry with its PromQL, its thresholds from the config and its
 runbook prose (prose/<id>.md). ``table(cfg)`` adds the lints (lints.py) and the goodput entries
-(ranksight/triage_goodput.py)."""
+(ranksight/triage/goodput.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .. import catalog as C
-from .. import triage_goodput as _goodput
+from . import goodput as _goodput
 from ..config import duration_seconds
 from .lints import lint_entries
 from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
                     STALL_WHERE, THROTTLE_REASONS, VAL, Entry, Inhibit, with_gpu)
 from .prose import prose
-from .records import RANK_BY, REC
+from .names import RANK_BY, REC
 
 # Description templates that read records when Prometheus renders an active alert's annotations
 # (every evaluation, for each pending and firing instance): only for alerts with few instances.
@@ -35,57 +35,47 @@ STRAGGLER_WHY = (_dur(_BUSY, "$labels.job", "$labels.rank") + " a step against "
                  + " a step for it in their collectives")
 
 
+# Inhibition targets. Rank-level targets are muted on the same training `job`; node-level
+# ones (the GPU sawtooth) only on the same `node`: node series carry job="ranksight-agent".
+COMM = ("RanksightCommBound",)
+STUCK_JOB_TARGETS = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked")
+ON_NODE = Inhibit(("RanksightGpuSawtooth",), ("node",))
+# a GPU cause explains the straggler or the down rank on exactly that GPU (ranksight_rank_gpu_info)
+GPU_RANK = Inhibit(("RanksightStraggler", "RanksightRankDown"), ("node", "gpu"))
+RANK_SCOPE = ("job", "node", "rank")
+
+
 def table(cfg: Mapping[str, Any]) -> List[Entry]:
-    t = cfg["thresholds"]
-    d = cfg["durations"]
-    w = cfg["windows"]
-    rate_w = w["rate"]
+    """Every entry in table order: the six signals, the causes of a rank, the hardware causes, the
+    stack's own health, the lints, then goodput and the step-time baseline."""
     base = dict(cfg.get("alerting") or {}).get("runbook_base_url") or RUNBOOK_BASE
-    R = ("job", "node", "rank")
-    # Inhibition targets. Rank-level targets are muted on the same training `job`; node-level
-    # ones (the GPU sawtooth) only on the same `node`: node series carry job="ranksight-agent".
-    comm = ("RanksightCommBound",)
-    stuck_job_targets = ("RanksightCommBound", "RanksightStraggler", "RanksightRankBlocked")
-    on_node = Inhibit(("RanksightGpuSawtooth",), ("node",))
-    # a GPU cause explains the straggler or the down rank on exactly that GPU (ranksight_rank_gpu_info)
-    gpu_rank = Inhibit(("RanksightStraggler", "RanksightRankDown"), ("node", "gpu"))
-    retries = REC["alloc_retries"]
-    # distinct (op, sequence number) positions per group: count_values turns the number into a label
-    # NIC speed: a node's training job (one per node; a NIC serves every job of its node), the
-    # speed of each NIC with that job, the NIC below its own day's best or its job's best for that
-    # device name, and the NICs that carry at least nic_min_traffic_share of their node's bytes.
-    node_job = f"topk by (node) (1, group by (node, job) ({C.RANK_UP}))"
-    speed_job = f"({C.NET_IF_SPEED} * on (node) group_left (job) {node_job})"
-    nic_peer_low = f"{speed_job} < on (job, device) group_left () max by (job, device) ({speed_job})"
-    nic_self_low = f"{C.NET_IF_SPEED} < on (node, device) group_left () max by (node, device) ({REC['nic_best_1d']})"
-    nic_bytes = f"sum by (node, device) (rate({C.NET_IF_BYTES}[{rate_w}]))"
-    nic_busy = (f"{nic_bytes} / on (node) group_left () (sum by (node) ({nic_bytes}) > 0)"
-                f" >= {t['nic_min_traffic_share']:g}")
-    desync = f"count by (job, pg) (count_values by (job, pg, op) (\"seq\", {C.RANK_COLLECTIVE_SEQ}))"
+    entries = (_step_signals(cfg) + _progress_signals(cfg) + _rank_causes(cfg) + _hardware_causes(cfg)
+               + _stack_health(cfg))
+    entries += lint_entries(cfg)
+    entries = _goodput.with_goodput_inhibitions(entries + _goodput.entries(cfg))
+    if base != RUNBOOK_BASE:
+        entries = [_with_base(e, base) for e in entries]
+    return entries
+
+
+def _step_signals(cfg: Mapping[str, Any]) -> List[Entry]:
+    """Signals 1 to 4, where the step time goes: dataloader wait, the GPU waveform, the comm share,
+    network retransmits."""
+    t, d = cfg["thresholds"], cfg["durations"]
+    rate_w = cfg["windows"]["rate"]
     retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
                    f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
-    ckpt_recent = duration_seconds(rate_w)
-    # An xid series that appeared within the window, on an agent Prometheus already scraped then
-    # (so a fresh Prometheus, or a first scrape, does not report an agent's old errors as new).
-    xid_new = (f"((({C.GPU_XID_ERRORS} > 0) unless ({C.GPU_XID_ERRORS} offset {rate_w}))"
-               f" and on (instance) (up{{job=\"{SCRAPE_JOB}\"}} offset {rate_w}))")
-    throttled = f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
-    # the alert reads the node group's record of the active reasons (a few series) instead of every
-    # GPU's nine reason series; the value the triage reads stays the raw one (0 or 1 for every GPU)
-    throttled_rec = f"max by (node, gpu) ({REC['throttled']}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
-    drop_ratio = (f"sum by (node) ({REC['ingest']}{{result!=\"ok\"}}) / "
-                  f"(sum by (node) ({REC['ingest']}) > 0)")
     # each rank over the comm share, valued at its job's comm minimum (RanksightCommBound)
     comm_over = (f"((0 * ({REC['comm_share']} > {t['comm_share']:g})) + on (job) group_left () "
                  f"{REC['job_comm_min']})")
-    entries: List[Entry] = [
+    return [
         # ------------------------------------------------------------ 1. dataloader wait
         Entry(
             id="dataloader-bound", alert="RanksightDataloaderBound", kind="signal", order=1,
             title="Dataloader wait per step", severity="warning",
             expr=f"{REC['data_share']} > {t['dataloader_wait_share']:g}",
             for_=d["dataloader_bound"], threshold=t["dataloader_wait_share"], unit="ratio",
-            indicator=REC["data_share"], op=">", scope=R,
+            indicator=REC["data_share"], op=">", scope=RANK_SCOPE,
             summary="Rank waits on its data loader for over {:.0%} of each step".format(t["dataloader_wait_share"]),
             description=f"{RANK_DESC} spends {VAL} of its step time waiting in next() on the data loader.",
             **prose("dataloader-bound"),
@@ -93,7 +83,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             # mutes the sawtooth it causes on its node, and the comm share of the ranks waiting for it;
             # data comes first in the triage order, so a straggler call in the same job waits until the
             # input pipeline keeps up (a peer's wait for the slow loader can read as busy time)
-            inhibits=(on_node, Inhibit(comm + ("RanksightStraggler",), ("job",))),
+            inhibits=(ON_NODE, Inhibit(COMM + ("RanksightStraggler",), ("job",))),
         ),
         # ------------------------------------------------------------ 2. GPU waveform
         Entry(
@@ -125,7 +115,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
                  f"label_replace({comm_over} unless on (job) ({REC['job_comm_min']} > {t['comm_share']:g}), "
                  f"\"comm\", \"waiting\", \"\", \"\")",
             for_=d["comm_bound"], threshold=t["comm_share"], unit="ratio", joined=("comm",),
-            indicator=REC["comm_share"], op=">", scope=R,
+            indicator=REC["comm_share"], op=">", scope=RANK_SCOPE,
             summary="Collectives take over {:.0%} of step time: the job is communication-bound".format(t["comm_share"]),
             description=f"{RANK_DESC} spends over {t['comm_share']:.0%} of its step time in collectives; the job's "
                         f"least-waiting rank's share is {VAL}"
@@ -150,8 +140,16 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             **prose("tcp-retransmits"),
             next_check="checkpoint write duration",
             # on its own node whatever the job, and job-wide through the joined training job
-            inhibits=(Inhibit(comm, ("node",)), Inhibit(comm, ("job",))),
+            inhibits=(Inhibit(COMM, ("node",)), Inhibit(COMM, ("job",))),
         ),
+    ]
+
+
+def _progress_signals(cfg: Mapping[str, Any]) -> List[Entry]:
+    """Signals 5 and 6, whether the job keeps its progress: checkpoints, heartbeats and ranks up."""
+    t, d, w = cfg["thresholds"], cfg["durations"], cfg["windows"]
+    ckpt_recent = duration_seconds(w["rate"])
+    return [
         # ------------------------------------------------------------ 5. checkpoint
         Entry(
             id="checkpoint-slow", alert="RanksightCheckpointSlow", kind="signal", order=5,
@@ -165,7 +163,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
                  f" and (time() - {C.LAST_CHECKPOINT} < {ckpt_recent:g}))"
                  f" or ({REC['ckpt_share']} > {t['checkpoint_wall_share']:g})",
             for_=d["checkpoint_slow"], threshold=t["checkpoint_wall_share"], unit="ratio",
-            indicator=REC["ckpt_share"], op=">", scope=R,
+            indicator=REC["ckpt_share"], op=">", scope=RANK_SCOPE,
             summary="Checkpoint writes take over {:g} s or block the steps over {:.0%} of wall time".format(
                 t["checkpoint_write_seconds"], t["checkpoint_wall_share"]),
             description=f"{RANK_DESC}: checkpoint writes take {VAL} (seconds of the current or last write, "
@@ -173,14 +171,14 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             **prose("checkpoint-slow"),
             next_check="heartbeat misses",
             # the ranks blocked while one rank writes are not hung; the utilization gap is the write
-            inhibits=(Inhibit(("RanksightRankStalled", "RanksightRankBlocked", "RanksightCommBound"), ("job",)), on_node),
+            inhibits=(Inhibit(("RanksightRankStalled", "RanksightRankBlocked", "RanksightCommBound"), ("job",)), ON_NODE),
         ),
         Entry(
             id="checkpoint-stale", alert="RanksightCheckpointStale", kind="signal", order=5,
             title="Checkpoint age", severity="warning",
             expr=f"(time() - {C.LAST_CHECKPOINT} > {t['checkpoint_max_age_seconds']:g}) and on ({RANK_BY}) ({C.RANK_UP} == 1)",
             for_=d["checkpoint_stale"], threshold=t["checkpoint_max_age_seconds"], unit="seconds",
-            indicator=f"time() - {C.LAST_CHECKPOINT}", op=">", scope=R,
+            indicator=f"time() - {C.LAST_CHECKPOINT}", op=">", scope=RANK_SCOPE,
             summary="No checkpoint for too long: a failure now loses hours",
             description=f"{RANK_DESC} last checkpointed {VAL} seconds ago.",
             **prose("checkpoint-stale"),
@@ -192,46 +190,56 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             title="Heartbeat misses", severity="warning",
             expr=f"increase({C.HEARTBEAT_MISSES}[{w['heartbeat']}]) >= {t['heartbeat_misses']:g}",
             for_=d["heartbeat_missed"], threshold=t["heartbeat_misses"], unit="count",
-            indicator=f"increase({C.HEARTBEAT_MISSES}[{w['heartbeat']}])", op=">", scope=R,
+            indicator=f"increase({C.HEARTBEAT_MISSES}[{w['heartbeat']}])", op=">", scope=RANK_SCOPE,
             summary="A rank missed heartbeats: it may be dying or its host is overloaded",
             description=f"{RANK_DESC} missed {VAL} heartbeats in {w['heartbeat']}.",
             **prose("heartbeat-missed"),
             next_check="rank stalled / rank down",
-            inhibits=(Inhibit(stuck_job_targets, ("job",)), on_node),
+            inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), ON_NODE),
         ),
         Entry(
             id="rank-down", alert="RanksightRankDown", kind="signal", order=6,
             title="Rank down", severity="critical",
             expr=with_gpu(f"{C.RANK_UP} == 0"),
             for_=d["rank_down"], threshold=0.5, unit="bool", joined=("gpu",),
-            indicator=f"{C.RANK_UP}", op="<", scope=R,
+            indicator=f"{C.RANK_UP}", op="<", scope=RANK_SCOPE,
             summary="A rank stopped heartbeating: the job is stuck in its next collective",
             description=f"{RANK_DESC} has missed several heartbeats in a row and is considered down.",
             **prose("rank-down"),
             next_check="XID errors and host logs on the node",
             # a down rank's own missed heartbeats say nothing more
-            inhibits=(Inhibit(stuck_job_targets, ("job",)), Inhibit(("RanksightHeartbeatMissed",), ("job", "rank")), on_node),
+            inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), Inhibit(("RanksightHeartbeatMissed",), ("job", "rank")), ON_NODE),
         ),
-        # ------------------------------------------------------------ extra causes
+    ]
+
+
+def _rank_causes(cfg: Mapping[str, Any]) -> List[Entry]:
+    """The extra causes a rank's own series name: a hang, a blocked collective, a desync, a straggler,
+    allocator fragmentation."""
+    t, d, w = cfg["thresholds"], cfg["durations"], cfg["windows"]
+    retries = REC["alloc_retries"]
+    # distinct (op, sequence number) positions per group: count_values turns the number into a label
+    desync = f"count by (job, pg) (count_values by (job, pg, op) (\"seq\", {C.RANK_COLLECTIVE_SEQ}))"
+    return [
         Entry(
             id="rank-stalled", alert="RanksightRankStalled", kind="cause", order=0,
             title="Rank stalled (hang)", severity="critical",
             expr=f"{C.RANK_STALLED}{{reason=\"no_progress\"}} == 1",
             for_=d["rank_stalled"], threshold=0.5, unit="bool",
-            indicator=f"{C.RANK_STALLED}{{reason=\"no_progress\"}}", op=">", scope=R,
+            indicator=f"{C.RANK_STALLED}{{reason=\"no_progress\"}}", op=">", scope=RANK_SCOPE,
             summary="A rank is alive but makes no progress, outside any collective: it is the hang's culprit",
             description=f"{RANK_DESC} heartbeats but has not finished a step for longer than its stall limit, and it is "
                         f"not waiting in a collective{STALL_WHERE}.",
             **prose("rank-stalled"),
             next_check="the stack on the node agent's /api/v1/ranks",
-            inhibits=(Inhibit(stuck_job_targets, ("job",)), on_node),
+            inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), ON_NODE),
         ),
         Entry(
             id="rank-blocked", alert="RanksightRankBlocked", kind="symptom", order=0,
             title="Rank blocked in a collective", severity="warning",
             expr=f"{C.RANK_STALLED}{{reason=\"waiting_in_collective\"}} == 1",
             for_=d["rank_stalled"], threshold=0.5, unit="bool",
-            indicator=f"{C.RANK_STALLED}{{reason=\"waiting_in_collective\"}}", op=">", scope=R,
+            indicator=f"{C.RANK_STALLED}{{reason=\"waiting_in_collective\"}}", op=">", scope=RANK_SCOPE,
             summary="A rank is blocked in a collective, waiting on a peer",
             description=f"{RANK_DESC} has been inside a collective for longer than its stall limit; it waits for a peer.",
             **prose("rank-blocked"),
@@ -249,7 +257,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
                         f"different positions: {DESYNC_POS}.",
             **prose("collective-desync"),
             next_check="the stacks of the ranks at the odd position",
-            inhibits=(Inhibit(stuck_job_targets, ("job",)),),
+            inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)),),
         ),
         Entry(
             id="straggler", alert="RanksightStraggler", kind="cause", order=0,
@@ -265,7 +273,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
                           f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
                           f" > {t['straggler_min_step_share']:g}), \"comm\", \"waiting\", \"\", \"\")"),
             for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu", "comm"),
-            indicator=REC["straggler"], op=">", scope=R,
+            indicator=REC["straggler"], op=">", scope=RANK_SCOPE,
             summary="One rank computes over {:.0%} slower than its peers: every other rank waits for it".format(
                 t["straggler_ratio"] - 1),
             description=f"{RANK_DESC} busy time per step (step minus data wait, exposed comm and checkpoint) is "
@@ -273,7 +281,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             **prose("straggler"),
             next_check="the rank's node: GPU throttling and PCIe link, or CPU load and NUMA binding",
             # the rest of the job waits for it in its collectives
-            inhibits=(Inhibit(comm, ("job", "comm")),),
+            inhibits=(Inhibit(COMM, ("job", "comm")),),
         ),
         Entry(
             id="cuda-alloc-retries", alert="RanksightCudaAllocRetries", kind="cause", order=0,
@@ -282,12 +290,38 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             expr=f"({retries} > {t['alloc_retries_per_min']:g}) or (({retries} > 0) and on ({RANK_BY}) "
                  f"({REC['step_mean']} / ({REC['step_mean']} offset {w['creep_offset']}) > {t['step_creep_ratio']:g}))",
             for_=d["alloc_retries"], threshold=t["alloc_retries_per_min"], unit="per_minute",
-            indicator=retries, op=">", scope=R,
+            indicator=retries, op=">", scope=RANK_SCOPE,
             summary="CUDA allocator keeps flushing its cache and retrying: memory is fragmented",
             description=f"{RANK_DESC} has {VAL} allocator retries per minute.",
             **prose("cuda-alloc-retries"),
             next_check="step-time creep on the per-rank dashboard",
         ),
+    ]
+
+
+def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
+    """The extra causes a node's hardware names: NIC speed, a filling disk, PCIe, XID errors, throttling."""
+    t, d, w = cfg["thresholds"], cfg["durations"], cfg["windows"]
+    rate_w = w["rate"]
+    # NIC speed: a node's training job (one per node; a NIC serves every job of its node), the
+    # speed of each NIC with that job, the NIC below its own day's best or its job's best for that
+    # device name, and the NICs that carry at least nic_min_traffic_share of their node's bytes.
+    node_job = f"topk by (node) (1, group by (node, job) ({C.RANK_UP}))"
+    speed_job = f"({C.NET_IF_SPEED} * on (node) group_left (job) {node_job})"
+    nic_peer_low = f"{speed_job} < on (job, device) group_left () max by (job, device) ({speed_job})"
+    nic_self_low = f"{C.NET_IF_SPEED} < on (node, device) group_left () max by (node, device) ({REC['nic_best_1d']})"
+    nic_bytes = f"sum by (node, device) (rate({C.NET_IF_BYTES}[{rate_w}]))"
+    nic_busy = (f"{nic_bytes} / on (node) group_left () (sum by (node) ({nic_bytes}) > 0)"
+                f" >= {t['nic_min_traffic_share']:g}")
+    # An xid series that appeared within the window, on an agent Prometheus already scraped then
+    # (so a fresh Prometheus, or a first scrape, does not report an agent's old errors as new).
+    xid_new = (f"((({C.GPU_XID_ERRORS} > 0) unless ({C.GPU_XID_ERRORS} offset {rate_w}))"
+               f" and on (instance) (up{{job=\"{SCRAPE_JOB}\"}} offset {rate_w}))")
+    throttled = f"max by (node, gpu) ({C.GPU_CLOCKS_EVENT}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
+    # the alert reads the node group's record of the active reasons (a few series) instead of every
+    # GPU's nine reason series; the value the triage reads stays the raw one (0 or 1 for every GPU)
+    throttled_rec = f"max by (node, gpu) ({REC['throttled']}{{reason=~\"{'|'.join(THROTTLE_REASONS)}\"}})"
+    return [
         Entry(
             id="nic-speed-low", alert="RanksightNicSpeedLow", kind="cause", order=0,
             title="NIC link speed below its own or its peers'", severity="warning",
@@ -303,7 +337,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{NODE_DESC} device={{{{ $labels.device }}}} links at {VAL} bytes/s.",
             **prose("nic-speed-low"),
             next_check="network retransmits and comm share",
-            inhibits=(Inhibit(comm, ("node",)),),
+            inhibits=(Inhibit(COMM, ("node",)),),
         ),
         Entry(
             id="disk-filling", alert="RanksightDiskFilling", kind="cause", order=0,
@@ -336,7 +370,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{GPU_DESC}: PCIe link below max while busy (current generation or width {VAL}).",
             **prose("gpu-pcie-degraded"),
             next_check="straggler ratio of the ranks on that node",
-            inhibits=(gpu_rank,),
+            inhibits=(GPU_RANK,),
         ),
         Entry(
             id="gpu-xid", alert="RanksightGpuXidError", kind="cause", order=0,
@@ -349,7 +383,7 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{GPU_DESC} raised XID {{{{ $labels.xid }}}} ({VAL} in the window, or in total for a new xid).",
             **prose("gpu-xid"),
             next_check="rank down / stalled on that node",
-            inhibits=(Inhibit(("RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)), gpu_rank),
+            inhibits=(Inhibit(("RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)), GPU_RANK),
         ),
         Entry(
             id="gpu-throttling", alert="RanksightGpuThrottling", kind="cause", order=0,
@@ -362,9 +396,17 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{GPU_DESC} has had a thermal or power clocks-event reason active.",
             **prose("gpu-throttling"),
             next_check="straggler ratio of the rank on that GPU",
-            inhibits=(gpu_rank,),
+            inhibits=(GPU_RANK,),
         ),
-        # ------------------------------------------------------------ the stack's own health
+    ]
+
+
+def _stack_health(cfg: Mapping[str, Any]) -> List[Entry]:
+    """The monitoring's own health: an agent Prometheus cannot scrape, a collector down, dropped datagrams."""
+    t, d = cfg["thresholds"], cfg["durations"]
+    drop_ratio = (f"sum by (node) ({REC['ingest']}{{result!=\"ok\"}}) / "
+                  f"(sum by (node) ({REC['ingest']}) > 0)")
+    return [
         Entry(
             id="exporter-down", alert="RanksightExporterDown", kind="health", order=0,
             title="ranksight agent down", severity="warning",
@@ -404,11 +446,6 @@ def table(cfg: Mapping[str, Any]) -> List[Entry]:
             next_check="the agent's log",
         ),
     ]
-    entries += lint_entries(cfg)
-    entries = _goodput.with_goodput_inhibitions(entries + _goodput.entries(cfg))
-    if base != RUNBOOK_BASE:
-        entries = [_with_base(e, base) for e in entries]
-    return entries
 
 
 def _with_base(e: Entry, base: str) -> Entry:

@@ -1,111 +1,14 @@
-"""The recording rules of the triage table: their names (REC), their groups (RULE_GROUPS) and
-their expressions (``recording_rules(cfg)``)."""
+"""The recording rules of the triage table: their expressions (``recording_rules(cfg)``), group by
+group; their names (REC) and groups (RULE_GROUPS) are in names.py."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Tuple
 
 from .. import catalog as C
+from . import goodput as _goodput
 from .model import RDMA_TRAFFIC, THROTTLE_SHOWN, Recording
-
-# ----------------------------------------------------------------- recording rule names
-REC = {
-    "data_share": "rank:ranksight_dataloader_wait_share:ratio_rate",
-    "comm_share": "rank:ranksight_comm_share:ratio_rate",
-    "xcomm_share": "rank:ranksight_exposed_comm_share:ratio_rate",
-    "ckpt_share": "rank:ranksight_checkpoint_share:ratio_rate",
-    "step_mean": "rank:ranksight_step_duration_seconds:mean_rate",
-    "busy": "rank:ranksight_busy_seconds_per_step:rate",
-    "busy_median": "job:ranksight_busy_seconds_per_step:median",
-    "straggler": "rank:ranksight_straggler:ratio",
-    "job_buckets": "job:ranksight_step_duration_seconds_bucket:rate",
-    "job_p50": "job:ranksight_step_duration_seconds:p50_rate",
-    "job_p99": "job:ranksight_step_duration_seconds:p99_rate",
-    "job_steps": "job:ranksight_steps:rate",
-    "job_data_share": "job:ranksight_dataloader_wait_share:ratio_rate",
-    "job_comm_share": "job:ranksight_comm_share:ratio_rate",
-    # the job's irreducible comm share: that of its least-waiting rank (a straggler waits for nobody)
-    "job_comm_min": "job:ranksight_comm_share:min",
-    "job_xcomm_share": "job:ranksight_exposed_comm_share:ratio_rate",
-    "job_ckpt_share": "job:ranksight_checkpoint_share:ratio_rate",
-    "retrans": "node:ranksight_tcp_retransmit:ratio_rate",
-    "gpu_util": "gpu:ranksight_gpu_utilization:ratio_rate",
-    "gpu_swings": "gpu:ranksight_gpu_swings:per_minute_rate",
-    "node_gpu_util": "node:ranksight_gpu_utilization:ratio_rate",
-    # each per-rank step counter's rate, recorded once; the shares, busy time and job aggregates
-    # above are arithmetic on these (one rate() per raw series per evaluation)
-    "step_s": "rank:ranksight_step_seconds:rate",
-    "steps": "rank:ranksight_steps:rate",
-    "data_s": "rank:ranksight_dataloader_wait_seconds:rate",
-    "comm_s": "rank:ranksight_comm_seconds:rate",
-    "xcomm_s": "rank:ranksight_exposed_comm_seconds:rate",
-    "ckpt_s": "rank:ranksight_checkpoint_seconds:rate",
-    "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
-    "alloc_retries": "rank:ranksight_cuda_alloc_retries:per_minute_rate",
-    "ckpt_age": "rank:ranksight_checkpoint_age:seconds",
-    # job level, for the triage dashboard's fleet panels
-    "ckpt_age_median": "job:ranksight_checkpoint_age_seconds:median",
-    "ranks_up": "job:ranksight_ranks_up:sum",
-    "ranks": "job:ranksight_ranks:count",
-    # node level (fleet panels read these instead of thousands of raw port/device/GPU series)
-    "rdma_errors": "node:ranksight_rdma_port_errors:rate",
-    "rdma_packets": "node:ranksight_rdma_port_packets:rate",
-    "util_samples": "node:ranksight_gpu_utilization_samples_bucket:rate",
-    "if_errors": "node:ranksight_net_interface_errors:rate",
-    "if_drops": "node:ranksight_net_interface_drops:rate",
-    "if_bytes": "node:ranksight_net_interface_bytes:rate",
-    "ingest": "node:ranksight_ingest_datagrams:rate",
-    "disk_free": "node:ranksight_disk_free:ratio",
-    "throttled": "gpu:ranksight_gpu_throttled:max",
-    # a NIC's best link speed: over each baseline interval, and over a day of those (RanksightNicSpeedLow)
-    "nic_best": "node:ranksight_net_interface_speed_bytes:interval_max",
-    "nic_best_1d": "node:ranksight_net_interface_speed_bytes:max_1d",
-    # each rank's GPU, joined once per evaluation (the ranks dashboard draws these per rank)
-    "rank_gpu_util": "rank:ranksight_gpu_utilization:ratio_rate",
-    "rank_gpu_min": "rank:ranksight_gpu_utilization_window:min",
-    "rank_gpu_max": "rank:ranksight_gpu_utilization_window:max",
-}
-
-RANK_BY = "job, node, rank, local_rank"
-
-
-# Recording-rule groups, in the order they are written. Prometheus evaluates groups concurrently
-# and the rules of one group in order (a rule reads the earlier rules' results of the same
-# evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute
-# rates of large families run at `durations.slow_rule_interval` (at 1,024 nodes they are
-# the costliest rules and nothing alerts on them).
-# The rank records split in four groups that evaluate side by side. The step counters' rates come
-# first, in a group of their own (each raw family read once); the rank arithmetic on them (shares,
-# busy time, the straggler ratio) and the job aggregates of them (job shares, step components) are
-# two more groups that read the rates' latest evaluation, at most one interval old, and nothing of
-# each other. The rank state records read their own raw series and nothing else of the chain
-# (checkpoint share and age, backward-to-optimizer, allocator retries, ranks up). The slow node
-# families are three groups of independent rules: interface counters, GPU utilization sample
-# buckets, RDMA ports. At 1,024 nodes no group then evaluates in more than half its budget
-# (bench/RESULTS.md, "Scale").
-RULE_GROUPS: Dict[str, Optional[str]] = {
-    "ranksight.recording.rank_rates": None,  # None: Prometheus' evaluation_interval
-    "ranksight.recording.rank": None,
-    "ranksight.recording.job": None,
-    "ranksight.recording.rank_state": None,
-    "ranksight.recording.node": None,
-    "ranksight.recording.rank_gpu": None,
-    "ranksight.recording.histograms": "slow_rule_interval",
-    "ranksight.recording.node_counters": "slow_rule_interval",
-    "ranksight.recording.gpu_samples": "slow_rule_interval",
-    "ranksight.recording.rdma": "slow_rule_interval",
-    "ranksight.recording.nic": "baseline_rule_interval",
-}
-
-
-# The earlier groups whose records a group reads: their latest evaluation, at most one interval old
-# (every other record a rule reads comes from an earlier rule of its own group).
-GROUP_INPUTS: Dict[str, Tuple[str, ...]] = {
-    "ranksight.recording.rank": ("ranksight.recording.rank_rates",),
-    "ranksight.recording.job": ("ranksight.recording.rank_rates",),
-    "ranksight.recording.rank_gpu": ("ranksight.recording.node",),
-}
-
+from .names import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS  # noqa: F401 (public here)
 
 def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     """Every recording rule, group by group (RULE_GROUPS order), in evaluation order within a group.
@@ -116,49 +19,69 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     (bench/RESULTS.md, "Scale"). Fleet panels read node- and job-level records instead of
     thousands of raw series."""
     w = cfg["windows"]["rate"]
-    ckpt_w = cfg["windows"].get("checkpoint_share", w)
     RATES, RANK, JOB, STATE, NODE, RANK_GPU, HIST, NODEC, SAMPLES, RDMA, NIC = list(RULE_GROUPS)[:11]
+    rates, rank = _rank_rules(w)
+    job = _job_rules()
+    state = _rank_state_rules(cfg)
+    node, rank_gpu = _node_rules(w)
+    hist, node_counters, samples, rdma, nic = _slow_rules(cfg)
+    chain, job_state = _goodput.rank_group_rules(cfg)
+    job += chain
+    state += job_state
+    out: List[Recording] = []
+    for group, rules in ((RATES, rates), (RANK, rank), (JOB, job), (STATE, state), (NODE, node),
+                         (RANK_GPU, rank_gpu), (HIST, hist),
+                         (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma), (NIC, nic)):
+        out += [replace(r, group=group) for r in rules]
+    return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
 
-    def rate(m: Any, window: str = w) -> str:
-        return f"rate({m}[{window}])"
 
-    R = {k: REC[k] for k in ("step_s", "steps", "data_s", "comm_s", "xcomm_s", "ckpt_s")}
+def _rate(m: Any, window: str) -> str:
+    return f"rate({m}[{window}])"
 
-    def or_zero(rec: str) -> str:
-        # A rank that never checkpointed (or has no exposed comm yet) must still get a busy time:
-        # an absent counter counts as 0, with the rank's own labels (those of step_seconds_total).
-        return f"({rec} or 0 * {R['step_s']})"
 
-    def share(key: str) -> str:
-        return f"{R[key]} / ({R['step_s']} > 0)"
+# the rank rates group's records of the raw step counters
+_R = {k: REC[k] for k in ("step_s", "steps", "data_s", "comm_s", "xcomm_s", "ckpt_s")}
 
-    def job_share(key: str) -> str:
-        return f"sum by (job) ({R[key]}) / (sum by (job) ({R['step_s']}) > 0)"
 
+def _or_zero(rec: str) -> str:
+    # A rank that never checkpointed (or has no exposed comm yet) must still get a busy time:
+    # an absent counter counts as 0, with the rank's own labels (those of step_seconds_total).
+    return f"({rec} or 0 * {_R['step_s']})"
+
+
+def _share(key: str) -> str:
+    return f"{_R[key]} / ({_R['step_s']} > 0)"
+
+
+def _job_share(key: str) -> str:
+    return f"sum by (job) ({_R[key]}) / (sum by (job) ({_R['step_s']}) > 0)"
+
+
+def _rank_rules(w: str) -> Tuple[List[Recording], List[Recording]]:
+    """The rank rates group (each raw step counter's rate) and the rank group (shares, busy time and
+    the straggler ratio, arithmetic on those rates)."""
     busy = REC["busy"]
-    # Checkpoint seconds per wall second = the share of wall time saves blocked the steps (an async
-    # save's background write is not in it), over a window longer than the checkpoint interval
-    # (1 h): over the 5 min rate window, every blocking write longer than 15 s would read as a 5% share.
     rates = [
-        Recording(R["step_s"], rate(C.STEP_SECONDS)),
-        Recording(R["steps"], rate(C.STEPS)),
-        Recording(R["data_s"], rate(C.DATALOADER_WAIT)),
-        Recording(R["comm_s"], rate(C.COMM_SECONDS)),
-        Recording(R["xcomm_s"], rate(C.EXPOSED_COMM_SECONDS)),
-        Recording(R["ckpt_s"], rate(C.CHECKPOINT_SECONDS)),
+        Recording(_R["step_s"], _rate(C.STEP_SECONDS, w)),
+        Recording(_R["steps"], _rate(C.STEPS, w)),
+        Recording(_R["data_s"], _rate(C.DATALOADER_WAIT, w)),
+        Recording(_R["comm_s"], _rate(C.COMM_SECONDS, w)),
+        Recording(_R["xcomm_s"], _rate(C.EXPOSED_COMM_SECONDS, w)),
+        Recording(_R["ckpt_s"], _rate(C.CHECKPOINT_SECONDS, w)),
     ]
     rank = [
-        Recording(REC["data_share"], share("data_s")),
-        Recording(REC["comm_share"], share("comm_s")),
-        Recording(REC["xcomm_share"], share("xcomm_s")),
-        Recording(REC["step_mean"], f"{R['step_s']} / ({R['steps']} > 0)"),
+        Recording(REC["data_share"], _share("data_s")),
+        Recording(REC["comm_share"], _share("comm_s")),
+        Recording(REC["xcomm_share"], _share("xcomm_s")),
+        Recording(REC["step_mean"], f"{_R['step_s']} / ({_R['steps']} > 0)"),
         # Busy time per step: the step minus the time the rank only waited (data, exposed comm,
         # checkpoint). Under synchronous data parallel all step times are equal, so the step itself
         # never blames a rank; the fast ranks show the straggler's extra work as exposed comm.
         Recording(
             busy,
-            f"clamp_min({R['step_s']} - {or_zero(R['data_s'])} - {or_zero(R['xcomm_s'])}"
-            f" - {or_zero(R['ckpt_s'])}, 0) / ({R['steps']} > 0)",
+            f"clamp_min({_R['step_s']} - {_or_zero(_R['data_s'])} - {_or_zero(_R['xcomm_s'])}"
+            f" - {_or_zero(_R['ckpt_s'])}, 0) / ({_R['steps']} > 0)",
         ),
         # The reference a rank is judged against: the median busy time of its peers. A median that
         # holds the straggler itself is diluted by it (of two ranks, the median is their mean: a rank
@@ -172,37 +95,58 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         ),
         Recording(REC["straggler"], f"{busy} / on (job) group_left () ({REC['busy_median']} > 0)"),
     ]
+    return rates, rank
+
+
+def _job_rules() -> List[Recording]:
+    """The job group: the job's steps and shares, aggregates of the rank rates."""
     job = [
-        Recording(REC["job_steps"], f"avg by (job) ({R['steps']})"),
-        Recording(REC["job_data_share"], job_share("data_s")),
-        Recording(REC["job_comm_share"], job_share("comm_s")),
+        Recording(REC["job_steps"], f"avg by (job) ({_R['steps']})"),
+        Recording(REC["job_data_share"], _job_share("data_s")),
+        Recording(REC["job_comm_share"], _job_share("comm_s")),
         # The job's own communication cost: the comm share of its least-waiting rank (the last to arrive
         # at a collective waits for nobody: its collectives take only their transfer), less the largest
         # share any rank spends in its data loader or writing a checkpoint (its peers wait for that in
         # their collectives, the last to arrive included). A straggler explains only comm above it.
         Recording(REC["job_comm_min"],
-                  f"clamp_min(min by (job) ({share('comm_s')}) - on (job) "
-                  f"max by (job) (({or_zero(R['data_s'])} + {or_zero(R['ckpt_s'])}) / ({R['step_s']} > 0)), 0)"),
-        Recording(REC["job_xcomm_share"], job_share("xcomm_s")),
+                  f"clamp_min(min by (job) ({_share('comm_s')}) - on (job) "
+                  f"max by (job) (({_or_zero(_R['data_s'])} + {_or_zero(_R['ckpt_s'])}) / ({_R['step_s']} > 0)), 0)"),
+        Recording(REC["job_xcomm_share"], _job_share("xcomm_s")),
     ]
+    return job
+
+
+def _rank_state_rules(cfg: Mapping[str, Any]) -> List[Recording]:
+    """The rank state group: records that read their own raw series and nothing else of the chain."""
+    w = cfg["windows"]["rate"]
+    ckpt_w = cfg["windows"].get("checkpoint_share", w)
+    # Checkpoint seconds per wall second = the share of wall time saves blocked the steps (an async
+    # save's background write is not in it), over a window longer than the checkpoint interval
+    # (1 h): over the 5 min rate window, every blocking write longer than 15 s would read as a 5% share.
     state = [
-        Recording(REC["ckpt_share"], rate(C.CHECKPOINT_SECONDS, ckpt_w)),
+        Recording(REC["ckpt_share"], _rate(C.CHECKPOINT_SECONDS, ckpt_w)),
         # The job loses the largest rank's checkpoint share: the other ranks wait for it in their
         # next collective (rank-0-only saves), so the mean would understate it by the world size.
         Recording(REC["job_ckpt_share"], f"max by (job) ({REC['ckpt_share']})"),
-        Recording(REC["b2o"], f"{rate(C.BACKWARD_TO_OPTIMIZER.sum)} / ({rate(C.BACKWARD_TO_OPTIMIZER.count)} > 0)"),
-        Recording(REC["alloc_retries"], f"{rate(C.CUDA_ALLOC_RETRIES)} * 60"),
+        Recording(REC["b2o"], f"{_rate(C.BACKWARD_TO_OPTIMIZER.sum, w)} / ({_rate(C.BACKWARD_TO_OPTIMIZER.count, w)} > 0)"),
+        Recording(REC["alloc_retries"], f"{_rate(C.CUDA_ALLOC_RETRIES, w)} * 60"),
         Recording(REC["ckpt_age"], f"time() - {C.LAST_CHECKPOINT}"),
         Recording(REC["ckpt_age_median"], f"quantile by (job) (0.5, {REC['ckpt_age']})"),
         Recording(REC["ranks_up"], f"sum by (job) ({C.RANK_UP})"),
         Recording(REC["ranks"], f"count by (job) ({C.RANK_UP})"),
     ]
+    return state
+
+
+def _node_rules(w: str) -> Tuple[List[Recording], List[Recording]]:
+    """The node group (retransmits, GPU utilization and swings, ingest, disk, throttling) and the rank
+    GPU group (each rank's GPU series with the rank's labels)."""
     node = [
-        Recording(REC["retrans"], f"{rate(C.NET_TCP_RETRANS)} / ({rate(C.NET_TCP_SENT)} > 0)"),
-        Recording(REC["gpu_util"], rate(C.GPU_BUSY_SECONDS)),
-        Recording(REC["gpu_swings"], f"{rate(C.GPU_SWINGS)} * 60"),
+        Recording(REC["retrans"], f"{_rate(C.NET_TCP_RETRANS, w)} / ({_rate(C.NET_TCP_SENT, w)} > 0)"),
+        Recording(REC["gpu_util"], _rate(C.GPU_BUSY_SECONDS, w)),
+        Recording(REC["gpu_swings"], f"{_rate(C.GPU_SWINGS, w)} * 60"),
         Recording(REC["node_gpu_util"], f"avg by (node) ({REC['gpu_util']})"),
-        Recording(REC["ingest"], f"sum by (node, result) ({rate(C.INGEST_DATAGRAMS)})"),
+        Recording(REC["ingest"], f"sum by (node, result) ({_rate(C.INGEST_DATAGRAMS, w)})"),
         Recording(REC["disk_free"], f"{C.DISK_FREE} / ({C.DISK_TOTAL} > 0)"),
         # filter before aggregating: only the reasons that are active become series
         Recording(REC["throttled"],
@@ -221,18 +165,25 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["rank_gpu_min"], on_rank(f'max by (node, gpu) ({C.GPU_UTILIZATION}{{stat="min"}})')),
         Recording(REC["rank_gpu_max"], on_rank(f'max by (node, gpu) ({C.GPU_UTILIZATION}{{stat="max"}})')),
     ]
+    return node, rank_gpu
+
+
+def _slow_rules(cfg: Mapping[str, Any]) -> Tuple[List[Recording], ...]:
+    """The groups at the slow and baseline intervals: step histograms, interface counters, GPU
+    utilization samples, RDMA ports, and each NIC's best speed."""
+    w = cfg["windows"]["rate"]
     # compat: aggregate by (le) and never select on a `le` value; 3.x writes le="1.0" where 2.x
     # wrote "1", and histogram_quantile merges buckets of equal bound across the two spellings.
     hist = [
-        Recording(REC["job_buckets"], f"sum by (job, le) ({rate(C.STEP_DURATION.bucket)})"),
+        Recording(REC["job_buckets"], f"sum by (job, le) ({_rate(C.STEP_DURATION.bucket, w)})"),
         Recording(REC["job_p50"], f"histogram_quantile(0.5, {REC['job_buckets']})"),
         Recording(REC["job_p99"], f"histogram_quantile(0.99, {REC['job_buckets']})"),
     ]
     rdma_errors = f'{C.RDMA_PORT_COUNTER}{{counter!~"{RDMA_TRAFFIC}"}}'
     rdma_packets = f'{C.RDMA_PORT_COUNTER}{{counter=~"port_(rcv|xmit)_packets"}}'
     rdma = [
-        Recording(REC["rdma_errors"], f"sum by (node, counter) ({rate(rdma_errors)})"),
-        Recording(REC["rdma_packets"], f"sum by (node, counter) ({rate(rdma_packets)})"),
+        Recording(REC["rdma_errors"], f"sum by (node, counter) ({_rate(rdma_errors, w)})"),
+        Recording(REC["rdma_packets"], f"sum by (node, counter) ({_rate(rdma_packets, w)})"),
     ]
     # The day's best speed of each NIC in two steps, every `durations.baseline_rule_interval`: the
     # best over each interval (its window is the interval, so none is skipped), then the best of a
@@ -244,23 +195,13 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["nic_best"], f"max_over_time({C.NET_IF_SPEED}[{nic_w}])"),
         Recording(REC["nic_best_1d"], f"max_over_time({REC['nic_best']}[1d])"),
     ]
-    samples = [Recording(REC["util_samples"], f"sum by (node, le) ({rate(C.GPU_UTILIZATION_SAMPLES.bucket)})")]
+    samples = [Recording(REC["util_samples"], f"sum by (node, le) ({_rate(C.GPU_UTILIZATION_SAMPLES.bucket, w)})")]
     node_counters = [
-        Recording(REC["if_errors"], f"sum by (node, direction) ({rate(C.NET_IF_ERRORS)})"),
-        Recording(REC["if_drops"], f"sum by (node, direction) ({rate(C.NET_IF_DROPS)})"),
-        Recording(REC["if_bytes"], f"sum by (node, direction) ({rate(C.NET_IF_BYTES)})"),
+        Recording(REC["if_errors"], f"sum by (node, direction) ({_rate(C.NET_IF_ERRORS, w)})"),
+        Recording(REC["if_drops"], f"sum by (node, direction) ({_rate(C.NET_IF_DROPS, w)})"),
+        Recording(REC["if_bytes"], f"sum by (node, direction) ({_rate(C.NET_IF_BYTES, w)})"),
     ]
-    from .. import triage_goodput as _goodput  # it builds on this module: imported at call time
-
-    chain, job_state = _goodput.rank_group_rules(cfg)
-    job += chain
-    state += job_state
-    out: List[Recording] = []
-    for group, rules in ((RATES, rates), (RANK, rank), (JOB, job), (STATE, state), (NODE, node),
-                         (RANK_GPU, rank_gpu), (HIST, hist),
-                         (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma), (NIC, nic)):
-        out += [replace(r, group=group) for r in rules]
-    return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
+    return hist, node_counters, samples, rdma, nic
 
 
 def recording_groups(cfg: Mapping[str, Any]) -> List[Tuple[str, Optional[str], List[Recording]]]:

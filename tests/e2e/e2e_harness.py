@@ -22,44 +22,21 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ranksight import config
-from ranksight.tools.plumbing import GiveUp, free_port, spawn, stop_process, wait_for
+from ranksight.common.plumbing import GiveUp, Proc, free_port, wait_for
 from ranksight.tools.stack import AgentProcess, LocalStack
 
 log = logging.getLogger("tests.e2e")
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-PROMETHEUS = "/usr/bin/prometheus"
-ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 TRAIN = REPO / "examples" / "train_ddp.py"
 
 
-class Proc:
-    """A child process in its own session, output to a log file. It is killed if the thread
-    that started it dies (PR_SET_PDEATHSIG), so a killed test run leaves no agents or ranks."""
-
-    def __init__(self, argv: Sequence[str], log_path: Path, env: Optional[Mapping[str, str]] = None,
-                 cwd: Optional[Path] = None) -> None:
-        self.argv = list(argv)
-        self.log_path = log_path
-        self.p = spawn(self.argv, log_path, env=env, cwd=cwd, deathsig=signal.SIGKILL)
-
-    @property
-    def pid(self) -> int:
-        return self.p.pid
-
-    def alive(self) -> bool:
-        return self.p.poll() is None
-
-    def tail(self, n: int = 2000) -> str:
-        try:
-            return self.log_path.read_bytes()[-n:].decode(errors="replace")
-        except OSError:
-            return ""
-
-    def stop(self, grace: float = 3.0) -> None:
-        """SIGTERM to its process group (DataLoader workers, torch helpers), SIGKILL after grace."""
-        stop_process(self.p, grace, group=True)
+def run(argv: Sequence[str], log_path: Path, env: Optional[Mapping[str, str]] = None) -> Proc:
+    """argv run from the checkout in its own session, output to log_path (plumbing.Proc). It gets
+    SIGKILL if the thread that started it dies, so a killed test run leaves no agents or ranks; its
+    stop() signals its process group (DataLoader workers, torch helpers)."""
+    return Proc(list(argv), log_path, env, cwd=REPO, deathsig=signal.SIGKILL, group=True).start()
 
 
 # ------------------------------------------------------------------ Prometheus + Alertmanager
@@ -115,8 +92,7 @@ class Agent:
             "RANKSIGHT__agent__collectors": collectors,
         })
         e.update(env or {})
-        self.proc = Proc([*argv_prefix, PYTHON, "-m", "ranksight", "exporter"], self.dir / f"agent-{name}.log", env=e,
-                         cwd=REPO)
+        self.proc = run([*argv_prefix, PYTHON, "-m", "ranksight", "exporter"], self.dir / f"agent-{name}.log", e)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://{self.target}/metrics", timeout=3) as r:
@@ -134,7 +110,7 @@ class Agent:
         return self
 
     def stop(self) -> None:
-        self.proc.stop()
+        self.proc.stop(3.0)
 
 
 # ------------------------------------------------------------------ training job
@@ -175,11 +151,11 @@ class Job:
             e.update(self.rank_env[rank] if self.rank_env else {})
             argv = [*(self.argv_prefix[rank] if self.argv_prefix else ()), PYTHON, str(self.train), "--checkpoint-dir", str(ckdir),
                     "--log-every", "0", *self.args]
-            self.procs.append(Proc(argv, self.workdir / f"job-{self.name}-rank{rank}.log", env=e, cwd=REPO))
+            self.procs.append(run(argv, self.workdir / f"job-{self.name}-rank{rank}.log", e))
         return self
 
     def logs(self, n: int = 1500) -> str:
-        return "\n".join(f"--- {self.name} rank {i} ({p.log_path}) ---\n{p.tail(n)}" for i, p in enumerate(self.procs))
+        return "\n".join(f"--- {self.name} rank {i} ({p.log_file}) ---\n{p.tail(n)}" for i, p in enumerate(self.procs))
 
     def stop(self) -> None:
         for p in self.procs:

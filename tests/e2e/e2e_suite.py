@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from e2e_harness import (Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack, cfg_test_profile,
                      triage_cli)
-from ranksight.tools.plumbing import GiveUp, wait_for
+from ranksight.common.plumbing import GiveUp, wait_for
 from e2e_netns import Hosts
 
 log = logging.getLogger("tests.e2e")

@@ -20,7 +20,7 @@ from typing import Dict, Iterator
 import pytest
 
 from e2e_harness import Job, am_find, host_agent, start_stack
-from ranksight.tools.plumbing import wait_for
+from ranksight.common.plumbing import wait_for
 from ranksight import config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from ranksight.tools.receiver import Receiver  # noqa: F401  (re-exported for the hooks tests)
-from ranksight.tools.plumbing import free_port  # noqa: F401  (re-exported for the hooks and lints tests)
+from ranksight.common.plumbing import free_port  # noqa: F401  (re-exported for the hooks and lints tests)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

@@ -32,7 +32,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from ranksight import config, triage
-from ranksight.tools.plumbing import AlertmanagerAPI, free_port, wait_until
+from ranksight.common.plumbing import AlertmanagerAPI, free_port, wait_until
 from test_triage_cli import RankPlay, Sender  # the ranks' datagram player (real protocol-v1 records)
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import copy
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,17 +13,14 @@ from typing import Any, Dict, List
 import pytest
 import yaml
 
-from ranksight import catalog, config, triage, triage_goodput
+from ranksight import catalog, config, triage
+from ranksight.triage import goodput
 from ranksight.alerts import generate
+
+from conftest import require_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "alerts"
-
-
-def _tool(name: str) -> str:
-    path = shutil.which(name) or (f"/usr/bin/{name}" if Path(f"/usr/bin/{name}").exists() else None)
-    assert path, f"{name} not found: install Debian's prometheus / prometheus-alertmanager (scripts/setup does)"
-    return path
 
 
 def _run(*cmd: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -82,7 +78,7 @@ def test_promtool_check_rules(profile, tmp_path):
     cfg = config.load(None, profile, env={})
     rules = tmp_path / "ranksight-rules.yml"
     rules.write_text(generate.render(cfg)["ranksight-rules.yml"])
-    r = _run(_tool("promtool"), "check", "rules", str(rules))
+    r = _run(require_binary("promtool"), "check", "rules", str(rules))
     assert r.returncode == 0, r.stdout + r.stderr
     n = len(triage.recording_rules(cfg)) + len(triage.table(cfg))
     assert f"SUCCESS: {n} rules found" in r.stdout
@@ -91,7 +87,7 @@ def test_promtool_check_rules(profile, tmp_path):
 def test_promtool_unit_tests():
     files = sorted(str(p.relative_to(ROOT)) for p in (ALERTS / "tests").glob("*.yml"))
     assert files, "no promtool test files under alerts/tests"
-    r = _run(_tool("promtool"), "test", "rules", *files)
+    r = _run(require_binary("promtool"), "test", "rules", *files)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("SUCCESS") == len(files)
 
@@ -127,14 +123,14 @@ def test_promtool_tests_cover_every_alert_and_recording_rule(default_cfg):
 def test_amtool_check_config(profile, tmp_path):
     am = tmp_path / "alertmanager.yml"
     am.write_text(generate.render(config.load(None, profile, env={}))["alertmanager.yml"])
-    r = _run(_tool("amtool"), "check-config", str(am))
+    r = _run(require_binary("amtool"), "check-config", str(am))
     assert r.returncode == 0, r.stdout + r.stderr
     n = sum(len(e.inhibits) for e in triage.table(config.load(None, profile, env={})))
     assert f"{n} inhibit rules" in r.stdout
 
 
 def test_committed_alertmanager_config_checks():
-    r = _run(_tool("amtool"), "check-config", str(ALERTS / "alertmanager.yml"))
+    r = _run(require_binary("amtool"), "check-config", str(ALERTS / "alertmanager.yml"))
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -298,7 +294,7 @@ def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
         assert all(order.index(i) < order.index(g) for i in inputs), (g, inputs)
     for r in triage.recording_rules(default_cfg):
         for name in re.findall(r"\b((?:rank|job|node|gpu):ranksight_[a-z_]+:[a-z0-9_]+)", r.expr):
-            if r.group in triage_goodput.CROSS_GROUP_READERS and seen.get(name, r.group) != r.group:
+            if r.group in goodput.CROSS_GROUP_READERS and seen.get(name, r.group) != r.group:
                 assert name.startswith("job:"), (r.record, name)
                 continue
             assert seen.get(name) in (r.group,) + triage.GROUP_INPUTS.get(r.group, ()), (r.record, name)
@@ -307,13 +303,13 @@ def test_recording_rules_read_each_raw_series_once_per_evaluation(default_cfg):
 
 def test_runbook_prose_files_are_each_used_and_complete(default_cfg):
     """Every entry's Meaning, Impact, Diagnosis and Mitigation come from ranksight/triage/prose/: one
-    file per entry id (lint.md for every lint, triage_goodput.py writes its own), none unused."""
+    file per entry id (lint.md for every lint, triage/goodput.py writes its own), none unused."""
     from ranksight.triage import prose as tp
 
     stems = {p.stem for p in tp.PROSE_DIR.glob("*.md")}
     table = triage.table(default_cfg)
     own = {e.id for e in table if e.kind != "lint" and e.alert not in
-           (triage_goodput.GOODPUT_LOW, triage_goodput.STEP_REGRESSION)}
+           (goodput.GOODPUT_LOW, goodput.STEP_REGRESSION)}
     assert stems == own | {"lint"}
     for stem in stems:
         assert all(tp.prose(stem, what="w", lint="l").values()), stem

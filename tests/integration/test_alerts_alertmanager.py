@@ -13,21 +13,19 @@ expectations written here, independent of the table.
 from __future__ import annotations
 
 import datetime as dt
-import json
-import shutil
 import socket
-import subprocess
 import time
-import urllib.request
-from contextlib import closing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterator, List, Tuple
 
 import pytest
 
 from ranksight import config, triage
 from ranksight.alerts import generate
+from ranksight.common import servers
+from ranksight.common.plumbing import AlertmanagerAPI
+
+from conftest import require_binary
 
 Labels = Dict[str, str]
 
@@ -114,40 +112,16 @@ def build_cases(cfg: config.Config, tag: str) -> List[Case]:
 
 
 # ------------------------------------------------------------------ a real Alertmanager
-
-def _free_port() -> int:
-    with closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Alertmanager:
-    def __init__(self, base: str):
-        self.base = base
-
-    def _req(self, method: str, path: str, body: Optional[object] = None) -> object:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=5) as r:
-            text = r.read().decode()
-        return json.loads(text) if text.strip() else None
-
-    def post(self, alerts: List[Labels]) -> None:
-        now = dt.datetime.now(dt.timezone.utc)
-        fmt = "%Y-%m-%dT%H:%M:%S.000Z"
-        self._req("POST", "/api/v2/alerts", [
-            {"labels": a, "annotations": {"summary": "test"}, "startsAt": now.strftime(fmt),
-             "endsAt": (now + dt.timedelta(hours=1)).strftime(fmt)} for a in alerts])
-
-    def alerts(self) -> List[dict]:
-        return self._req("GET", "/api/v2/alerts")  # type: ignore[return-value]
+def _post(am: AlertmanagerAPI, alerts: List[Labels]) -> None:
+    now = dt.datetime.now(dt.timezone.utc)
+    fmt = "%Y-%m-%dT%H:%M:%S.000Z"
+    am.post_alerts([{"labels": a, "annotations": {"summary": "test"}, "startsAt": now.strftime(fmt),
+                     "endsAt": (now + dt.timedelta(hours=1)).strftime(fmt)} for a in alerts])
 
 
 @pytest.fixture(scope="module")
-def alertmanager(tmp_path_factory) -> Iterator[Alertmanager]:
-    binary = shutil.which("prometheus-alertmanager") or "/usr/bin/prometheus-alertmanager"
-    assert Path(binary).exists(), "prometheus-alertmanager not found: install Debian's prometheus-alertmanager"
+def alertmanager(tmp_path_factory) -> Iterator[AlertmanagerAPI]:
+    binary = require_binary("alertmanager")
     tmp = tmp_path_factory.mktemp("am")
     # The webhook points at a port we hold bound but not listening: notifications (if any) are refused
     # here and never reach another test's receiver.
@@ -156,45 +130,29 @@ def alertmanager(tmp_path_factory) -> Iterator[Alertmanager]:
     cfg = config.load(None, "default", env={
         "RANKSIGHT__alerting__webhook_url": f"http://127.0.0.1:{sink.getsockname()[1]}/alerts"})
     (tmp / "alertmanager.yml").write_text(generate.render(cfg)["alertmanager.yml"])
-    proc = None
-    log = open(tmp / "alertmanager.log", "w")
+    server = None
     try:
-        for _attempt in range(3):  # another process may take the free port between bind and start
-            port = _free_port()
-            proc = subprocess.Popen(
-                [binary, f"--config.file={tmp / 'alertmanager.yml'}", f"--storage.path={tmp / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=", "--log.level=warn"],
-                stdout=log, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and proc.poll() is None:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    time.sleep(0.05)
-            if proc.poll() is None:
-                break
-            proc.wait()
-        assert proc is not None and proc.poll() is None, (tmp / "alertmanager.log").read_text()
-        yield Alertmanager(f"http://127.0.0.1:{port}")
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
+        for attempt in range(3):  # another process may take the free port between bind and start
+            server = servers.alertmanager(tmp / "alertmanager.yml", tmp / "data", tmp / "alertmanager.log",
+                                          binary=binary, flags=["--log.level=warn"])
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+                server.launch(15.0)
+                break
+            except servers.ServerError:
+                if attempt == 2:
+                    raise
+        yield server.api
+    finally:
+        if server is not None:
+            server.stop()
         sink.close()
 
 
-def _check(am: Alertmanager, cases: List[Case], timeout: float = 10.0) -> None:
+def _check(am: AlertmanagerAPI, cases: List[Case], timeout: float = 10.0) -> None:
     """POST every case's alerts, then poll until each expectation holds (the inhibitor
     receives alerts asynchronously), failing with the cases that never did. The cause must
     stay active next to its symptom: a symptom never mutes its cause."""
-    am.post([a for c in cases for a in [c.source, *c.muted, *c.free]])
+    _post(am, [a for c in cases for a in [c.source, *c.muted, *c.free]])
     deadline = time.monotonic() + timeout
     while True:
         got = {frozenset(a["labels"].items()): a for a in am.alerts()}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ranksight import catalog as C
 
-from test_exporter_helpers import NE, LOCAL, Proc, agent_cmd, dgram, free_port, hb, http_get, ident, one, parse, step, \
+from test_exporter_helpers import NE, LOCAL, started, agent_cmd, dgram, free_port, hb, http_get, ident, one, parse, step, \
     wait_for
 
 
@@ -79,7 +79,7 @@ def test_serves_flags_override_config_and_stops_on_sigterm(tmp_path):
     # the config names other ports and collectors; the flags win
     cfg.write_text("agent:\n  listen: 127.0.0.1:1\n  collectors: gpu\n  max_ranks: 7\n")
     sock = tmp_path / "ingest.sock"
-    p = Proc(agent_cmd("--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--ingest", f"unix://{sock}",
+    p = started(agent_cmd("--config", str(cfg), "--listen", f"127.0.0.1:{port}", "--ingest", f"unix://{sock}",
                        "--collectors", "network,disk,ranks", "--procfs", str(LOCAL / "proc"), "--sysfs", str(NE / "sys"),
                        "--watch-path", str(tmp_path), "--node", "nodeX"), tmp_path / "agent.log")
     try:
@@ -108,8 +108,8 @@ def test_serves_flags_override_config_and_stops_on_sigterm(tmp_path):
 
 def test_slow_client_does_not_block_scrapes(tmp_path):
     port = free_port()
-    p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "ranks"),
-             tmp_path / "agent.log")
+    p = started(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "ranks"),
+                tmp_path / "agent.log")
     slow = []
     try:
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics"), 20, "agent up")
@@ -141,8 +141,8 @@ def test_heartbeats_over_real_udp_into_the_cli_agent(tmp_path):
     """A process-level check of the checker thread: a sender that stops heartbeating is
     counted as missing within a few intervals, then down."""
     port, uport = free_port(), free_port(udp=True)
-    p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"udp://127.0.0.1:{uport}", "--collectors", "ranks"),
-             tmp_path / "agent.log")
+    p = started(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"udp://127.0.0.1:{uport}", "--collectors", "ranks"),
+                tmp_path / "agent.log")
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         wait_for(lambda: http_get(url), 20, "agent up")

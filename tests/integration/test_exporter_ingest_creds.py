@@ -22,7 +22,7 @@ import pytest
 
 from ranksight import catalog as C
 
-from test_exporter_helpers import ROOT, Proc, agent_cmd, dgram, free_port, http_get, ident, one, parse, series, step, \
+from test_exporter_helpers import ROOT, started, agent_cmd, dgram, free_port, http_get, ident, one, parse, series, step, \
     wait_for
 
 SENDER = """
@@ -87,8 +87,8 @@ def test_a_user_cannot_speak_for_another_users_ranks(two_users, tmp_path):
     os.chmod(shared, 0o755)
     sock = os.path.join(shared, "ingest.sock")
     port = free_port()
-    p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"unix://{sock}", "--collectors", "ranks"),
-             tmp_path / "agent.log")
+    p = started(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"unix://{sock}", "--collectors", "ranks"),
+                tmp_path / "agent.log")
     url = f"http://127.0.0.1:{port}/metrics"
 
     def counts(ok: int, rejected: int):
@@ -208,8 +208,8 @@ def test_a_rank_in_its_own_pid_namespace(tmp_path):
         pytest.fail("needs root with unshare (util-linux) to start a process in a new PID namespace", pytrace=False)
     sock = str(tmp_path / "ingest.sock")
     port = free_port()
-    p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"unix://{sock}", "--collectors", "ranks"),
-             tmp_path / "agent.log")
+    p = started(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"unix://{sock}", "--collectors", "ranks"),
+                tmp_path / "agent.log")
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         wait_for(lambda: http_get(url), 20, "the agent serving /metrics")

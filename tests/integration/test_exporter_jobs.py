@@ -22,7 +22,7 @@ if __name__ != "__main__":
 
     from ranksight import catalog as C
 
-    from test_exporter_helpers import Proc, agent_cmd, free_port, http_get, one, parse, series, wait_for
+    from test_exporter_helpers import started, agent_cmd, free_port, http_get, one, parse, series, wait_for
 
 
 # ------------------------------------------------------------------ one rank (script mode)
@@ -91,19 +91,19 @@ class Job:
             env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master),
                    "RANKSIGHT_AGENT": ingest, "RANKSIGHT_JOB": name, "RANKSIGHT__hooks__table_every_steps": "0",
                    "RANKSIGHT__hooks__table_every_seconds": "0", "OMP_NUM_THREADS": "1"}
-            self.ranks.append(Proc([sys.executable, __file__, "job", *args], tmp / f"{name}-rank{r}.log", env))
+            self.ranks.append(started([sys.executable, __file__, "job", *args], tmp / f"{name}-rank{r}.log", env))
 
     def stop(self) -> None:
         for p in self.ranks:
-            if p.p.poll() is None:
-                p.p.kill()
+            if p.popen.poll() is None:
+                p.popen.kill()
             p.stop()
 
 
 class Agent:
     def __init__(self, tmp: Path, name: str, port: int, uport: int, env=None):
         self.url = f"http://127.0.0.1:{port}/metrics"
-        self.proc = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"udp://127.0.0.1:{uport}",
+        self.proc = started(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", f"udp://127.0.0.1:{uport}",
                                    "--collectors", "ranks"), tmp / f"{name}.log", env)
         wait_for(lambda: http_get(self.url), 30, f"agent {name} serving")
 
@@ -134,7 +134,7 @@ def test_sigkilled_rank_misses_within_5s_and_goes_down(tmp_path, cleanup):
     got = agent.metrics()
     assert one(got, C.HEARTBEAT_MISSES.name, job="killjob", rank="1") == 0
     assert one(got, C.RANK_UP.name, job="killjob", rank="1") == 1
-    job.ranks[1].p.send_signal(signal.SIGKILL)
+    job.ranks[1].popen.send_signal(signal.SIGKILL)
     wait_for(lambda: one(agent.metrics(), C.HEARTBEAT_MISSES.name, job="killjob", rank="1") >= 1, 5,
              "a heartbeat miss counted within 5 s of SIGKILL")
     wait_for(lambda: one(agent.metrics(), C.RANK_UP.name, job="killjob", rank="1") == 0, 10, "rank_up 0")
@@ -183,8 +183,8 @@ def test_agent_restart_mid_run(tmp_path, cleanup):
     cleanup.append(job)
     wait_for(lambda: len([v for v in steps_by_rank(agent.metrics(), "restartjob").values() if v >= 20]) == 2, 90,
              "both ranks stepping")
-    agent.proc.p.send_signal(signal.SIGKILL)  # the hardest restart: no cleanup at all
-    agent.proc.p.wait(10)
+    agent.proc.popen.send_signal(signal.SIGKILL)  # the hardest restart: no cleanup at all
+    agent.proc.popen.wait(10)
     time.sleep(1.0)
     agent2 = Agent(tmp_path, "agent2", port, uport)
     cleanup.append(agent2.proc)

@@ -28,7 +28,7 @@ import pytest
 from ranksight import catalog as C
 from ranksight import config, triage
 from ranksight.alerts import generate
-from ranksight.triage_goodput import GOODPUT_LOW
+from ranksight.triage.goodput import GOODPUT_LOW
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = "goodput-truth"
@@ -40,7 +40,7 @@ def _events(path: Path) -> List[dict]:
 
 
 def truth(log_dir: Path, ranks: int = 2) -> Dict[str, float]:
-    """The job-level split from the job's own log, by the definitions of ranksight/triage_goodput.py."""
+    """The job-level split from the job's own log, by the definitions of ranksight/triage/goodput.py."""
     per: List[Dict[str, float]] = []
     rank0 = _events(log_dir / "rank0.jsonl")
     kills = [e["t"] for e in rank0 if e["ev"] == "kill"]

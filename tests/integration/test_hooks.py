@@ -22,7 +22,7 @@ import torch.nn as nn  # noqa: E402
 import ranksight  # noqa: E402
 from ranksight.hooks import watcher as watcher_mod  # noqa: E402
 
-from hooks_workloads.harness import REPO, rank_env  # noqa: E402
+from hooks_workloads.harness import REPO, free_port, rank_env  # noqa: E402
 
 FAST = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
 
@@ -138,10 +138,7 @@ def test_job_name_order():
 
 # ---------------------------------------------------------------------------------- transport / config
 def test_unreachable_agent_never_reaches_the_loop(tmp_path):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    dead = s.getsockname()[1]  # a free port with nobody listening
-    s.close()
+    dead = free_port(udp=True)  # a free port with nobody listening
     for agent in (f"udp://127.0.0.1:{dead}", f"unix://{tmp_path}/missing.sock"):
         model, opt, data = make(6)
         loader = ranksight.watch(model, opt, data, agent=agent, config=FAST)

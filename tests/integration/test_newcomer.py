@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ranksight.tools.plumbing import free_port
+from ranksight.common.plumbing import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 12

@@ -28,10 +28,10 @@ import pytest
 
 from ranksight import catalog as C
 from ranksight.hooks.watcher import STEPS_PER_RECORD
-from ranksight.tools.plumbing import free_port
+from ranksight.common.plumbing import free_port
 from ranksight.tools.stack import AgentProcess
 
-from test_exporter_helpers import ROOT, Proc, parse, series, wait_for
+from test_exporter_helpers import ROOT, started, parse, series, wait_for
 from test_exporter_jobs import Job
 
 pytestmark = pytest.mark.slow
@@ -134,7 +134,7 @@ def test_five_percent_datagram_loss_final_totals_exact(tmp_path, local_stack):
         port, uport = free_port(), free_port(udp=True)
         env = dict(os.environ, RANKSIGHT__agent__listen=f"{h.mgmt_addr}:{port}",
                    RANKSIGHT__agent__ingest=f"udp://127.0.0.1:{uport}", RANKSIGHT__agent__collectors="ranks")
-        agent = Proc(hosts.argv(h, [sys.executable, "-m", "ranksight", "exporter"]), tmp_path / "agent.log", env)
+        agent = started(hosts.argv(h, [sys.executable, "-m", "ranksight", "exporter"]), tmp_path / "agent.log", env)
         stack = local_stack(targets=[f"{h.mgmt_addr}:{port}"])
         subprocess.run(["ip", "netns", "exec", h.ns, "iptables", "-A", "INPUT", "-i", "lo", "-p", "udp", "--dport",
                         str(uport), "-m", "statistic", "--mode", "random", "--probability", "0.05", "-j", "DROP"],
@@ -171,7 +171,7 @@ class NsJob(Job):
             env = {"RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master),
                    "RANKSIGHT_AGENT": ingest, "RANKSIGHT_JOB": name, "RANKSIGHT__hooks__table_every_steps": "0",
                    "RANKSIGHT__hooks__table_every_seconds": "0", "OMP_NUM_THREADS": "1"}
-            self.ranks.append(Proc([*prefix, sys.executable, job_py, "job", *args], tmp / f"{name}-rank{r}.log", env))
+            self.ranks.append(started([*prefix, sys.executable, job_py, "job", *args], tmp / f"{name}-rank{r}.log", env))
 
 
 # ------------------------------------------------------------------ overload
@@ -213,8 +213,8 @@ def test_overload_16_ranks_at_200_steps_per_second_totals_exact(tmp_path, local_
     ranks, steps = 16, 1600  # 8 s at 200 steps/s
     script = tmp_path / "overload.py"
     script.write_text(OVERLOAD)
-    sender = Proc([sys.executable, str(script), str(ranks), str(steps), "200", agent.ingest],
-                  tmp_path / "overload.log", {"OMP_NUM_THREADS": "1"})
+    sender = started([sys.executable, str(script), str(ranks), str(steps), "200", agent.ingest],
+                     tmp_path / "overload.log", {"OMP_NUM_THREADS": "1"})
     try:
         wait_for(lambda: len(series(parse(agent.metrics_text()), C.STEPS.name, job="rel-overload")) == ranks, 60,
                  "all 16 ranks seen")

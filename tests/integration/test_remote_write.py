@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from ranksight import catalog, config, protocol, triage
-from ranksight.tools.plumbing import PrometheusAPI, Proc, free_port, wait_until
-from ranksight.tools.stack import find_binary
+from ranksight.common import servers
+from ranksight.common.plumbing import PrometheusAPI, Proc, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "prometheus-remote-write.yml"
@@ -44,7 +44,7 @@ def rule_inputs(cfg) -> Set[str]:
 
 
 def test_example_merges_into_the_deploy_config_and_passes_promtool(tmp_path):
-    promtool = find_binary("promtool")
+    promtool = servers.find_binary("promtool")
     base = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
     path = tmp_path / "prometheus.yml"
     path.write_text(yaml.safe_dump(merged_config(base, "http://central:9090/api/v1/write", "a")))
@@ -100,26 +100,20 @@ def _counts(prom: PrometheusAPI, selector: str) -> Dict[str, float]:
 
 @pytest.mark.slow
 def test_rules_inputs_arrive_at_a_remote_write_receiver(local_stack, tmp_path):
-    prom_bin = find_binary("prometheus")
     # the receiver: a second Prometheus that scrapes nothing
-    rport = free_port()
     (tmp_path / "receiver.yml").write_text("global:\n  scrape_interval: 1m\n")
-    receiver = Proc("receiver", [prom_bin, f"--config.file={tmp_path / 'receiver.yml'}",
-                                 f"--storage.tsdb.path={tmp_path / 'receiver-data'}",
-                                 f"--web.listen-address=127.0.0.1:{rport}", "--web.enable-remote-write-receiver"],
-                    tmp_path / "receiver.pid", tmp_path / "receiver.log", "receiver.yml")
+    receiver = servers.prometheus(tmp_path / "receiver.yml", tmp_path / "receiver-data", tmp_path / "receiver.log",
+                                  flags=["--web.enable-remote-write-receiver"])
     # the agent with two stand-in GPUs serving recorded H200 traces (no NVML on CI machines)
     aport, uport = free_port(), free_port(udp=True)
-    agent = Proc("agent", [sys.executable, str(ROOT / "bench" / "bench_exporter.py"), "_serve", "--listen",
-                           f"127.0.0.1:{aport}", "--ingest", f"udp://127.0.0.1:{uport}", "--gpus", "2"],
-                 tmp_path / "agent.pid", tmp_path / "agent.log", "ranksight")
+    agent = Proc([sys.executable, str(ROOT / "bench" / "bench_exporter.py"), "_serve", "--listen",
+                  f"127.0.0.1:{aport}", "--ingest", f"udp://127.0.0.1:{uport}", "--gpus", "2"], tmp_path / "agent.log")
     ranks = _Ranks(uport)
     s = None
     try:
-        receiver.start(daemon=False)
-        agent.start(daemon=False)
-        central = PrometheusAPI(f"http://127.0.0.1:{rport}")
-        assert wait_until(central.ready, 20), receiver.log_file.read_text()[-2000:]
+        receiver.launch(20.0)
+        agent.start()
+        central = PrometheusAPI(receiver.url)
         assert wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{aport}/metrics", timeout=2), 20), \
             agent.log_file.read_text()[-2000:]
         ranks.start()

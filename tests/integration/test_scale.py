@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from ranksight import catalog as C
-from ranksight import config, triage, triage_goodput
-from ranksight.bench import load
+from ranksight import config, triage
+from ranksight.triage import goodput
+from ranksight.tools.bench import load
 
 scale = load("scale")
 
@@ -138,7 +139,7 @@ def test_the_agent_is_under_the_series_target_and_all_series_is_not():
 def _long_window_records() -> list:
     """The records read over a range of another record (not backfilled), in rule-file order."""
     return [r.record for r in triage.recording_rules(config.load())
-            if r.group in triage_goodput.CROSS_GROUP_READERS or r.record == triage.REC["nic_best_1d"]]
+            if r.group in goodput.CROSS_GROUP_READERS or r.record == triage.REC["nic_best_1d"]]
 
 
 def test_expand_recording_rules_inlines_dependencies():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ranksight import catalog
-from ranksight.tools.plumbing import free_port, last_line, set_pdeathsig, wait_until
+from ranksight.common.plumbing import Proc, free_port, last_line, set_pdeathsig, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "systemd" / "ranksight-exporter.service"
@@ -79,7 +78,7 @@ class SlurmCluster:
     def __init__(self, root: Path):
         self.root = root
         self.conf = root / "slurm.conf"
-        self.procs: List[Tuple[str, subprocess.Popen, Path]] = []
+        self.procs: List[Proc] = []
         self.bins: Dict[str, str] = {}
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         for k in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_PROCID", "SLURM_NTASKS", "RANKSIGHT_JOB",
@@ -87,11 +86,7 @@ class SlurmCluster:
             self.env.pop(k, None)
 
     def _start(self, name: str, argv: List[str]) -> None:
-        log = self.root / "log" / f"{name}.out"
-        with open(log, "ab") as f:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                 env=self.env, preexec_fn=set_pdeathsig)
-        self.procs.append((name, p, log))
+        self.procs.append(Proc(argv, self.root / "log" / f"{name}.out", self.env, name=name).start())
 
     def _why(self, name: str) -> str:
         logs = [self.root / "log" / f"{name}.log", self.root / "log" / f"{name}.out",
@@ -144,9 +139,9 @@ class SlurmCluster:
         self._start("slurmd", [bins["slurmd"], "-D", "-N", host, "-f", str(self.conf)])
 
         def idle() -> bool:
-            for name, p, _ in self.procs:
-                if p.poll() is not None:
-                    pytest.skip(f"Slurm cannot start here: {name} exited with code {p.returncode}: {self._why(name)}")
+            for p in self.procs:
+                if p.exited() is not None:
+                    pytest.skip(f"Slurm cannot start here: {p.name} exited with code {p.exited()}: {self._why(p.name)}")
             out = subprocess.run([bins["sinfo"], "-h", "-o", "%T"], env=self.env, capture_output=True, text=True,
                                  timeout=10)
             return out.stdout.strip() == "idle"
@@ -157,14 +152,8 @@ class SlurmCluster:
         return self
 
     def stop(self) -> None:
-        for name, p, _ in reversed(self.procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        for p in reversed(self.procs):
+            p.stop(10.0)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from ranksight import catalog, config, protocol, triage
-from ranksight.tools.plumbing import AlertmanagerAPI, PrometheusAPI, pid_alive, wait_until
+from ranksight.common.plumbing import AlertmanagerAPI, PrometheusAPI, free_port, pid_alive, wait_until
 from ranksight.tools.stack import LocalStack, render_alert_files, render_prometheus_config
 
 from conftest import require_binary
@@ -30,7 +30,7 @@ def _ps_lines(needle: str):
     return [ln for ln in out.splitlines() if needle in ln and " Z" not in ln and "ps -eo" not in ln]
 
 
-def test_stack_up_scrapes_agent_loads_rules_and_down_leaves_nothing(agent, tmp_path, free_port):
+def test_stack_up_scrapes_agent_loads_rules_and_down_leaves_nothing(agent, tmp_path):
     """From a folder of its own, `stack up` uses ./run/stack, says to stop it with the bare
     `ranksight stack down`, and that works; the rules of its profile go into the run dir only."""
     a = agent()
@@ -111,7 +111,7 @@ def test_missing_binary_names_the_debian_package(tmp_path):
     assert not list(tmp_path.glob("*.pid"))
 
 
-def test_port_in_use_is_one_line(tmp_path, free_port):
+def test_port_in_use_is_one_line(tmp_path):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

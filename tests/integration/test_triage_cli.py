@@ -28,7 +28,7 @@ from typing import Dict, Iterator, Optional
 import pytest
 
 from e2e_harness import host_agent, start_stack, triage_cli  # noqa: E402
-from ranksight.tools.plumbing import free_port, wait_for  # noqa: E402
+from ranksight.common.plumbing import free_port, wait_for  # noqa: E402
 from e2e_harness import cfg_test_profile  # noqa: E402
 
 from ranksight import protocol  # noqa: E402

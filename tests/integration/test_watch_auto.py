@@ -249,7 +249,7 @@ def test_the_fsdp2_module_is_the_model_found(rx):
     import torch.distributed as dist
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    from ranksight.tools.plumbing import free_port
+    from ranksight.common.plumbing import free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from prometheus_client.parser import text_string_to_metric_families
 
 from ranksight import catalog
-from ranksight.tools.plumbing import free_port
+from ranksight.common.plumbing import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))

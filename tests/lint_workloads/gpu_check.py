@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
+
+from ranksight.common.plumbing import free_port
 
 
 def rank_main(perturb: bool) -> None:
@@ -65,9 +66,7 @@ def rank_main(perturb: bool) -> None:
 
 
 def launch(perturb: bool) -> list:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for r in range(2):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",

@@ -8,7 +8,7 @@ import copy
 import json
 from typing import Any, Dict, Optional
 
-from ranksight import k8s
+from ranksight.tools import k8s
 
 
 def _matcher(m: Dict[str, str]) -> str:

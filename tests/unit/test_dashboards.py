@@ -431,7 +431,7 @@ def test_rdma_panels_name_only_counters_the_agent_exposes(boards):
     the scale benchmark models): a panel naming any other would stay empty. The named error
     counters are not traffic (they fall into the error rule), and the traffic regex matches the
     traffic counters."""
-    from ranksight.bench import load
+    from ranksight.tools.bench import load
 
     scale = load("scale")
     curated = set(C.RDMA_CURATED_COUNTERS)

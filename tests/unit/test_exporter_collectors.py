@@ -25,7 +25,7 @@ from ranksight.exporter.exposition import TextWriter
 from support.nvml_standin import NvmlStandin
 from ranksight.triage import CLOCK_EVENT_REASONS
 
-from test_exporter_helpers import LOCAL, NE, Proc, agent_cmd, free_port, http_get, one, parse, scrape, series, \
+from test_exporter_helpers import LOCAL, NE, started, agent_cmd, free_port, http_get, one, parse, scrape, series, \
     trace, wait_for
 
 NODE = "n1"
@@ -209,7 +209,7 @@ def counter_names(got: Dict, **match: str) -> Dict[str, float]:
 def mlx5_tree(root: Path, ports: int = 2) -> Path:
     """An mlx5 HCA as the kernel lays it out (counters: the IB PMA port counters; hw_counters:
     drivers/infiniband/hw/mlx5/counters.c), every file a distinct value."""
-    from ranksight.bench import load
+    from ranksight.tools.bench import load
     scale = load("scale")
 
     n = 0
@@ -339,7 +339,7 @@ def test_real_agent_exposes_the_curated_rdma_counters(tmp_path):
     """The real agent process, scraped over HTTP, on an mlx5 tree: the default exposes the allowlist only."""
     root = mlx5_tree(tmp_path / "sys", ports=3)
     port = free_port()
-    p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "rdma",
+    p = started(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "rdma",
                        "--sysfs", str(root), "--node", NODE), tmp_path / "agent.log")
     try:
         got = wait_for(lambda: (lambda g: g if series(g, C.RDMA_PORT_COUNTER.name) else None)(
@@ -655,9 +655,9 @@ def test_real_agent_rdma_counters_from_config(tmp_path):
                         ("symbol_error,np_ecn_marked_roce_packets",
                          only_counters(exp, ("symbol_error", "np_ecn_marked_roce_packets")))):
         port = free_port()
-        p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "rdma",
+        p = started(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "rdma",
                            "--sysfs", str(root), "--node", NODE), tmp_path / "agent.log",
-                 env={"RANKSIGHT__agent__rdma_counters": value})
+                    env={"RANKSIGHT__agent__rdma_counters": value})
         try:
             got = wait_for(lambda: (lambda g: g if series(g, C.RDMA_PORT_COUNTER.name) else None)(
                 parse(http_get(f"http://127.0.0.1:{port}/metrics"))), 20, "RDMA series on /metrics")

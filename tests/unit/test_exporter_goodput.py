@@ -20,7 +20,7 @@ DATA, XCOMM, CKPT = 0.25, 0.005, 0.5
 
 
 def _split(got, rank: str) -> Dict[str, float]:
-    """The rules' per-rank split (ranksight/triage_goodput.py, before the job aggregation)."""
+    """The rules' per-rank split (ranksight/triage/goodput.py, before the job aggregation)."""
     lab = dict(job="job", rank=rank)
     v = {m: one(got, m.name, **lab) for m in (C.STEP_SECONDS, C.DATALOADER_WAIT, C.EXPOSED_COMM_SECONDS,
                                                C.CHECKPOINT_SECONDS, C.RANK_WALL)}

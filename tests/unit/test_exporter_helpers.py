@@ -2,7 +2,7 @@
 
 ``parse(text)`` -> {(name, frozenset(labels)): value} from Prometheus text, parsed by
 prometheus_client's own parser (independent of the agent's writer).
-``in_process_agent(...)`` starts an Agent on free loopback ports and returns it.
+``started(argv, log, env)`` -> a running ``plumbing.Proc`` (the one process handle).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Dict, FrozenSet, List, Optional, Tuple
 from prometheus_client.parser import text_string_to_metric_families
 
 from ranksight import protocol as P
-from ranksight.tools.plumbing import free_port, spawn, stop_process, wait_for  # noqa: F401 - shared by the exporter tests
+from ranksight.common.plumbing import Proc, free_port, wait_for  # noqa: F401 - shared by the exporter tests
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -89,26 +89,10 @@ def dgram(identity: dict, body: dict) -> bytes:
     return P.encode(dict(identity, **body))
 
 
-class Proc:
-    """A subprocess with its output in a file (plumbing.spawn); stopped (its own pid only) by ``stop``."""
-
-    def __init__(self, argv: List[str], log: Path, env: Optional[dict] = None):
-        self.log = log
-        log.write_bytes(b"")  # a fresh log per process
-        self.p = spawn(argv, log, env={**os.environ, **(env or {})}, cwd=ROOT)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def signal(self, sig: int) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(sig)
-
-    def wait(self, timeout: float) -> int:
-        return self.p.wait(timeout=timeout)
-
-    def stop(self) -> None:
-        stop_process(self.p, 10)
+def started(argv: List[str], log: Path, env: Optional[dict] = None) -> Proc:
+    """argv run from the checkout with its output in a fresh ``log`` and ``env`` on top of this
+    process's environment; ``stop()`` signals its own pid only."""
+    return Proc(argv, log, {**os.environ, **(env or {})}, cwd=ROOT, fresh_log=True).start()
 
 
 def agent_cmd(*args: str) -> List[str]:

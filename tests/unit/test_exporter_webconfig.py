@@ -24,7 +24,7 @@ from ranksight import triage
 from ranksight.exporter import webconfig
 from ranksight.exporter.webconfig import Gate, WebConfigError
 
-from test_exporter_helpers import Proc, agent_cmd, free_port, one, parse, wait_for
+from test_exporter_helpers import Proc, started, agent_cmd, free_port, one, parse, wait_for
 
 PASSWORD = "s3cret-scrape"
 USER = "prometheus"
@@ -103,11 +103,11 @@ def _get(port: int, path: str, ctx: ssl.SSLContext, user: Optional[str] = USER,
 
 def _start(tmp_path: Path, web: Path) -> Tuple[Proc, int]:
     port = free_port()
-    p = Proc(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "ranks",
+    p = started(agent_cmd("--listen", f"127.0.0.1:{port}", "--ingest", "udp://127.0.0.1:0", "--collectors", "ranks",
                        "--web.config.file", str(web)), tmp_path / "agent.log")
     try:
-        wait_for(lambda: "serving https://" in p.text() or p.p.poll() is not None, 20, "the agent serving https")
-        assert p.p.poll() is None, p.text()
+        wait_for(lambda: "serving https://" in p.text() or p.popen.poll() is not None, 20, "the agent serving https")
+        assert p.popen.poll() is None, p.text()
     except BaseException:
         p.stop()
         raise

@@ -14,7 +14,8 @@ from typing import List, Tuple
 
 import pytest
 
-from ranksight import cli, config, k8s
+from ranksight import cli, config
+from ranksight.tools import k8s
 from ranksight.alerts import generate as rules
 from ranksight.dashboards import generate as dashboards
 from ranksight.tools import stack

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from ranksight.address import parse_address
+from ranksight.common.plumbing import free_port
 from ranksight.hooks import transport as T
 
 LOG = "ranksight.hooks"
@@ -23,11 +24,8 @@ def short_grace(monkeypatch):
 
 
 def dead_udp_port() -> int:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A UDP port with nobody listening on it."""
+    return free_port(udp=True)
 
 
 def no_agent_lines(caplog, level=logging.WARNING):

@@ -25,10 +25,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from ranksight import catalog, config, k8s, protocol, triage
+from ranksight import catalog, config, protocol, triage
+from ranksight.tools import k8s
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
-from ranksight.tools.plumbing import AlertmanagerAPI, free_port, set_pdeathsig, wait_until
+from ranksight.common.plumbing import AlertmanagerAPI, free_port, set_pdeathsig, wait_until
+from conftest import require_binary
 from support.operator_view import BASE_AM, operator_view, unprefixed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -416,7 +418,7 @@ def _namespaced_tests(src: Path, dst: Path) -> int:
 
 @pytest.mark.slow
 def test_promtool_checks_and_tests_the_prometheusrule(docs, cfg, tmp_path):
-    promtool = _tool("promtool", "apt-get install prometheus (scripts/setup does)")
+    promtool = require_binary("promtool")
     rules = tmp_path / "ranksight-rules.yml"
     rules.write_text(yaml.safe_dump({"groups": _rule_groups(docs)}, sort_keys=False))
     r = _run(promtool, "check", "rules", str(rules))
@@ -444,7 +446,7 @@ def test_alertmanagerconfig_holds_the_generated_route_and_inhibitions(docs, cfg,
     assert sub.pop("continue") is True and sub["matchers"].pop() == nsm
     assert sub == standalone["route"]["routes"][0]  # the ranksight subtree, routes by severity included
     assert [{**r, "name": r["name"][len(prefix):]} for r in view["receivers"][1:]] == standalone["receivers"]
-    amtool = _tool("amtool", "apt-get install prometheus-alertmanager (scripts/setup does)")
+    amtool = require_binary("amtool")
     path = tmp_path / "alertmanager.yml"
     path.write_text(yaml.safe_dump(view, sort_keys=False))
     r = _run(amtool, "check-config", str(path))
@@ -499,7 +501,7 @@ def test_on_call_receivers_convert_with_their_secrets_in_a_secret(tmp_path):
     view["templates"] = [str(tmp_path / name)]
     path = tmp_path / "alertmanager.yml"
     path.write_text(yaml.safe_dump(view, sort_keys=False))
-    amtool = _tool("amtool", "apt-get install prometheus-alertmanager (scripts/setup does)")
+    amtool = require_binary("amtool")
     r = _run(amtool, "check-config", str(path))
     assert r.returncode == 0 and f"{1 + len(standalone['receivers'])} receivers" in r.stdout, r.stdout + r.stderr
     r = _run(amtool, "config", "routes", "test", f"--config.file={path}", "alertname=RanksightRankDown",

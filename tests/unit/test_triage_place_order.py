@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from ranksight import config, triage
-from ranksight.tools.plumbing import Sample
+from ranksight.common.plumbing import Sample
 from ranksight.tools.triage_cli import Walk
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from ranksight import config, triage
 from ranksight.tools import triage_text as T
-from ranksight.tools.plumbing import ApiError, PrometheusAPI, Sample
+from ranksight.common.plumbing import ApiError, PrometheusAPI, Sample
 from ranksight.tools.triage_cli import Check, Finding, Report, Walk, not_prometheus, render_json, render_text
 
 CFG = config.load(None, "test")

@@ -1,4 +1,4 @@
-"""Two GPU-timing fixes on the real GPU (bench/gpu/hooks_fixes.py; their CPU checks, with a
+"""Two GPU-timing rules of the hooks on the real GPU (bench/gpu/enqueue_and_close.py; their CPU checks, with a
 stand-in for CUDA events, are in tests/integration/test_hooks.py):
 
 * an async collective's start event is recorded after the call returned: on a host-bound step
@@ -20,16 +20,16 @@ import gpu_workload as W
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
 
 _CACHE: Dict[str, Dict[str, Any]] = {}
-ENQUEUE = 0.02  # bench/gpu/hooks_fixes.py ENQUEUE
+ENQUEUE = 0.02  # bench/gpu/enqueue_and_close.py ENQUEUE
 
 
 @pytest.fixture(scope="module")
 def case(tmp_path_factory, gpu_results):
-    d = tmp_path_factory.mktemp("hooks_fixes")
+    d = tmp_path_factory.mktemp("enqueue_and_close")
 
     def run(name: str) -> Dict[str, Any]:
-        return run_script_once(_CACHE, name, ["hooks_fixes.py", name], d / f"{name}.json", gpu_results,
-                               f"hooks_fixes_{name}", 240)
+        return run_script_once(_CACHE, name, ["enqueue_and_close.py", name], d / f"{name}.json", gpu_results,
+                               f"enqueue_and_close_{name}", 240)
 
     return run
 
@@ -48,7 +48,7 @@ def test_async_comm_excludes_the_host_enqueue(case, name):
     _common(r)
     if name == "enqueue_ddp":
         assert r["stats"]["ddp_comm_hook"] is True
-    # before the fix every step counted the 20 ms enqueue as comm
+    # counting the enqueue would add 20 ms of comm to every step
     assert r["comm_per_step"] < ENQUEUE / 4, (
         f"{name}: comm {r['comm_per_step'] * 1e3:.3f} ms per step includes the {ENQUEUE * 1e3:.0f} ms enqueue")
 

@@ -6,7 +6,7 @@ import sys
 
 import yaml
 
-from . import config
+from .. import config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -48,11 +48,12 @@ from typing import Any, Dict, List, Mapping, Sequence
 import yaml
 
 from ranksight import __version__, cli, config, triage
+from ranksight.console import error
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
 
 # deploy/kubernetes/ of a checkout: what --in-place writes
-COMMITTED_DIR = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+COMMITTED_DIR = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 NAMESPACE = "ranksight"
 IMAGE = f"ranksight-agent:{__version__}"
 APP = triage.SCRAPE_JOB  # Service name = the job label prometheus-operator gives the scrape targets
@@ -490,23 +491,23 @@ def _rerun(args: argparse.Namespace, out: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if not _valid_name(args.namespace):
-        return cli.error(f"--namespace {args.namespace!r}: expected a DNS label "
+        return error(f"--namespace {args.namespace!r}: expected a DNS label "
                          "(lower-case letters, digits and '-', at most 63)")
     if not args.image.strip() or any(c.isspace() for c in args.image):
-        return cli.error(f"--image {args.image!r}: expected an image reference")
+        return error(f"--image {args.image!r}: expected an image reference")
     cfg = config.load(args.config, args.profile)
     try:
         files = render(cfg, args.namespace, args.image)
     except ImportError as e:  # the dashboards need grafana-foundation-sdk
-        return cli.error(f"cannot render the dashboards: {e}")
+        return error(f"cannot render the dashboards: {e}")
     except RuntimeError as e:  # dashboards.generate.SdkMissing
-        return cli.error(str(e))
+        return error(str(e))
     differs = cli.departures(cfg, args, [("--profile", args.profile, "default"),
                                          ("--namespace", args.namespace, NAMESPACE), ("--image", args.image, IMAGE)])
     try:
         out = cli.output_dir(args, "k8s", COMMITTED_DIR, differs, check=args.check)
     except cli.OutputError as e:
-        return cli.error(str(e))
+        return error(str(e))
     if args.check:
         bad = stale(files, out)
         if bad:
@@ -524,7 +525,7 @@ def run(args: argparse.Namespace) -> int:
         for p in stale(files, out):
             (out / p).unlink()  # generated YAML no longer rendered (a dashboard that went away)
     except OSError as e:
-        return cli.error(f"cannot write to {out}: {e.strerror or e}")
+        return error(f"cannot write to {out}: {e.strerror or e}")
     print(f"wrote {len(files)} files to {out} (namespace {args.namespace}, profile {args.profile})")
     secrets = secret_files(cfg)
     if secrets:

@@ -13,13 +13,17 @@ Processes
     (Linux PR_SET_PDEATHSIG); ``set_pdeathsig`` is ``pdeathsig(SIGTERM)`` ready to pass.
     ``spawn(argv, log_path, ...) -> Popen``: start a server with its output in a log, in its
     own session, dying with its parent unless ``daemon``; ``stop_process(popen, grace)``:
-    SIGTERM, SIGKILL after ``grace`` s. ``Proc``: one server with a pid file (survives its
-    parent when started as a daemon). ``pid_alive``, ``cmdline``, ``last_line``.
+    SIGTERM, SIGKILL after ``grace`` s. ``Proc(argv, log_file, env, ...)``: the one child-process
+    handle of the launchers, benchmarks and tests (start, alive, wait, signal, text, tail, stop; a
+    pid file and a daemon that outlives its parent for ``ranksight stack``). ``pid_alive``,
+    ``cmdline``, ``last_line``.
 HTTP
     ``http_get(url, timeout) -> bytes``. ``PrometheusAPI(url, timeout)``: the one Prometheus HTTP
     client (instant and range queries, rules, alerts, targets, timed streaming queries, its own
     /metrics). ``AlertmanagerAPI(url, timeout)``: the one Alertmanager client (alerts incl.
     inhibited, posting alerts). Both raise ``ApiError`` with one line for the user.
+    ``connect(url, timeout) -> PrometheusAPI``: the client for a ``--prometheus URL`` option;
+    ``UsageError`` (an ApiError) names the option when the URL is not one.
 """
 from __future__ import annotations
 
@@ -232,40 +236,78 @@ def stop_process(popen: subprocess.Popen, grace: float = STOP_GRACE_SECONDS, nam
 
 @dataclass
 class Proc:
-    """One server process with a pid file and a log (a daemon outlives its parent; the pid
-    file and its cmdline marker find it again)."""
-    name: str
+    """One child process with its output in a log file, started by ``start`` (``spawn``: its own
+    session, dying with the thread that started it unless started as a daemon). A daemon's pid
+    file, and the ``marker`` its command line must contain (against pid reuse), find it again
+    from another process (``ranksight stack down``)."""
     argv: List[str]
-    pid_file: Path
     log_file: Path
-    marker: str  # a string its cmdline must contain (guards against pid reuse)
-    env: Optional[Dict[str, str]] = None
-    popen: Optional[subprocess.Popen] = field(default=None, repr=False)
+    env: Optional[Mapping[str, str]] = None  # the child's whole environment; None: this process's
+    name: str = ""  # in log lines; the command line when empty
+    pid_file: Optional[Path] = None
+    marker: str = ""
+    cwd: Optional[Path] = None
     nice: int = 0  # added to the child's niceness
+    deathsig: int = signal.SIGTERM  # what it gets when the starting thread dies
+    group: bool = False  # stop() signals its whole process group (its workers and helpers too)
+    fresh_log: bool = False  # start() empties the log instead of appending to it
+    popen: Optional[subprocess.Popen] = field(default=None, repr=False)
 
-    def start(self, daemon: bool) -> None:
-        self.popen = spawn(self.argv, self.log_file, daemon=daemon, nice=self.nice, env=self.env)
-        self.pid_file.write_text(f"{self.popen.pid}\n")
+    def start(self, daemon: bool = False) -> "Proc":
+        if self.fresh_log:
+            Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.log_file).write_bytes(b"")
+        self.popen = spawn(self.argv, self.log_file, daemon=daemon, nice=self.nice, deathsig=self.deathsig,
+                           env=self.env, cwd=self.cwd)
+        if self.pid_file is not None:
+            self.pid_file.write_text(f"{self.popen.pid}\n")
+        return self
 
     def pid(self) -> Optional[int]:
         """The live pid of this process (from Popen or the pid file), None when not running."""
         if self.popen is not None:
             return self.popen.pid if self.popen.poll() is None else None
         try:
-            pid = int(self.pid_file.read_text().strip())
+            pid = int(self.pid_file.read_text().strip()) if self.pid_file is not None else 0
         except (OSError, ValueError):
             return None
-        if pid_alive(pid) and self.marker in cmdline(pid):
+        if pid and pid_alive(pid) and self.marker in cmdline(pid):
             return pid
         return None
+
+    def alive(self) -> bool:
+        return self.pid() is not None
 
     def exited(self) -> Optional[int]:
         """Exit code when the process we started has exited, else None."""
         return None if self.popen is None else self.popen.poll()
 
+    def wait(self, timeout: float) -> int:
+        """Its exit code once it exits (subprocess.TimeoutExpired after ``timeout`` s)."""
+        assert self.popen is not None, f"{self.name or self.argv} was not started"
+        return self.popen.wait(timeout=timeout)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the process (not its group) while it runs."""
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def text(self) -> str:
+        """Its whole log."""
+        return Path(self.log_file).read_text(errors="replace")
+
+    def tail(self, n: int = 2000) -> str:
+        """The last ``n`` bytes of its log ("" when there is none)."""
+        try:
+            return Path(self.log_file).read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM (to its group with ``group``), SIGKILL after ``grace`` seconds; a daemon found by
+        its pid file is signalled by pid. The pid file is removed."""
         if self.popen is not None:
-            stop_process(self.popen, grace, self.name)
+            stop_process(self.popen, grace, self.name, group=self.group)
         else:
             pid = self.pid()
             for sig in (signal.SIGTERM, signal.SIGKILL) if pid is not None else ():
@@ -276,10 +318,11 @@ class Proc:
                 if wait_until(lambda: not pid_alive(pid), grace, 0.05):
                     break
                 log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", self.name, pid, grace)
-        try:
-            self.pid_file.unlink()
-        except FileNotFoundError:
-            pass
+        if self.pid_file is not None:
+            try:
+                self.pid_file.unlink()
+            except FileNotFoundError:
+                pass
 
 
 # ------------------------------------------------------------------ HTTP
@@ -468,6 +511,18 @@ class PrometheusAPI:
             wall = time.perf_counter() - t0
             info = {"status": "error", "error": str(e), "series": 0, "points": 0, "bytes": 0}
         return wall, info
+
+
+class UsageError(ApiError):
+    """One line about an option the user gave (a URL that is not one); exit 2."""
+
+
+def connect(url: str, timeout: float) -> PrometheusAPI:
+    """The Prometheus client for --prometheus URL; UsageError (one line) on a bad URL."""
+    try:
+        return PrometheusAPI(url, timeout)
+    except ApiError as e:
+        raise UsageError(f"--prometheus: {e}") from None
 
 
 class AlertmanagerAPI:

@@ -20,9 +20,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Dict, Optional
 
-from .cli import error
+from ..console import error
 
-CHECKOUT_BENCH = Path(__file__).resolve().parents[1] / "bench"
+CHECKOUT_BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 # name -> (module or bench/ script path, help)
 INSTALLED: Dict[str, tuple] = {
@@ -119,7 +119,7 @@ def _load(mod: str):
         return importlib.import_module(mod)
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / mod
+    path = Path(__file__).resolve().parents[2] / mod
     if not path.exists():
         raise ImportError(f"{mod} is not here (the benchmarks run from a checkout)")
     spec = importlib.util.spec_from_file_location(path.stem, path)

@@ -1,6 +1,7 @@
 """Goodput and step-time regression: the records and alerts that judge a job against its own
 wall time and its own history. Part of the triage table: ``triage.recording_rules()`` and
-``triage.table()`` add what this module returns, ``triage.REC`` holds its record names.
+``triage.table()`` add what this module returns; its record names and groups are rows of the
+records table (names.py, ``triage.REC`` and ``triage.RULE_GROUPS``).
 
 Goodput is an accounting identity. Each rank's wall time (``rank_wall_seconds_total``: since its
 first process started, across restarts) splits into:
@@ -39,46 +40,11 @@ their best hour's is ``cuda_alloc_retries`` (fragmentation: every retry frees th
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Tuple
+from typing import Any, List, Mapping, Tuple
 
-from . import catalog as C
-from .triage.model import VAL, Entry, Inhibit, Recording
-from .triage.records import REC as BASE_REC
-from .triage.records import RULE_GROUPS
-
-GOODPUT_GROUP = "ranksight.recording.goodput"
-BASELINE_GROUP = "ranksight.recording.baseline"
-# group -> config key of its interval (triage.RULE_GROUPS takes these)
-GROUPS: Dict[str, str] = {GOODPUT_GROUP: "slow_rule_interval", BASELINE_GROUP: "baseline_rule_interval"}
-# Groups that read the job records of other groups (their evaluation lags by one interval at most).
-CROSS_GROUP_READERS = (BASELINE_GROUP,)
-
-REC: Dict[str, str] = {
-    # rank group (arithmetic on the rank group's records)
-    "job_step_mean": "job:ranksight_step_duration_seconds:mean_rate",
-    "job_components": "job:ranksight_step_component_seconds:mean_rate",  # {cause}
-    "job_alloc_retries": "job:ranksight_cuda_alloc_retries:per_minute_rate",
-    # baseline group
-    "p50_avg": "job:ranksight_step_duration_seconds:p50_avg",
-    "p50_baseline": "job:ranksight_step_duration_seconds:p50_baseline",
-    "components_avg": "job:ranksight_step_component_seconds:avg",  # {cause}
-    "components_baseline": "job:ranksight_step_component_seconds:baseline",  # {cause}
-    "retries_avg": "job:ranksight_cuda_alloc_retries:avg",
-    "retries_baseline": "job:ranksight_cuda_alloc_retries:baseline",
-    "regression_growth": "job:ranksight_step_regression_growth:seconds",  # {cause}
-    "step_ratio": "job:ranksight_step_duration_seconds:baseline_ratio",
-    # goodput group
-    "productive": "job:ranksight_productive_seconds:avg",
-    "goodput_split": "job:ranksight_goodput_seconds:avg",  # {category}: every category, productive included
-    "wall": "job:ranksight_wall_seconds:avg",
-    "goodput_share": "job:ranksight_goodput_share:ratio",  # {category}
-    "goodput": "job:ranksight_goodput:ratio",
-    "badput": "job:ranksight_badput_seconds:avg",  # {category}: every category but productive
-}
-
-# the table's record names and groups include these (ranksight.triage.REC, RULE_GROUPS)
-BASE_REC.update(REC)
-RULE_GROUPS.update(GROUPS)
+from .. import catalog as C
+from .model import VAL, Entry, Inhibit, Recording
+from .names import BASELINE_GROUP, CROSS_GROUP_READERS, GOODPUT_GROUP, REC  # noqa: F401 (public here)
 
 # Step components the regression alert can name (label `cause`), and the allocator cause.
 COMPONENTS = ("dataloader_wait", "exposed_comm", "checkpoint", "compute")
@@ -101,7 +67,7 @@ def _tag(expr: str, label: str, value: str) -> str:
 def rank_group_rules(cfg: Mapping[str, Any]) -> Tuple[List[Recording], List[Recording]]:
     """Job-level step components, appended to the job group (they read its records), and the job's
     allocator retries, appended to the rank state group (they read its retry record)."""
-    R = {**BASE_REC, **REC}
+    R = REC
     mean = R["job_step_mean"]
     ckpt = f"(sum by (job) ({R['ckpt_s']}) or 0 * {mean}) / (sum by (job) ({R['steps']}) > 0)"
     parts = [
@@ -120,7 +86,7 @@ def rank_group_rules(cfg: Mapping[str, Any]) -> Tuple[List[Recording], List[Reco
 def baseline_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     w = cfg["windows"]
     smooth, lookback = w["step_smooth"], w["step_baseline"]
-    R = {**BASE_REC, **REC}
+    R = REC
 
     def growth(sel: str) -> str:
         return f"({R['components_avg']}{sel} - on (job, cause) {R['components_baseline']}{sel})"

@@ -1,13 +1,13 @@
-"""Two GPU-timing fixes of the hooks, checked on a real GPU (tests/gpu/test_gpu_hooks_fixes.py).
+"""Two GPU-timing rules of the hooks, checked on a real GPU (tests/gpu/test_gpu_enqueue_and_close.py).
 
-    python bench/gpu/hooks_fixes.py CASE --out result.json [--smoke]
+    python bench/gpu/enqueue_and_close.py CASE --out result.json [--smoke]
 
 Cases (each in its own process, one-rank NCCL group on cuda:0):
 
   enqueue_async  a host-bound step: after backward, an ``all_reduce(async_op=True)`` + ``wait()``
                  whose enqueue takes ENQUEUE seconds of host time (a wrapper that sleeps before
                  the real call) while the GPU idles. The start event is recorded after the call
-                 returned, so comm must not contain that enqueue (before the fix: ENQUEUE per step).
+                 returned, so comm must not contain that enqueue (ENQUEUE per step if it did).
   enqueue_sync   the same with a synchronous ``all_reduce``: the call itself is the wait, its start
                  event comes before the call, so comm contains the enqueue (unchanged).
   enqueue_ddp    DDP (our comm hook) whose bucket all-reduces take ENQUEUE to enqueue
@@ -16,8 +16,8 @@ Cases (each in its own process, one-rank NCCL group on cuda:0):
                  synchronization, then ``unwatch()`` at once: the GPU is still several steps behind.
                  ``close()`` must wait for the pending intervals (bounded, ``query()`` only, under
                  sync debug mode "error") and send them: the records' fwd/bwd/opt sums must match
-                 the script's own CUDA events around the same calls (before the fix the last
-                 steps' GPU times were never sent).
+                 the script's own CUDA events around the same calls (the last steps' GPU times
+                 are sent).
 
 The enqueue cases measure 6 steps between two synchronize + *flush steps* (``optimizer.step()``
 without gradients: its record takes every interval still pending), as bench/gpu/scenarios.py does.
