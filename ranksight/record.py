@@ -131,21 +131,24 @@ class Layout:
         """A queued step tuple from ``{key: value}`` (tests; the step path builds its tuple inline)."""
         return ("step", seq, t) + tuple(values.get(k, 0) for k in self.per_step)
 
-    def encode_steps(self, prefix: str, ts: float, batch: List[tuple], last: Sequence[int],
-                     tail: str) -> Tuple[str, int]:
-        """A "steps" record for consecutive step tuples: ``prefix`` (identity, ``{`` to the comma
-        after ``"t":"steps"``), the last step's wall time, the per-step lists, ``last`` (the values
-        of ``self.last``, in order) and ``tail`` (the totals' JSON members). Returns the record
-        and the bytes of its per-step lists. A NaN, an infinity or a negative seconds value raises
-        ValueError (the text would not be valid JSON, or the agent would reject the record)."""
+    def encode_lists(self, batch: List[tuple]) -> str:
+        """The per-step lists of a "steps" record for consecutive step tuples. A NaN, an infinity
+        or a negative seconds value raises ValueError (the text would not be valid JSON, or the
+        agent would reject the record)."""
         cols = []
         for k, j, fmt in self.columns:
             nums = ",".join([fmt % it[j] for it in batch])
             if "n" in nums or "-" in nums.replace("e-", ""):
                 raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
             cols.append(f'"{k}":[{nums}]')
-        lists = ",".join(cols)
-        return self.steps_fmt % ((prefix, ts, batch[0][1], lists) + tuple(last) + (tail,)), len(lists)
+        return ",".join(cols)
+
+    def encode_steps(self, prefix: str, ts: float, seq: int, lists: str, last: Sequence[int], tail: str) -> str:
+        """A "steps" record: ``prefix`` (the identity, from ``{`` to the comma after
+        ``"t":"steps"``), the last step's wall time, the first step's number, ``lists``
+        (``encode_lists``), ``last`` (the values of ``self.last``, in order) and ``tail`` (the
+        totals' JSON members)."""
+        return self.steps_fmt % ((prefix, ts, seq, lists) + tuple(last) + (tail,))
 
     def compile_totals(self) -> Callable[..., None]:
         """``add(v, hists, it, sign)``: straight-line code adding a step tuple's per-step values

@@ -12,6 +12,7 @@ import pytest
 
 from ranksight import catalog as C
 from ranksight import protocol as P
+from ranksight import record
 
 from test_exporter_helpers import FIXTURES, dgram, hb, ident, one, series, step
 from test_exporter_ranks import World
@@ -32,8 +33,7 @@ class Sender:
     def step(self, dur: float, data: float = 0.01, micro: int = 2, ckpt: float = 0.0) -> dict:
         self.seq += 1
         rec = step(seq=self.seq, dur=dur, data=data, micro=micro, ckpt=ckpt)
-        self.totals.step(dur, data, rec["fwd"], rec["bwd"], rec["opt"], rec["b2o"], rec["comm"], rec["xcomm"], ckpt,
-                         micro)
+        self.totals.step(record.ALL.step_tuple(self.seq, 0.0, rec))
         return rec
 
     def ckpt(self, dur: float, nbytes: int, ok: bool = True) -> dict:
