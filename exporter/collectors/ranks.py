@@ -8,28 +8,24 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from ranksight import catalog as C
+from ranksight import record
 
 from .. import goodput
-from ..ranks import STALL_REASONS, WAITING, Rank, RankTable
+from ..ranks import HISTS as RANK_HISTS, STALL_REASONS, WAITING, Rank, RankTable
 from . import Context, Family, Labels, add, add_histogram, bucket_labels, family, register
 
 log = logging.getLogger("ranksight.exporter.ranks")
 
-# (catalog metric, Rank attribute) for plain per-rank values
-_COUNTERS = (
-    (C.STEPS, "steps"), (C.MICROBATCHES, "micro"), (C.STEP_SECONDS, "step_s"), (C.DATALOADER_WAIT, "data_s"),
-    (C.FORWARD_SECONDS, "fwd_s"), (C.BACKWARD_SECONDS, "bwd_s"), (C.OPTIMIZER_SECONDS, "opt_s"),
-    (C.COMM_SECONDS, "comm_s"), (C.EXPOSED_COMM_SECONDS, "xcomm_s"), (C.CHECKPOINT_SECONDS, "ckpt_s"),
-    (C.CHECKPOINT_BYTES, "ckpt_bytes"), (C.CHECKPOINT_FAILURES, "ckpt_fail"), (C.HEARTBEAT_MISSES, "misses"),
-    (C.STEP_RECORDS_LOST, "lost"),
-)
-_CUMS = ((C.CUDA_ALLOC_RETRIES, "retries"), (C.CUDA_OOMS, "ooms"), (C.HOOK_ERRORS, "herr"), (C.HOOK_DROPPED_EVENTS, "hdrop"))
-_GAUGES = ((C.CUDA_RESERVED, "mres"), (C.CUDA_ALLOCATED, "malloc"), (C.DATALOADER_WORKERS_RSS, "wrss"),
-           (C.RANK_RESTARTS, "restart"))
+# (catalog metric, key in Rank.sums): "steps", the step record's per-step fields that have a
+# metric (ranksight/record.py: the sum of the field is exposed), the checkpoint records' counts
+_SUMS = ((C.STEPS, "steps"),) + record.ALL.sums + ((C.CHECKPOINT_BYTES, "ckpt_bytes"),
+                                                  (C.CHECKPOINT_FAILURES, "ckpt_fail"))
+_COUNTERS = ((C.HEARTBEAT_MISSES, "misses"), (C.STEP_RECORDS_LOST, "lost"))  # (metric, Rank attribute)
+_CUMS = record.ALL.cum_metrics  # (metric, key in Rank.cum): the step record's cumulative fields
+_GAUGES = record.ALL.cur_metrics  # (metric, key in Rank.cur): its current readings
 _OPTIONAL = ((C.LAST_STEP, "last_step_ts"), (C.LAST_CHECKPOINT, "last_ckpt_ts"),
              (C.LAST_CHECKPOINT_DURATION, "last_ckpt_dur"))
-_HISTS = ((C.STEP_DURATION, "h_step"), (C.DATALOADER_WAIT_HIST, "h_data"), (C.BACKWARD_TO_OPTIMIZER, "h_b2o"),
-          (C.CHECKPOINT_WRITE, "h_ckpt"))
+_HISTS = tuple((m, hk) for hk, m, _ in RANK_HISTS)  # (metric, key in Rank.hists)
 QUANTILES = (0.5, 0.99)
 _QLABELS = ("0.5", "0.99")
 
@@ -66,7 +62,8 @@ class RanksCollector:
 
     def collect(self) -> List[Family]:
         now = self.clock()
-        counters = [(family(m), a) for m, a in _COUNTERS]
+        counters = [(family(m), a) for m, a in _SUMS + _COUNTERS]
+        n_sums = len(_SUMS)
         cums = [(family(m), a) for m, a in _CUMS]
         gauges = [(family(m), a) for m, a in _GAUGES]
         optional = [(family(m), a) for m, a in _OPTIONAL]
@@ -98,11 +95,12 @@ class RanksCollector:
                 L = r.expo
                 if L is None:
                     L = r.expo = _RankLabels(r)
-                vals = [getattr(r, a) for _, a in counters]
+                sums = r.sums
+                vals = [sums[a] if i < n_sums else getattr(r, a) for i, (_, a) in enumerate(counters)]
                 cvals = [r.cum[a][0] for _, a in cums]
-                gvals = [getattr(r, a) for _, a in gauges]
+                gvals = [r.cur[a] for _, a in gauges]
                 ovals = [getattr(r, a) for _, a in optional]
-                hvals = [(list(h.counts), h.sum) for h in (getattr(r, a) for _, a in hists)]
+                hvals = [(list(h.counts), h.sum) for h in (r.hists[a] for _, a in hists)]
                 qs = r.win.quantiles(QUANTILES, now)
                 up = r.up
                 stalled = r.stalled
