@@ -383,7 +383,7 @@ def decode(data: bytes, phases: bool = True, checks: Optional[Dict[int, Checks]]
     if not isinstance(rec, dict):
         raise ProtocolError(C.INGEST_MALFORMED, "not an object")
     v = rec.get("v")
-    if type(v) is not int or v not in ACCEPTED:
+    if type(v) is not int or v not in checks:
         raise ProtocolError(C.INGEST_REJECTED, "version", version=v if type(v) in (int, str) else repr(v)[:32])
     get = rec.get
     try:
