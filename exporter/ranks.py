@@ -94,7 +94,7 @@ class Rank:
         # the step record's fields by key (ranksight/record.py): sums of the per-step fields (and
         # "steps", "ckpt_bytes", "ckpt_fail"), histograms by "hist" key, cumulative fields turned
         # into counters (key -> [total, last]) and the current readings
-        "sums", "hists", "cum", "cur", "win",
+        "kept", "sums", "hists", "cum", "cur", "win",
         "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "recv", "lost", "lost_carried", "finished", "pstart", "gpu_uuid",
         # checkpoints
         "ckpt_rec", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
@@ -104,7 +104,8 @@ class Rank:
         "lints", "dirs", "expo", "gp", "stack",
     )
 
-    def __init__(self, job: str, rank: int, window: float, now: float):
+    def __init__(self, job: str, rank: int, window: float, now: float, kept: Optional["Kept"] = None):
+        self.kept = kept = kept or KEPT
         self.job = job
         self.rank = rank
         self.node = ""
@@ -114,8 +115,8 @@ class Rank:
         self.pid = -1
         self.first_seen = now
         self.last_seen = now
-        self.sums: Dict[str, float] = dict(_SUMS)
-        self.hists: Dict[str, Hist] = {k: Hist(m.buckets) for k, m, _ in HISTS}
+        self.sums: Dict[str, float] = dict(kept.sums)
+        self.hists: Dict[str, Hist] = {k: Hist(m.buckets) for k, m, _ in kept.hists}
         self.win = WindowQuantile(window)
         self.last_step_ts: Optional[float] = None
         self.last_progress = now
@@ -124,13 +125,13 @@ class Rank:
         self.recv = 0  # step records received in this session
         self.lost = 0  # step records lost (all sessions): the totals' steps minus the records received
         self.lost_carried = 0
-        self.carried: Dict[str, float] = dict(_SUMS)
+        self.carried: Dict[str, float] = dict(kept.sums)
         self.carried_h: Dict[str, Tuple[List[int], float]] = {}
         self.finished: Optional[float] = None  # agent clock at a clean exit ("bye"); the linger runs from here
         self.pstart = 0.0
         self.gpu_uuid = ""
-        self.cum: Dict[str, List[int]] = {k: [0, 0] for k in record.ALL.cumulative}
-        self.cur: Dict[str, int] = dict.fromkeys(record.ALL.current, 0)
+        self.cum: Dict[str, List[int]] = {k: [0, 0] for k in kept.cumulative}
+        self.cur: Dict[str, int] = dict.fromkeys(kept.current, 0)
         # sums["ckpt"] from the checkpoint records' seconds, not the steps' "ckpt": a sender that does
         # not report the steps' checkpoint time (v1, and v2 hooks whose totals have no "ckpt")
         self.ckpt_rec = False
@@ -206,12 +207,12 @@ class Rank:
             self.lost = lost
         self.ckpt_rec = rec_ckpt = "ckpt" not in tot
         sums = self.sums
-        for k, a in _TOT_RECORDS if rec_ckpt else _TOT:
+        for k, a in self.kept.tot_records if rec_ckpt else self.kept.tot:
             v = carried[a] + tot.get(k, 0)
             if v > sums[a]:
                 sums[a] = v
         hist = rec["hist"]
-        for k, _, sk in HISTS:
+        for k, _, sk in self.kept.hists:
             h = self.hists[k]
             base, base_sum = self.carried_h.get(k) or ([0] * len(h.counts), 0.0)
             counts = hist.get(k)
@@ -257,12 +258,12 @@ class Rank:
         sums = self.sums
         sums["steps"] += 1
         ckpt = sums["ckpt"]
-        for k in _STEP_SUMS:
+        for k in self.kept.step_sums:
             sums[k] += rec[k]
         if self.ckpt_rec:  # checkpoint time comes from the checkpoint records
             sums["ckpt"] = ckpt
         hists = self.hists
-        for hk, k in _STEP_HISTS:  # Hist.observe, inlined
+        for hk, k in self.kept.step_hists:  # Hist.observe, inlined
             h = hists[hk]
             x = rec[k]
             h.counts[bisect_left(h.bounds, x)] += 1
@@ -399,11 +400,36 @@ class Stack:
     cw: Optional[Dict[str, object]] = None  # the collective it waits in: op, pg, seq, wait (protocol "cw")
 
 
+class Kept:
+    """What the agent keeps of the step record, derived from its declaration (ranksight/record.py;
+    ``record.ALL``, or a test's copy): the rank's sums ("steps", each per-step field, the checkpoint
+    records' bytes and failures; v2 totals carry each under the same key), its histograms
+    (("hist" key, metric, the "tot" key of its sum)), its cumulative fields and current readings.
+    Checkpoint time is the steps' "ckpt", or the checkpoint records' "ckpt_s" from a sender without it."""
+
+    def __init__(self, layout: record.Layout = record.ALL):
+        self.layout = layout
+        self.step_sums = layout.per_step
+        self.sums: Dict[str, float] = dict({"steps": 0}, **{k: 0.0 if k in layout.seconds else 0
+                                                             for k in layout.per_step}, ckpt_bytes=0, ckpt_fail=0)
+        self.tot = tuple((k, k) for k in self.sums)  # ("tot" key, sums key)
+        self.tot_records = tuple(("ckpt_s", k) if k == "ckpt" else (k, k) for k in self.sums)  # totals without "ckpt"
+        self.hists = tuple(layout.hists) + (protocol.CKPT_HIST,)
+        self.step_hists = tuple((hk, k) for hk, _, k in layout.hists)  # the per-step fields observed in them
+        self.cumulative = layout.cumulative
+        self.current = layout.current
+
+
+KEPT = Kept()
+CKPT_HIST = protocol.CKPT_HIST[0]
+
+
 class RankTable:
     """All tracked ranks, capped by max_ranks and max_jobs."""
 
-    def __init__(self, settings: RankSettings):
+    def __init__(self, settings: RankSettings, kept: Optional[Kept] = None):
         self.s = settings
+        self.kept = kept or KEPT  # the step record's fields each rank keeps
         self.lock = threading.Lock()
         self.ranks: Dict[Tuple[str, int], Rank] = {}
         self.jobs: Dict[str, int] = {}
@@ -423,7 +449,7 @@ class RankTable:
                 job = rec["job"]
                 if len(self.ranks) >= self.s.max_ranks or (job not in self.jobs and len(self.jobs) >= self.s.max_jobs):
                     return OVERFLOW
-                r = Rank(job, rec["rank"], self.s.quantile_window_seconds, now)
+                r = Rank(job, rec["rank"], self.s.quantile_window_seconds, now, self.kept)
                 self.ranks[key] = r
                 self.jobs[job] = self.jobs.get(job, 0) + 1
             r.identify(rec, now)
@@ -537,16 +563,3 @@ def normalize_uuid(u: str) -> str:
 
 
 LCK_SAME = 1e-6  # seconds: a totals' last-checkpoint time within this of the known one is the same checkpoint
-
-# The rank's sums: "steps", each per-step field of the step record (ranksight/record.py) and the
-# checkpoint records' bytes and failures; v2 totals carry each under the same key. Checkpoint
-# time is the steps' "ckpt", or the checkpoint records' "ckpt_s" from a sender without it.
-_STEP_SUMS = record.ALL.per_step
-_SUMS: Dict[str, float] = dict({"steps": 0}, **{k: 0.0 if k in record.ALL.seconds else 0 for k in _STEP_SUMS},
-                               ckpt_bytes=0, ckpt_fail=0)
-_TOT = tuple((k, k) for k in _SUMS)  # ("tot" key, sums key)
-_TOT_RECORDS = tuple(("ckpt_s", k) if k == "ckpt" else (k, k) for k in _SUMS)  # totals without "ckpt"
-# histograms: ("hist" key, metric, the "tot" key of its sum); the per-step fields observed in them
-CKPT_HIST = protocol.CKPT_HIST[0]
-HISTS = tuple((hk, m, k) for hk, m, k in record.ALL.hists) + (protocol.CKPT_HIST,)
-_STEP_HISTS = tuple((hk, k) for hk, _, k in record.ALL.hists)

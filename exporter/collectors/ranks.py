@@ -8,24 +8,26 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from ranksight import catalog as C
-from ranksight import record
 
 from .. import goodput
-from ..ranks import HISTS as RANK_HISTS, STALL_REASONS, WAITING, Rank, RankTable
+from ..ranks import STALL_REASONS, WAITING, Kept, Rank, RankTable
 from . import Context, Family, Labels, add, add_histogram, bucket_labels, family, register
 
 log = logging.getLogger("ranksight.exporter.ranks")
 
-# (catalog metric, key in Rank.sums): "steps", the step record's per-step fields that have a
-# metric (ranksight/record.py: the sum of the field is exposed), the checkpoint records' counts
-_SUMS = ((C.STEPS, "steps"),) + record.ALL.sums + ((C.CHECKPOINT_BYTES, "ckpt_bytes"),
-                                                  (C.CHECKPOINT_FAILURES, "ckpt_fail"))
 _COUNTERS = ((C.HEARTBEAT_MISSES, "misses"), (C.STEP_RECORDS_LOST, "lost"))  # (metric, Rank attribute)
-_CUMS = record.ALL.cum_metrics  # (metric, key in Rank.cum): the step record's cumulative fields
-_GAUGES = record.ALL.cur_metrics  # (metric, key in Rank.cur): its current readings
 _OPTIONAL = ((C.LAST_STEP, "last_step_ts"), (C.LAST_CHECKPOINT, "last_ckpt_ts"),
              (C.LAST_CHECKPOINT_DURATION, "last_ckpt_dur"))
-_HISTS = tuple((m, hk) for hk, m, _ in RANK_HISTS)  # (metric, key in Rank.hists)
+
+
+def step_families(kept: Kept) -> tuple:
+    """The step record's families, from its declaration (ranksight/record.py) as the rank table
+    keeps it: (metric, key in Rank.sums) for "steps", each per-step field with a metric (its sum)
+    and the checkpoint records' counts; (metric, key in Rank.cum) for the cumulative fields;
+    (metric, key in Rank.cur) for the current readings; (metric, key in Rank.hists)."""
+    sums = ((C.STEPS, "steps"),) + kept.layout.sums + ((C.CHECKPOINT_BYTES, "ckpt_bytes"),
+                                                        (C.CHECKPOINT_FAILURES, "ckpt_fail"))
+    return sums, kept.layout.cum_metrics, kept.layout.cur_metrics, tuple((m, hk) for hk, m, _ in kept.hists)
 QUANTILES = (0.5, 0.99)
 _QLABELS = ("0.5", "0.99")
 
@@ -39,7 +41,7 @@ class _RankLabels:
         base = self.base = Labels(zip(C.RANK_LABELS, r.labels))
         self.q = [base.plus("quantile", q) for q in _QLABELS]
         self.stall = [base.plus("reason", reason) for reason in STALL_REASONS]
-        self.hist = [bucket_labels(base, m.buckets) for m, _ in _HISTS]
+        self.hist = [bucket_labels(base, m.buckets) for _, m, _ in r.kept.hists]
         self.lint: Dict[str, Labels] = {}
 
     def for_lint(self, lint: str) -> Labels:
@@ -59,15 +61,16 @@ class RanksCollector:
         self.table = table
         self.clock = clock
         self.gpu_labels = gpu_labels  # GPU UUID -> gpu label (the GPU collector's), for rank_gpu_info
+        self.sums, self.cums, self.gauges, self.hists = step_families(table.kept)
 
     def collect(self) -> List[Family]:
         now = self.clock()
-        counters = [(family(m), a) for m, a in _SUMS + _COUNTERS]
-        n_sums = len(_SUMS)
-        cums = [(family(m), a) for m, a in _CUMS]
-        gauges = [(family(m), a) for m, a in _GAUGES]
+        counters = [(family(m), a) for m, a in self.sums + _COUNTERS]
+        n_sums = len(self.sums)
+        cums = [(family(m), a) for m, a in self.cums]
+        gauges = [(family(m), a) for m, a in self.gauges]
         optional = [(family(m), a) for m, a in _OPTIONAL]
-        hists = [(family(m), a) for m, a in _HISTS]
+        hists = [(family(m), a) for m, a in self.hists]
         f_q = family(C.STEP_QUANTILE)
         f_up = family(C.RANK_UP)
         f_stall = family(C.RANK_STALLED)
