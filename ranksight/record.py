@@ -86,7 +86,9 @@ del F, I
 
 
 def _catalog_order(m: C.Metric) -> int:
-    return list(C.CATALOG.values()).index(m)
+    """Where ``m`` sits in the catalog (a metric outside it, e.g. a test's, after every one in it)."""
+    known = list(C.CATALOG.values())
+    return known.index(m) if m in known else len(known)
 
 
 class Layout:
