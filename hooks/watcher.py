@@ -83,7 +83,6 @@ JOIN_SECONDS = 2.0  # close() waits this long for the background thread to stop 
 SEND_LOCK_WAIT = 5.0  # close() waits this long for a send in progress on the background thread
 # the fields resolved from CUDA events (timing kind == field key) and where they sit in a queued step tuple
 _STEP_GPU_FIELDS = tuple((k, LAYOUT.index[k]) for k in LAYOUT.gpu)
-_DUR = LAYOUT.index["dur"]
 _perf = time.perf_counter
 
 
@@ -389,7 +388,7 @@ class Watcher(StepPath, Background):
             if not any(g[k] > 0 for k, _ in _STEP_GPU_FIELDS):
                 break
             vals = list(rec)
-            dur = vals[_DUR]
+            dur = vals[LAYOUT.index["dur"]]
             for k, j in _STEP_GPU_FIELDS:
                 add = min(g[k], dur - vals[j])
                 if add > 0:

@@ -86,17 +86,15 @@ heartbeat and the bye carry them. The agent exposes the latest totals (plus the 
 that arrived after them), so a lost datagram or an agent restart costs no count: the next
 heartbeat brings the true values back.
 
-  tot: {"steps", "micro": int; "dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm": float
-        (sums of the step fields); "ckpt_s": float, "ckpt_bytes", "ckpt_n", "ckpt_fail": int
-        (checkpoint records: seconds, bytes of the successful ones, count, failures);
-        "ckpt": float (optional: the sum of the steps' "ckpt", the time saves blocked the steps;
-        an async save's background write is in "ckpt_s" but not here. The agent counts a
-        sender without it as before: the checkpoint records' seconds);
-        "lck": float, "lckd": float (optional: unix time and duration of the last successful
-        checkpoint)}
-  hist: {"step", "data", "b2o", "ckpt": [int, ...]} non-cumulative bucket counts over the catalog's
-        buckets of step_duration_seconds, dataloader_wait_seconds, backward_to_optimizer_seconds
-        and checkpoint_write_seconds, +Inf last (len = buckets + 1)
+  tot: "steps" int and the sum of each per-step field of the step record under its key
+        (record.py), but "ckpt", which is optional (the time saves blocked the steps; an async
+        save's background write is in "ckpt_s" but not here; without it the agent counts the
+        checkpoint records' seconds); "ckpt_s" float, "ckpt_bytes", "ckpt_n", "ckpt_fail" int
+        (checkpoint records: seconds, bytes of the successful ones, count, failures); "lck",
+        "lckd" float (optional: unix time and duration of the last successful checkpoint)
+  hist: [int, ...] non-cumulative bucket counts, +Inf last (len = buckets + 1), of each per-step
+        field the record declares a histogram for (its "hist" key: "step", "data", "b2o") and
+        of the checkpoint records' write seconds ("ckpt")
 
 Versions. Node agents and training images upgrade on their own schedules. The agent accepts
 every version in ``ACCEPTED``: version 1 records have the old meaning (step records are deltas
@@ -161,20 +159,6 @@ TOTAL_STEP_CKPT = "ckpt"  # optional total: the sum of the steps' checkpoint tim
 CKPT_HIST = ("ckpt", C.CHECKPOINT_WRITE, "ckpt_s")  # the checkpoint records' histogram: ("hist" key, metric, its sum)
 MAX_TOTAL_SECONDS = 1e10  # a cumulative sum over a long job (a week's MAX_SECONDS is per step)
 
-
-def total_keys(layout: record.Layout) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """The integer and the float keys every "tot" carries, for a version's step record."""
-    return (("steps",) + layout.counts + ("ckpt_bytes", "ckpt_n", "ckpt_fail"),
-            tuple(k for k in layout.seconds if k != TOTAL_STEP_CKPT) + ("ckpt_s",))
-
-
-def hist_sizes(layout: record.Layout = LAYOUTS[VERSION]) -> Dict[str, int]:
-    """"hist" key -> number of bucket counts (buckets + the +Inf bucket)."""
-    return {k: len(m.buckets) + 1 for k, m, _ in layout.hists + (CKPT_HIST,)}
-
-
-TOTAL_INT_KEYS, TOTAL_SECONDS_KEYS = total_keys(LAYOUTS[VERSION])
-HIST_SIZES = hist_sizes()
 
 
 class ProtocolError(Exception):
@@ -243,22 +227,6 @@ def _parse(data: bytes) -> Any:
 # is decode()'s result. Anything it does not take (a missing field, an int where a float is usual,
 # NaN, an extra key) goes through the field-by-field checks below, which accept or reject it, with
 # their reason, as always; so the fast path changes no verdict, only the cost of the common one.
-def _compile_check(name: str, params: str, floats: Tuple[str, ...], float_hi: float, ints: Tuple[str, ...],
-                   head: str, tail: str) -> Any:
-    """``def name(params)``: ``head`` (it may return early), then every key of ``floats`` and
-    ``ints`` read in one itemgetter (a missing one: False) and checked in one expression (a float
-    in [0, float_hi], an int in [0, MAX_COUNT]), then ``tail``. The keys are locals ``_<key>``."""
-    names = floats + ints
-    checks = [f"type(_{k}) is float and 0.0 <= _{k} <= {float_hi!r}" for k in floats]
-    checks += [f"type(_{k}) is int and 0 <= _{k} <= {MAX_COUNT!r}" for k in ints]
-    src = (f"def {name}({params}, _get=_fields):\n{head}"
-           f"    try:\n        {', '.join(f'_{k}' for k in names)}, = _get(rec)\n    except KeyError:\n        return False\n"
-           f"    if not (" + " and ".join(checks) + "):\n        return False\n" + tail)
-    ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
-    exec(compile(src, f"<ranksight.protocol {name}>", "exec"), ns)
-    return ns[name]
-
-
 class Checks:
     """A version's step record checks, compiled once from its layout: ``step(rec)`` (a "step"
     record with every field it carries, and nothing else), ``tot(tot)`` (the totals as the hooks
@@ -271,12 +239,14 @@ class Checks:
         n = (10 if layout.version >= 2 else 9) + len(layout.seconds) + len(ints)
         least = "".join(f"    if _{k} < {m}:\n        rec[{k!r}] = {m}\n" for k, m in layout.least.items())
         fill = f"    rec.update({layout.missing!r})\n" if layout.missing else ""
-        self.step = _compile_check("_step_fast", "rec", layout.seconds, MAX_SECONDS, ints,
-                                   f"    if len(rec) != {n}:\n        return False\n",
-                                   "    if _seq < 1:\n        return False\n" + least + fill + "    return True\n")
-        self.tot_ints, self.tot_secs = total_keys(layout)
+        self.step = record.compile_check("_step_fast", "rec", layout.seconds, MAX_SECONDS, ints, MAX_COUNT,
+                                         f"    if len(rec) != {n}:\n        return False\n",
+                                         "    if _seq < 1:\n        return False\n" + least + fill + "    return True\n")
+        # the integer and the float keys every "tot" carries; "hist" key -> buckets + the +Inf bucket
+        self.tot_ints = ("steps",) + layout.counts + ("ckpt_bytes", "ckpt_n", "ckpt_fail")
+        self.tot_secs = tuple(k for k in layout.seconds if k != TOTAL_STEP_CKPT) + ("ckpt_s",)
         self.tot = _compile_totals_check(self.tot_ints, self.tot_secs)
-        self.hist_sizes = hist_sizes(layout)
+        self.hist_sizes = {k: len(m.buckets) + 1 for k, m, _ in layout.hists + (CKPT_HIST,)}
 
 
 _IDENT = itemgetter("t", "job", "ws", "rank", "lr", "node", "pid", "ts")  # the identity fields in one lookup
@@ -566,20 +536,22 @@ def expand_steps(rec: Dict[str, Any]) -> list:
 # checks below.
 def _compile_totals_check(ints: Tuple[str, ...], secs: Tuple[str, ...]) -> Any:
     n = len(ints) + len(secs)
-    return _compile_check("_tot_fast", "rec", secs, MAX_TOTAL_SECONDS, ints,
-                          f"    m = len(rec)\n    if m < {n} or m > {n + 3}:\n        return False\n",
-                          f"    if m == {n}:\n        return True\n"
-                          f"    c = rec.get({TOTAL_STEP_CKPT!r})\n"
-                          "    if c is not None:\n"
-                          f"        if not (type(c) is float and 0.0 <= c <= {MAX_TOTAL_SECONDS!r}):\n"
-                          "            return False\n"
-                          f"        if m == {n + 1}:\n            return True\n"
-                          f"    elif m != {n + 2}:\n        return False\n"
-                          "    a = rec.get('lck'); b = rec.get('lckd')\n"
-                          "    return type(a) is float and 0.0 <= a <= 1e11 and type(b) is float and 0.0 <= b <= 1e11\n")
+    return record.compile_check("_tot_fast", "rec", secs, MAX_TOTAL_SECONDS, ints, MAX_COUNT,
+                                f"    m = len(rec)\n    if m < {n} or m > {n + 3}:\n        return False\n",
+                                f"    if m == {n}:\n        return True\n"
+                                f"    c = rec.get({TOTAL_STEP_CKPT!r})\n"
+                                "    if c is not None:\n"
+                                f"        if not (type(c) is float and 0.0 <= c <= {MAX_TOTAL_SECONDS!r}):\n"
+                                "            return False\n"
+                                f"        if m == {n + 1}:\n            return True\n"
+                                f"    elif m != {n + 2}:\n        return False\n"
+                                "    a = rec.get('lck'); b = rec.get('lckd')\n"
+                                "    return type(a) is float and 0.0 <= a <= 1e11 and type(b) is float and 0.0 <= b <= 1e11\n")
 
 
 CHECKS: Dict[int, Checks] = {v: Checks(lay) for v, lay in LAYOUTS.items()}
+TOTAL_INT_KEYS, TOTAL_SECONDS_KEYS = CHECKS[VERSION].tot_ints, CHECKS[VERSION].tot_secs
+HIST_SIZES = CHECKS[VERSION].hist_sizes  # "hist" key -> number of bucket counts (buckets + the +Inf bucket)
 
 
 def _totals(rec: Dict[str, Any], out: Dict[str, Any], checks: Checks) -> None:

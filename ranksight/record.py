@@ -26,6 +26,7 @@ Torch-free: shared by the hooks and the agent.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ranksight import catalog as C
@@ -174,3 +175,20 @@ ALL = Layout(FIELDS)  # every field of every version: what the hooks queue and t
 def layouts(versions: Sequence[int], fields: Sequence[Field] = FIELDS) -> Dict[int, Layout]:
     """Each version's layout of ``fields``."""
     return {v: Layout(fields, v) for v in versions}
+
+
+def compile_check(name: str, params: str, floats: Tuple[str, ...], float_hi: float, ints: Tuple[str, ...],
+                  int_hi: int, head: str, tail: str) -> Any:
+    """``def name(params)``: ``head`` (it may return early), then every key of ``floats`` and
+    ``ints`` read in one itemgetter (a missing one: False) and checked in one expression (a float
+    in [0, float_hi], an int in [0, int_hi]), then ``tail``. The keys are locals ``_<key>``.
+    The decoder's fast checks of a record's fields (ranksight/protocol.py)."""
+    names = floats + ints
+    checks = [f"type(_{k}) is float and 0.0 <= _{k} <= {float_hi!r}" for k in floats]
+    checks += [f"type(_{k}) is int and 0 <= _{k} <= {int_hi!r}" for k in ints]
+    src = (f"def {name}({params}, _get=_fields):\n{head}"
+           f"    try:\n        {', '.join(f'_{k}' for k in names)}, = _get(rec)\n    except KeyError:\n        return False\n"
+           f"    if not (" + " and ".join(checks) + "):\n        return False\n" + tail)
+    ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
+    exec(compile(src, f"<ranksight.record {name}>", "exec"), ns)
+    return ns[name]
