@@ -4,6 +4,7 @@ datagram or an agent restart costs no count (see ranksight.protocol)."""
 from __future__ import annotations
 
 from bisect import bisect_left
+from types import MethodType
 from typing import Any, Dict, Optional
 
 from ranksight import catalog as C
@@ -18,7 +19,7 @@ class Totals:
     exactly the records sent before it. The step fields and their histograms are those of the
     step record's declaration (ranksight/record.py), added by straight-line code compiled from it."""
 
-    __slots__ = ("v", "ckpt", "hists", "h_ckpt", "lck", "lckd", "_add")
+    __slots__ = ("v", "ckpt", "hists", "h_ckpt", "lck", "lckd", "step")
 
     def __init__(self, layout: Optional[record.Layout] = None) -> None:
         lay = layout or protocol.LAYOUTS[protocol.VERSION]
@@ -29,13 +30,10 @@ class Totals:
         self.h_ckpt = [0] * (len(C.CHECKPOINT_WRITE.buckets) + 1)
         self.lck: Optional[float] = None
         self.lckd = 0.0
-        self._add = lay.compile_totals()
-
-    def step(self, it: tuple, sign: int = 1) -> None:
-        """Add one sent step tuple (``sign=-1`` takes back one that had to be split before it was
-        sent). Its "ckpt" (what saves blocked the step) is summed as "ckpt"; the checkpoint
-        records' own durations are "ckpt_s"."""
-        self._add(self.v, self.hists, it, sign)
+        # step(it, sign=1): add one sent step tuple (``sign=-1`` takes back one that had to be split
+        # before it was sent). Its "ckpt" (what saves blocked the step) is summed as "ckpt"; the
+        # checkpoint records' own durations are "ckpt_s".
+        self.step = MethodType(lay.compile_totals(), self)
 
     def checkpoint(self, ts: float, dur: float, nbytes: int, ok: bool) -> None:
         c = self.ckpt

@@ -25,6 +25,7 @@ Torch-free: shared by the hooks and the agent.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -128,6 +129,7 @@ class Layout:
         self.columns = tuple((k, self.index[k], STEP_DIGITS) for k in self.seconds) + tuple(
             (k, self.index[k], "%d") for k in self.counts)
         self._last_fmt = ",".join('"%s":%%d' % k for k in self.last)
+        self._totals: Optional[Callable[..., None]] = None
         self.steps_fmt = '%s"ts":%.6f,"seq":%d,%s' + (',' + self._last_fmt if self.last else "") + ",%s}"
 
     def step_tuple(self, seq: int, t: float, values: Dict[str, Any]) -> tuple:
@@ -154,19 +156,26 @@ class Layout:
         return self.steps_fmt % ((prefix, ts, seq, lists) + tuple(last) + (tail,))
 
     def compile_totals(self) -> Callable[..., None]:
-        """``add(v, hists, it, sign)``: straight-line code adding a step tuple's per-step values
-        to the totals ``v`` (key -> sum, and "steps") and its histogram values to ``hists``
-        ({"hist" key: (buckets, counts)}), ``sign`` -1 taking a step back."""
-        lines = ["def add(v, hists, it, sign):", "    v['steps'] += sign"]
-        for k in self.per_step:
-            lines.append(f"    v[{k!r}] += sign * it[{self.index[k]}]")
-        for hk, m, k in self.hists:
-            lines.append(f"    b, c = hists[{hk!r}]\n    c[_bisect(b, it[{self.index[k]}])] += sign")
-        from bisect import bisect_left
-
-        ns: Dict[str, Any] = {"_bisect": bisect_left}
-        exec(compile("\n".join(lines) + "\n", "<ranksight.record totals>", "exec"), ns)
-        return ns["add"]
+        """``step(totals, it, sign=1)``: straight-line code adding a step tuple's per-step values
+        to ``totals.v`` (key -> sum, and "steps") and its histogram values to ``totals.hists``
+        ({"hist" key: (buckets, counts)}), ``sign`` -1 taking a step back. Compiled once per layout."""
+        if self._totals is None:
+            n = TUPLE_HEAD + len(self.per_step)
+            names = ["_"] * TUPLE_HEAD + [f"x_{k}" for k in self.per_step]
+            lines = ["def step(self, it, sign=1):", f"    {', '.join(names)}, = it" if n > 1 else "",
+                     "    v = self.v", "    if sign == 1:", "        v['steps'] += 1"]
+            lines += [f"        v[{k!r}] += x_{k}" for k in self.per_step]
+            lines += ["    else:", "        v['steps'] += sign"]
+            lines += [f"        v[{k!r}] += sign * x_{k}" for k in self.per_step]
+            ns: Dict[str, Any] = {"_bisect": bisect_left}
+            if self.hists:
+                lines.append("    h = self.hists")
+            for i, (hk, m, k) in enumerate(self.hists):
+                ns[f"_b{i}"] = m.buckets
+                lines.append(f"    h[{hk!r}][1][_bisect(_b{i}, x_{k})] += sign")
+            exec(compile("\n".join(lines) + "\n", "<ranksight.record totals>", "exec"), ns)
+            self._totals = ns["step"]
+        return self._totals
 
 
 ALL = Layout(FIELDS)  # every field of every version: what the hooks queue and the agent keeps
