@@ -19,8 +19,11 @@ The key is the field's one name: the hooks accumulate ``data`` in ``Watcher._dat
 ``ranksight_dataloader_wait_seconds_total`` (``catalog.DATALOADER_WAIT``).
 
 Adding a field is one ``Field(...)`` line here (with ``since`` the version that starts carrying
-it) plus its test; a field a version no longer carries gets ``until``. A version that does not
-carry a field decodes it as 0, so the agent treats old and new senders alike.
+it) plus its test, and the code that measures it: the step path builds its tuple inline, for
+speed, in the per-step fields' order here (``StepPath._step_end``; tests/unit/test_record.py
+checks the order on a real watch), and ``Background.step_state`` reads the cumulative and current
+ones. A field a version no longer carries gets ``until``. A version that does not carry a field
+decodes it as 0, so the agent treats old and new senders alike.
 Torch-free: shared by the hooks and the agent.
 """
 from __future__ import annotations
