@@ -279,7 +279,8 @@ class Background:
             return
         # how many steps a datagram holds, by this record's bytes per step (the fixed part, identity
         # and totals, counted once): consecutive steps go out in records of that many
-        fit = self._steps_fill = protocol.steps_fill(len(data), len(data) - len(lists), len(batch))
+        fit = self._steps_fill = protocol.steps_fill(len(data), len(data) - len(lists) + LAYOUT.lists_fixed,
+                                                     len(batch))
         if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
             for it in batch:
                 totals.step(it, -1)

@@ -131,6 +131,9 @@ class Layout:
         # encoder of a "steps" record's per-step lists and last values: (key, tuple index, format)
         self.columns = tuple((k, self.index[k], STEP_DIGITS) for k in self.seconds) + tuple(
             (k, self.index[k], "%d") for k in self.counts)
+        # bytes of the lists' text that are not per step: the count lists' keys (the sender's
+        # estimate of a step's bytes counts the seconds lists' keys with the values)
+        self.lists_fixed = sum(len(',"%s":[]' % k) for k in self.counts)
         self._last_fmt = ",".join('"%s":%%d' % k for k in self.last)
         self._totals: Optional[Callable[..., None]] = None
         self.steps_fmt = '%s"ts":%.6f,"seq":%d,%s' + (',' + self._last_fmt if self.last else "") + ",%s}"

@@ -15,6 +15,8 @@ from . import Context, Family, Labels, add, add_histogram, bucket_labels, family
 
 log = logging.getLogger("ranksight.exporter.ranks")
 
+QUANTILES = (0.5, 0.99)
+_QLABELS = ("0.5", "0.99")
 _COUNTERS = ((C.HEARTBEAT_MISSES, "misses"), (C.STEP_RECORDS_LOST, "lost"))  # (metric, Rank attribute)
 _OPTIONAL = ((C.LAST_STEP, "last_step_ts"), (C.LAST_CHECKPOINT, "last_ckpt_ts"),
              (C.LAST_CHECKPOINT_DURATION, "last_ckpt_dur"))
@@ -28,8 +30,6 @@ def step_families(kept: Kept) -> tuple:
     sums = ((C.STEPS, "steps"),) + kept.layout.sums + ((C.CHECKPOINT_BYTES, "ckpt_bytes"),
                                                         (C.CHECKPOINT_FAILURES, "ckpt_fail"))
     return sums, kept.layout.cum_metrics, kept.layout.cur_metrics, tuple((m, hk) for hk, m, _ in kept.hists)
-QUANTILES = (0.5, 0.99)
-_QLABELS = ("0.5", "0.99")
 
 
 class _RankLabels:
