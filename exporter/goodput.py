@@ -125,7 +125,8 @@ class Ledger:
 
 def productive(r: Any, g: Ledger) -> float:
     """The rank's productive step seconds so far (the rules' split, from the agent's counters)."""
-    return r.step_s - r.data_s - r.xcomm_s - r.ckpt_s - g.over[PRODUCTIVE]
+    s = r.sums
+    return s["dur"] - s["data"] - s["xcomm"] - s["ckpt"] - g.over[PRODUCTIVE]
 
 
 # ---------------------------------------------------------------------- calls from exporter/ranks.py
@@ -141,7 +142,7 @@ def new_session(r: Any, now: float, first: bool) -> None:
         g.gap, g.gap_since = STARTUP, now
         if g.seg is None:
             g.seg = now
-        g.rerun = r.restart  # ... unless its first step says the launcher restarted it (see step())
+        g.rerun = r.cur["restart"]  # ... unless its first step says the launcher restarted it (see step())
     elif not g.dead:  # a process replaced without a "bye": it died after its last record
         g.disrupt(r, g.alive, "new process")
     g.dead = False

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 from ranksight import catalog as C
-from ranksight import config
+from ranksight import config, protocol, record
 from ranksight import triage
 
 from . import goodput
@@ -91,22 +91,21 @@ class Rank:
 
     __slots__ = (
         "job", "rank", "node", "lr", "ws", "labels", "pid", "first_seen", "last_seen",
-        # step counters
-        "steps", "micro", "step_s", "data_s", "fwd_s", "bwd_s", "opt_s", "comm_s", "xcomm_s",
-        "h_step", "h_data", "h_b2o", "win",
+        # the step record's fields by key (ranksight/record.py): sums of the per-step fields (and
+        # "steps", "ckpt_bytes", "ckpt_fail"), histograms by "hist" key, cumulative fields turned
+        # into counters (key -> [total, last]) and the current readings
+        "kept", "sums", "hists", "cum", "cur", "win",
         "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "recv", "lost", "lost_carried", "finished", "pstart", "gpu_uuid",
-        # cumulative-per-process fields turned into counters: name -> [total, last]
-        "cum",
-        "mres", "malloc", "wrss", "restart",
         # checkpoints
-        "ckpt_s", "ckpt_rec", "ckpt_bytes", "ckpt_fail", "h_ckpt", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
+        "ckpt_rec", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
         # heartbeats
         "last_hb", "every", "missed_gap", "misses", "up", "phase", "coll", "probe", "hb_step",
         "stalled", "p99", "p99_at",
         "lints", "dirs", "expo", "gp", "stack",
     )
 
-    def __init__(self, job: str, rank: int, window: float, now: float):
+    def __init__(self, job: str, rank: int, window: float, now: float, kept: Optional["Kept"] = None):
+        self.kept = kept = kept or KEPT
         self.job = job
         self.rank = rank
         self.node = ""
@@ -116,12 +115,8 @@ class Rank:
         self.pid = -1
         self.first_seen = now
         self.last_seen = now
-        self.steps = 0
-        self.micro = 0
-        self.step_s = self.data_s = self.fwd_s = self.bwd_s = self.opt_s = self.comm_s = self.xcomm_s = 0.0
-        self.h_step = Hist(C.STEP_DURATION.buckets)
-        self.h_data = Hist(C.DATALOADER_WAIT_HIST.buckets)
-        self.h_b2o = Hist(C.BACKWARD_TO_OPTIMIZER.buckets)
+        self.sums: Dict[str, float] = dict(kept.sums)
+        self.hists: Dict[str, Hist] = {k: Hist(m.buckets) for k, m, _ in kept.hists}
         self.win = WindowQuantile(window)
         self.last_step_ts: Optional[float] = None
         self.last_progress = now
@@ -130,20 +125,16 @@ class Rank:
         self.recv = 0  # step records received in this session
         self.lost = 0  # step records lost (all sessions): the totals' steps minus the records received
         self.lost_carried = 0
-        self.carried: Dict[str, float] = dict.fromkeys((a for _, a in _TOT_ATTRS), 0)
+        self.carried: Dict[str, float] = dict(kept.sums)
         self.carried_h: Dict[str, Tuple[List[int], float]] = {}
         self.finished: Optional[float] = None  # agent clock at a clean exit ("bye"); the linger runs from here
         self.pstart = 0.0
         self.gpu_uuid = ""
-        self.cum: Dict[str, List[int]] = {k: [0, 0] for k in ("retries", "ooms", "herr", "hdrop")}
-        self.mres = self.malloc = self.wrss = self.restart = 0
-        self.ckpt_s = 0.0
-        # ckpt_s from the checkpoint records' seconds, not the steps' "ckpt": a sender that does not
-        # report the steps' checkpoint time (v1, and v2 hooks whose totals have no "ckpt")
+        self.cum: Dict[str, List[int]] = {k: [0, 0] for k in kept.cumulative}
+        self.cur: Dict[str, int] = dict.fromkeys(kept.current, 0)
+        # sums["ckpt"] from the checkpoint records' seconds, not the steps' "ckpt": a sender that does
+        # not report the steps' checkpoint time (v1, and v2 hooks whose totals have no "ckpt")
         self.ckpt_rec = False
-        self.ckpt_bytes = 0
-        self.ckpt_fail = 0
-        self.h_ckpt = Hist(C.CHECKPOINT_WRITE.buckets)
         self.last_ckpt_ts: Optional[float] = None
         self.last_ckpt_dur: Optional[float] = None
         self.ckpt_since: Optional[float] = None
@@ -203,11 +194,9 @@ class Rank:
         """A new session starts: what the rank counted so far is carried under its totals."""
         self.recv = 0
         self.lost_carried = self.lost
-        for _, a in _TOT_ATTRS:
-            self.carried[a] = getattr(self, a)
-        for _, a, _ in _HIST_ATTRS:
-            h = getattr(self, a)
-            self.carried_h[a] = (list(h.counts), h.sum)
+        self.carried.update(self.sums)
+        for k, h in self.hists.items():
+            self.carried_h[k] = (list(h.counts), h.sum)
 
     def totals(self, rec: dict) -> None:
         """Apply a v2 heartbeat's or bye's cumulative totals: counter = carried + total, never down."""
@@ -217,14 +206,15 @@ class Rank:
         if lost > self.lost:
             self.lost = lost
         self.ckpt_rec = rec_ckpt = "ckpt" not in tot
-        for k, a in _TOT_ATTRS_RECORDS if rec_ckpt else _TOT_ATTRS:
-            v = carried[a] + tot[k]
-            if v > getattr(self, a):
-                setattr(self, a, v)
+        sums = self.sums
+        for k, a in self.kept.tot_records if rec_ckpt else self.kept.tot:
+            v = carried[a] + tot.get(k, 0)
+            if v > sums[a]:
+                sums[a] = v
         hist = rec["hist"]
-        for k, a, sk in _HIST_ATTRS:
-            h = getattr(self, a)
-            base, base_sum = self.carried_h.get(a) or ([0] * len(h.counts), 0.0)
+        for k, _, sk in self.kept.hists:
+            h = self.hists[k]
+            base, base_sum = self.carried_h.get(k) or ([0] * len(h.counts), 0.0)
             counts = hist.get(k)
             if counts is not None:
                 hc = h.counts
@@ -232,7 +222,7 @@ class Rank:
                     v = base[i] + n
                     if v > hc[i]:
                         hc[i] = v
-            v = base_sum + tot[sk]
+            v = base_sum + tot.get(sk, 0)
             if v > h.sum:
                 h.sum = v
         lck = tot.get("lck")
@@ -263,31 +253,22 @@ class Rank:
 
     # -- records
     def step(self, rec: dict, now: float) -> None:
+        """A v1 "step" record: its per-step fields are added to the sums and histograms."""
         self.recv += 1
-        self.steps += 1
-        self.micro += rec["micro"]
-        dur = rec["dur"]
-        data = rec["data"]
-        self.step_s += dur
-        self.data_s += data
-        self.fwd_s += rec["fwd"]
-        self.bwd_s += rec["bwd"]
-        self.opt_s += rec["opt"]
-        self.comm_s += rec["comm"]
-        self.xcomm_s += rec["xcomm"]
-        if not self.ckpt_rec:
-            self.ckpt_s += rec["ckpt"]
-        h = self.h_step  # Hist.observe, inlined: this runs for every step of every rank
-        h.counts[bisect_left(h.bounds, dur)] += 1
-        h.sum += dur
-        h = self.h_data
-        h.counts[bisect_left(h.bounds, data)] += 1
-        h.sum += data
-        h = self.h_b2o
-        b2o = rec["b2o"]
-        h.counts[bisect_left(h.bounds, b2o)] += 1
-        h.sum += b2o
-        self.win.observe(dur, now)
+        sums = self.sums
+        sums["steps"] += 1
+        ckpt = sums["ckpt"]
+        for k in self.kept.step_sums:
+            sums[k] += rec[k]
+        if self.ckpt_rec:  # checkpoint time comes from the checkpoint records
+            sums["ckpt"] = ckpt
+        hists = self.hists
+        for hk, k in self.kept.step_hists:  # Hist.observe, inlined
+            h = hists[hk]
+            x = rec[k]
+            h.counts[bisect_left(h.bounds, x)] += 1
+            h.sum += x
+        self.win.observe(rec["dur"], now)
         self._stepped(rec, rec["seq"], now)
 
     def _stepped(self, rec: dict, last: int, now: float) -> None:
@@ -296,15 +277,14 @@ class Rank:
         self.last_progress = now
         if last > self.seq:
             self.seq = last
-        for k, c in self.cum.items():  # retries, ooms, herr, hdrop: cumulative on the sender
+        for k, c in self.cum.items():  # cumulative on the sender
             v = rec[k]
             if v > c[1]:
                 c[0] += v - c[1]
                 c[1] = v
-        self.mres = rec["mres"]
-        self.malloc = rec["malloc"]
-        self.wrss = rec["wrss"]
-        self.restart = rec["restart"]
+        cur = self.cur
+        for k in cur:
+            cur[k] = rec[k]
 
     def batch(self, rec: dict, now: float) -> None:
         """A v2 "steps" record: the window quantile sees every duration; the counters and
@@ -346,14 +326,14 @@ class Rank:
         (from a sender that does not report that: the record's duration, as those senders meant it)."""
         dur = rec["dur"]
         if self.ckpt_rec:
-            self.ckpt_s += dur
-        self.h_ckpt.observe(dur)
+            self.sums["ckpt"] += dur
+        self.hists[CKPT_HIST].observe(dur)
         self.last_ckpt_dur = dur
         if rec["ok"]:
-            self.ckpt_bytes += rec["bytes"]
+            self.sums["ckpt_bytes"] += rec["bytes"]
             self.last_ckpt_ts = rec["ts"]
         else:
-            self.ckpt_fail += 1
+            self.sums["ckpt_fail"] += 1
 
     def set_stack(self, rec: dict, now: float) -> None:
         """A "stack" record: keep the last one (an empty one clears it); log it once per change."""
@@ -420,11 +400,36 @@ class Stack:
     cw: Optional[Dict[str, object]] = None  # the collective it waits in: op, pg, seq, wait (protocol "cw")
 
 
+class Kept:
+    """What the agent keeps of the step record, derived from its declaration (ranksight/record.py;
+    ``record.ALL``, or a test's copy): the rank's sums ("steps", each per-step field, the checkpoint
+    records' bytes and failures; v2 totals carry each under the same key), its histograms
+    (("hist" key, metric, the "tot" key of its sum)), its cumulative fields and current readings.
+    Checkpoint time is the steps' "ckpt", or the checkpoint records' "ckpt_s" from a sender without it."""
+
+    def __init__(self, layout: record.Layout = record.ALL):
+        self.layout = layout
+        self.step_sums = layout.per_step
+        self.sums: Dict[str, float] = dict({"steps": 0}, **{k: 0.0 if k in layout.seconds else 0
+                                                             for k in layout.per_step}, ckpt_bytes=0, ckpt_fail=0)
+        self.tot = tuple((k, k) for k in self.sums)  # ("tot" key, sums key)
+        self.tot_records = tuple(("ckpt_s", k) if k == "ckpt" else (k, k) for k in self.sums)  # totals without "ckpt"
+        self.hists = tuple(layout.hists) + (protocol.CKPT_HIST,)
+        self.step_hists = tuple((hk, k) for hk, _, k in layout.hists)  # the per-step fields observed in them
+        self.cumulative = layout.cumulative
+        self.current = layout.current
+
+
+KEPT = Kept()
+CKPT_HIST = protocol.CKPT_HIST[0]
+
+
 class RankTable:
     """All tracked ranks, capped by max_ranks and max_jobs."""
 
-    def __init__(self, settings: RankSettings):
+    def __init__(self, settings: RankSettings, kept: Optional[Kept] = None):
         self.s = settings
+        self.kept = kept or KEPT  # the step record's fields each rank keeps
         self.lock = threading.Lock()
         self.ranks: Dict[Tuple[str, int], Rank] = {}
         self.jobs: Dict[str, int] = {}
@@ -444,7 +449,7 @@ class RankTable:
                 job = rec["job"]
                 if len(self.ranks) >= self.s.max_ranks or (job not in self.jobs and len(self.jobs) >= self.s.max_jobs):
                     return OVERFLOW
-                r = Rank(job, rec["rank"], self.s.quantile_window_seconds, now)
+                r = Rank(job, rec["rank"], self.s.quantile_window_seconds, now, self.kept)
                 self.ranks[key] = r
                 self.jobs[job] = self.jobs.get(job, 0) + 1
             r.identify(rec, now)
@@ -558,11 +563,3 @@ def normalize_uuid(u: str) -> str:
 
 
 LCK_SAME = 1e-6  # seconds: a totals' last-checkpoint time within this of the known one is the same checkpoint
-
-# v2 totals: ("tot" key, Rank attribute); histograms: ("hist" key, Rank attribute, "tot" key of its sum)
-_TOT_ATTRS = (("steps", "steps"), ("micro", "micro"), ("dur", "step_s"), ("data", "data_s"), ("fwd", "fwd_s"),
-              ("bwd", "bwd_s"), ("opt", "opt_s"), ("comm", "comm_s"), ("xcomm", "xcomm_s"), ("ckpt", "ckpt_s"),
-              ("ckpt_bytes", "ckpt_bytes"), ("ckpt_fail", "ckpt_fail"))
-_TOT_ATTRS_RECORDS = tuple(("ckpt_s", a) if a == "ckpt_s" else (k, a) for k, a in _TOT_ATTRS)  # totals without "ckpt"
-_HIST_ATTRS = (("step", "h_step", "dur"), ("data", "h_data", "data"), ("b2o", "h_b2o", "b2o"),
-               ("ckpt", "h_ckpt", "ckpt_s"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from operator import itemgetter
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -30,9 +31,15 @@ TICK_SECONDS = 0.25  # the background thread's period
 HOLD_SECONDS = 1.0
 
 
-# "steps" record columns: (protocol field, index in a queued step tuple; see _step_end)
-STEPS_COLUMNS = (("dur", 3), ("data", 4), ("fwd", 5), ("bwd", 6), ("opt", 7), ("b2o", 8), ("comm", 9), ("xcomm", 10),
-                 ("ckpt", 11))
+# The step record the hooks send: the newest version's layout of its declaration (ranksight/record.py).
+# A queued step tuple holds the per-step fields at LAYOUT.index[key] (see StepPath._step_end); the
+# values a record carries once, at its last step (LAYOUT.last), are read from step_state().
+LAYOUT = protocol.LAYOUTS[protocol.VERSION]
+_LAST = itemgetter(*LAYOUT.last)
+_DUR, _DATA, _COMM, _XCOMM, _CKPT = (LAYOUT.index[k] for k in ("dur", "data", "comm", "xcomm", "ckpt"))
+# the CUDA caching allocator's memory_stats() key of each field read from it
+CUDA_STATS = {"retries": "num_alloc_retries", "ooms": "num_ooms", "mres": "reserved_bytes.all.current",
+              "malloc": "allocated_bytes.all.current"}
 
 
 STEPS_PER_RECORD = protocol.STEPS_MAX  # at most this many steps per "steps" record (the agent's cap); a record
@@ -91,7 +98,7 @@ class Background:
         self._next_hb = _perf()
         self._last_sig: Tuple[Any, ...] = ()
         self._last_progress = _perf()
-        self._mem = (0, 0, 0, 0)  # retries, ooms, reserved, allocated
+        self._mem = dict.fromkeys(CUDA_STATS, 0)  # the allocator's stats, by field key
         self._wrss = 0
         self._next_wrss = 0.0
         now = _perf()
@@ -230,9 +237,9 @@ class Background:
         for it in items:
             try:
                 if it[0] == "step":
-                    _, seq, t, dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt, micro = it
+                    seq = it[1]
                     if table is not None:
-                        table.add(seq, dur, data, comm, xcomm, ckpt)
+                        table.add(seq, it[_DUR], it[_DATA], it[_COMM], it[_XCOMM], it[_CKPT])
                         if table.due(_perf()):
                             self._print_table()
                     if batch and (seq != batch[-1][1] + 1 or len(batch) >= self._steps_fill):
@@ -257,39 +264,26 @@ class Background:
     def _send_steps(self, batch: List[tuple]) -> None:
         """One "steps" record for consecutive step tuples (split in two while it is too big)."""
         try:
-            cols = []
-            for k, j in STEPS_COLUMNS:
-                nums = ",".join([protocol.STEP_DIGITS % it[j] for it in batch])
-                if "n" in nums or "-" in nums.replace("e-", ""):  # nan, inf or a negative number
-                    raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
-                cols.append(f'"{k}":[{nums}]')
-            micro = ",".join(["%d" % it[12] for it in batch])
+            lists = LAYOUT.encode_lists(batch)
         except (ValueError, TypeError) as e:  # our bug: counted; these steps stay out of the totals too
             self._hook_error("record encoding", e)
             return
         totals = self.totals
         for it in batch:
-            totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[11], it[12])
+            totals.step(it)
         try:
-            retries, ooms, mres, malloc = self._mem
-            hdrop = self._tl.dropped if self._tl is not None else 0
-            last = batch[-1]
-            tail = enc_fields(totals.fields())
-            body = "%s\"ts\":%.6f,\"seq\":%d,%s,\"micro\":[%s],\"retries\":%d,\"ooms\":%d,\"mres\":%d,\"malloc\":%d," \
-                   "\"herr\":%d,\"hdrop\":%d,\"wrss\":%d,\"restart\":%d,%s}" % (
-                       self._steps_prefix, self._wall0 + (last[2] - self._pc0), batch[0][1], ",".join(cols), micro,
-                       retries, ooms, mres, malloc, self.herr, hdrop, self._wrss, self.identity.restart, tail)
-            data = body.encode()
+            data = LAYOUT.encode_steps(self._steps_prefix, self._wall0 + (batch[-1][2] - self._pc0), batch[0][1], lists,
+                                       _LAST(self.step_state()), enc_fields(totals.fields())).encode()
         except (ValueError, TypeError) as e:
             self._hook_error("record encoding", e)
             return
         # how many steps a datagram holds, by this record's bytes per step (the fixed part, identity
         # and totals, counted once): consecutive steps go out in records of that many
-        fit = self._steps_fill = protocol.steps_fill(len(data), len(data) - len(",".join(cols)) - len(micro),
+        fit = self._steps_fill = protocol.steps_fill(len(data), len(data) - len(lists) + LAYOUT.lists_fixed,
                                                      len(batch))
         if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
             for it in batch:
-                totals.step(it[3], it[4], it[5], it[6], it[7], it[8], it[9], it[10], it[11], it[12], sign=-1)
+                totals.step(it, -1)
             # the fewest parts of equal steps that fit; a part still too big splits again
             parts = min(len(batch), max(2, -(-len(batch) // fit)))
             size = -(-len(batch) // parts)
@@ -297,6 +291,13 @@ class Background:
                 self._send_steps(batch[i:i + size])
             return
         self._transport.send(data)
+
+    def step_state(self) -> Dict[str, int]:
+        """The step record's cumulative and current fields now, by key (sent once per record)."""
+        state = dict(self._mem)
+        state.update(herr=self.herr, hdrop=self._tl.dropped if self._tl is not None else 0, wrss=self._wrss,
+                     restart=self.identity.restart)
+        return state
 
     def _heartbeat(self, now: float) -> None:
         if not self.identity.from_pg:
@@ -349,8 +350,7 @@ class Background:
     def _read_cuda_memory(self) -> None:
         try:
             s = torch.cuda.memory_stats(self._tl.device)  # type: ignore[union-attr]
-            self._mem = (int(s.get("num_alloc_retries", 0)), int(s.get("num_ooms", 0)),
-                         int(s.get("reserved_bytes.all.current", 0)), int(s.get("allocated_bytes.all.current", 0)))
+            self._mem = {k: int(s.get(name, 0)) for k, name in CUDA_STATS.items()}
         except Exception as e:
             self._hook_error("CUDA memory stats", e)
 

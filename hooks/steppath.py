@@ -339,6 +339,8 @@ class StepPath:
             g[COMM] -= comm
         comm += extra
         self._seq += 1
+        # the step tuple: ("step", seq, t) and the per-step fields in their declared order
+        # (ranksight/record.py, LAYOUT.index); each is accumulated in self._<key> or a local <key>
         rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
                xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1)
         if len(self._queue) < QUEUE_CAP:

@@ -71,7 +71,7 @@ from .patch import Patcher
 from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline
 from .totals import Totals
 from .settings import Settings, load_settings  # noqa: F401 (public here)
-from .sender import STEPS_COLUMNS, STEPS_PER_RECORD, TICK_SECONDS, Background, enc_fields  # noqa: F401 (public here)
+from .sender import LAYOUT, STEPS_PER_RECORD, TICK_SECONDS, Background, enc_fields  # noqa: F401 (public here)
 from .steppath import QUEUE_CAP, StepPath, WatchedLoader, _TimedIter, timed_next  # noqa: F401 (public here)
 
 log = logging.getLogger("ranksight.hooks")
@@ -81,8 +81,8 @@ CLOSE_GPU_WAIT = 0.5  # close() stops waiting for the last GPU intervals after t
 CLOSE_GPU_MAX = 5.0  # ... and after this long in all (polling query(), never a sync)
 JOIN_SECONDS = 2.0  # close() waits this long for the background thread to stop (its sends are under _send_lock)
 SEND_LOCK_WAIT = 5.0  # close() waits this long for a send in progress on the background thread
-# where fwd, bwd, opt, comm, xcomm sit in a queued step tuple (see _step_end)
-_STEP_GPU_FIELDS = ((FWD, 5), (BWD, 6), (OPT, 7), (COMM, 9), (XCOMM, 10))
+# the fields resolved from CUDA events (timing kind == field key) and where they sit in a queued step tuple
+_STEP_GPU_FIELDS = tuple((k, LAYOUT.index[k]) for k in LAYOUT.gpu)
 _perf = time.perf_counter
 
 
@@ -388,7 +388,7 @@ class Watcher(StepPath, Background):
             if not any(g[k] > 0 for k, _ in _STEP_GPU_FIELDS):
                 break
             vals = list(rec)
-            dur = vals[3]
+            dur = vals[LAYOUT.index["dur"]]
             for k, j in _STEP_GPU_FIELDS:
                 add = min(g[k], dur - vals[j])
                 if add > 0:

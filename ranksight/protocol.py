@@ -17,32 +17,19 @@ identity (all records)
   sess    int   (v2) watch session: random per ``watch()``, so that two watches in one process
                 (a notebook, a Trainer calling train() twice) are told apart like two processes
 
-"step"  one per optimizer step (fields are this step's durations, in seconds)
-  seq     int   optimizer step number (1-based, monotone per process)
-  dur     float step duration, step boundary to step boundary
-  data    float dataloader wait (sum over the step's micro-batches)
-  fwd, bwd, opt   float  forward/backward/optimizer time; on CUDA these come from
-                  events resolved late, so they may belong to an earlier step; sums stay right
-  b2o     float backward start -> optimizer.step() start
-  comm    float collective time (launch -> completion)
-  xcomm   float exposed (non-overlapped) communication
-  ckpt    float checkpoint time inside this step
-  micro   int   micro-batches in this step (>= 1)
-  retries int   cumulative CUDA allocator retries (num_alloc_retries)
-  ooms    int   cumulative CUDA OOMs
-  mres    int   CUDA reserved bytes;  malloc: int CUDA allocated bytes
-  herr    int   cumulative hook errors
-  hdrop   int   cumulative dropped GPU timing events
-  wrss    int   DataLoader workers' total RSS bytes (0 when none)
-  restart int   restart count from the launcher
+"step"  one per optimizer step: ``seq`` int, the optimizer step number (1-based, monotone per
+        process), and the step record's fields as ``ranksight/record.py`` declares them (key, type,
+        unit, per step / cumulative / current, the versions carrying each). Per-step seconds on
+        CUDA (fwd, bwd, opt, comm, xcomm) come from events resolved late, so they may belong to an
+        earlier step; sums stay right. A field the record's version does not carry reads as 0.
 
 "steps" (v2) consecutive optimizer steps in one datagram: what the hooks send (a tick's steps,
         as many as fit in one datagram, instead of one per step)
   seq     int   the first step's number; the others follow (seq+1, ...)
   ts      float (identity field) when the last of them ended
-  dur, data, fwd, bwd, opt, b2o, comm, xcomm, ckpt   [float, ...]  per step, as in "step"
-  micro   [int, ...]  per step (>= 1); all lists have the same length n, 1 <= n <= STEPS_MAX
-  retries, ooms, mres, malloc, herr, hdrop, wrss, restart   int  as in "step", at the last step
+  per-step fields   [float or int, ...]  per step, as in "step"; all lists have the same length
+                    n, 1 <= n <= STEPS_MAX
+  cumulative and current fields   int  as in "step", at the last step
   tot, hist   the session's totals after the last of these steps (as in "hb"; required)
 
 "hb"    heartbeat, every ``hb_interval`` seconds from a background thread
@@ -99,17 +86,15 @@ heartbeat and the bye carry them. The agent exposes the latest totals (plus the 
 that arrived after them), so a lost datagram or an agent restart costs no count: the next
 heartbeat brings the true values back.
 
-  tot: {"steps", "micro": int; "dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm": float
-        (sums of the step fields); "ckpt_s": float, "ckpt_bytes", "ckpt_n", "ckpt_fail": int
-        (checkpoint records: seconds, bytes of the successful ones, count, failures);
-        "ckpt": float (optional: the sum of the steps' "ckpt", the time saves blocked the steps;
-        an async save's background write is in "ckpt_s" but not here. The agent counts a
-        sender without it as before: the checkpoint records' seconds);
-        "lck": float, "lckd": float (optional: unix time and duration of the last successful
-        checkpoint)}
-  hist: {"step", "data", "b2o", "ckpt": [int, ...]} non-cumulative bucket counts over the catalog's
-        buckets of step_duration_seconds, dataloader_wait_seconds, backward_to_optimizer_seconds
-        and checkpoint_write_seconds, +Inf last (len = buckets + 1)
+  tot: "steps" int and the sum of each per-step field of the step record under its key
+        (record.py), but "ckpt", which is optional (the time saves blocked the steps; an async
+        save's background write is in "ckpt_s" but not here; without it the agent counts the
+        checkpoint records' seconds); "ckpt_s" float, "ckpt_bytes", "ckpt_n", "ckpt_fail" int
+        (checkpoint records: seconds, bytes of the successful ones, count, failures); "lck",
+        "lckd" float (optional: unix time and duration of the last successful checkpoint)
+  hist: [int, ...] non-cumulative bucket counts, +Inf last (len = buckets + 1), of each per-step
+        field the record declares a histogram for (its "hist" key: "step", "data", "b2o") and
+        of the checkpoint records' write seconds ("ckpt")
 
 Versions. Node agents and training images upgrade on their own schedules. The agent accepts
 every version in ``ACCEPTED``: version 1 records have the old meaning (step records are deltas
@@ -124,6 +109,7 @@ from operator import itemgetter
 from typing import Any, Dict, Optional, Tuple
 
 from ranksight import catalog as C
+from ranksight import record
 
 VERSION = 2
 ACCEPTED = (1, 2)
@@ -134,7 +120,7 @@ STEPS_MAX = 64  # steps in one "steps" record
 # the agent as much as 25 steps' values), each step's values with STEP_DIGITS significant digits
 # (the totals are summed unrounded). Steps never wait past their tick: a rank killed with
 # SIGKILL loses at most one tick of them.
-STEP_DIGITS = "%.6g"
+STEP_DIGITS = record.STEP_DIGITS
 STEPS_FILL_BYTES = MAX_DATAGRAM * 15 // 16  # a full "steps" datagram, with room for values of more digits
 STEPS_FILL_FIRST = 24  # steps a sender puts in its first record, before steps_fill() measured one
 MAX_WORLD = 1 << 20
@@ -160,25 +146,19 @@ def steps_fill(size: int, fixed: int, n: int) -> int:
     return max(1, min(STEPS_MAX, int((STEPS_FILL_BYTES - fixed) // per_step)))
 
 
-STEP_SECONDS_FIELDS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm", "ckpt")
-STEP_COUNT_FIELDS = ("seq", "micro", "retries", "ooms", "mres", "malloc", "herr", "hdrop", "wrss", "restart")
-STEPS_LAST_FIELDS = ("retries", "ooms", "mres", "malloc", "herr", "hdrop", "wrss", "restart")
+# The step record of each version, from its one declaration (ranksight/record.py).
+LAYOUTS: Dict[int, record.Layout] = record.layouts(ACCEPTED)
+STEP_SECONDS_FIELDS = LAYOUTS[VERSION].seconds  # per-step seconds, in the order the hooks write them
+STEP_COUNT_FIELDS = ("seq",) + LAYOUTS[VERSION].counts + LAYOUTS[VERSION].last
+STEPS_LAST_FIELDS = LAYOUTS[VERSION].last  # one value per "steps" record, at its last step
 
 
-# Totals (v2): the integer and float keys of "tot", and the histograms of "hist" with their bucket counts.
-TOTAL_INT_KEYS = ("steps", "micro", "ckpt_bytes", "ckpt_n", "ckpt_fail")
-TOTAL_SECONDS_KEYS = ("dur", "data", "fwd", "bwd", "opt", "b2o", "comm", "xcomm", "ckpt_s")
+# Totals (v2): the integer and float keys of "tot" (the per-step fields' sums, "steps" and the
+# checkpoint records' totals), and the histograms of "hist" with their bucket counts.
 TOTAL_STEP_CKPT = "ckpt"  # optional total: the sum of the steps' checkpoint time (see Totals above)
+CKPT_HIST = ("ckpt", C.CHECKPOINT_WRITE, "ckpt_s")  # the checkpoint records' histogram: ("hist" key, metric, its sum)
 MAX_TOTAL_SECONDS = 1e10  # a cumulative sum over a long job (a week's MAX_SECONDS is per step)
 
-
-def hist_sizes() -> Dict[str, int]:
-    """"hist" key -> number of bucket counts (buckets + the +Inf bucket)."""
-    return {"step": len(C.STEP_DURATION.buckets) + 1, "data": len(C.DATALOADER_WAIT_HIST.buckets) + 1,
-            "b2o": len(C.BACKWARD_TO_OPTIMIZER.buckets) + 1, "ckpt": len(C.CHECKPOINT_WRITE.buckets) + 1}
-
-
-HIST_SIZES = hist_sizes()
 
 
 class ProtocolError(Exception):
@@ -247,35 +227,29 @@ def _parse(data: bytes) -> Any:
 # is decode()'s result. Anything it does not take (a missing field, an int where a float is usual,
 # NaN, an extra key) goes through the field-by-field checks below, which accept or reject it, with
 # their reason, as always; so the fast path changes no verdict, only the cost of the common one.
-def _compile_check(name: str, params: str, floats: Tuple[str, ...], float_hi: float, ints: Tuple[str, ...],
-                   head: str, tail: str) -> Any:
-    """``def name(params)``: ``head`` (it may return early), then every key of ``floats`` and
-    ``ints`` read in one itemgetter (a missing one: False) and checked in one expression (a float
-    in [0, float_hi], an int in [0, MAX_COUNT]), then ``tail``. The keys are locals ``_<key>``."""
-    names = floats + ints
-    checks = [f"type(_{k}) is float and 0.0 <= _{k} <= {float_hi!r}" for k in floats]
-    checks += [f"type(_{k}) is int and 0 <= _{k} <= {MAX_COUNT!r}" for k in ints]
-    src = (f"def {name}({params}, _get=_fields):\n{head}"
-           f"    try:\n        {', '.join(f'_{k}' for k in names)}, = _get(rec)\n    except KeyError:\n        return False\n"
-           f"    if not (" + " and ".join(checks) + "):\n        return False\n" + tail)
-    ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
-    exec(compile(src, f"<ranksight.protocol {name}>", "exec"), ns)
-    return ns[name]
+class Checks:
+    """A version's step record checks, compiled once from its layout: ``step(rec)`` (a "step"
+    record with every field it carries, and nothing else), ``tot(tot)`` (the totals as the hooks
+    send them), the keys of "tot" and the sizes of "hist"."""
+
+    def __init__(self, layout: record.Layout):
+        self.layout = layout
+        ints = ("seq",) + layout.counts + layout.last
+        # keys of a "step" record with every field present: identity (with "v"), "sess" from v2 on, the fields
+        n = (10 if layout.version >= 2 else 9) + len(layout.seconds) + len(ints)
+        least = "".join(f"    if _{k} < {m}:\n        rec[{k!r}] = {m}\n" for k, m in layout.least.items())
+        fill = f"    rec.update({layout.missing!r})\n" if layout.missing else ""
+        self.step = record.compile_check("_step_fast", "rec", layout.seconds, MAX_SECONDS, ints, MAX_COUNT,
+                                         f"    if len(rec) != {n}:\n        return False\n",
+                                         "    if _seq < 1:\n        return False\n" + least + fill + "    return True\n")
+        # the integer and the float keys every "tot" carries; "hist" key -> buckets + the +Inf bucket
+        self.tot_ints = ("steps",) + layout.counts + ("ckpt_bytes", "ckpt_n", "ckpt_fail")
+        self.tot_secs = tuple(k for k in layout.seconds if k != TOTAL_STEP_CKPT) + ("ckpt_s",)
+        self.tot = _compile_totals_check(self.tot_ints, self.tot_secs)
+        self.hist_sizes = {k: len(m.buckets) + 1 for k, m, _ in layout.hists + (CKPT_HIST,)}
 
 
-def _compile_step_check() -> Any:
-    return _compile_check("_step_fast", "rec, n", STEP_SECONDS_FIELDS, MAX_SECONDS, STEP_COUNT_FIELDS,
-                          "    if len(rec) != n:\n        return False\n",
-                          "    if _seq < 1:\n        return False\n"
-                          "    if _micro < 1:\n        rec['micro'] = 1\n"
-                          "    return True\n")
-
-
-_step_fast = _compile_step_check()
 _IDENT = itemgetter("t", "job", "ws", "rank", "lr", "node", "pid", "ts")  # the identity fields in one lookup
-# keys of a "step" record with every field present: identity (with "v"), "sess" from v2 on, the step fields
-_STEP_KEYS = (0, 9 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS),
-              10 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS))
 
 
 # A "steps" record's per-step phase lists (every per-step list but dur and micro) make up most of
@@ -289,6 +263,7 @@ _STEP_KEYS = (0, 9 + len(STEP_SECONDS_FIELDS) + len(STEP_COUNT_FIELDS),
 # is left after the cut; each list has as many numbers as "dur"). Anything else is parsed and
 # checked whole, so the cut changes no verdict and no reason, only the cost of the common record.
 PHASE_LISTS = STEP_SECONDS_FIELDS[1:]
+_AFTER_PHASES = LAYOUTS[VERSION].counts[0]  # the list the hooks write after them
 
 
 def _phase_cut(possessive: bool) -> "re.Pattern[bytes]":
@@ -298,7 +273,7 @@ def _phase_cut(possessive: bool) -> "re.Pattern[bytes]":
     p = b"+" if possessive else b""
     num = rb"(?:0|[1-9][0-9]{0,4}" + p + rb")(?:\.[0-9]+" + p + rb")?" + p + rb"(?:e-[0-9]{1,3}" + p + rb")?" + p
     return re.compile(b"".join(b',"' + k.encode() + rb'":\[(' + num + rb"(?:," + num + rb")*" + p + rb")\]"
-                               for k in PHASE_LISTS) + rb'(?=,"micro":\[)')
+                               for k in PHASE_LISTS) + rb'(?=,"' + _AFTER_PHASES.encode() + rb'":\[)')
 
 
 try:
@@ -342,7 +317,7 @@ def _cut_phases(data: bytes) -> Optional[Dict[str, Any]]:
         rec = _parse(data[:i] + data[m.end():])
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if type(rec) is not dict or rec.get("t") != "steps" or rec.get("v") != 2:
+    if type(rec) is not dict or rec.get("t") != "steps" or rec.get("v") != VERSION:
         return None
     durs = rec.get("dur")
     if type(durs) is not list:
@@ -359,13 +334,16 @@ def _cut_phases(data: bytes) -> Optional[Dict[str, Any]]:
     return rec
 
 
-def decode(data: bytes, phases: bool = True) -> Dict[str, Any]:
+def decode(data: bytes, phases: bool = True, checks: Optional[Dict[int, Checks]] = None) -> Dict[str, Any]:
     """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError.
     ``phases`` False (the agent): a "steps" record's phase lists are checked, and where they were
-    cut out only the first step's values are returned, as "first": {field: seconds}."""
+    cut out only the first step's values are returned, as "first": {field: seconds}.
+    ``checks``: each version's step record (default: ``CHECKS``, from ranksight/record.py)."""
     if len(data) > MAX_DATAGRAM:
         raise ProtocolError(C.INGEST_OVERSIZE, f"{len(data)} bytes")
-    rec = None if phases else _cut_phases(data)
+    if checks is None:
+        checks = CHECKS
+    rec = None if phases or checks is not CHECKS else _cut_phases(data)
     cut = rec is not None
     if not cut:
         try:
@@ -375,7 +353,7 @@ def decode(data: bytes, phases: bool = True) -> Dict[str, Any]:
     if not isinstance(rec, dict):
         raise ProtocolError(C.INGEST_MALFORMED, "not an object")
     v = rec.get("v")
-    if type(v) is not int or v not in ACCEPTED:
+    if type(v) is not int or v not in checks:
         raise ProtocolError(C.INGEST_REJECTED, "version", version=v if type(v) in (int, str) else repr(v)[:32])
     get = rec.get
     try:
@@ -399,7 +377,7 @@ def decode(data: bytes, phases: bool = True) -> Dict[str, Any]:
         node = _str(rec, "node")
         pid = _int(rec, "pid", 0, 1 << 31)
         ts = _secs(rec, "ts", 0.0, 1e11, default=None)
-    elif t == "step" and _step_fast(rec, _STEP_KEYS[v]):
+    elif t == "step" and checks[v].step(rec):
         if v == 1:
             return rec
         sess = get("sess")
@@ -413,20 +391,23 @@ def decode(data: bytes, phases: bool = True) -> Dict[str, Any]:
     if t == "step":
         # Inline checks for the common case (the agent decodes ~100 step records/s per rank);
         # anything else goes to _secs/_int, which accept or reject exactly as before.
-        for k in STEP_SECONDS_FIELDS:
-            v = get(k, 0.0)
-            out[k] = v if type(v) is float and 0.0 <= v <= MAX_SECONDS else _secs(rec, k)
-        for k in STEP_COUNT_FIELDS:
-            v = get(k, 0)
-            out[k] = v if type(v) is int and 0 <= v <= MAX_COUNT else _int(rec, k, 0, MAX_COUNT)
-        if out["micro"] < 1:
-            out["micro"] = 1
+        lay = checks[v].layout
+        for k in lay.seconds:
+            x = get(k, 0.0)
+            out[k] = x if type(x) is float and 0.0 <= x <= MAX_SECONDS else _secs(rec, k)
+        for k in ("seq",) + lay.counts + lay.last:
+            x = get(k, 0)
+            out[k] = x if type(x) is int and 0 <= x <= MAX_COUNT else _int(rec, k, 0, MAX_COUNT)
+        for k, m in lay.least.items():
+            if out[k] < m:
+                out[k] = m
+        out.update(lay.missing)
         if out["seq"] < 1:
             raise ProtocolError(C.INGEST_REJECTED, "bad seq")
     elif t == "steps":
         if v < 2:
             raise ProtocolError(C.INGEST_REJECTED, "steps needs v2")
-        _steps(rec, out, cut)
+        _steps(rec, out, checks[v], cut)
     elif t == "hb":
         out["seq"] = _int(rec, "seq", 0, MAX_COUNT)
         out["every"] = _secs(rec, "every", 0.01, 3600.0, default=1.0)
@@ -437,10 +418,10 @@ def decode(data: bytes, phases: bool = True) -> Dict[str, Any]:
         out["pdur"] = _secs(rec, "pdur", 0.0, MAX_SECONDS, default=0.0)
         out["herr"] = _int(rec, "herr", 0, MAX_COUNT) if "herr" in rec else 0
         if v >= 2 and "tot" in rec:
-            _totals(rec, out)
+            _totals(rec, out, checks[v])
     elif t == "bye":
         if v >= 2 and "tot" in rec:
-            _totals(rec, out)
+            _totals(rec, out, checks[v])
     elif t == "ckpt":
         out["dur"] = _secs(rec, "dur", default=None)
         out["bytes"] = _int(rec, "bytes", 0, MAX_BYTES)
@@ -489,7 +470,7 @@ def decode(data: bytes, phases: bool = True) -> Dict[str, Any]:
     return out
 
 
-def _steps(rec: Dict[str, Any], out: Dict[str, Any], cut: bool = False) -> None:
+def _steps(rec: Dict[str, Any], out: Dict[str, Any], checks: Checks, cut: bool = False) -> None:
     """Validate a "steps" record into ``out`` (lists as sent, scalars, totals). ``cut``: the phase
     lists were checked and cut out before the parse (``_cut_phases``); they are not in ``out``."""
     seq = rec.get("seq")
@@ -500,30 +481,37 @@ def _steps(rec: Dict[str, Any], out: Dict[str, Any], cut: bool = False) -> None:
     if type(durs) is not list or not 1 <= len(durs) <= STEPS_MAX:
         raise ProtocolError(C.INGEST_REJECTED, "bad dur")
     n = out["n"] = len(durs)
-    for k in ("dur",) if cut else STEP_SECONDS_FIELDS:
+    lay = checks.layout
+    for k in ("dur",) if cut else lay.seconds:
         vals = rec.get(k)
         if not _seconds_list(vals, n):  # int or float (a formatter writes 0.0 as 0); NaN and inf fail the range
             raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
         out[k] = vals
     if cut:
         out["first"] = rec["first"]
-    micro = rec.get("micro")
-    if not _count_list(micro, n):
-        raise ProtocolError(C.INGEST_REJECTED, "bad micro")
-    out["micro"] = micro if min(micro) >= 1 else [x if x >= 1 else 1 for x in micro]
+    for k in lay.counts:
+        vals = rec.get(k)
+        if not _count_list(vals, n):
+            raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
+        m = lay.least.get(k, 0)
+        out[k] = vals if min(vals) >= m else [x if x >= m else m for x in vals]
     get = rec.get
-    for k in STEPS_LAST_FIELDS:
+    for k in lay.last:
         x = get(k, 0)
         out[k] = x if type(x) is int and 0 <= x <= MAX_COUNT else _int(rec, k, 0, MAX_COUNT)
+    for k, x in lay.missing.items():
+        out[k] = [x] * n if k in lay.per_step else x
     if "tot" not in rec:
         raise ProtocolError(C.INGEST_REJECTED, "steps without tot")
-    _totals(rec, out)
+    _totals(rec, out, checks)
 
 
 def expand_steps(rec: Dict[str, Any]) -> list:
     """A decoded "steps" record as the equivalent "step" records (for tools that look at each
     step). A step's ``ts`` is the batch's minus the durations of the steps after it."""
     n = rec["n"]
+    lay = LAYOUTS[rec["v"]]
+    floats = set(lay.seconds) | {k for k, x in lay.missing.items() if type(x) is float}
     out = []
     ts = rec["ts"]
     ends = [ts] * n
@@ -534,10 +522,9 @@ def expand_steps(rec: Dict[str, Any]) -> list:
         ident["sess"] = rec["sess"]
     for i in range(n):
         step = dict(ident, t="step", ts=ends[i], seq=rec["seq"] + i)
-        for k in STEP_SECONDS_FIELDS:
-            step[k] = float(rec[k][i])
-        step["micro"] = rec["micro"][i]
-        for k in STEPS_LAST_FIELDS:
+        for k in lay.per_step:
+            step[k] = float(rec[k][i]) if k in floats else rec[k][i]
+        for k in lay.cumulative + lay.current:
             step[k] = rec[k]
         out.append(step)
     return out
@@ -547,53 +534,55 @@ def expand_steps(rec: Dict[str, Any]) -> list:
 # not, the last checkpoint's two keys or neither), checked by one compiled expression like the
 # "step" record: then the parsed dict is the result. Anything else goes through the key-by-key
 # checks below.
-def _compile_totals_check() -> Any:
-    n = len(TOTAL_INT_KEYS) + len(TOTAL_SECONDS_KEYS)
-    return _compile_check("_tot_fast", "rec", TOTAL_SECONDS_KEYS, MAX_TOTAL_SECONDS, TOTAL_INT_KEYS,
-                          f"    m = len(rec)\n    if m < {n} or m > {n + 3}:\n        return False\n",
-                          f"    if m == {n}:\n        return True\n"
-                          f"    c = rec.get({TOTAL_STEP_CKPT!r})\n"
-                          "    if c is not None:\n"
-                          f"        if not (type(c) is float and 0.0 <= c <= {MAX_TOTAL_SECONDS!r}):\n"
-                          "            return False\n"
-                          f"        if m == {n + 1}:\n            return True\n"
-                          f"    elif m != {n + 2}:\n        return False\n"
-                          "    a = rec.get('lck'); b = rec.get('lckd')\n"
-                          "    return type(a) is float and 0.0 <= a <= 1e11 and type(b) is float and 0.0 <= b <= 1e11\n")
+def _compile_totals_check(ints: Tuple[str, ...], secs: Tuple[str, ...]) -> Any:
+    n = len(ints) + len(secs)
+    return record.compile_check("_tot_fast", "rec", secs, MAX_TOTAL_SECONDS, ints, MAX_COUNT,
+                                f"    m = len(rec)\n    if m < {n} or m > {n + 3}:\n        return False\n",
+                                f"    if m == {n}:\n        return True\n"
+                                f"    c = rec.get({TOTAL_STEP_CKPT!r})\n"
+                                "    if c is not None:\n"
+                                f"        if not (type(c) is float and 0.0 <= c <= {MAX_TOTAL_SECONDS!r}):\n"
+                                "            return False\n"
+                                f"        if m == {n + 1}:\n            return True\n"
+                                f"    elif m != {n + 2}:\n        return False\n"
+                                "    a = rec.get('lck'); b = rec.get('lckd')\n"
+                                "    return type(a) is float and 0.0 <= a <= 1e11 and type(b) is float and 0.0 <= b <= 1e11\n")
 
 
-_tot_fast = _compile_totals_check()
+CHECKS: Dict[int, Checks] = {v: Checks(lay) for v, lay in LAYOUTS.items()}
+TOTAL_INT_KEYS, TOTAL_SECONDS_KEYS = CHECKS[VERSION].tot_ints, CHECKS[VERSION].tot_secs
+HIST_SIZES = CHECKS[VERSION].hist_sizes  # "hist" key -> number of bucket counts (buckets + the +Inf bucket)
 
 
-def _totals(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
+def _totals(rec: Dict[str, Any], out: Dict[str, Any], checks: Checks) -> None:
     """Validate "tot" and "hist" (v2 heartbeat and bye) into out["tot"], out["hist"]."""
     tot = rec.get("tot")
     if not isinstance(tot, dict):
         raise ProtocolError(C.INGEST_REJECTED, "bad tot")
-    if _tot_fast(tot):
-        _hists(rec, out)
+    if checks.tot(tot):
+        _hists(rec, out, checks)
         out["tot"] = tot
         return
     t: Dict[str, Any] = {}
-    for k in TOTAL_INT_KEYS:
+    for k in checks.tot_ints:
         t[k] = _int(tot, k, 0, MAX_COUNT) if k in tot else 0
-    for k in TOTAL_SECONDS_KEYS:
+    for k in checks.tot_secs:
         t[k] = _secs(tot, k, 0.0, MAX_TOTAL_SECONDS)
     if TOTAL_STEP_CKPT in tot:
         t[TOTAL_STEP_CKPT] = _secs(tot, TOTAL_STEP_CKPT, 0.0, MAX_TOTAL_SECONDS)
     for k in ("lck", "lckd"):
         if k in tot:
             t[k] = _secs(tot, k, 0.0, 1e11, default=None)
-    _hists(rec, out)
+    _hists(rec, out, checks)
     out["tot"] = t
 
 
-def _hists(rec: Dict[str, Any], out: Dict[str, Any]) -> None:
+def _hists(rec: Dict[str, Any], out: Dict[str, Any], checks: Checks) -> None:
     hist = rec.get("hist", {})
     if not isinstance(hist, dict):
         raise ProtocolError(C.INGEST_REJECTED, "bad hist")
     h: Dict[str, Any] = {}
-    for k, n in HIST_SIZES.items():
+    for k, n in checks.hist_sizes.items():
         counts = hist.get(k)
         if counts is None:
             continue

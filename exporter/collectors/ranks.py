@@ -10,28 +10,26 @@ from typing import Callable, Dict, List, Optional
 from ranksight import catalog as C
 
 from .. import goodput
-from ..ranks import STALL_REASONS, WAITING, Rank, RankTable
+from ..ranks import STALL_REASONS, WAITING, Kept, Rank, RankTable
 from . import Context, Family, Labels, add, add_histogram, bucket_labels, family, register
 
 log = logging.getLogger("ranksight.exporter.ranks")
 
-# (catalog metric, Rank attribute) for plain per-rank values
-_COUNTERS = (
-    (C.STEPS, "steps"), (C.MICROBATCHES, "micro"), (C.STEP_SECONDS, "step_s"), (C.DATALOADER_WAIT, "data_s"),
-    (C.FORWARD_SECONDS, "fwd_s"), (C.BACKWARD_SECONDS, "bwd_s"), (C.OPTIMIZER_SECONDS, "opt_s"),
-    (C.COMM_SECONDS, "comm_s"), (C.EXPOSED_COMM_SECONDS, "xcomm_s"), (C.CHECKPOINT_SECONDS, "ckpt_s"),
-    (C.CHECKPOINT_BYTES, "ckpt_bytes"), (C.CHECKPOINT_FAILURES, "ckpt_fail"), (C.HEARTBEAT_MISSES, "misses"),
-    (C.STEP_RECORDS_LOST, "lost"),
-)
-_CUMS = ((C.CUDA_ALLOC_RETRIES, "retries"), (C.CUDA_OOMS, "ooms"), (C.HOOK_ERRORS, "herr"), (C.HOOK_DROPPED_EVENTS, "hdrop"))
-_GAUGES = ((C.CUDA_RESERVED, "mres"), (C.CUDA_ALLOCATED, "malloc"), (C.DATALOADER_WORKERS_RSS, "wrss"),
-           (C.RANK_RESTARTS, "restart"))
-_OPTIONAL = ((C.LAST_STEP, "last_step_ts"), (C.LAST_CHECKPOINT, "last_ckpt_ts"),
-             (C.LAST_CHECKPOINT_DURATION, "last_ckpt_dur"))
-_HISTS = ((C.STEP_DURATION, "h_step"), (C.DATALOADER_WAIT_HIST, "h_data"), (C.BACKWARD_TO_OPTIMIZER, "h_b2o"),
-          (C.CHECKPOINT_WRITE, "h_ckpt"))
 QUANTILES = (0.5, 0.99)
 _QLABELS = ("0.5", "0.99")
+_COUNTERS = ((C.HEARTBEAT_MISSES, "misses"), (C.STEP_RECORDS_LOST, "lost"))  # (metric, Rank attribute)
+_OPTIONAL = ((C.LAST_STEP, "last_step_ts"), (C.LAST_CHECKPOINT, "last_ckpt_ts"),
+             (C.LAST_CHECKPOINT_DURATION, "last_ckpt_dur"))
+
+
+def step_families(kept: Kept) -> tuple:
+    """The step record's families, from its declaration (ranksight/record.py) as the rank table
+    keeps it: (metric, key in Rank.sums) for "steps", each per-step field with a metric (its sum)
+    and the checkpoint records' counts; (metric, key in Rank.cum) for the cumulative fields;
+    (metric, key in Rank.cur) for the current readings; (metric, key in Rank.hists)."""
+    sums = ((C.STEPS, "steps"),) + kept.layout.sums + ((C.CHECKPOINT_BYTES, "ckpt_bytes"),
+                                                        (C.CHECKPOINT_FAILURES, "ckpt_fail"))
+    return sums, kept.layout.cum_metrics, kept.layout.cur_metrics, tuple((m, hk) for hk, m, _ in kept.hists)
 
 
 class _RankLabels:
@@ -43,7 +41,7 @@ class _RankLabels:
         base = self.base = Labels(zip(C.RANK_LABELS, r.labels))
         self.q = [base.plus("quantile", q) for q in _QLABELS]
         self.stall = [base.plus("reason", reason) for reason in STALL_REASONS]
-        self.hist = [bucket_labels(base, m.buckets) for m, _ in _HISTS]
+        self.hist = [bucket_labels(base, m.buckets) for _, m, _ in r.kept.hists]
         self.lint: Dict[str, Labels] = {}
 
     def for_lint(self, lint: str) -> Labels:
@@ -63,14 +61,16 @@ class RanksCollector:
         self.table = table
         self.clock = clock
         self.gpu_labels = gpu_labels  # GPU UUID -> gpu label (the GPU collector's), for rank_gpu_info
+        self.sums, self.cums, self.gauges, self.hists = step_families(table.kept)
 
     def collect(self) -> List[Family]:
         now = self.clock()
-        counters = [(family(m), a) for m, a in _COUNTERS]
-        cums = [(family(m), a) for m, a in _CUMS]
-        gauges = [(family(m), a) for m, a in _GAUGES]
+        counters = [(family(m), a) for m, a in self.sums + _COUNTERS]
+        n_sums = len(self.sums)
+        cums = [(family(m), a) for m, a in self.cums]
+        gauges = [(family(m), a) for m, a in self.gauges]
         optional = [(family(m), a) for m, a in _OPTIONAL]
-        hists = [(family(m), a) for m, a in _HISTS]
+        hists = [(family(m), a) for m, a in self.hists]
         f_q = family(C.STEP_QUANTILE)
         f_up = family(C.RANK_UP)
         f_stall = family(C.RANK_STALLED)
@@ -98,11 +98,12 @@ class RanksCollector:
                 L = r.expo
                 if L is None:
                     L = r.expo = _RankLabels(r)
-                vals = [getattr(r, a) for _, a in counters]
+                sums = r.sums
+                vals = [sums[a] if i < n_sums else getattr(r, a) for i, (_, a) in enumerate(counters)]
                 cvals = [r.cum[a][0] for _, a in cums]
-                gvals = [getattr(r, a) for _, a in gauges]
+                gvals = [r.cur[a] for _, a in gauges]
                 ovals = [getattr(r, a) for _, a in optional]
-                hvals = [(list(h.counts), h.sum) for h in (getattr(r, a) for _, a in hists)]
+                hvals = [(list(h.counts), h.sum) for h in (r.hists[a] for _, a in hists)]
                 qs = r.win.quantiles(QUANTILES, now)
                 up = r.up
                 stalled = r.stalled

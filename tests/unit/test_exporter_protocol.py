@@ -20,14 +20,27 @@ def step(v: int = 1, **over):
     return {k: x for k, x in rec.items() if x is not KeyError}
 
 
+class fast_off:
+    """decode()'s compiled fast check ``name`` ("step" or "tot") turned off, for every version."""
+
+    def __init__(self, name: str, off: bool = True):
+        self.name, self.off = name, off
+
+    def __enter__(self):
+        self.saved = {v: getattr(c, self.name) for v, c in P.CHECKS.items()}
+        if self.off:
+            for c in P.CHECKS.values():
+                setattr(c, self.name, lambda rec: False)
+
+    def __exit__(self, *exc):
+        for v, c in P.CHECKS.items():
+            setattr(c, self.name, self.saved[v])
+
+
 def slow(data: bytes):
     """decode() with the fast path turned off."""
-    saved = P._step_fast
-    P._step_fast = lambda rec, n: False
-    try:
+    with fast_off("step"):
         return verdict(data)
-    finally:
-        P._step_fast = saved
 
 
 def verdict(data: bytes):
@@ -68,7 +81,7 @@ def test_fast_path_is_taken_for_what_the_bench_sends():
     rec = step(1)
     assert P.decode(P.encode(rec)) == rec
     parsed = json.loads(P.encode(step(2)))
-    assert P._step_fast(parsed, P._STEP_KEYS[2])
+    assert P.CHECKS[2].step(parsed)
 
 
 # --- "steps" records: the agent's decode (phases=False) cuts the phase lists out before parsing
@@ -217,12 +230,8 @@ def test_the_totals_fast_check_agrees_with_the_key_checks(over):
     rec["tot"].update(over)
     rec["tot"] = {k: x for k, x in rec["tot"].items() if x is not KeyError}
     data = json.dumps(rec, allow_nan=True).encode()
-    saved = P._tot_fast
-    P._tot_fast = lambda tot: False
-    try:
+    with fast_off("tot"):
         slow_res = verdict(data)
-    finally:
-        P._tot_fast = saved
     assert verdict(data) == slow_res
 
 
@@ -231,17 +240,12 @@ def test_the_steps_checkpoint_total_is_optional(phases):
     """tot["ckpt"] (the steps' checkpoint time) is optional: present, it is kept, on the fast path
     and on the key checks alike; absent (hooks before it), it stays absent."""
     for fast in (True, False):
-        saved = P._tot_fast
-        if not fast:
-            P._tot_fast = lambda tot: False
-        try:
+        with fast_off("tot", off=not fast):
             rec = json.loads(steps_bytes())
             rec["tot"].update(ckpt=0.25, ckpt_s=12.0, lck=1.7e9, lckd=12.0)
             assert P.decode(json.dumps(rec).encode(), phases=phases)["tot"]["ckpt"] == 0.25
             del rec["tot"]["ckpt"]
             assert "ckpt" not in P.decode(json.dumps(rec).encode(), phases=phases)["tot"]
-        finally:
-            P._tot_fast = saved
 
 
 def test_a_stall_ended_by_a_cut_steps_record_splits_like_the_full_record():

@@ -1,0 +1,209 @@
+"""The step record, declared once.
+
+``FIELDS`` lists every value a rank reports with each optimizer step: its wire key, type, unit,
+how it adds up (per step, cumulative in the process, or a current reading), the protocol
+versions that carry it and the catalog metric the agent exposes it as. Everything that handles a
+step derives from this table, computed once at import:
+
+- the hooks: the queued step tuple's layout (``Layout.index``), the "steps" record's encoder
+  (``Layout.encode_steps``: format strings built here, no loop over fields per step) and the
+  session totals' straight-line adder (``Layout.compile_totals``), in ``hooks/``;
+- the agent: the decoder's field lists and compiled checks (``ranksight/protocol.py``), the
+  rank's sums, cumulative counters and readings (``exporter/ranks.py``), and which metric family
+  each one is exposed as (``exporter/collectors/ranks.py``);
+- the tests: recorded datagrams of every version (``tests/fixtures/protocol``) decode through
+  the same code.
+
+The key is the field's one name: the hooks accumulate ``data`` in ``Watcher._data``, send it as
+``"data"``, and the agent sums it in ``Rank.sums["data"]`` and exposes that sum as
+``ranksight_dataloader_wait_seconds_total`` (``catalog.DATALOADER_WAIT``).
+
+Adding a field is one ``Field(...)`` line here (with ``since`` the version that starts carrying
+it) plus its test, and the code that measures it: the step path builds its tuple inline, for
+speed, in the per-step fields' order here (``StepPath._step_end``; tests/unit/test_record.py
+checks the order on a real watch), and ``Background.step_state`` reads the cumulative and current
+ones. A field a version no longer carries gets ``until``. A version that does not carry a field
+decodes it as 0, so the agent treats old and new senders alike.
+Torch-free: shared by the hooks and the agent.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ranksight import catalog as C
+
+PER_STEP = "per_step"  # this step's amount; the totals sum it, the agent exposes the sum as a counter
+CUMULATIVE = "cumulative"  # the process's running count at the step; the agent turns it into a counter
+CURRENT = "current"  # a reading at the step; the agent exposes the last one as a gauge
+KINDS = (PER_STEP, CUMULATIVE, CURRENT)
+
+STEP_DIGITS = "%.6g"  # significant digits of a per-step seconds value in a "steps" record
+TUPLE_HEAD = 3  # a queued step tuple: ("step", seq, perf_counter at the step's end, *per-step values)
+
+
+@dataclass(frozen=True)
+class Field:
+    key: str  # the wire key, and the name the hooks and the agent use for it
+    type: type  # float | int
+    unit: str  # seconds | count | bytes
+    kind: str  # PER_STEP | CUMULATIVE | CURRENT
+    help: str
+    metric: Optional[C.Metric] = None  # the sum (PER_STEP), the counter (CUMULATIVE) or the gauge (CURRENT)
+    hist: Optional[C.Metric] = None  # PER_STEP: each step's value is also observed in this histogram
+    hist_key: str = ""  # its key in the totals' "hist" (default: the field's key)
+    gpu: bool = False  # on CUDA, resolved from events a step or more late (hooks/timing.py kind == key)
+    least: int = 0  # smallest value a step sends; the decoder raises a smaller one to it
+    since: int = 1  # the first protocol version carrying the field
+    until: Optional[int] = None  # the last one (None: every newer version)
+
+    def on(self, version: int) -> bool:
+        return self.since <= version and (self.until is None or version <= self.until)
+
+
+F, I = float, int
+FIELDS: Tuple[Field, ...] = (
+    Field("dur", F, "seconds", PER_STEP, "step duration, step boundary to step boundary",
+          C.STEP_SECONDS, C.STEP_DURATION, hist_key="step"),
+    Field("data", F, "seconds", PER_STEP, "dataloader wait: time in next() on the loader, over the step's micro-batches",
+          C.DATALOADER_WAIT, C.DATALOADER_WAIT_HIST),
+    Field("fwd", F, "seconds", PER_STEP, "forward time", C.FORWARD_SECONDS, gpu=True),
+    Field("bwd", F, "seconds", PER_STEP, "backward time (gradient computation)", C.BACKWARD_SECONDS, gpu=True),
+    Field("opt", F, "seconds", PER_STEP, "optimizer.step() time", C.OPTIMIZER_SECONDS, gpu=True),
+    Field("b2o", F, "seconds", PER_STEP, "backward start to optimizer.step() start", hist=C.BACKWARD_TO_OPTIMIZER),
+    Field("comm", F, "seconds", PER_STEP, "collective time, launch to completion", C.COMM_SECONDS, gpu=True),
+    Field("xcomm", F, "seconds", PER_STEP, "exposed (not overlapped) communication", C.EXPOSED_COMM_SECONDS,
+          gpu=True),
+    Field("ckpt", F, "seconds", PER_STEP, "checkpoint time inside the step", C.CHECKPOINT_SECONDS),
+    Field("micro", I, "count", PER_STEP, "micro-batches (forwards with grad)", C.MICROBATCHES, least=1),
+    Field("retries", I, "count", CUMULATIVE, "CUDA allocator retries (num_alloc_retries)", C.CUDA_ALLOC_RETRIES),
+    Field("ooms", I, "count", CUMULATIVE, "CUDA out-of-memory errors", C.CUDA_OOMS),
+    Field("mres", I, "bytes", CURRENT, "CUDA reserved bytes", C.CUDA_RESERVED),
+    Field("malloc", I, "bytes", CURRENT, "CUDA allocated bytes", C.CUDA_ALLOCATED),
+    Field("herr", I, "count", CUMULATIVE, "hook errors", C.HOOK_ERRORS),
+    Field("hdrop", I, "count", CUMULATIVE, "dropped GPU timing events", C.HOOK_DROPPED_EVENTS),
+    Field("wrss", I, "bytes", CURRENT, "DataLoader workers' total RSS (0 without workers)", C.DATALOADER_WORKERS_RSS),
+    Field("restart", I, "count", CURRENT, "restart count from the launcher", C.RANK_RESTARTS),
+)
+del F, I
+
+
+def _catalog_order(m: C.Metric) -> int:
+    """Where ``m`` sits in the catalog (a metric outside it, e.g. a test's, after every one in it)."""
+    known = list(C.CATALOG.values())
+    return known.index(m) if m in known else len(known)
+
+
+class Layout:
+    """The step record of one protocol version, derived from a declaration (``FIELDS`` or a
+    test's copy): key lists, the step tuple's layout, the encoder and the exposition's pairs."""
+
+    def __init__(self, fields: Sequence[Field] = FIELDS, version: int = 0):
+        bad = [f.key for f in fields if f.kind not in KINDS or f.type not in (float, int)
+               or (f.kind != PER_STEP and (f.type is not int or f.hist is not None))]
+        if bad or len({f.key for f in fields}) != len(fields):
+            raise ValueError(f"step record declaration: bad or repeated fields {bad}")
+        self.fields = tuple(fields)  # every version's: the agent keeps them all
+        self.version = version
+        sent = tuple(f for f in fields if version == 0 or f.on(version))
+        self.sent = sent  # what this version carries
+        self.per_step = tuple(f.key for f in fields if f.kind == PER_STEP)  # the step tuple's values, in order
+        self.index: Dict[str, int] = {k: TUPLE_HEAD + i for i, k in enumerate(self.per_step)}
+        self.seconds = tuple(f.key for f in sent if f.kind == PER_STEP and f.type is float)
+        self.counts = tuple(f.key for f in sent if f.kind == PER_STEP and f.type is int)
+        self.last = tuple(f.key for f in sent if f.kind != PER_STEP)  # one value per record, at its last step
+        self.least = {f.key: f.least for f in sent if f.least}
+        # what the agent reads for a field this version does not carry: 0 (or its least)
+        self.missing = {f.key: f.type(f.least) for f in fields if f not in sent}
+        self.cumulative = tuple(f.key for f in fields if f.kind == CUMULATIVE)
+        self.current = tuple(f.key for f in fields if f.kind == CURRENT)
+        self.gpu = tuple(f.key for f in fields if f.gpu)
+        # exposition: (metric, key) pairs, each group in catalog order (the order of the scrape)
+        per = [f for f in fields if f.kind == PER_STEP and f.metric is not None]
+        self.sums = tuple((f.metric, f.key) for f in sorted(per, key=lambda f: _catalog_order(f.metric)))
+        self.cum_metrics = tuple((f.metric, f.key) for f in fields if f.kind == CUMULATIVE and f.metric)
+        self.cur_metrics = tuple((f.metric, f.key) for f in fields if f.kind == CURRENT and f.metric)
+        # histograms: (totals' "hist" key, metric, field key), in catalog order
+        hs = sorted((f for f in fields if f.hist is not None), key=lambda f: _catalog_order(f.hist))
+        self.hists = tuple((f.hist_key or f.key, f.hist, f.key) for f in hs)
+        # encoder of a "steps" record's per-step lists and last values: (key, tuple index, format)
+        self.columns = tuple((k, self.index[k], STEP_DIGITS) for k in self.seconds) + tuple(
+            (k, self.index[k], "%d") for k in self.counts)
+        # bytes of the lists' text that are not per step: the count lists' keys (the sender's
+        # estimate of a step's bytes counts the seconds lists' keys with the values)
+        self.lists_fixed = sum(len(',"%s":[]' % k) for k in self.counts)
+        self._last_fmt = ",".join('"%s":%%d' % k for k in self.last)
+        self._totals: Optional[Callable[..., None]] = None
+        self.steps_fmt = '%s"ts":%.6f,"seq":%d,%s' + (',' + self._last_fmt if self.last else "") + ",%s}"
+
+    def step_tuple(self, seq: int, t: float, values: Dict[str, Any]) -> tuple:
+        """A queued step tuple from ``{key: value}`` (tests; the step path builds its tuple inline)."""
+        return ("step", seq, t) + tuple(values.get(k, 0) for k in self.per_step)
+
+    def encode_lists(self, batch: List[tuple]) -> str:
+        """The per-step lists of a "steps" record for consecutive step tuples. A NaN, an infinity
+        or a negative seconds value raises ValueError (the text would not be valid JSON, or the
+        agent would reject the record)."""
+        cols = []
+        for k, j, fmt in self.columns:
+            nums = ",".join([fmt % it[j] for it in batch])
+            if "n" in nums or "-" in nums.replace("e-", ""):
+                raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
+            cols.append(f'"{k}":[{nums}]')
+        return ",".join(cols)
+
+    def encode_steps(self, prefix: str, ts: float, seq: int, lists: str, last: Sequence[int], tail: str) -> str:
+        """A "steps" record: ``prefix`` (the identity, from ``{`` to the comma after
+        ``"t":"steps"``), the last step's wall time, the first step's number, ``lists``
+        (``encode_lists``), ``last`` (the values of ``self.last``, in order) and ``tail`` (the
+        totals' JSON members)."""
+        return self.steps_fmt % ((prefix, ts, seq, lists) + tuple(last) + (tail,))
+
+    def compile_totals(self) -> Callable[..., None]:
+        """``step(totals, it, sign=1)``: straight-line code adding a step tuple's per-step values
+        to ``totals.v`` (key -> sum, and "steps") and its histogram values to ``totals.hists``
+        ({"hist" key: (buckets, counts)}), ``sign`` -1 taking a step back. Compiled once per layout."""
+        if self._totals is None:
+            n = TUPLE_HEAD + len(self.per_step)
+            names = ["_"] * TUPLE_HEAD + [f"x_{k}" for k in self.per_step]
+            lines = ["def step(self, it, sign=1):", f"    {', '.join(names)}, = it" if n > 1 else "",
+                     "    v = self.v", "    if sign == 1:", "        v['steps'] += 1"]
+            lines += [f"        v[{k!r}] += x_{k}" for k in self.per_step]
+            lines += ["    else:", "        v['steps'] += sign"]
+            lines += [f"        v[{k!r}] += sign * x_{k}" for k in self.per_step]
+            ns: Dict[str, Any] = {"_bisect": bisect_left}
+            if self.hists:
+                lines.append("    h = self.hists")
+            for i, (hk, m, k) in enumerate(self.hists):
+                ns[f"_b{i}"] = m.buckets
+                lines.append(f"    h[{hk!r}][1][_bisect(_b{i}, x_{k})] += sign")
+            exec(compile("\n".join(lines) + "\n", "<ranksight.record totals>", "exec"), ns)
+            self._totals = ns["step"]
+        return self._totals
+
+
+ALL = Layout(FIELDS)  # every field of every version: what the hooks queue and the agent keeps
+
+
+def layouts(versions: Sequence[int], fields: Sequence[Field] = FIELDS) -> Dict[int, Layout]:
+    """Each version's layout of ``fields``."""
+    return {v: Layout(fields, v) for v in versions}
+
+
+def compile_check(name: str, params: str, floats: Tuple[str, ...], float_hi: float, ints: Tuple[str, ...],
+                  int_hi: int, head: str, tail: str) -> Any:
+    """``def name(params)``: ``head`` (it may return early), then every key of ``floats`` and
+    ``ints`` read in one itemgetter (a missing one: False) and checked in one expression (a float
+    in [0, float_hi], an int in [0, int_hi]), then ``tail``. The keys are locals ``_<key>``.
+    The decoder's fast checks of a record's fields (ranksight/protocol.py)."""
+    names = floats + ints
+    checks = [f"type(_{k}) is float and 0.0 <= _{k} <= {float_hi!r}" for k in floats]
+    checks += [f"type(_{k}) is int and 0 <= _{k} <= {int_hi!r}" for k in ints]
+    src = (f"def {name}({params}, _get=_fields):\n{head}"
+           f"    try:\n        {', '.join(f'_{k}' for k in names)}, = _get(rec)\n    except KeyError:\n        return False\n"
+           f"    if not (" + " and ".join(checks) + "):\n        return False\n" + tail)
+    ns: Dict[str, Any] = {"_fields": itemgetter(*names)}
+    exec(compile(src, f"<ranksight.record {name}>", "exec"), ns)
+    return ns[name]
