@@ -334,6 +334,7 @@ def _cut_phases(data: bytes) -> Optional[Dict[str, Any]]:
     return rec
 
 
+# long: the agent decodes every datagram here; one straight-line body keeps the per-datagram path free of calls
 def decode(data: bytes, phases: bool = True, checks: Optional[Dict[int, Checks]] = None) -> Dict[str, Any]:
     """Parse and validate one datagram. Returns a normalized dict or raises ProtocolError.
     ``phases`` False (the agent): a "steps" record's phase lists are checked, and where they were

@@ -12,9 +12,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("ranksight", "hooks", "exporter", "alerts", "dashboards", "bench")
 MAX_LINES = 120
 REASON = "# long:"
-# (file, function) over the limit with neither a split nor a reason yet. protocol.decode's checks
-# follow the step record's fields, so it splits along the step record's declaration.
-PENDING = {("ranksight/protocol.py", "decode")}
 
 
 def functions(path: Path) -> Iterator[Tuple[ast.AST, int]]:
@@ -49,25 +46,7 @@ def long_functions() -> List[Tuple[str, str, int]]:
 
 
 def test_no_function_over_the_limit_without_a_reason():
-    over = [f"{f}:{name} ({n} lines)" for f, name, n in long_functions() if (f, name) not in PENDING]
+    over = [f"{f}:{name} ({n} lines)" for f, name, n in long_functions()]
     assert over == [], (f"functions over {MAX_LINES} lines: split them into named pieces, or say why not with "
                         f"'{REASON} <reason>' on the def line or the line above: " + "; ".join(over))
 
-
-def test_pending_entries_are_still_long():
-    """An entry of PENDING that was split (or got its reason comment) leaves the list."""
-    still = {(f, name) for f, name, _ in long_functions()}
-    assert sorted(PENDING - still) == []
-
-
-def test_the_reason_comment_is_read(tmp_path):
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
-    src = (f"def short():\n    pass\n\n\n# long: one table, read top to bottom\ndef a():\n{body}\n\n\n"
-           f"def b():  # long: one table\n{body}\n\n\ndef c():\n{body}\n\n\n"
-           f"# long: the decorator's function\n@staticmethod\ndef d():\n{body}\n")
-    path = tmp_path / "m.py"
-    path.write_text(src)
-    lines = src.splitlines()
-    seen = {node.name: has_reason(lines, node, first) for node, first in functions(path)
-            if node.end_lineno - first + 1 > MAX_LINES}
-    assert seen == {"a": True, "b": True, "c": False, "d": True}
