@@ -123,6 +123,8 @@ def test_blocked_rank_position_comes_from_the_flight_recorder(scenario):
     for s in hung:
         cw = s["cw"]
         assert cw and (cw["op"], cw["pg"], cw["seq"]) == ("all_reduce", "default_pg", seq), cw
+        # the rank blocked right after its last step and the first stack goes out at 1 s idle: the
+        # collective is about that old then
         assert cw["wait"] >= 0.5, cw
     ww = r["wrappers_waiting"]  # what the fallback would have said: another sequence number
     assert ww is None or ww["seq"] != seq, ww
