@@ -426,7 +426,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
     p.add_argument("--batch", type=int, default=8,
                    help="sequences of 512 tokens per step (default 8: a 21 ms step, host-bound on an H200; "
-                        "32 makes it GPU-bound)")
+                        f"{W.GPU_BOUND_BATCH} makes it GPU-bound)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps before the sync debug mode (default 3)")
     p.add_argument("--out", help="write the full result JSON here")
     p.add_argument("--cpu-smoke", action="store_true",
