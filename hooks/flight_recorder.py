@@ -11,14 +11,23 @@ from typing import Any, Dict, List, Optional, Tuple
 
 log = logging.getLogger("ranksight.hooks")
 
+CONFIRM_EVERY = 1.0  # seconds between full dumps that re-confirm a collective still open
+
 
 class FlightRecorder:
     """The c10d Flight Recorder (NCCL, and gloo in newer torch), read off the step path.
 
-    ``inflight_age()`` (every heartbeat): from the cheap status-only dump (about 6 us): seconds
-    since a collective that is enqueued but not completed was first seen, or -1. This is what
-    shows a rank blocked in a collective that the Python wrappers cannot see (DDP's C++ gloo
-    all-reduce, NCCL kernels still running).
+    ``inflight_age()`` (every heartbeat): seconds since a collective that is enqueued but not
+    completed was first seen, or -1. This is what shows a rank blocked in a collective that the
+    Python wrappers cannot see (DDP's C++ gloo all-reduce, NCCL kernels still running). The
+    cheap status-only dump (about 6 us) names the candidates: per group, the collective after the
+    last completed one, while the group has enqueued more. gloo writes that completed count from
+    its worker threads, each with the sequence number it finished, so a late write can leave the
+    count one behind for good (until the next collective): 3 in 100 idle moments on this CPU read
+    a finished barrier as open. A candidate is therefore reported only once the full dump's entry
+    confirms it (not retired, not completed). That dump costs milliseconds, so it is read only for
+    a candidate still open at the next heartbeat, once per candidate found finished and at most
+    every ``CONFIRM_EVERY`` seconds while one stays open; its age counts from when it was first seen.
     ``poll()``: from the full dump, (durations in seconds of collectives completed since the last
     poll, seconds since the oldest still-running collective was created or -1); used for NCCL
     collective time when ``TORCH_NCCL_ENABLE_TIMING=1``. A full dump of a 2000-entry buffer
@@ -41,6 +50,7 @@ class FlightRecorder:
         self._interval = 1.0
         self._next_poll = 0.0
         self._first_seen: Dict[Tuple[str, int], float] = {}
+        self._open: Dict[Tuple[str, int], Tuple[bool, float]] = {}  # candidate -> (entries say open, when read)
 
     @staticmethod
     def wanted(backend: str) -> bool:
@@ -66,20 +76,40 @@ class FlightRecorder:
                 first.setdefault(key, now)
         for key in [k for k in first if k not in live]:
             del first[key]
-        return max((now - t for t in first.values()), default=-1.0)
+        for key in [k for k in self._open if k not in live]:
+            del self._open[key]
+        due = [k for k in live if first[k] < now and (k not in self._open or (
+            self._open[k][0] and now - self._open[k][1] >= CONFIRM_EVERY))]
+        if due:
+            self._confirm(due, now)
+        return max((now - first[k] for k in live if self._open.get(k, (False, 0.0))[0]), default=-1.0)
+
+    def _confirm(self, keys: List[Tuple[str, int]], now: float) -> None:
+        """Read the full dump: is each candidate's entry still open? A group whose entries the
+        recorder does not keep (no entry of that group at all) is taken at its status's word."""
+        raw = self._dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+        entries = (pickle.loads(raw).get("entries") or []) if raw else []
+        found: Dict[Tuple[str, int], bool] = {}
+        groups = set()
+        for e in entries:
+            pg = str(e.get("pg_id"))
+            groups.add(pg)
+            if not e.get("is_p2p"):
+                key = (pg, e.get("collective_seq_id"))
+                found[key] = found.get(key, False) or _open(e)
+        for key in keys:
+            self._open[key] = (found.get(key, key[0] not in groups), now)
 
     def waiting(self, op: str = "") -> Optional[Dict[str, Any]]:
         """The collective this rank waits in, from the full dump: {"op": "all_reduce", "pg":
         "default_pg", "seq": its collective sequence number in that group, "wait": seconds since
         it was created}, or None. Open collectives are those the group's status has enqueued and
-        not completed. ``op``: the collective the Python wrappers see the rank blocked in; the
-        newest open one of that op is it. gloo counts a collective completed from its worker
-        threads, and that count can stay behind while the rank is blocked (seen on a loaded CPU
-        box: rank 1 blocked in broadcast #352 while all_reduce #348 still read open), so the
-        oldest open one would name a collective the rank finished. Without ``op`` (a collective
-        the wrappers do not see, such as DDP's C++ all-reduce) or with no open one of that op:
-        the oldest open one. Read only while the rank makes no progress (hooks/stack.py's
-        trigger), never on the step path."""
+        not completed whose own entry is not finished either: gloo's completed count can stay
+        behind (see ``inflight_age``), and the entry of a finished collective is retired. ``op``:
+        the collective the Python wrappers see the rank blocked in; the newest open one of that op
+        is it. Without ``op`` (a collective the wrappers do not see, such as DDP's C++ all-reduce)
+        or with no open one of that op: the oldest open one. Read only while the rank makes no
+        progress (hooks/stack.py's trigger), never on the step path."""
         raw = self._dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
         doc = pickle.loads(raw) if raw else {}
         status = doc.get("pg_status") or {}
@@ -92,7 +122,7 @@ class FlightRecorder:
             except (TypeError, ValueError):
                 continue
             seq = e.get("collective_seq_id")
-            if e.get("is_p2p") or type(seq) is not int or not done < seq <= enq:
+            if e.get("is_p2p") or type(seq) is not int or not done < seq <= enq or not _open(e):
                 continue
             created = e.get("time_created_ns") or 0
             if oldest is None or created < oldest[0]:
@@ -156,6 +186,12 @@ class FlightRecorder:
             if not (0 <= age <= 7 * 86400):
                 age = -1.0
         return out, age
+
+
+def _open(e: Dict[str, Any]) -> bool:
+    """An entry not finished: NCCL marks "completed" when the end event fires and ``retired`` when
+    its watchdog retires it; gloo leaves "scheduled" and sets only ``retired``."""
+    return not e.get("retired") and e.get("state") != "completed"
 
 
 def _op_name(e: Dict[str, Any]) -> str:

@@ -20,9 +20,10 @@ and the sync debug mode is process-wide):
 fr_position: NCCL world size 1, TORCH_NCCL_TRACE_BUFFER_SIZE=2000, a small model, hooks with
 stack_after_seconds=1. A few steps, each with an all_reduce through torch.distributed and three
 through the ProcessGroup object itself (C++ collectives the hooks' Python wrappers never see, as
-DDP's are). Then the rank blocks: the GPU sleeps ``HANG_SECONDS`` (``torch.cuda._sleep``), an
-async all_reduce is enqueued behind it (NCCL's stream waits for the compute stream: enqueued,
-not completed) and the main thread waits in ``torch.cuda.synchronize()``. The hooks must send
+DDP's are). Then the rank blocks, right after its last step (the sleep is calibrated before the
+steps): the GPU sleeps ``HANG_SECONDS`` (``torch.cuda._sleep``), an async all_reduce is enqueued
+behind it (NCCL's stream waits for the compute stream: enqueued, not completed) and the main
+thread waits in ``torch.cuda.synchronize()``. The hooks must send
 the main thread's stack with the collective it waits in (``cw``) as the Flight Recorder gives it:
 op all_reduce, group default_pg, and the Flight Recorder's own sequence number of that
 collective, which counts the C++ collectives too (the wrappers' count does not). The result
@@ -362,6 +363,10 @@ def run_fr_position(smoke: bool = False) -> Dict[str, Any]:
         for _ in range(3):  # the ProcessGroup's own method: a C++ collective, like DDP's bucket all-reduces
             pg.allreduce([buf]).wait()
 
+    # Calibrated before the steps: the hooks count the rank idle from its last step, so any time
+    # between that step and the blocked all_reduce would come off the collective's age in the first
+    # stack (sent once the rank is idle stack_after_seconds).
+    cycles = 0 if smoke else _sleep_cycles(torch, HANG_SECONDS)
     rec = W.Receiver()
     cfg = {"hooks": dict(W.QUIET_HOOKS["hooks"], stack_after_seconds=1.0, stack_every_seconds=1.0)}
     loader = ranksight.watch(model, opt, W.batches(x, 5), agent=rec.url, config=cfg)
@@ -369,8 +374,7 @@ def run_fr_position(smoke: bool = False) -> Dict[str, Any]:
     for xb in loader:
         W.train_step(model, opt, xb, between=between)
     if not smoke:
-        torch.cuda.synchronize()
-    time.sleep(0.5)
+        torch.cuda.synchronize()  # the steps' work is done: the blocked all_reduce is the one open entry
     seen: Dict[str, Any] = {}
 
     def look() -> None:  # mid-hang, off the main thread: what the recorder and the wrappers say
@@ -392,7 +396,6 @@ def run_fr_position(smoke: bool = False) -> Dict[str, Any]:
     if smoke:
         time.sleep(HANG_SECONDS)  # no GPU: the main thread just waits
     else:
-        cycles = _sleep_cycles(torch, HANG_SECONDS)
         torch.cuda._sleep(cycles)  # the GPU is busy; the all_reduce below waits behind it
         work = dist.all_reduce(buf, async_op=True)
         torch.cuda.synchronize()  # the main thread blocks here  (the stack's "where")
@@ -441,7 +444,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
     p.add_argument("--batch", type=int, default=8,
                    help="sequences of 512 tokens per step (default 8: a 21 ms step, host-bound on an H200; "
-                        "32 makes it GPU-bound)")
+                        f"{W.GPU_BOUND_BATCH} makes it GPU-bound)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up steps before the sync debug mode (default 3)")
     p.add_argument("--out", help="write the full result JSON here")
     p.add_argument("--cpu-smoke", action="store_true",

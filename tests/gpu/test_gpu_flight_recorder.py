@@ -8,7 +8,7 @@ time from the hooks' own CUDA events (launch on the compute stream -> completion
 
 At batch 8 the step is host-bound (see test_gpu_hooks.py): the GPU idles while the host enqueues
 each collective, and the three clocks (kernel time, NCCL's start/end events, the hooks' launch
-event) differ by that wait. At batch 32 the step is GPU-bound and they must agree.
+event) differ by that wait. At ``W.GPU_BOUND_BATCH`` the step is GPU-bound and they must agree.
 
 ``fr_position``: the blocked rank's collective position from the Flight Recorder under NCCL
 (see bench/gpu/scenarios.py).
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason
 AGREE = 0.10
 
 
-@pytest.mark.parametrize("batch", (8, 32))
+@pytest.mark.parametrize("batch", (8, W.GPU_BOUND_BATCH))
 def test_flight_recorder_path_runs_clean(scenario, batch):
     r = scenario("comm_fr", batch)
     assert r["sync_debug_errors"] == [], r["sync_debug_errors"][:1]
@@ -39,7 +39,7 @@ def test_flight_recorder_path_runs_clean(scenario, batch):
     assert fr["with_duration"] == fr["entries_window"], f"entries without duration_ms: {fr}"
 
 
-@pytest.mark.parametrize("batch", (8, 32))
+@pytest.mark.parametrize("batch", (8, W.GPU_BOUND_BATCH))
 def test_hooks_report_every_flight_recorder_duration(scenario, batch):
     """The hooks' comm over the measured steps equals the sum of the Flight Recorder's own durations."""
     r = scenario("comm_fr", batch)
@@ -56,8 +56,8 @@ def test_flight_recorder_agrees_with_event_timing(scenario, gpu_results):
     Flight Recorder, read from its dump) and the hooks' events. (At world size 1 NCCL launches no
     kernel for the in-place bucket all-reduces, so the profiler shows only the 256 MiB copy on the
     NCCL stream: recorded, not compared; the kernel comparison needs 2+ GPUs (bench/multigpu).)"""
-    fr = scenario("comm_fr", 32)
-    ev = scenario("comm_events", 32)
+    fr = scenario("comm_fr", W.GPU_BOUND_BATCH)
+    ev = scenario("comm_events", W.GPU_BOUND_BATCH)
     assert ev["sync_debug_errors"] == [] and ev["hook_errors"] == 0
     a = fr["flight_recorder"]["sum_s"] / fr["steps"]
     b = ev["hooks"]["comm"] / ev["steps"]
@@ -123,6 +123,8 @@ def test_blocked_rank_position_comes_from_the_flight_recorder(scenario):
     for s in hung:
         cw = s["cw"]
         assert cw and (cw["op"], cw["pg"], cw["seq"]) == ("all_reduce", "default_pg", seq), cw
+        # the rank blocked right after its last step and the first stack goes out at 1 s idle: the
+        # collective is about that old then
         assert cw["wait"] >= 0.5, cw
     ww = r["wrappers_waiting"]  # what the fallback would have said: another sequence number
     assert ww is None or ww["seq"] != seq, ww

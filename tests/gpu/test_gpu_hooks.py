@@ -5,8 +5,9 @@ Each case runs in its own process (``bench/gpu/scenarios.py``): an 8-layer 1024-
 under ``torch.cuda.set_sync_debug_mode("error")`` and ``torch.profiler``.
 
 Two step sizes. Batch 8 x 512 (the default step) is host-bound on an H200: about 9 ms of GPU
-work per 21 ms step, so the GPU often waits for Python to launch the next kernel. Batch 32 x 512
-is GPU-bound (the host runs ahead). The hooks time a phase with a CUDA event pair, i.e. from
+work per 21 ms step, so the GPU often waits for Python to launch the next kernel. Batch
+``W.GPU_BOUND_BATCH`` (64) x 512 is GPU-bound under the profiler: the host runs ahead in every
+phase (gpu_workload.py says why 32 is not). The hooks time a phase with a CUDA event pair, i.e. from
 the moment the GPU reached the phase to the moment it finished the phase's last kernel. The
 profiler's kernel span (first kernel start to last kernel end) differs from that only by the
 time the GPU waited for the host to launch the phase's first kernel: nothing when GPU-bound,
@@ -29,7 +30,7 @@ import gpu_workload as W
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
 
 TOLERANCE = 0.10  # hook phase times agree with torch.profiler within 10%
-CASES = (("nccl_ws1", 8), ("ddp_ws1", 8), ("ddp_ws1", 32))
+CASES = (("nccl_ws1", 8), ("ddp_ws1", 8), ("ddp_ws1", W.GPU_BOUND_BATCH))
 IDS = [f"{n}-b{b}" for n, b in CASES]
 
 
@@ -80,8 +81,9 @@ def test_phase_times_agree_with_profiler_kernel_spans(scenario, name, batch, pha
     assert c["profiler_s"] > 0, f"the profiler saw no GPU work in the {phase} ranges"
     if phase == "opt":
         # the event pair also counts the GPU waiting for AdamW's first launch: on the host-bound
-        # batch 8 always, on batch 32 whenever this machine's host is slow enough to starve the GPU
-        # there (measured: 1.5 ms/step of opt kernel span on one H200 VM, 2.1 ms on another)
+        # batch 8 always, on the GPU-bound batch whenever this machine's host is slow enough to starve
+        # the GPU there (measured at batch 32: 1.5 ms/step of opt kernel span on one H200 VM, 2.1 ms on
+        # another)
         ev = r["compare"][_key(name, phase, event=True)]
         wait = ev["profiler_s"] - c["profiler_s"]
         extra = c["hooks_s"] - c["profiler_s"]
@@ -92,8 +94,8 @@ def test_phase_times_agree_with_profiler_kernel_spans(scenario, name, batch, pha
 
 
 def test_gpu_bound_case_is_gpu_bound(scenario):
-    """Batch 32: the GPU is busy for most of each phase (else the case proves nothing)."""
-    r = scenario("ddp_ws1", 32)
+    """The GPU-bound batch: the GPU is busy for most of each phase (else the case proves nothing)."""
+    r = scenario("ddp_ws1", W.GPU_BOUND_BATCH)
     p = r["profiler"]
     assert p["fwd_busy"] >= 0.8 * p["fwd"] and p["bwd_busy"] >= 0.7 * p["bwd"], p
 
