@@ -192,8 +192,10 @@ class Background:
 
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident
-        self._base = dict(ident.base(), v=self._layout.version, sess=self.sess)
-        self._last = itemgetter(*self._layout.last)
+        # the "steps" encoder of the version and step detail the settings name (the totals are alike in both)
+        self._layout = lay = protocol.SENDER_LAYOUTS[self.settings.protocol, self.settings.step_detail]
+        self._base = dict(ident.base(), v=lay.version, sess=self.sess)
+        self._last = itemgetter(*lay.last)
         # Step records are formatted from a template: 4x cheaper than json.dumps of a dict, and
         # valid JSON as long as every number is finite and non-negative (checked per record).
         self._steps_prefix = protocol.encode(dict(self._base, t="steps")).decode()[:-1] + ","

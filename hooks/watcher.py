@@ -155,8 +155,7 @@ class Watcher(StepPath, Background):
         self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0}
         self._queue: Deque[tuple] = deque()
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
-        self._layout = protocol.SENDER_LAYOUTS[settings.protocol, settings.step_detail]  # the "steps" encoder
-        self.totals = Totals(self._layout)
+        self.totals = Totals()
         self._held: Optional[tuple] = None  # the step record the background thread holds back (CUDA)
         self._steps_fill = protocol.STEPS_FILL_FIRST  # steps one "steps" datagram holds (measured on every record sent)
         # taking queued records and sending them is one critical section (background thread, close());

@@ -160,7 +160,8 @@ def steps_fill(size: int, fixed: int, n: int) -> int:
 LAYOUTS: Dict[int, record.Layout] = record.layouts(ACCEPTED)
 # the hooks' encoder of each version they can send, with and without step detail
 SENDER_LAYOUTS: Dict[Tuple[int, bool], record.Layout] = {
-    (v, d): LAYOUTS[v] if d else record.Layout(record.FIELDS, v, detail=False) for v in SENDABLE for d in (True, False)}
+    (v, d): LAYOUTS[v] if d else record.Layout(record.FIELDS, v, detail=False)
+    for v in SENDABLE for d in (True, False)}
 STEP_SECONDS_FIELDS = LAYOUTS[VERSION].seconds  # per-step seconds, in the order the hooks write them
 STEP_COUNT_FIELDS = ("seq",) + LAYOUTS[VERSION].counts + LAYOUTS[VERSION].last
 STEPS_LAST_FIELDS = LAYOUTS[VERSION].last  # one value per "steps" record, at its last step
@@ -171,7 +172,6 @@ STEPS_LAST_FIELDS = LAYOUTS[VERSION].last  # one value per "steps" record, at it
 TOTAL_STEP_CKPT = "ckpt"  # optional total: the sum of the steps' checkpoint time (see Totals above)
 CKPT_HIST = ("ckpt", C.CHECKPOINT_WRITE, "ckpt_s")  # the checkpoint records' histogram: ("hist" key, metric, its sum)
 MAX_TOTAL_SECONDS = 1e10  # a cumulative sum over a long job (a week's MAX_SECONDS is per step)
-
 
 
 class ProtocolError(Exception):
@@ -531,28 +531,8 @@ def _steps(rec: Dict[str, Any], out: Dict[str, Any], checks: Checks, cut: bool =
 
 
 def expand_steps(rec: Dict[str, Any]) -> list:
-    """A decoded "steps" record as the equivalent "step" records (for tools that look at each
-    step). A step's ``ts`` is the batch's minus the durations of the steps after it."""
-    n = rec["n"]
-    lay = LAYOUTS[rec["v"]]
-    floats = set(lay.seconds) | {k for k, x in lay.missing.items() if type(x) is float}
-    out = []
-    ts = rec["ts"]
-    ends = [ts] * n
-    for i in range(n - 2, -1, -1):
-        ends[i] = ends[i + 1] - rec["dur"][i + 1]
-    ident = {k: rec[k] for k in ("v", "job", "ws", "rank", "lr", "node", "pid") if k in rec}
-    if "sess" in rec:
-        ident["sess"] = rec["sess"]
-    sent = [k for k in lay.per_step if k in rec]  # (v3: the step detail lists only when they were sent)
-    for i in range(n):
-        step = dict(ident, t="step", ts=ends[i], seq=rec["seq"] + i)
-        for k in sent:
-            step[k] = float(rec[k][i]) if k in floats else rec[k][i]
-        for k in lay.cumulative + lay.current:
-            step[k] = rec[k]
-        out.append(step)
-    return out
+    """A decoded "steps" record as the equivalent "step" records (``record.Layout.expand``)."""
+    return LAYOUTS[rec["v"]].expand(rec)
 
 
 # "tot" as the hooks send it (every key, ints and floats in range, the steps' checkpoint total or

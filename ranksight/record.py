@@ -194,6 +194,28 @@ class Layout:
         totals' JSON members)."""
         return self.steps_fmt % ((prefix, ts, seq, lists) + tuple(last) + (tail,))
 
+    def expand(self, rec: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """A decoded "steps" record of this version as the equivalent "step" records (for tools
+        that look at each step): the per-step values of the lists it carries (v3: the step detail
+        ones only when they were sent), the last values on every step. A step's ``ts`` is the
+        record's minus the durations of the steps after it."""
+        n = rec["n"]
+        floats = set(self.seconds) | {k for k, x in self.missing.items() if type(x) is float}
+        ends = [rec["ts"]] * n
+        for i in range(n - 2, -1, -1):
+            ends[i] = ends[i + 1] - rec["dur"][i + 1]
+        ident = {k: rec[k] for k in ("v", "job", "ws", "rank", "lr", "node", "pid", "sess") if k in rec}
+        sent = [k for k in self.per_step if k in rec]
+        out = []
+        for i in range(n):
+            step = dict(ident, t="step", ts=ends[i], seq=rec["seq"] + i)
+            for k in sent:
+                step[k] = float(rec[k][i]) if k in floats else rec[k][i]
+            for k in self.cumulative + self.current:
+                step[k] = rec[k]
+            out.append(step)
+        return out
+
     def compile_totals(self) -> Callable[..., None]:
         """``step(totals, it, sign=1)``: straight-line code adding a step tuple's per-step values
         to ``totals.v`` (key -> sum, and "steps") and its histogram values to ``totals.hists``
