@@ -23,7 +23,7 @@ class Sender:
     """A v2 sender: keeps totals exactly as the hooks do (hooks.watcher.Totals)."""
 
     def __init__(self, sess: int = 7, pid: int = 1000, **kw):
-        from ranksight.hooks.totals import Totals
+        from ranksight.totals import Totals
 
         self.ident = dict(ident(pid=pid, **kw), v=2, sess=sess)
         self.totals = Totals()

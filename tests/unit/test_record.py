@@ -102,7 +102,7 @@ def values(lay: record.Layout, i: int) -> dict:
 def encode_steps(lay: record.Layout, n: int, ident: dict = IDENT) -> bytes:
     """A "steps" record of ``n`` steps as the hooks write it: lists, last values and totals."""
     from ranksight.hooks.sender import enc_fields
-    from ranksight.hooks.totals import Totals
+    from ranksight.totals import Totals
 
     batch = [lay.step_tuple(10 + i, 0.0, values(lay, i)) for i in range(n)]
     totals = Totals(lay)

@@ -1,6 +1,7 @@
-"""The watch session's cumulative totals (protocol v2 "tot" and "hist"): what the hooks sent,
-added up by the thread that sends it. The agent exposes these as the rank's counters, so a lost
-datagram or an agent restart costs no count (see ranksight.protocol)."""
+"""The watch session's cumulative totals (protocol v2 and v3 "tot" and "hist"): what the hooks
+sent, added up by the thread that sends it. The agent exposes these as the rank's counters, so a
+lost datagram or an agent restart costs no count (see ranksight.protocol). Torch-free: the hooks
+keep them (hooks/sender.py), and the benchmarks that play ranks keep them the same way."""
 from __future__ import annotations
 
 from bisect import bisect_left
