@@ -44,6 +44,7 @@ CUMULATIVE = "cumulative"  # the process's running count at the step; the agent 
 CURRENT = "current"  # a reading at the step; the agent exposes the last one as a gauge
 KINDS = (PER_STEP, CUMULATIVE, CURRENT)
 
+_INF = float("inf")
 STEP_DIGITS = "%.6g"  # significant digits of a per-step seconds value in a "steps" record
 TUPLE_HEAD = 3  # a queued step tuple: ("step", seq, perf_counter at the step's end, *per-step values)
 
@@ -154,6 +155,8 @@ class Layout:
         written = set(self.seconds + self.counts) - (set() if self.send_detail else set(self.detail))
         self.columns = tuple((k, self.index[k], STEP_DIGITS) for k in self.seconds if k in written) + tuple(
             (k, self.index[k], "%d") for k in self.counts if k in written)
+        # the lists it does not write are checked all the same (their values go in the totals)
+        self.unwritten = tuple((k, self.index[k]) for k in self.seconds + self.counts if k not in written)
         # ... and of the first step's values: "first":{"data":%s,...}, formatted like the lists
         self._first = itemgetter(*(self.index[k] for k in self.first)) if self.first else None
         self._first_fmt = ',"first":{' + ",".join('"%s":%s' % (k, STEP_DIGITS) for k in self.first) + "}"
@@ -170,21 +173,28 @@ class Layout:
         return ("step", seq, t) + tuple(values.get(k, 0) for k in self.per_step)
 
     def encode_lists(self, batch: List[tuple]) -> str:
-        """The per-step lists of a "steps" record for consecutive step tuples. A NaN, an infinity
-        or a negative seconds value raises ValueError (the text would not be valid JSON, or the
-        agent would reject the record)."""
+        """The per-step lists of a "steps" record for consecutive step tuples (and "first", in a
+        version that has it). A NaN, an infinity or a negative value, in a list written or not,
+        raises ValueError (the text or the totals would not be valid JSON, or the agent would
+        reject the record)."""
         cols = []
         for k, j, fmt in self.columns:
             nums = ",".join([fmt % it[j] for it in batch])
             if "n" in nums or "-" in nums.replace("e-", ""):
                 raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
             cols.append(f'"{k}":[{nums}]')
+        for k, j in self.unwritten:
+            vals = [it[j] for it in batch]
+            s = sum(vals)
+            if not (s == s and s < _INF and min(vals) >= 0):
+                raise ValueError(f"step record with a non-finite or negative {k}: {vals}")
         out = ",".join(cols)
         if self._first is not None:
-            first = self._first_fmt % self._first(batch[0])
-            if "n" in first or "-" in first.replace("e-", ""):
-                raise ValueError(f"step record with a non-finite or negative first value: {first}")
-            out += first
+            vals = self._first(batch[0])
+            vals = vals if len(self.first) > 1 else (vals,)
+            if not all(0.0 <= x < _INF for x in vals):
+                raise ValueError(f"step record with a non-finite or negative first value: {vals}")
+            out += self._first_fmt % vals
         return out
 
     def encode_steps(self, prefix: str, ts: float, seq: int, lists: str, last: Sequence[int], tail: str) -> str:

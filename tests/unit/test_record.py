@@ -170,6 +170,20 @@ def test_v3_without_step_detail_carries_dur_first_and_totals():
     assert {k: x for k, x in detail.items() if k not in lay.detail} == got
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+@pytest.mark.parametrize("key", ["fwd", "data"])
+def test_v3_checks_the_values_it_does_not_write(key, bad):
+    """A list a record does not carry still goes in the totals: a NaN, an infinity or a negative
+    value in it raises like one in a written list (the hooks count the error and keep those steps
+    out of the totals)."""
+    lay = P.SENDER_LAYOUTS[3, False]
+    batch = [lay.step_tuple(1, 0.0, {"dur": 0.5}), lay.step_tuple(2, 0.0, {"dur": 0.5, key: bad})]
+    with pytest.raises(ValueError):
+        lay.encode_lists(batch)
+    with pytest.raises(ValueError):
+        lay.encode_lists(batch[::-1])
+
+
 @pytest.mark.parametrize("cut", ["fwd", "micro", "first"])
 def test_v3_step_detail_is_all_the_lists_or_none(cut):
     """A v3 record with some of the detail lists, or without "first", is rejected."""
