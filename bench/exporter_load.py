@@ -125,10 +125,15 @@ class Player:
         self.fill = P.STEPS_FILL_FIRST  # steps a datagram holds, measured on each record sent (as the hooks do)
 
     def steps(self, durs: List[float], ts: float) -> bytes:
+        """The next steps, of these durations, in one record."""
         batch = []
         for d in durs:
             self.seq += 1
             batch.append(record.ALL.step_tuple(self.seq, 0.0, dict({k: f * d for k, f in PHASE_SHARE}, micro=1)))
+        return self.record(batch, ts)
+
+    def record(self, batch: List[tuple], ts: float) -> bytes:
+        """A record of queued step tuples, as hooks/sender.py ``_send_steps`` makes it."""
         lay = self.layout
         lists = lay.encode_lists(batch)
         for it in batch:

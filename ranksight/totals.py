@@ -13,7 +13,7 @@ from ranksight import protocol, record
 
 
 class Totals:
-    """The watch session's cumulative totals of what it sent (protocol v2 "tot" and "hist").
+    """The watch session's cumulative totals of what it sent (the "tot" and "hist" of protocol v2 and v3).
 
     Updated by whichever thread sends (the background thread, or close() after it stopped), as
     each step or checkpoint record goes out, so the totals on a heartbeat or the bye cover
