@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Ingest cost per datagram: UDP, unix socket without credentials, unix socket with SO_PASSCRED.
 
-The agent's own receive code on real sockets, in one process: each round sends a chunk of step
-records (not timed), then times draining and applying them exactly as the receiver loop does
+The agent's own receive code on real sockets, in one process: each round sends a chunk of "steps"
+records as the hooks make them (not timed), then times draining and applying them exactly as the receiver loop does
 (recv + Ingest.handle, or recvmsg + Ingest.handle with the sender's SCM_CREDENTIALS).
 Rounds of the three modes are interleaved; prints the median microseconds per datagram of each
 and the ratios to UDP. Usage: bench/bench_ingest_creds.py [--rounds 2000] [--chunk 8] [--json]
@@ -32,16 +32,14 @@ RANKS = 8
 
 
 def records(n: int) -> List[bytes]:
-    base = dict(v=1, job="bench", ws=RANKS, node=socket.gethostname(), pid=os.getpid(), ts=time.time())
-    out = []
-    for i in range(n):
-        r = i % RANKS
-        d = 0.01 * (1 + (i % 17) / 100)
-        out.append(P.encode(dict(base, t="step", rank=r, lr=r, seq=i // RANKS + 1, dur=d, data=d * 0.05, fwd=d * 0.3,
-                                 bwd=d * 0.4, opt=d * 0.1, b2o=d * 0.8, comm=d * 0.2, xcomm=d * 0.02, ckpt=0.0,
-                                 micro=1, retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0,
-                                 restart=0)))
-    return out
+    """``n`` datagrams of RANKS ranks as the hooks send them, one step per "steps" record with the
+    rank's totals (the most datagrams per step), made by the hooks' encoder (exporter_load.Player)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from exporter_load import Player
+
+    players = [Player(dict(job="bench", rank=r, lr=r, ws=RANKS, node=socket.gethostname(), pid=os.getpid(), sess=1))
+               for r in range(RANKS)]
+    return [players[i % RANKS].steps([0.01 * (1 + (i % 17) / 100)], time.time()) for i in range(n)]
 
 
 def mode(kind: str, tmp: str) -> Dict[str, Callable]:

@@ -11,28 +11,39 @@
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import random
 import socket
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ranksight import catalog as C
 from ranksight import protocol as P
+from ranksight import record
+from ranksight.totals import Totals
 
 BATCH_EVERY = 0.25  # the hooks' background tick (hooks/sender.py TICK_SECONDS)
 
 
+# each phase of a played step as a share of its duration
+PHASE_SHARE = (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
+               ("comm", 0.2), ("xcomm", 0.02))
+# the values a "steps" record carries once, at its last step (record.py's cumulative and current fields)
+LAST = dict(retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0)
+LAYOUT = P.SENDER_LAYOUTS[P.VERSION, False]  # the hooks' "steps" encoder, with their default settings
+
+
 def _records(ranks: int, n: int) -> List[bytes]:
+    """``n`` version 1 "step" records of ``ranks`` ranks (one step a datagram), their fields from
+    the declaration (ranksight/record.py)."""
+    lay = P.LAYOUTS[1]
     out = []
     base = dict(v=1, job="bench", ws=ranks, node=socket.gethostname(), pid=4242, ts=time.time())
     for i in range(n):
         r = i % ranks
         d = 0.01 * (1 + (i % 17) / 100)
-        out.append(P.encode(dict(base, t="step", rank=r, lr=r, seq=i // ranks + 1, dur=d, data=d * 0.05, fwd=d * 0.3,
-                                 bwd=d * 0.4, opt=d * 0.1, b2o=d * 0.8, comm=d * 0.2, xcomm=d * 0.02, ckpt=0.0, micro=1,
-                                 retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0)))
+        vals = dict(LAST, micro=1, **{k: f * d for k, f in PHASE_SHARE})
+        out.append(P.encode(dict(base, t="step", rank=r, lr=r, seq=i // ranks + 1,
+                                 **{k: vals.get(k, 0.0) for k in lay.seconds + lay.counts + lay.last})))
     return out
 
 
@@ -100,21 +111,41 @@ def send(argv: List[str]) -> int:
     return 0
 
 
-HIST_OF = {"step": C.STEP_DURATION, "data": C.DATALOADER_WAIT_HIST, "b2o": C.BACKWARD_TO_OPTIMIZER}
-# each phase of a played step as a share of its duration (the step records' lists and the totals)
-PHASE_SHARE = (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
-               ("comm", 0.2), ("xcomm", 0.02))
+class Player:
+    """One played rank's "steps" records, made as the hooks make them (hooks/sender.py
+    ``_send_steps``): the declaration's encoder (ranksight/record.py) and the session totals
+    (ranksight/totals.py) after the record's last step."""
 
+    def __init__(self, ident: Dict[str, object], layout: record.Layout = LAYOUT) -> None:
+        self.layout = layout
+        self.totals = Totals()
+        self.seq = 0
+        self.prefix = P.encode(dict(ident, v=layout.version, t="steps")).decode()[:-1] + ","
+        self.last = [LAST[k] for k in layout.last]
+        self.fill = P.STEPS_FILL_FIRST  # steps a datagram holds, measured on each record sent (as the hooks do)
 
-def _hists(counts: Dict[str, List[int]], dur: float, n: int) -> Dict[str, List[int]]:
-    """Add ``n`` steps of duration ``dur`` to each histogram's non-cumulative bucket counts (as the
-    hooks keep them: one count per bucket of the catalog, the +Inf bucket last); the data wait and
-    backward-to-optimizer values are their PHASE_SHARE of the step."""
-    share = dict(PHASE_SHARE, step=1.0)
-    for key, fam in HIST_OF.items():
-        c = counts.setdefault(key, [0] * (len(fam.buckets) + 1))
-        c[bisect.bisect_left(fam.buckets, share[key] * dur)] += n
-    return counts
+    def steps(self, durs: List[float], ts: float) -> bytes:
+        """The next steps, of these durations, in one record."""
+        batch = []
+        for d in durs:
+            self.seq += 1
+            batch.append(record.ALL.step_tuple(self.seq, 0.0, dict({k: f * d for k, f in PHASE_SHARE}, micro=1)))
+        return self.record(batch, ts)
+
+    def record(self, batch: List[tuple], ts: float) -> bytes:
+        """A record of queued step tuples, as hooks/sender.py ``_send_steps`` makes it."""
+        lay = self.layout
+        lists = lay.encode_lists(batch)
+        for it in batch:
+            self.totals.step(it)
+        tail = P.encode(self.totals.fields()).decode()[1:-1]
+        data = lay.encode_steps(self.prefix, ts, batch[0][1], lists, self.last, tail).encode()
+        self.fill = P.steps_fill(len(data), len(data) - len(lists) + lay.lists_fixed, len(batch))
+        return data
+
+    def heartbeat(self, base: Dict[str, object], seq: int) -> bytes:
+        return P.encode(dict(base, v=self.layout.version, t="hb", ts=time.time(), seq=seq, every=1.0,
+                             step=self.seq, phase="forward", coll=-1.0, probe=0.001, **self.totals.fields()))
 
 
 def _send_batched(a: argparse.Namespace) -> int:
@@ -124,56 +155,29 @@ def _send_batched(a: argparse.Namespace) -> int:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     dest = ("127.0.0.1", a.port)
     per = max(1, round(a.rate / a.ranks * BATCH_EVERY))
-    # the totals as hooks/totals.py keeps them: every key, checkpoints included, and four histograms
-    tot = [dict(steps=0, micro=0, dur=0.0, data=0.0, fwd=0.0, bwd=0.0, opt=0.0, b2o=0.0, comm=0.0, xcomm=0.0, ckpt=0.0,
-                ckpt_s=0.0, ckpt_bytes=0, ckpt_n=0, ckpt_fail=0) for _ in range(a.ranks)]
-    hist: List[Dict[str, List[int]]] = [{"ckpt": [0] * P.HIST_SIZES["ckpt"]} for _ in range(a.ranks)]
-    fill = [P.STEPS_FILL_FIRST] * a.ranks  # steps a datagram holds, measured on each record sent (as the hooks do)
     jitter = random.Random(1)  # measured durations: every value has all its significant digits
-    base = dict(v=P.VERSION, job="bench", ws=a.ranks, node=socket.gethostname(), pid=4242, sess=1)
+    base = [dict(job="bench", rank=r, lr=r, ws=a.ranks, node=socket.gethostname(), pid=4242, sess=1)
+            for r in range(a.ranks)]
+    players = [Player(b) for b in base]
     t0 = time.perf_counter()
     end = t0 + a.seconds
     sent = 0
     tick = 0
-
-    def record(r: int, durs: List[float]) -> bytes:
-        t = tot[r]
-        seq = t["steps"] + 1
-        t["steps"] += len(durs)
-        t["micro"] += len(durs)
-        for k, f in PHASE_SHARE:
-            t[k] += f * sum(durs)
-        for dd in durs:
-            _hists(hist[r], dd, 1)
-        # the hooks' layout: identity, ts, seq, the per-step lists in their column order, micro,
-        # the last-step scalars, tot, hist
-        cols = ",".join('"%s":[%s]' % (k, ",".join([P.STEP_DIGITS % (f * d) for d in durs]))
-                        for k, f in PHASE_SHARE + (("ckpt", 0.0),))
-        head = P.encode(dict(base, t="steps", rank=r, lr=r, ts=round(time.time(), 6), seq=seq))[:-1].decode()
-        tail = P.encode(dict(micro=[1] * len(durs), retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, herr=0,
-                             hdrop=0, wrss=0, restart=0, tot=sent_tot(r), hist=hist[r]))[1:].decode()
-        data = ("%s,%s,%s" % (head, cols, tail)).encode()
-        fill[r] = P.steps_fill(len(data), len(head) + len(tail), len(durs))
-        return data
-
-    def sent_tot(r: int) -> Dict[str, object]:
-        return {k: round(x, 9) if type(x) is float else x for k, x in tot[r].items()}
 
     while True:
         now = time.perf_counter()
         if now >= end:
             break
         hb_due = tick % round(1 / BATCH_EVERY) == 0
-        for r in range(a.ranks):
+        for r, pl in enumerate(players):
             q = [0.01 * (1 + ((tick * per + i) % 17) / 100) * jitter.uniform(0.999, 1.001) for i in range(per)]
             while q:
-                s.sendto(record(r, q[:fill[r]]), dest)
+                n = pl.fill
+                s.sendto(pl.steps(q[:n], round(time.time(), 6)), dest)
                 sent += 1
-                q = q[fill[r]:]
+                q = q[n:]
             if hb_due:
-                s.sendto(P.encode(dict(base, t="hb", rank=r, lr=r, ts=time.time(), seq=tick + 1, every=1.0,
-                                       step=tot[r]["steps"], phase="forward", coll=-1.0, probe=0.001,
-                                       tot=sent_tot(r), hist=hist[r])), dest)
+                s.sendto(pl.heartbeat(base[r], tick + 1), dest)
                 sent += 1
         tick += 1
         time.sleep(max(0.0, t0 + tick * BATCH_EVERY - time.perf_counter()))
@@ -202,27 +206,16 @@ def send_overload(argv: List[str]) -> int:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     dest = ("127.0.0.1", a.port)
     ranks = list(range(a.first, a.first + a.ranks))
-    base = dict(v=P.VERSION, job=OVERLOAD_JOB, ws=a.ws, node=socket.gethostname(), pid=4242, sess=1)
-    d = 0.01
-    step = {k: [round(f * d, 9)] for k, f in PHASE_SHARE + (("ckpt", 0.0),)}
-    n = dict.fromkeys(ranks, 0)
-
-    def totals(r: int) -> Tuple[dict, dict]:
-        k = n[r]
-        tot = dict(steps=k, micro=k, ckpt_s=0.0, **{key: k * d * f for key, f in PHASE_SHARE})
-        return tot, _hists({}, d, k)
-
+    base = {r: dict(job=OVERLOAD_JOB, rank=r, lr=r % 8, ws=a.ws, node=socket.gethostname(), pid=4242, sess=1)
+            for r in ranks}
+    players = {r: Player(base[r]) for r in ranks}
     turn = [0]
 
     def one() -> bool:
         r = ranks[turn[0] % len(ranks)]
         turn[0] += 1
-        n[r] += 1
-        tot, hist = totals(r)
-        rec = dict(base, t="steps", rank=r, lr=r % 8, ts=time.time(), seq=n[r], micro=[1], retries=0, ooms=0,
-                   mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0, tot=tot, hist=hist, **step)
         try:
-            s.sendto(P.encode(rec), dest)
+            s.sendto(players[r].steps([0.01], time.time()), dest)
         except BlockingIOError:
             pass  # a full send buffer is a lost datagram too: the totals must survive it
         return True
@@ -231,8 +224,6 @@ def send_overload(argv: List[str]) -> int:
     for _ in range(3):
         time.sleep(0.5)
         for r in ranks:
-            tot, hist = totals(r)
-            s.sendto(P.encode(dict(base, t="hb", rank=r, lr=r % 8, ts=time.time(), seq=n[r] + 1, every=1.0, step=n[r],
-                                   phase="forward", coll=-1.0, probe=0.001, tot=tot, hist=hist)), dest)
-    print(json.dumps({"sent": sent, "seconds": seconds, "steps": {str(r): n[r] for r in ranks}}))
+            s.sendto(players[r].heartbeat(base[r], players[r].seq + 1), dest)
+    print(json.dumps({"sent": sent, "seconds": seconds, "steps": {str(r): players[r].seq for r in ranks}}))
     return 0

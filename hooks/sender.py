@@ -31,11 +31,12 @@ TICK_SECONDS = 0.25  # the background thread's period
 HOLD_SECONDS = 1.0
 
 
-# The step record the hooks send: the newest version's layout of its declaration (ranksight/record.py).
-# A queued step tuple holds the per-step fields at LAYOUT.index[key] (see StepPath._step_end); the
-# values a record carries once, at its last step (LAYOUT.last), are read from step_state().
+# The step record's layout, from its declaration (ranksight/record.py): a queued step tuple holds
+# the per-step fields at LAYOUT.index[key] (see StepPath._step_end), the same in every version.
+# The "steps" records are encoded by the watch's ``_layout``, the version and step detail its
+# settings name (hooks.protocol, hooks.step_detail); the values a record carries once, at its last
+# step (``_layout.last``), are read from step_state().
 LAYOUT = protocol.LAYOUTS[protocol.VERSION]
-_LAST = itemgetter(*LAYOUT.last)
 _DUR, _DATA, _COMM, _XCOMM, _CKPT = (LAYOUT.index[k] for k in ("dur", "data", "comm", "xcomm", "ckpt"))
 # the CUDA caching allocator's memory_stats() key of each field read from it
 CUDA_STATS = {"retries": "num_alloc_retries", "ooms": "num_ooms", "mres": "reserved_bytes.all.current",
@@ -191,7 +192,10 @@ class Background:
 
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident
-        self._base = dict(ident.base(), sess=self.sess)
+        # the "steps" encoder of the version and step detail the settings name (the totals are alike in both)
+        self._layout = lay = protocol.SENDER_LAYOUTS[self.settings.protocol, self.settings.step_detail]
+        self._base = dict(ident.base(), v=lay.version, sess=self.sess)
+        self._last = itemgetter(*lay.last)
         # Step records are formatted from a template: 4x cheaper than json.dumps of a dict, and
         # valid JSON as long as every number is finite and non-negative (checked per record).
         self._steps_prefix = protocol.encode(dict(self._base, t="steps")).decode()[:-1] + ","
@@ -263,8 +267,9 @@ class Background:
 
     def _send_steps(self, batch: List[tuple]) -> None:
         """One "steps" record for consecutive step tuples (split in two while it is too big)."""
+        lay = self._layout
         try:
-            lists = LAYOUT.encode_lists(batch)
+            lists = lay.encode_lists(batch)
         except (ValueError, TypeError) as e:  # our bug: counted; these steps stay out of the totals too
             self._hook_error("record encoding", e)
             return
@@ -272,14 +277,14 @@ class Background:
         for it in batch:
             totals.step(it)
         try:
-            data = LAYOUT.encode_steps(self._steps_prefix, self._wall0 + (batch[-1][2] - self._pc0), batch[0][1], lists,
-                                       _LAST(self.step_state()), enc_fields(totals.fields())).encode()
+            data = lay.encode_steps(self._steps_prefix, self._wall0 + (batch[-1][2] - self._pc0), batch[0][1], lists,
+                                    self._last(self.step_state()), enc_fields(totals.fields())).encode()
         except (ValueError, TypeError) as e:
             self._hook_error("record encoding", e)
             return
         # how many steps a datagram holds, by this record's bytes per step (the fixed part, identity
         # and totals, counted once): consecutive steps go out in records of that many
-        fit = self._steps_fill = protocol.steps_fill(len(data), len(data) - len(lists) + LAYOUT.lists_fixed,
+        fit = self._steps_fill = protocol.steps_fill(len(data), len(data) - len(lists) + lay.lists_fixed,
                                                      len(batch))
         if len(data) > protocol.MAX_DATAGRAM and len(batch) > 1:  # (the totals were added: take them back)
             for it in batch:

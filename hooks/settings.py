@@ -159,6 +159,8 @@ class Settings:
     table_share_move: float
     stack_after_seconds: float  # no progress this long: send the main thread's stack (hooks/stack.py)
     stack_every_seconds: float
+    protocol: int  # the datagram protocol version sent (ranksight.protocol.SENDABLE)
+    step_detail: bool  # "steps" records carry every per-step list (protocol 3; 2 always does)
 
 
 def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:

@@ -62,6 +62,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional
 import torch
 
 from ranksight import protocol
+from ranksight.totals import Totals
 
 from . import forksafe
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
@@ -69,7 +70,6 @@ from .comm import CommTracker, FlightRecorder
 from .identity import Identity
 from .patch import Patcher
 from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline
-from .totals import Totals
 from .settings import Settings, load_settings  # noqa: F401 (public here)
 from .sender import LAYOUT, STEPS_PER_RECORD, TICK_SECONDS, Background, enc_fields  # noqa: F401 (public here)
 from .steppath import QUEUE_CAP, StepPath, WatchedLoader, _TimedIter, timed_next  # noqa: F401 (public here)

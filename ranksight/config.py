@@ -165,6 +165,10 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "stack_after_seconds": Opt(15.0, "no progress for this long: send the main thread's stack to the agent "
                                          "(RanksightRankStalled's place; half the agent's stall floor; 0: never)", 0, 1e6),
         "stack_every_seconds": Opt(5.0, "... again when it changes, at most this often", 0.1, 1e6),
+        "protocol": Opt(3, "datagram protocol version the hooks send: 3, or 2 for node agents older than "
+                           "version 3 (they reject 3)", 2, 3),
+        "step_detail": Opt(False, "send every step's phase times (data, fwd, bwd, ...) in the steps records, "
+                                  "not only their totals: for tools that read each step (the agent does not)"),
     },
     "lints": {
         "io_amplification": Opt(True, "lint: every rank reads the whole dataset"),

@@ -1,11 +1,12 @@
-"""The hooks -> agent datagram format (version 2; the agent also reads version 1).
+"""The hooks -> agent datagram format (version 3; the agent also reads versions 1 and 2).
 Torch-free; shared by both sides.
 
 One datagram is one compact JSON object (UTF-8), at most ``MAX_DATAGRAM`` bytes.
 Every record carries the identity fields; ``t`` selects the record type:
 
 identity (all records)
-  v       int   protocol version: 2 (hooks send this); 1 is still accepted (see "Versions" below)
+  v       int   protocol version: 3 (hooks send this unless hooks.protocol says 2); 1 and 2 are
+                still accepted (see "Versions" below)
   t       str   "step" | "hb" | "bye" | "hello" | "ckpt" | "lint" | "stack"
   job     str   job name (<= 128 chars)
   rank    int   global rank, 0 <= rank < ws
@@ -28,7 +29,11 @@ identity (all records)
   seq     int   the first step's number; the others follow (seq+1, ...)
   ts      float (identity field) when the last of them ended
   per-step fields   [float or int, ...]  per step, as in "step"; all lists have the same length
-                    n, 1 <= n <= STEPS_MAX
+                    n, 1 <= n <= STEPS_MAX. v3: only "dur" always; the others (the fields
+                    record.py marks ``detail``) are step detail: all of them or none, sent when
+                    the hooks are asked for it (hooks.step_detail); their sums are in "tot"
+  first   object (v3) the first step's value of each field record.py marks ``first`` ("data",
+                    "xcomm", "ckpt": the agent splits a stalled step with them), seconds
   cumulative and current fields   int  as in "step", at the last step
   tot, hist   the session's totals after the last of these steps (as in "hb"; required)
 
@@ -98,8 +103,11 @@ heartbeat brings the true values back.
 
 Versions. Node agents and training images upgrade on their own schedules. The agent accepts
 every version in ``ACCEPTED``: version 1 records have the old meaning (step records are deltas
-the agent sums; "bye" forgets the rank at once). A version it does not know is rejected and
-logged once per version.
+the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry every per-step
+list, version 3 ones only "dur" and "first" unless asked for step detail; every other record is
+the same in 2 and 3. A version it does not know is rejected and logged once per version, so an
+agent older than version 3 rejects a version 3 sender: the hooks send the version
+``hooks.protocol`` names (``SENDABLE``: 3 by default, 2 for a fleet whose agents read at most 2).
 """
 from __future__ import annotations
 
@@ -111,8 +119,10 @@ from typing import Any, Dict, Optional, Tuple
 from ranksight import catalog as C
 from ranksight import record
 
-VERSION = 2
-ACCEPTED = (1, 2)
+VERSION = 3  # what the hooks send by default
+ACCEPTED = (1, 2, 3)  # what the agent reads
+SENDABLE = (2, 3)  # what the hooks can be set to send (hooks.protocol)
+CUT_VERSION = 2  # the version whose "steps" records the agent's decode cuts the phase lists out of
 MAX_DATAGRAM = 4096  # bytes; larger is "oversize"
 STEPS_MAX = 64  # steps in one "steps" record
 # How the hooks send "steps" records (a sender's choice; the agent reads any): each background
@@ -148,6 +158,10 @@ def steps_fill(size: int, fixed: int, n: int) -> int:
 
 # The step record of each version, from its one declaration (ranksight/record.py).
 LAYOUTS: Dict[int, record.Layout] = record.layouts(ACCEPTED)
+# the hooks' encoder of each version they can send, with and without step detail
+SENDER_LAYOUTS: Dict[Tuple[int, bool], record.Layout] = {
+    (v, d): LAYOUTS[v] if d else record.Layout(record.FIELDS, v, detail=False)
+    for v in SENDABLE for d in (True, False)}
 STEP_SECONDS_FIELDS = LAYOUTS[VERSION].seconds  # per-step seconds, in the order the hooks write them
 STEP_COUNT_FIELDS = ("seq",) + LAYOUTS[VERSION].counts + LAYOUTS[VERSION].last
 STEPS_LAST_FIELDS = LAYOUTS[VERSION].last  # one value per "steps" record, at its last step
@@ -158,7 +172,6 @@ STEPS_LAST_FIELDS = LAYOUTS[VERSION].last  # one value per "steps" record, at it
 TOTAL_STEP_CKPT = "ckpt"  # optional total: the sum of the steps' checkpoint time (see Totals above)
 CKPT_HIST = ("ckpt", C.CHECKPOINT_WRITE, "ckpt_s")  # the checkpoint records' histogram: ("hist" key, metric, its sum)
 MAX_TOTAL_SECONDS = 1e10  # a cumulative sum over a long job (a week's MAX_SECONDS is per step)
-
 
 
 class ProtocolError(Exception):
@@ -247,6 +260,9 @@ class Checks:
         self.tot_secs = tuple(k for k in layout.seconds if k != TOTAL_STEP_CKPT) + ("ckpt_s",)
         self.tot = _compile_totals_check(self.tot_ints, self.tot_secs)
         self.hist_sizes = {k: len(m.buckets) + 1 for k, m, _ in layout.hists + (CKPT_HIST,)}
+        # a "steps" record's (seconds lists, count lists): with step detail, and without it
+        self.lists = (layout.seconds, layout.counts)
+        self.lists_required = tuple(tuple(k for k in ks if k not in layout.detail) for ks in self.lists)
 
 
 _IDENT = itemgetter("t", "job", "ws", "rank", "lr", "node", "pid", "ts")  # the identity fields in one lookup
@@ -262,8 +278,8 @@ _IDENT = itemgetter("t", "job", "ws", "rank", "lr", "node", "pid", "ts")  # the 
 # object of a v2 "steps" record (the only "{" before them is the first byte; none of their keys
 # is left after the cut; each list has as many numbers as "dur"). Anything else is parsed and
 # checked whole, so the cut changes no verdict and no reason, only the cost of the common record.
-PHASE_LISTS = STEP_SECONDS_FIELDS[1:]
-_AFTER_PHASES = LAYOUTS[VERSION].counts[0]  # the list the hooks write after them
+PHASE_LISTS = LAYOUTS[CUT_VERSION].seconds[1:]
+_AFTER_PHASES = LAYOUTS[CUT_VERSION].counts[0]  # the list the hooks write after them
 
 
 def _phase_cut(possessive: bool) -> "re.Pattern[bytes]":
@@ -317,7 +333,7 @@ def _cut_phases(data: bytes) -> Optional[Dict[str, Any]]:
         rec = _parse(data[:i] + data[m.end():])
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if type(rec) is not dict or rec.get("t") != "steps" or rec.get("v") != VERSION:
+    if type(rec) is not dict or rec.get("t") != "steps" or rec.get("v") != CUT_VERSION:
         return None
     durs = rec.get("dur")
     if type(durs) is not list:
@@ -483,14 +499,21 @@ def _steps(rec: Dict[str, Any], out: Dict[str, Any], checks: Checks, cut: bool =
         raise ProtocolError(C.INGEST_REJECTED, "bad dur")
     n = out["n"] = len(durs)
     lay = checks.layout
-    for k in ("dur",) if cut else lay.seconds:
+    # v3: the step detail lists are all there or none is (their sums are in the totals)
+    lists = checks.lists if any(k in rec for k in lay.detail) else checks.lists_required
+    for k in ("dur",) if cut else lists[0]:
         vals = rec.get(k)
         if not _seconds_list(vals, n):  # int or float (a formatter writes 0.0 as 0); NaN and inf fail the range
             raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
         out[k] = vals
     if cut:
         out["first"] = rec["first"]
-    for k in lay.counts:
+    elif lay.first:
+        first = rec.get("first")
+        if type(first) is not dict or len(first) != len(lay.first):
+            raise ProtocolError(C.INGEST_REJECTED, "bad first")
+        out["first"] = {k: _secs(first, k, default=None) for k in lay.first}
+    for k in lists[1]:
         vals = rec.get(k)
         if not _count_list(vals, n):
             raise ProtocolError(C.INGEST_REJECTED, f"bad {k}")
@@ -508,27 +531,8 @@ def _steps(rec: Dict[str, Any], out: Dict[str, Any], checks: Checks, cut: bool =
 
 
 def expand_steps(rec: Dict[str, Any]) -> list:
-    """A decoded "steps" record as the equivalent "step" records (for tools that look at each
-    step). A step's ``ts`` is the batch's minus the durations of the steps after it."""
-    n = rec["n"]
-    lay = LAYOUTS[rec["v"]]
-    floats = set(lay.seconds) | {k for k, x in lay.missing.items() if type(x) is float}
-    out = []
-    ts = rec["ts"]
-    ends = [ts] * n
-    for i in range(n - 2, -1, -1):
-        ends[i] = ends[i + 1] - rec["dur"][i + 1]
-    ident = {k: rec[k] for k in ("v", "job", "ws", "rank", "lr", "node", "pid") if k in rec}
-    if "sess" in rec:
-        ident["sess"] = rec["sess"]
-    for i in range(n):
-        step = dict(ident, t="step", ts=ends[i], seq=rec["seq"] + i)
-        for k in lay.per_step:
-            step[k] = float(rec[k][i]) if k in floats else rec[k][i]
-        for k in lay.cumulative + lay.current:
-            step[k] = rec[k]
-        out.append(step)
-    return out
+    """A decoded "steps" record as the equivalent "step" records (``record.Layout.expand``)."""
+    return LAYOUTS[rec["v"]].expand(rec)
 
 
 # "tot" as the hooks send it (every key, ints and floats in range, the steps' checkpoint total or

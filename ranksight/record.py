@@ -23,7 +23,10 @@ it) plus its test, and the code that measures it: the step path builds its tuple
 speed, in the per-step fields' order here (``StepPath._step_end``; tests/unit/test_record.py
 checks the order on a real watch), and ``Background.step_state`` reads the cumulative and current
 ones. A field a version no longer carries gets ``until``. A version that does not carry a field
-decodes it as 0, so the agent treats old and new senders alike.
+decodes it as 0, so the agent treats old and new senders alike. A per-step field whose list the
+agent does not read gets ``detail``: from that version on its list is sent only with step detail
+(hooks.step_detail; its sum still goes in the totals), and ``first`` marks those whose first
+step's value the agent reads: the record carries them under "first".
 Torch-free: shared by the hooks and the agent.
 """
 from __future__ import annotations
@@ -35,11 +38,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ranksight import catalog as C
 
+DETAIL = 3  # the first protocol version whose "steps" records carry the per-step lists but "dur" as step detail
 PER_STEP = "per_step"  # this step's amount; the totals sum it, the agent exposes the sum as a counter
 CUMULATIVE = "cumulative"  # the process's running count at the step; the agent turns it into a counter
 CURRENT = "current"  # a reading at the step; the agent exposes the last one as a gauge
 KINDS = (PER_STEP, CUMULATIVE, CURRENT)
 
+_INF = float("inf")
 STEP_DIGITS = "%.6g"  # significant digits of a per-step seconds value in a "steps" record
 TUPLE_HEAD = 3  # a queued step tuple: ("step", seq, perf_counter at the step's end, *per-step values)
 
@@ -58,6 +63,14 @@ class Field:
     least: int = 0  # smallest value a step sends; the decoder raises a smaller one to it
     since: int = 1  # the first protocol version carrying the field
     until: Optional[int] = None  # the last one (None: every newer version)
+    # PER_STEP: from this protocol version on, a "steps" record carries the field's per-step list
+    # only when the hooks are asked for step detail (hooks.step_detail); its sum is in the totals
+    detail: Optional[int] = None
+    first: bool = False  # PER_STEP: the agent reads the first step's value of a "steps" record
+
+    def detail_in(self, version: int) -> bool:
+        """The field's per-step list is step detail in ``version`` (sent on request only)."""
+        return self.detail is not None and version >= self.detail
 
     def on(self, version: int) -> bool:
         return self.since <= version and (self.until is None or version <= self.until)
@@ -68,16 +81,21 @@ FIELDS: Tuple[Field, ...] = (
     Field("dur", F, "seconds", PER_STEP, "step duration, step boundary to step boundary",
           C.STEP_SECONDS, C.STEP_DURATION, hist_key="step"),
     Field("data", F, "seconds", PER_STEP, "dataloader wait: time in next() on the loader, over the step's micro-batches",
-          C.DATALOADER_WAIT, C.DATALOADER_WAIT_HIST),
-    Field("fwd", F, "seconds", PER_STEP, "forward time", C.FORWARD_SECONDS, gpu=True),
-    Field("bwd", F, "seconds", PER_STEP, "backward time (gradient computation)", C.BACKWARD_SECONDS, gpu=True),
-    Field("opt", F, "seconds", PER_STEP, "optimizer.step() time", C.OPTIMIZER_SECONDS, gpu=True),
-    Field("b2o", F, "seconds", PER_STEP, "backward start to optimizer.step() start", hist=C.BACKWARD_TO_OPTIMIZER),
-    Field("comm", F, "seconds", PER_STEP, "collective time, launch to completion", C.COMM_SECONDS, gpu=True),
+          C.DATALOADER_WAIT, C.DATALOADER_WAIT_HIST, detail=DETAIL, first=True),
+    Field("fwd", F, "seconds", PER_STEP, "forward time", C.FORWARD_SECONDS, gpu=True, detail=DETAIL),
+    Field("bwd", F, "seconds", PER_STEP, "backward time (gradient computation)", C.BACKWARD_SECONDS, gpu=True,
+          detail=DETAIL),
+    Field("opt", F, "seconds", PER_STEP, "optimizer.step() time", C.OPTIMIZER_SECONDS, gpu=True, detail=DETAIL),
+    Field("b2o", F, "seconds", PER_STEP, "backward start to optimizer.step() start", hist=C.BACKWARD_TO_OPTIMIZER,
+          detail=DETAIL),
+    Field("comm", F, "seconds", PER_STEP, "collective time, launch to completion", C.COMM_SECONDS, gpu=True,
+          detail=DETAIL),
     Field("xcomm", F, "seconds", PER_STEP, "exposed (not overlapped) communication", C.EXPOSED_COMM_SECONDS,
-          gpu=True),
-    Field("ckpt", F, "seconds", PER_STEP, "checkpoint time inside the step", C.CHECKPOINT_SECONDS),
-    Field("micro", I, "count", PER_STEP, "micro-batches (forwards with grad)", C.MICROBATCHES, least=1),
+          gpu=True, detail=DETAIL, first=True),
+    Field("ckpt", F, "seconds", PER_STEP, "checkpoint time inside the step", C.CHECKPOINT_SECONDS,
+          detail=DETAIL, first=True),
+    Field("micro", I, "count", PER_STEP, "micro-batches (forwards with grad)", C.MICROBATCHES, least=1,
+          detail=DETAIL),
     Field("retries", I, "count", CUMULATIVE, "CUDA allocator retries (num_alloc_retries)", C.CUDA_ALLOC_RETRIES),
     Field("ooms", I, "count", CUMULATIVE, "CUDA out-of-memory errors", C.CUDA_OOMS),
     Field("mres", I, "bytes", CURRENT, "CUDA reserved bytes", C.CUDA_RESERVED),
@@ -100,7 +118,7 @@ class Layout:
     """The step record of one protocol version, derived from a declaration (``FIELDS`` or a
     test's copy): key lists, the step tuple's layout, the encoder and the exposition's pairs."""
 
-    def __init__(self, fields: Sequence[Field] = FIELDS, version: int = 0):
+    def __init__(self, fields: Sequence[Field] = FIELDS, version: int = 0, detail: bool = True):
         bad = [f.key for f in fields if f.kind not in KINDS or f.type not in (float, int)
                or (f.kind != PER_STEP and (f.type is not int or f.hist is not None))]
         if bad or len({f.key for f in fields}) != len(fields):
@@ -114,6 +132,11 @@ class Layout:
         self.seconds = tuple(f.key for f in sent if f.kind == PER_STEP and f.type is float)
         self.counts = tuple(f.key for f in sent if f.kind == PER_STEP and f.type is int)
         self.last = tuple(f.key for f in sent if f.kind != PER_STEP)  # one value per record, at its last step
+        # a "steps" record's per-step lists that are step detail in this version (all or none of
+        # them in a record), and the first step's values it carries under "first" instead
+        self.detail = tuple(f.key for f in sent if f.kind == PER_STEP and f.detail_in(version))
+        self.first = tuple(f.key for f in sent if f.first and f.detail_in(version))
+        self.send_detail = detail or not self.detail  # this layout's encoder writes the detail lists
         self.least = {f.key: f.least for f in sent if f.least}
         # what the agent reads for a field this version does not carry: 0 (or its least)
         self.missing = {f.key: f.type(f.least) for f in fields if f not in sent}
@@ -129,11 +152,18 @@ class Layout:
         hs = sorted((f for f in fields if f.hist is not None), key=lambda f: _catalog_order(f.hist))
         self.hists = tuple((f.hist_key or f.key, f.hist, f.key) for f in hs)
         # encoder of a "steps" record's per-step lists and last values: (key, tuple index, format)
-        self.columns = tuple((k, self.index[k], STEP_DIGITS) for k in self.seconds) + tuple(
-            (k, self.index[k], "%d") for k in self.counts)
-        # bytes of the lists' text that are not per step: the count lists' keys (the sender's
-        # estimate of a step's bytes counts the seconds lists' keys with the values)
-        self.lists_fixed = sum(len(',"%s":[]' % k) for k in self.counts)
+        written = set(self.seconds + self.counts) - (set() if self.send_detail else set(self.detail))
+        self.columns = tuple((k, self.index[k], STEP_DIGITS) for k in self.seconds if k in written) + tuple(
+            (k, self.index[k], "%d") for k in self.counts if k in written)
+        # the lists it does not write are checked all the same (their values go in the totals)
+        self.unwritten = tuple((k, self.index[k]) for k in self.seconds + self.counts if k not in written)
+        # ... and of the first step's values: "first":{"data":%s,...}, formatted like the lists
+        self._first = itemgetter(*(self.index[k] for k in self.first)) if self.first else None
+        self._first_fmt = ',"first":{' + ",".join('"%s":%s' % (k, STEP_DIGITS) for k in self.first) + "}"
+        # bytes of the lists' text that are not per step: the count lists' keys and the "first"
+        # object (the sender's estimate of a step's bytes counts the seconds lists' keys with the values)
+        self.lists_fixed = sum(len(',"%s":[]' % k) for k, _, fmt in self.columns if fmt == "%d") + (
+            len(self._first_fmt) if self.first else 0)
         self._last_fmt = ",".join('"%s":%%d' % k for k in self.last)
         self._totals: Optional[Callable[..., None]] = None
         self.steps_fmt = '%s"ts":%.6f,"seq":%d,%s' + (',' + self._last_fmt if self.last else "") + ",%s}"
@@ -143,16 +173,29 @@ class Layout:
         return ("step", seq, t) + tuple(values.get(k, 0) for k in self.per_step)
 
     def encode_lists(self, batch: List[tuple]) -> str:
-        """The per-step lists of a "steps" record for consecutive step tuples. A NaN, an infinity
-        or a negative seconds value raises ValueError (the text would not be valid JSON, or the
-        agent would reject the record)."""
+        """The per-step lists of a "steps" record for consecutive step tuples (and "first", in a
+        version that has it). A NaN, an infinity or a negative value, in a list written or not,
+        raises ValueError (the text or the totals would not be valid JSON, or the agent would
+        reject the record)."""
         cols = []
         for k, j, fmt in self.columns:
             nums = ",".join([fmt % it[j] for it in batch])
             if "n" in nums or "-" in nums.replace("e-", ""):
                 raise ValueError(f"step record with a non-finite or negative {k}: {nums}")
             cols.append(f'"{k}":[{nums}]')
-        return ",".join(cols)
+        for k, j in self.unwritten:
+            vals = [it[j] for it in batch]
+            s = sum(vals)
+            if not (s == s and s < _INF and min(vals) >= 0):
+                raise ValueError(f"step record with a non-finite or negative {k}: {vals}")
+        out = ",".join(cols)
+        if self._first is not None:
+            vals = self._first(batch[0])
+            vals = vals if len(self.first) > 1 else (vals,)
+            if not all(0.0 <= x < _INF for x in vals):
+                raise ValueError(f"step record with a non-finite or negative first value: {vals}")
+            out += self._first_fmt % vals
+        return out
 
     def encode_steps(self, prefix: str, ts: float, seq: int, lists: str, last: Sequence[int], tail: str) -> str:
         """A "steps" record: ``prefix`` (the identity, from ``{`` to the comma after
@@ -160,6 +203,28 @@ class Layout:
         (``encode_lists``), ``last`` (the values of ``self.last``, in order) and ``tail`` (the
         totals' JSON members)."""
         return self.steps_fmt % ((prefix, ts, seq, lists) + tuple(last) + (tail,))
+
+    def expand(self, rec: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """A decoded "steps" record of this version as the equivalent "step" records (for tools
+        that look at each step): the per-step values of the lists it carries (v3: the step detail
+        ones only when they were sent), the last values on every step. A step's ``ts`` is the
+        record's minus the durations of the steps after it."""
+        n = rec["n"]
+        floats = set(self.seconds) | {k for k, x in self.missing.items() if type(x) is float}
+        ends = [rec["ts"]] * n
+        for i in range(n - 2, -1, -1):
+            ends[i] = ends[i + 1] - rec["dur"][i + 1]
+        ident = {k: rec[k] for k in ("v", "job", "ws", "rank", "lr", "node", "pid", "sess") if k in rec}
+        sent = [k for k in self.per_step if k in rec]
+        out = []
+        for i in range(n):
+            step = dict(ident, t="step", ts=ends[i], seq=rec["seq"] + i)
+            for k in sent:
+                step[k] = float(rec[k][i]) if k in floats else rec[k][i]
+            for k in self.cumulative + self.current:
+                step[k] = rec[k]
+            out.append(step)
+        return out
 
     def compile_totals(self) -> Callable[..., None]:
         """``step(totals, it, sign=1)``: straight-line code adding a step tuple's per-step values
@@ -188,7 +253,7 @@ ALL = Layout(FIELDS)  # every field of every version: what the hooks queue and t
 
 
 def layouts(versions: Sequence[int], fields: Sequence[Field] = FIELDS) -> Dict[int, Layout]:
-    """Each version's layout of ``fields``."""
+    """Each version's layout of ``fields`` (its encoder writes the step detail)."""
     return {v: Layout(fields, v) for v in versions}
 
 

@@ -103,7 +103,7 @@ def flush_step(opt: Any) -> None:
 
 
 # ---------------------------------------------------------------------- hooks datagrams
-from ranksight.tools.receiver import Receiver  # noqa: E402,F401  (the project's validating receiver)
+from ranksight.tools.receiver import Receiver, with_detail  # noqa: E402,F401  (the project's validating receiver)
 from ranksight.common.plumbing import free_port  # noqa: E402,F401  (used by the GPU scripts as W.free_port)
 
 
@@ -116,7 +116,8 @@ def sum_fields(records: List[Dict[str, Any]], lo: int, hi: int,
     return out
 
 
-QUIET_HOOKS = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
+# every step's phase times: the GPU scripts sum them from the records they receive
+QUIET_HOOKS = with_detail({"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}})
 
 
 def fr_dump() -> Optional[Dict[str, Any]]:

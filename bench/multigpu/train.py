@@ -164,7 +164,8 @@ def task_run(a: argparse.Namespace, rank: int, device: Any) -> Dict[str, Any]:
     step_ref = (time.perf_counter() - t) / 5
     rec = Forwarder(a.agent)
     n = int(a.seconds / max(step_ref, 1e-3)) + 10
-    loader = ranksight.watch(model, opt, W.batches(x, n), agent=rec.url, config={"hooks": {"table_every_steps": 0, "table_every_seconds": 0}})
+    loader = ranksight.watch(model, opt, W.batches(x, n), agent=rec.url,
+                             config=W.with_detail({"hooks": {"table_every_steps": 0, "table_every_seconds": 0}}))
     straggler = rank == a.straggler_rank
     t_end = time.monotonic() + a.seconds
     step = 0

@@ -8,15 +8,27 @@ benchmarks and debugging sessions use to see exactly what the hooks send.
 
 ``forward=("127.0.0.1", port)`` also passes every datagram on (e.g. to a real agent);
 ``forward_bye=False`` holds back "bye" records so the agent keeps the ranks visible.
+
+The hooks send each step's phase times (data, fwd, bwd, ...) only when asked for step detail
+(``hooks.step_detail``; by default a protocol 3 "steps" record carries each step's ``dur`` and the
+totals): a watch whose steps are read here gets ``with_detail(config)``, or ``DETAIL_ENV`` in its
+process's environment.
 """
 from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .. import protocol
 from ..common.plumbing import wait_until
+
+DETAIL_ENV = {"RANKSIGHT__hooks__step_detail": "1"}  # a sender's environment: every step's phase times
+
+
+def with_detail(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """A watch's config dict with ``hooks.step_detail`` on: every step's phase times are sent."""
+    return dict(config, hooks=dict(config.get("hooks") or {}, step_detail=True))
 
 
 class Receiver:

@@ -87,7 +87,7 @@ def test_lightning_strategy_on_one_gpu_records_steps_microbatches_and_phases(age
     pytest.importorskip("lightning")
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from integration_workloads.harness import check_rank, launch, rank_series, worker_env
-    from ranksight.tools.receiver import Receiver
+    from ranksight.tools.receiver import DETAIL_ENV, Receiver
 
     a = agent()
     host, port = a.ingest[len("udp://"):].rsplit(":", 1)
@@ -95,7 +95,7 @@ def test_lightning_strategy_on_one_gpu_records_steps_microbatches_and_phases(age
     with Receiver(forward=(host, int(port))) as rx:
         run = launch([sys.executable, LIGHTNING_WORKER, "--out", str(tmp_path), "--accelerator", "gpu", "--devices", "1",
                       "--strategy", strategy, "--steps", str(STEPS), "--accum", str(ACCUM), "--batch", str(BATCH),
-                      "--sleep", str(SLEEP), "--save-every", "3"], worker_env(rx.url, job), timeout=300)
+                      "--sleep", str(SLEEP), "--save-every", "3"], worker_env(rx.url, job, DETAIL_ENV), timeout=300)
         assert run["rc"] == 0, run["err"][-4000:]
         rx.wait_for(lambda: rx.of("bye"), 10)
     assert not rx.invalid, rx.invalid[:3]

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from ranksight.tools.receiver import Receiver  # noqa: F401  (re-exported for the hooks tests)
+from ranksight.tools.receiver import DETAIL_ENV, Receiver, with_detail  # noqa: F401  (re-exported for the hooks tests)
 from ranksight.common.plumbing import free_port  # noqa: F401  (re-exported for the hooks and lints tests)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -21,6 +21,7 @@ def rank_env(agent: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, st
     env.update(OMP_NUM_THREADS="1", RANKSIGHT_AGENT=agent, RANKSIGHT_JOB="hooks-test",
                RANKSIGHT__hooks__table_every_steps="0", RANKSIGHT__hooks__table_every_seconds="0",
                PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    env.update(DETAIL_ENV)  # the tests read each step's phase times
     env.update(extra or {})
     return env
 

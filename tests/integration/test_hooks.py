@@ -22,9 +22,9 @@ import torch.nn as nn  # noqa: E402
 import ranksight  # noqa: E402
 from ranksight.hooks import watcher as watcher_mod  # noqa: E402
 
-from hooks_workloads.harness import REPO, free_port, rank_env  # noqa: E402
+from hooks_workloads.harness import REPO, free_port, rank_env, with_detail  # noqa: E402
 
-FAST = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
+FAST = with_detail({"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}})
 
 
 @pytest.fixture(autouse=True)

@@ -14,7 +14,7 @@ pytest.importorskip("lightning")
 
 from integration_workloads.harness import check_rank, launch, rank_series, worker_env  # noqa: E402
 
-from ranksight.tools.receiver import Receiver  # noqa: E402
+from ranksight.tools.receiver import DETAIL_ENV, Receiver  # noqa: E402
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(TESTS, "integration_workloads", "lightning_worker.py")
@@ -50,7 +50,7 @@ def test_two_optimizers_per_batch_make_one_step(tmp_path):
     with Receiver() as rx:
         run = launch([sys.executable, WORKER, "--out", str(tmp_path), "--devices", "1", "--steps", "4",
                       "--two-optimizers", "--sleep", "0.01", "--save-every", "100"],
-                     worker_env(rx.url, "lightning-gan"))
+                     worker_env(rx.url, "lightning-gan", DETAIL_ENV))
         assert run["rc"] == 0, run["err"][-4000:]
         rx.wait_for(lambda: rx.of("bye"), 5)
     res = run["results"][0]

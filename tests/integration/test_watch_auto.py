@@ -22,9 +22,9 @@ from torch.utils.data import dataloader as dl  # noqa: E402
 
 import ranksight  # noqa: E402
 
-from hooks_workloads.harness import REPO  # noqa: E402
+from hooks_workloads.harness import REPO, with_detail  # noqa: E402
 
-FAST = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
+FAST = with_detail({"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}})
 ORIGINAL = (dl._BaseDataLoaderIter.__next__, dl.DataLoader.__iter__, torch.autograd.backward, torch.save)
 
 

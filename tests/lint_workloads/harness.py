@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from ranksight.tools.receiver import Receiver
+from ranksight.tools.receiver import DETAIL_ENV, Receiver
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from hooks_workloads.harness import collect, free_port, reap  # noqa: E402  (one rank launcher for both suites)
@@ -63,7 +63,7 @@ def run_job(args: Sequence[str], world: int = 2, env: Optional[Dict[str, str]] =
     base = {k: v for k, v in os.environ.items() if not k.startswith("RANKSIGHT")}
     base.update(OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", RANKSIGHT_AGENT=rx.url, RANKSIGHT_JOB="lints-test",
                 RANKSIGHT__hooks__table_every_steps="0", RANKSIGHT__hooks__table_every_seconds="0",
-                PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+                PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p), **DETAIL_ENV)
     base.update(env or {})
     try:
         for r in range(world):

@@ -40,7 +40,7 @@ def test_protocol_roundtrip_and_rejects():
     for bad, result in [
         (b"not json", "malformed"),
         (b"[1,2]", "malformed"),
-        (_rec(v=3), "rejected"),  # a version this agent does not know
+        (_rec(v=99), "rejected"),  # a version this agent does not know
         (_rec(v=0), "rejected"),
         (_rec(rank=2), "rejected"),
         (_rec(dur=-1), "rejected"),

@@ -53,7 +53,7 @@ VARYING_LABELS: Dict[str, Tuple[str, ...]] = {
 
 # ---------------------------------------------------------------- the datagrams
 def _hist(values: Sequence[float], buckets: Sequence[float]) -> List[int]:
-    """Non-cumulative bucket counts, +Inf last: the "hist" lists the hooks send (hooks/totals.py)."""
+    """Non-cumulative bucket counts, +Inf last: the "hist" lists the hooks send (ranksight/totals.py)."""
     out = [0] * (len(buckets) + 1)
     for v in values:
         out[bisect_left(buckets, v)] += 1

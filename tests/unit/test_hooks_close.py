@@ -11,9 +11,9 @@ import torch.nn as nn
 import ranksight
 from ranksight.hooks import watcher as watcher_mod
 
-from hooks_workloads.harness import Receiver
+from hooks_workloads.harness import Receiver, with_detail
 
-FAST = {"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}}
+FAST = with_detail({"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}})
 
 
 def _make(n: int):

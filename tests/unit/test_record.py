@@ -48,11 +48,11 @@ def value(samples: dict, metric: C.Metric) -> float:
 @pytest.mark.parametrize("v", P.ACCEPTED)
 def test_recorded_datagrams_of_every_version_decode_as_recorded(v):
     """The real decoder, not a copy of an old one, reads each version's datagrams; the agent's
-    cut of the phase lists gives the same record without them, with the first step's values."""
+    cut of the phase lists (v2) gives the same record without them, with the first step's values."""
     for data, want in recorded(v):
         assert P.decode(data) == want
         cut = P.decode(data, phases=False)
-        if "first" in cut:
+        if "first" in cut and "first" not in want:
             assert cut.pop("first") == {k: want[k][0] for k in P.PHASE_LISTS}
             want = {k: x for k, x in want.items() if k not in P.PHASE_LISTS}
         assert cut == want
@@ -63,14 +63,15 @@ def test_recorded_datagrams_of_every_version_reach_their_metrics(v):
     """Each recorded version's step fields end up in the metric the declaration names: the sums
     of the per-step fields (the last totals for v2, the records' sum for v1), the cumulative
     fields as counters, the current ones as gauges (a v1 sender's checkpoint time: its checkpoint
-    records', as v1 meant it)."""
+    records', as v1 meant it). The first watch session recorded."""
     table = RankTable(RankSettings())
-    recs = [P.decode(data, phases=False) for data, _ in recorded(v)]
+    datagrams = [data for data, want in recorded(v) if want.get("sess") == recorded(v)[0][1].get("sess")]
+    recs = [P.decode(data, phases=False) for data in datagrams]
     recs = [r for r in recs if r["t"] != "bye"]  # v1's bye forgets the rank
     for r in recs:
         assert table.apply(r, 1000.0) == "ok"
     got = scrape(table)
-    full = [P.decode(data) for data, _ in recorded(v)]
+    full = [P.decode(data) for data in datagrams]
     steps = [s for r in full if r["t"] in ("step", "steps") for s in (P.expand_steps(r) if r["t"] == "steps" else [r])]
     tot = [r["tot"] for r in recs if "tot" in r]
     last = steps[-1]
@@ -98,10 +99,10 @@ def values(lay: record.Layout, i: int) -> dict:
             for j, f in enumerate(lay.fields)}
 
 
-def encode_steps(lay: record.Layout, n: int, ident: dict = IDENT):
+def encode_steps(lay: record.Layout, n: int, ident: dict = IDENT) -> bytes:
     """A "steps" record of ``n`` steps as the hooks write it: lists, last values and totals."""
     from ranksight.hooks.sender import enc_fields
-    from ranksight.hooks.totals import Totals
+    from ranksight.totals import Totals
 
     batch = [lay.step_tuple(10 + i, 0.0, values(lay, i)) for i in range(n)]
     totals = Totals(lay)
@@ -143,6 +144,77 @@ def test_the_declaration_is_well_formed():
             assert f.metric.type == ("gauge" if f.kind == record.CURRENT else "counter"), f.key
             assert f.metric.unit == f.unit, f.key
     assert set(record.ALL.gpu) == {timing.FWD, timing.BWD, timing.OPT, timing.COMM, timing.XCOMM}
+    for f in record.FIELDS:  # step detail: a per-step list the agent does not read; "first": one it reads once
+        assert f.detail is None or (f.kind == record.PER_STEP and f.detail in P.ACCEPTED), f.key
+        assert not f.first or f.detail is not None, f.key
+    assert not record.FIELDS[0].detail and record.FIELDS[0].key == "dur"  # the agent's window reads each step's
+    assert P.LAYOUTS[P.VERSION].first == ("data", "xcomm", "ckpt")  # what goodput splits a stalled step with
+
+
+# ---------------------------------------------------------------- step detail (v3)
+def test_v3_without_step_detail_carries_dur_first_and_totals():
+    """The hooks' default encoder: "dur" per step, the first step's declared values, the last
+    values and the totals of every field; no other list. With step detail, every list too."""
+    lay = P.SENDER_LAYOUTS[3, False]
+    data = encode_steps(lay, 4)
+    got = P.decode(data)
+    assert [k for k in lay.detail if k in got] == [] and b'"fwd":[' not in data
+    assert got["dur"] == [values(lay, i)["dur"] for i in range(4)]
+    assert got["first"] == {k: values(lay, 0)[k] for k in ("data", "xcomm", "ckpt")}
+    assert got["tot"]["fwd"] == pytest.approx(sum(values(lay, i)["fwd"] for i in range(4)))
+    assert P.decode(data, phases=False) == got
+    steps = P.expand_steps(got)
+    assert [s["dur"] for s in steps] == got["dur"] and "fwd" not in steps[0] and steps[-1]["wrss"] == got["wrss"]
+    detail = P.decode(encode_steps(P.SENDER_LAYOUTS[3, True], 4))
+    assert detail["first"] == got["first"] and detail["fwd"] == [values(lay, i)["fwd"] for i in range(4)]
+    assert {k: x for k, x in detail.items() if k not in lay.detail} == got
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+@pytest.mark.parametrize("key", ["fwd", "data"])
+def test_v3_checks_the_values_it_does_not_write(key, bad):
+    """A list a record does not carry still goes in the totals: a NaN, an infinity or a negative
+    value in it raises like one in a written list (the hooks count the error and keep those steps
+    out of the totals)."""
+    lay = P.SENDER_LAYOUTS[3, False]
+    batch = [lay.step_tuple(1, 0.0, {"dur": 0.5}), lay.step_tuple(2, 0.0, {"dur": 0.5, key: bad})]
+    with pytest.raises(ValueError):
+        lay.encode_lists(batch)
+    with pytest.raises(ValueError):
+        lay.encode_lists(batch[::-1])
+
+
+@pytest.mark.parametrize("cut", ["fwd", "micro", "first"])
+def test_v3_step_detail_is_all_the_lists_or_none(cut):
+    """A v3 record with some of the detail lists, or without "first", is rejected."""
+    rec = json.loads(encode_steps(P.SENDER_LAYOUTS[3, True], 3))
+    del rec[cut]
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode(P.encode(rec))
+    assert e.value.result == C.INGEST_REJECTED and str(e.value) == f"bad {cut}"
+
+
+def test_an_agent_older_than_v3_rejects_v3_and_reads_v2():
+    """Version skew: an agent that reads versions 1 and 2 (the same code, its checks for those)
+    rejects every recorded v3 datagram as an unknown version, and reads the v2 ones."""
+    old = {v: P.CHECKS[v] for v in (1, 2)}
+    for data, _ in recorded(3):
+        with pytest.raises(P.ProtocolError) as e:
+            P.decode(data, checks=old)
+        assert str(e.value) == "version"
+    for data, want in recorded(2):
+        assert P.decode(data, checks=old) == want
+
+
+def test_the_exposition_is_the_same_for_v2_v3_and_v3_with_step_detail():
+    """The same steps sent as v2, v3 and v3 with step detail: the agent exposes the same series."""
+    got = []
+    for key in ((2, True), (3, False), (3, True)):
+        table = RankTable(RankSettings())
+        data = encode_steps(P.SENDER_LAYOUTS[key], 5)
+        assert table.apply(P.decode(data, phases=False), 1000.0) == "ok"
+        got.append(scrape(table))
+    assert got[0] == got[1] == got[2]
 
 
 # ---------------------------------------------------------------- a new field
@@ -206,7 +278,8 @@ def test_the_hooks_step_tuple_follows_the_declaration(monkeypatch):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     try:
         for x in ranksight.watch(model, opt, slow(3), agent=f"udp://127.0.0.1:{sock.getsockname()[1]}",
-                                 config={"hooks": {"table_every_steps": 0, "table_every_seconds": 0}}):
+                                 config={"hooks": {"table_every_steps": 0, "table_every_seconds": 0,
+                                                   "step_detail": True}}):
             model(x).sum().backward()
             model(x).sum().backward()
             opt.step()

@@ -1,6 +1,7 @@
-"""The watch session's cumulative totals (protocol v2 "tot" and "hist"): what the hooks sent,
-added up by the thread that sends it. The agent exposes these as the rank's counters, so a lost
-datagram or an agent restart costs no count (see ranksight.protocol)."""
+"""The watch session's cumulative totals (protocol v2 and v3 "tot" and "hist"): what the hooks
+sent, added up by the thread that sends it. The agent exposes these as the rank's counters, so a
+lost datagram or an agent restart costs no count (see ranksight.protocol). Torch-free: the hooks
+keep them (hooks/sender.py), and the benchmarks that play ranks keep them the same way."""
 from __future__ import annotations
 
 from bisect import bisect_left
@@ -12,7 +13,7 @@ from ranksight import protocol, record
 
 
 class Totals:
-    """The watch session's cumulative totals of what it sent (protocol v2 "tot" and "hist").
+    """The watch session's cumulative totals of what it sent (the "tot" and "hist" of protocol v2 and v3).
 
     Updated by whichever thread sends (the background thread, or close() after it stopped), as
     each step or checkpoint record goes out, so the totals on a heartbeat or the bye cover
