@@ -216,10 +216,7 @@ def write(cfg: Mapping[str, Any], out_dir: Path) -> List[Path]:
     written = []
     for name, text in files.items():
         path = out_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        cli.write_file(path, text)
         written.append(path)
     for stale in sorted((out_dir / RUNBOOK_DIR).glob("*.md")):
         if f"{RUNBOOK_DIR}/{stale.name}" not in files:

@@ -184,9 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for name, model in models.items():
             path = out / name
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(dumps(model), encoding="utf-8")
-            tmp.replace(path)
+            cli.write_file(path, dumps(model))
             print(f"wrote {path} ({sum(1 for _ in panels(model))} panels)")
     except OSError as e:
         return error(f"cannot write dashboards to {out}: {e.strerror or e}")

@@ -87,6 +87,15 @@ def departures(cfg: Mapping[str, Any], args: Any, flags: Sequence[Tuple[str, Any
     return out
 
 
+def write_file(path: Path, text: str) -> None:
+    """Write a generated file whole or not at all: a sibling ``.tmp`` renamed over it, its folder
+    created. The one writer of ``rules``, ``dashboards`` and ``k8s``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def output_dir(args: Any, name: str, committed: Path, differs: Sequence[str] = (), check: bool = False) -> Path:
     """The folder a generator writes into (with check=True: compares against, creating nothing):
     --out, else the committed folder with --in-place, else ./run/NAME. ``differs`` is departures():

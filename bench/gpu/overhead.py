@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -379,16 +379,23 @@ def _default_model(a: argparse.Namespace, b: "Bench", torch: Any, device: Any, m
 
 def _gpu_bound(a: argparse.Namespace, b: "Bench", device: Any, out: Dict[str, Any], save: Callable[[], None]) -> None:
     """The async loop with a batch that makes the step GPU-bound."""
-    gspec = W.ModelSpec(batch=a.gpu_bound_batch)
-    gm, go, gx = W.build(gspec, device)
+    _warm_and_measure(b, W.ModelSpec(batch=a.gpu_bound_batch), device, a.reps, out, "gpu_bound_async", save,
+                      f"overhead: GPU-bound batch {a.gpu_bound_batch}, async loop, {a.reps} pairs x {a.steps} steps")
+
+
+def _warm_and_measure(b: "Bench", spec: Any, device: Any, reps: int, out: Dict[str, Any], key: str,
+                      save: Callable[[], None], what: str) -> Tuple[Any, Any, Any]:
+    """Build the model, run 5 warm-up steps, then the async loop's interleaved pairs into out[key].
+    Returns the model, optimizer and batch for further A/Bs on the same model."""
+    m, o, x = W.build(spec, device)
     for _ in range(5):
-        W.train_step(gm, go, gx)
-    W.log(f"overhead: GPU-bound batch {a.gpu_bound_batch}, async loop, {a.reps} pairs x {a.steps} steps")
-    g = b.interleave(gm, go, gx, "async", a.reps)
-    g["spec"] = W.spec_dict(gspec)
-    out["gpu_bound_async"] = g
+        W.train_step(m, o, x)
+    W.log(what)
+    r = b.interleave(m, o, x, "async", reps)
+    r["spec"] = W.spec_dict(spec)
+    out[key] = r
     save()
-    del gm, go, gx
+    return m, o, x
 
 
 def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: Dict[str, Any],
@@ -396,14 +403,8 @@ def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: D
     """The host-bound tiny model (and its fresh vs pooled events, torch vs driver re-record A/Bs)."""
     tb = Bench(torch, device, url, a.tiny_steps, a.warm, a.settle)
     tspec = W.ModelSpec.tiny()
-    tm, to, tx = W.build(tspec, device)
-    for _ in range(5):
-        W.train_step(tm, to, tx)
-    W.log(f"overhead: host-bound tiny model, {a.tiny_reps} pairs x {a.tiny_steps} steps")
-    t = tb.interleave(tm, to, tx, "async", a.tiny_reps)
-    t["spec"] = W.spec_dict(tspec)
-    out["host_bound_tiny"] = t
-    save()
+    tm, to, tx = _warm_and_measure(tb, tspec, device, a.tiny_reps, out, "host_bound_tiny", save,
+                                   f"overhead: host-bound tiny model, {a.tiny_reps} pairs x {a.tiny_steps} steps")
     if a.pool_ab:
         W.log(f"overhead: host-bound tiny model, fresh (A) vs pooled (B) events, {a.tiny_reps} pairs")
         t = tb.interleave(tm, to, tx, "async", a.tiny_reps, baseline_pool=False)

@@ -517,11 +517,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         for path, text in files.items():
-            target = out / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(".yaml.tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(target)
+            cli.write_file(out / path, text)
         for p in stale(files, out):
             (out / p).unlink()  # generated YAML no longer rendered (a dashboard that went away)
     except OSError as e:
