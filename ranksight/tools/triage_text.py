@@ -69,7 +69,8 @@ def gate(e: Entry, cfg: Mapping[str, Any]) -> str:
 
     def straggler() -> str:
         also = ", and the job not comm-bound by itself" if triage.REC["job_comm_min"] in e.expr else ""
-        return f"also needs the extra busy time over {t['straggler_min_step_share']:.0%} of the step{also}"
+        return (f"also needs the extra busy time over {t['straggler_min_step_share']:.0%} of the step{also}, "
+                f"and no rank of the job stalled")
 
     needs = {
         "straggler": straggler,

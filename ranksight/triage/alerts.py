@@ -269,9 +269,14 @@ def _rank_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             # wait that extra time in their collectives. The label comm="waiting" makes it mute
             # exactly their waiting comm share (RanksightCommBound with comm="waiting"): a job that
             # is communication-bound by itself keeps that page beside the straggler's.
-            expr=with_gpu(f"label_replace(({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
+            # Judged only while the job steps: once a rank of the job is stalled (hung, or blocked
+            # on a peer that writes a checkpoint) no rank completes steps, and the rates hold the
+            # steps from before the stall for a whole rate window, a stale ratio that the stall's
+            # own alerts explain.
+            expr=with_gpu(f"label_replace((({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
                           f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
-                          f" > {t['straggler_min_step_share']:g}), \"comm\", \"waiting\", \"\", \"\")"),
+                          f" > {t['straggler_min_step_share']:g})) unless on (job) ({C.RANK_STALLED} == 1), "
+                          f"\"comm\", \"waiting\", \"\", \"\")"),
             for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu", "comm"),
             indicator=REC["straggler"], op=">", scope=RANK_SCOPE,
             summary="One rank computes over {:.0%} slower than its peers: every other rank waits for it".format(
