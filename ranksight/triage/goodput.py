@@ -69,7 +69,7 @@ def rank_group_rules(cfg: Mapping[str, Any]) -> Tuple[List[Recording], List[Reco
     allocator retries, appended to the rank state group (they read its retry record)."""
     R = REC
     mean = R["job_step_mean"]
-    ckpt = f"(sum by (job) ({R['ckpt_s']}) or 0 * {mean}) / (sum by (job) ({R['steps']}) > 0)"
+    ckpt = f"(sum by (job) ({R['ckpt']}) or 0 * {mean}) / (sum by (job) ({R['steps']}) > 0)"
     parts = [
         _tag(f"{R['job_data_share']} * on (job) {mean}", "cause", "dataloader_wait"),
         _tag(f"{R['job_xcomm_share']} * on (job) {mean}", "cause", "exposed_comm"),
@@ -78,7 +78,7 @@ def rank_group_rules(cfg: Mapping[str, Any]) -> Tuple[List[Recording], List[Reco
              "cause", "compute"),
     ]
     return [
-        Recording(R["job_step_mean"], f"sum by (job) ({R['step_s']}) / (sum by (job) ({R['steps']}) > 0)"),
+        Recording(R["job_step_mean"], f"sum by (job) ({R['dur']}) / (sum by (job) ({R['steps']}) > 0)"),
         Recording(R["job_components"], " or ".join(parts)),
     ], [Recording(R["job_alloc_retries"], f"sum by (job) ({R['alloc_retries']})")]
 

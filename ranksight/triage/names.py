@@ -36,14 +36,15 @@ REC = {
     "gpu_util": "gpu:ranksight_gpu_utilization:ratio_rate",
     "gpu_swings": "gpu:ranksight_gpu_swings:per_minute_rate",
     "node_gpu_util": "node:ranksight_gpu_utilization:ratio_rate",
-    # each per-rank step counter's rate, recorded once; the shares, busy time and job aggregates
-    # above are arithmetic on these (one rate() per raw series per evaluation)
-    "step_s": "rank:ranksight_step_seconds:rate",
+    # each per-rank step counter's rate, recorded once, under its step-record field's key
+    # (ranksight/record.py) where it has one; the shares, busy time and job aggregates above are
+    # arithmetic on these (one rate() per raw series per evaluation)
+    "dur": "rank:ranksight_step_seconds:rate",
     "steps": "rank:ranksight_steps:rate",
-    "data_s": "rank:ranksight_dataloader_wait_seconds:rate",
-    "comm_s": "rank:ranksight_comm_seconds:rate",
-    "xcomm_s": "rank:ranksight_exposed_comm_seconds:rate",
-    "ckpt_s": "rank:ranksight_checkpoint_seconds:rate",
+    "data": "rank:ranksight_dataloader_wait_seconds:rate",
+    "comm": "rank:ranksight_comm_seconds:rate",
+    "xcomm": "rank:ranksight_exposed_comm_seconds:rate",
+    "ckpt": "rank:ranksight_checkpoint_seconds:rate",
     "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
     "alloc_retries": "rank:ranksight_cuda_alloc_retries:per_minute_rate",
     "ckpt_age": "rank:ranksight_checkpoint_age:seconds",

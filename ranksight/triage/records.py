@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any, List, Mapping, Optional, Tuple
 
 from .. import catalog as C
+from ..record import FIELDS
 from . import goodput as _goodput
 from .model import RDMA_TRAFFIC, THROTTLE_SHOWN, Recording
 from .names import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS  # noqa: F401 (public here)
@@ -13,7 +14,7 @@ from .names import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS  # noqa: F401 (public
 def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     """Every recording rule, group by group (RULE_GROUPS order), in evaluation order within a group.
 
-    Each raw per-rank counter is read once per evaluation (its rate is recorded: `step_s`, ...);
+    Each raw per-rank counter is read once per evaluation (its rate is recorded: `dur`, ...);
     the shares, the busy time and the job aggregates are arithmetic on those records. At 8,192
     ranks that halves the rank group's cost against reading `rate(step_seconds_total)` five times
     (bench/RESULTS.md, "Scale"). Fleet panels read node- and job-level records instead of
@@ -40,48 +41,44 @@ def _rate(m: Any, window: str) -> str:
     return f"rate({m}[{window}])"
 
 
-# the rank rates group's records of the raw step counters
-_R = {k: REC[k] for k in ("step_s", "steps", "data_s", "comm_s", "xcomm_s", "ckpt_s")}
+# the rank rates group's records of the raw step counters, in the group's order: the steps and the
+# sums of the step-record fields the shares and the busy time read
+_R = {k: REC[k] for k in ("dur", "steps", "data", "comm", "xcomm", "ckpt")}
+_FIELD = {f.key: f for f in FIELDS}
 
 
 def _or_zero(rec: str) -> str:
     # A rank that never checkpointed (or has no exposed comm yet) must still get a busy time:
     # an absent counter counts as 0, with the rank's own labels (those of step_seconds_total).
-    return f"({rec} or 0 * {_R['step_s']})"
+    return f"({rec} or 0 * {_R['dur']})"
 
 
 def _share(key: str) -> str:
-    return f"{_R[key]} / ({_R['step_s']} > 0)"
+    return f"{_R[key]} / ({_R['dur']} > 0)"
 
 
 def _job_share(key: str) -> str:
-    return f"sum by (job) ({_R[key]}) / (sum by (job) ({_R['step_s']}) > 0)"
+    return f"sum by (job) ({_R[key]}) / (sum by (job) ({_R['dur']}) > 0)"
 
 
 def _rank_rules(w: str) -> Tuple[List[Recording], List[Recording]]:
     """The rank rates group (each raw step counter's rate) and the rank group (shares, busy time and
     the straggler ratio, arithmetic on those rates)."""
     busy = REC["busy"]
-    rates = [
-        Recording(_R["step_s"], _rate(C.STEP_SECONDS, w)),
-        Recording(_R["steps"], _rate(C.STEPS, w)),
-        Recording(_R["data_s"], _rate(C.DATALOADER_WAIT, w)),
-        Recording(_R["comm_s"], _rate(C.COMM_SECONDS, w)),
-        Recording(_R["xcomm_s"], _rate(C.EXPOSED_COMM_SECONDS, w)),
-        Recording(_R["ckpt_s"], _rate(C.CHECKPOINT_SECONDS, w)),
-    ]
+    # a step-record field's sum (its metric in the declaration) is rated under the field's key
+    rates = [Recording(_R[k], _rate(C.STEPS if k == "steps" else _FIELD[k].metric, w)) for k in _R]
     rank = [
-        Recording(REC["data_share"], _share("data_s")),
-        Recording(REC["comm_share"], _share("comm_s")),
-        Recording(REC["xcomm_share"], _share("xcomm_s")),
-        Recording(REC["step_mean"], f"{_R['step_s']} / ({_R['steps']} > 0)"),
+        Recording(REC["data_share"], _share("data")),
+        Recording(REC["comm_share"], _share("comm")),
+        Recording(REC["xcomm_share"], _share("xcomm")),
+        Recording(REC["step_mean"], f"{_R['dur']} / ({_R['steps']} > 0)"),
         # Busy time per step: the step minus the time the rank only waited (data, exposed comm,
         # checkpoint). Under synchronous data parallel all step times are equal, so the step itself
         # never blames a rank; the fast ranks show the straggler's extra work as exposed comm.
         Recording(
             busy,
-            f"clamp_min({_R['step_s']} - {_or_zero(_R['data_s'])} - {_or_zero(_R['xcomm_s'])}"
-            f" - {_or_zero(_R['ckpt_s'])}, 0) / ({_R['steps']} > 0)",
+            f"clamp_min({_R['dur']} - {_or_zero(_R['data'])} - {_or_zero(_R['xcomm'])}"
+            f" - {_or_zero(_R['ckpt'])}, 0) / ({_R['steps']} > 0)",
         ),
         # The reference a rank is judged against: the median busy time of its peers. A median that
         # holds the straggler itself is diluted by it (of two ranks, the median is their mean: a rank
@@ -102,16 +99,16 @@ def _job_rules() -> List[Recording]:
     """The job group: the job's steps and shares, aggregates of the rank rates."""
     job = [
         Recording(REC["job_steps"], f"avg by (job) ({_R['steps']})"),
-        Recording(REC["job_data_share"], _job_share("data_s")),
-        Recording(REC["job_comm_share"], _job_share("comm_s")),
+        Recording(REC["job_data_share"], _job_share("data")),
+        Recording(REC["job_comm_share"], _job_share("comm")),
         # The job's own communication cost: the comm share of its least-waiting rank (the last to arrive
         # at a collective waits for nobody: its collectives take only their transfer), less the largest
         # share any rank spends in its data loader or writing a checkpoint (its peers wait for that in
         # their collectives, the last to arrive included). A straggler explains only comm above it.
         Recording(REC["job_comm_min"],
-                  f"clamp_min(min by (job) ({_share('comm_s')}) - on (job) "
-                  f"max by (job) (({_or_zero(_R['data_s'])} + {_or_zero(_R['ckpt_s'])}) / ({_R['step_s']} > 0)), 0)"),
-        Recording(REC["job_xcomm_share"], _job_share("xcomm_s")),
+                  f"clamp_min(min by (job) ({_share('comm')}) - on (job) "
+                  f"max by (job) (({_or_zero(_R['data'])} + {_or_zero(_R['ckpt'])}) / ({_R['dur']} > 0)), 0)"),
+        Recording(REC["job_xcomm_share"], _job_share("xcomm")),
     ]
     return job
 
