@@ -3,16 +3,16 @@
 It starts ``ranksight exporter``, the local stack (Debian's binaries,
 ``ranksight.tools.stack.LocalStack``) with the *test* profile rules (``for:`` 10 s, rate
 windows 30 s) scraping it every 2 s, and ``examples/train_ddp.py`` as two gloo ranks
-(launched like torchrun's static launch: RANK/WORLD_SIZE/MASTER_* in the env). The job
-runs healthy for ``--fault-after`` seconds, then one rank misbehaves (``--fault``,
-default straggler). Rank 0's output (the script's lines and the hooks' step table) goes
-to the console line by line; everything is logged under the run dir. Every 2 s the demo
-reads the alerts from Alertmanager (with inhibition) and Prometheus and prints each one
-as it fires or is muted. Once the injected cause fires and its symptoms are muted (or
+(launched like torchrun's static launch: RANK/WORLD_SIZE/MASTER_* in the env). The job runs
+healthy for ``--fault-after`` seconds, then one rank misbehaves (``--fault``, default
+straggler). Rank 0's output (the script's lines and the hooks' step table) goes to the
+console line by line; everything is logged under the run dir. Every 2 s the demo reads the
+alerts from Alertmanager (with inhibition) and Prometheus and prints each one as it fires or
+is muted (``demo_alerts.py``). Once the injected cause fires and its symptoms are muted (or
 after ``--duration``), it stops the job (SIGUSR1: both ranks stop at the same step) and
-prints the verdict: the cause, the symptoms it muted, and the next check and runbook of
-its triage entry. Exit 0 when the cause was named (``--fault none``: when no alert
-fired), 1 otherwise.
+prints the verdict: the cause, the symptoms it muted, and the next check and runbook of its
+triage entry. Exit 0 when the cause was named (``--fault none``: when no alert fired), 1
+otherwise.
 
 ``--keep`` runs everything on the fixed default ports (agent :9945 and udp :9946,
 Prometheus :9090, Alertmanager :9093, the stack's files in ``run/stack``, where
@@ -33,13 +33,13 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from .. import catalog, config, triage
 from ..common.plumbing import ApiError, free_port, port_in_use, set_pdeathsig, wait_until
 from ..console import error
+from .demo_alerts import EXPECTED, EXPECTED_ENTRIES, JOB, AlertLog, SeenAlert, say  # noqa: F401 (public here)
 from .triage_text import runbook_path
 from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, LocalStack, MissingBinary,
                     StackError, render_alert_files)
@@ -59,20 +59,6 @@ FAULT_HELP: Dict[str, str] = {
 FAULTS = tuple(FAULT_HELP)
 DEFAULT_FAULT = "straggler"
 DEMO_STRAGGLER_EXTRA = 2.0  # the straggler's extra compute per step, as a share of its own measured compute
-# fault -> (triage entries whose alerts name it, does the alert sit on the faulty rank?, what was injected)
-EXPECTED_ENTRIES: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
-    "slow-data": (("dataloader-bound",), True, "rank {r}'s dataset sleeps on every read"),
-    "straggler": (("straggler",), True, "rank {r} runs extra compute every step"),
-    "kill-rank": (("rank-down", "heartbeat-missed"), True, "rank {r} SIGKILLed itself"),
-    "hang": (("rank-stalled",), True, "rank {r} sleeps inside a step"),
-    "slow-checkpoint": (("checkpoint-slow",), False, "rank 0 writes large O_DSYNC checkpoints"),
-    "comm-heavy": (("comm-bound",), False, "a wide model on a tiny batch: gradients dominate"),
-}
-_ALERT_OF = {e.id: e.alert for e in triage.table(config.defaults())}
-# fault -> (the alert names, on the faulty rank?, what was injected)
-EXPECTED: Dict[str, Tuple[Tuple[str, ...], bool, str]] = {
-    f: (tuple(_ALERT_OF[i] for i in ids), on_rank, what) for f, (ids, on_rank, what) in EXPECTED_ENTRIES.items()}
-JOB = "demo"
 TERMINAL = ("kill-rank", "hang")  # faults after which the job cannot progress
 STARTUP_SECONDS = 90.0  # at most this long from launch to the first step
 SCRAPE_INTERVAL = "2s"
@@ -83,16 +69,6 @@ STACK_NICE = 10
 LINGER_SECONDS = 20.0  # after the cause fires, wait this long at most for the symptoms it mutes
 STOP_SECONDS = 15.0  # SIGUSR1 to stop: the ranks stop at their next loss all-reduce, else TERM/KILL
 KEEP_DIR = "run/stack"  # `ranksight stack`'s default run dir: status/down find the kept stack there
-
-_console = threading.Lock()
-
-
-def say(line: str = "", out: Optional[TextIO] = None) -> None:
-    """One line to the console, whole, under the lock the job's output pumps share."""
-    out = out or sys.stdout
-    with _console:
-        out.write(line + "\n")
-        out.flush()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,139 +96,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle", type=float, default=45.0, metavar="S",
                    help="after the job, wait up to this long for the injected cause to fire (default 45)")
     p.add_argument("--config", metavar="FILE", help="YAML config file (thresholds; the test profile is applied)")
-
-
-@dataclass
-class SeenAlert:
-    name: str
-    labels: Dict[str, str]
-    severity: str
-    summary: str
-    active: bool = False  # seen firing and not muted at least once
-    muted_by: Set[str] = field(default_factory=set)
-    now: str = "firing"  # the latest state: "active" or "muted" in Alertmanager, "firing" in Prometheus
-    # only, "resolved" once gone from both
-    before_fault: bool = False  # first seen before the fault was injected
-    told: Set[str] = field(default_factory=set)  # the states already printed as news
-
-    @property
-    def where(self) -> str:
-        keys = ("job", "rank", "node", "gpu", "device", "path", "collector")
-        return " ".join(f"{k}={self.labels[k]}" for k in keys if k in self.labels) or \
-            f"instance={self.labels.get('instance', '?')}"
-
-
-class AlertLog:
-    """Alerts seen during the run, from Alertmanager (with inhibition) and Prometheus."""
-
-    def __init__(self) -> None:
-        self.seen: Dict[Tuple[Tuple[str, str], ...], SeenAlert] = {}
-        self.steps: Dict[str, int] = {}  # rank -> highest steps_total Prometheus saw
-        self.fault_planned = False  # a fault will be injected (not --fault none)
-        self.t0: Optional[float] = None  # monotonic time of the first step
-        self.fault_started = False  # set by the demo once the fault is on
-
-    def _get(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> SeenAlert:
-        key = tuple(sorted(labels.items()))
-        if key not in self.seen:
-            self.seen[key] = SeenAlert(labels.get("alertname", "?"), dict(labels), labels.get("severity", ""),
-                                       annotations.get("summary", ""))
-        return self.seen[key]
-
-    def poll(self, stack: LocalStack) -> None:
-        try:
-            am_alerts = stack.am.alerts()
-            prom_alerts = stack.prom.alerts()
-            for r in stack.prom.query(f'max by (rank) ({catalog.STEPS}{{job="{JOB}"}})'):
-                rank = r["metric"].get("rank", "?")
-                self.steps[rank] = max(self.steps.get(rank, 0), int(float(r["value"][1])))
-        except (ApiError, OSError, ValueError) as e:
-            log.debug("alert poll failed: %s", e)
-            return
-        by_fp = {a["fingerprint"]: a["labels"].get("alertname", "?") for a in am_alerts}
-        present = set()
-        for a in am_alerts:
-            s = self._get(a["labels"], a.get("annotations", {}))
-            present.add(id(s))
-            muters = a["status"].get("inhibitedBy") or []
-            if muters:
-                s.muted_by.update(by_fp.get(fp, "another alert") for fp in muters)
-                s.now = "muted"
-            elif a["status"].get("state") == "active":
-                s.active = True
-                s.now = "active"
-        for a in prom_alerts:  # firing in Prometheus but not (yet) in Alertmanager
-            if a["state"] == "firing":
-                present.add(id(self._get(a["labels"], a.get("annotations", {}))))
-        for s in self.seen.values():
-            if id(s) not in present:
-                s.now = "resolved"
-            if not self.fault_started:
-                s.before_fault = True
-
-    def tick(self, stack: LocalStack) -> None:
-        """Poll, and print the news, stamped with the seconds since the first step (t0)."""
-        self.poll(stack)
-        t = f"t+{time.monotonic() - self.t0:.0f}s" if self.t0 is not None else "startup"
-        for line in self.news():
-            say(f"ranksight demo {t:>6}: {line}")
-
-    def news(self) -> List[str]:
-        """One line per problem alert that first fired or was first muted since the last call."""
-        lines = []
-        for s in self.problems():
-            if s.now in s.told or s.now in ("firing", "resolved"):
-                continue
-            s.told.add(s.now)
-            if s.now == "active":
-                when = "  (healthy phase: before the fault)" if self.fault_planned and not self.fault_started else ""
-                lines.append(f"FIRING  {s.name:<28} {s.where}  {s.summary}{when}".rstrip())
-            else:
-                lines.append(f"muted   {s.name:<28} {s.where}  (inhibited by {', '.join(sorted(s.muted_by))})")
-        return lines
-
-    def named(self, fault: str, rank: int, primary_only: bool = False) -> Optional[SeenAlert]:
-        """The alert that names the injected cause: seen firing unmuted (on the faulty rank where
-        the fault is a rank's). The first listed name is preferred (RankDown over HeartbeatMissed)."""
-        names, on_rank, _ = EXPECTED[fault]
-        for name in names[:1] if primary_only else names:
-            for s in self.seen.values():
-                if s.name == name and s.active and (not on_rank or s.labels.get("rank") == str(rank)):
-                    return s
-        return None
-
-    def muted_by(self, cause: str) -> List[SeenAlert]:
-        """Alerts this cause muted (and that did not fire unmuted again since)."""
-        return [s for s in self.problems() if cause in s.muted_by and s.now != "active"]
-
-    def unexplained(self, causes: Sequence[str]) -> List[SeenAlert]:
-        """Problem alerts firing unmuted now, other than these causes."""
-        return [s for s in self.problems() if s.now == "active" and s.name not in causes]
-
-    def problems(self) -> List[SeenAlert]:
-        """Alerts that flag a problem (severity info is information, e.g. the global-batch lint line)."""
-        return [s for s in self.seen.values() if s.severity != "info"]
-
-    def report(self, out: TextIO) -> None:
-        info = sorted(s.name for s in self.seen.values() if s.severity == "info")
-        if not self.problems():
-            say("alerts: none fired" + (f" (information only: {', '.join(info)})" if info else ""), out)
-            return
-        say("alerts that fired (test profile):", out)
-        order = {e.alert: i for i, e in enumerate(triage.table(config.load(env={})))}
-        for s in sorted(self.problems(), key=lambda s: (s.now != "active", order.get(s.name, 999), s.where)):
-            state = {"active": "FIRING", "muted": "muted", "resolved": "resolved"}.get(s.now, "firing")
-            notes = [f"inhibited by {', '.join(sorted(s.muted_by))}"] if s.muted_by else []
-            if s.active and s.muted_by:
-                notes.append("it fired before its cause did")
-            if s.before_fault and self.fault_planned:
-                notes.append("it fired in the healthy phase, before the fault was injected")
-            why = f"  [{'; '.join(notes)}]" if notes else ""
-            say(f"  {state:<7} {s.name:<28} {s.severity:<8} {s.where}{why}", out)
-            if s.summary and s.now == "active":
-                say(f"          {s.summary}", out)
-        if info:
-            say(f"  information (severity info, not a problem): {', '.join(info)}", out)
 
 
 class Job:

@@ -1,16 +1,19 @@
 """No function of the package or the benchmarks is over MAX_LINES lines (its def to its last line,
 decorators and docstring included) unless a comment says why: ``# long: <reason>`` at the end of its
-``def`` line or on the line above it (above its decorators, if any). Read with ``ast``; nothing is
-imported."""
+``def`` line or on the line above it (above its decorators, if any). No tracked .py file outside
+tests/ is over MAX_FILE_LINES lines: a longer one is split into modules by what they hold. Read
+with ``ast`` and ``git ls-files``; nothing is imported."""
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 from typing import Iterator, List, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("ranksight", "hooks", "exporter", "alerts", "dashboards", "bench")
 MAX_LINES = 120
+MAX_FILE_LINES = 600
 REASON = "# long:"
 
 
@@ -50,3 +53,34 @@ def test_no_function_over_the_limit_without_a_reason():
     assert over == [], (f"functions over {MAX_LINES} lines: split them into named pieces, or say why not with "
                         f"'{REASON} <reason>' on the def line or the line above: " + "; ".join(over))
 
+
+
+def tracked_sources(root: Path = ROOT) -> List[Path]:
+    """The .py files git tracks under root, those under tests/ left out."""
+    out = subprocess.run(["git", "ls-files", "-z", "--", "*.py"], cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    return [root / f for f in out.split("\0") if f and not f.startswith("tests/") and (root / f).is_file()]
+
+
+def long_files(paths: List[Path], root: Path = ROOT) -> List[str]:
+    """``file (N lines)`` for each of paths over MAX_FILE_LINES lines, file relative to root."""
+    over = []
+    for path in paths:
+        n = len(path.read_text().splitlines())
+        if n > MAX_FILE_LINES:
+            over.append(f"{path.relative_to(root).as_posix()} ({n} lines)")
+    return over
+
+
+def test_no_tracked_source_file_over_the_limit():
+    paths = tracked_sources()
+    assert any(p.name == "watcher.py" for p in paths), "git ls-files found no sources: is ROOT the checkout?"
+    over = long_files(paths)
+    assert over == [], (f"files over {MAX_FILE_LINES} lines: move whole, self-contained groups of functions or "
+                        "classes into a module named by what it holds: " + "; ".join(over))
+
+
+def test_the_file_check_lists_each_file_over_the_limit(tmp_path):
+    for name, n in (("at_limit.py", MAX_FILE_LINES), ("over.py", MAX_FILE_LINES + 1), ("far_over.py", 900)):
+        (tmp_path / name).write_text("x = 1\n" * n)
+    assert long_files(sorted(tmp_path.glob("*.py")), tmp_path) == ["far_over.py (900 lines)", "over.py (601 lines)"]

@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import ranksight
-from ranksight.hooks import watcher as watcher_mod
+from ranksight.hooks import closing
 
 from hooks_workloads.harness import Receiver, with_detail
 
@@ -28,7 +28,7 @@ def test_a_send_in_progress_on_the_background_thread_ends_before_the_bye(monkeyp
     descheduled right after it took the queued steps) for longer than close() waits for it to
     stop. close() must let that send finish before its own final flush and the bye: steps sent
     after the bye, or into the closed socket, would be lost."""
-    monkeypatch.setattr(watcher_mod, "JOIN_SECONDS", 0.05, raising=False)
+    monkeypatch.setattr(closing, "JOIN_SECONDS", 0.05, raising=False)
     rx = Receiver()
     try:
         model, opt, data = _make(8)
