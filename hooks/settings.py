@@ -160,7 +160,8 @@ class Settings:
     stack_after_seconds: float  # no progress this long: send the main thread's stack (hooks/stack.py)
     stack_every_seconds: float
     protocol: int  # the datagram protocol version sent (ranksight.protocol.SENDABLE)
-    step_detail: bool  # "steps" records carry every per-step list (protocol 3; 2 always does)
+    step_detail: bool  # "steps" records carry every per-step list (protocol 3 and 4; 2 always does)
+    tokens_per_sample: int  # 0: from the batch's token tensor (hooks/work.py)
 
 
 def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:

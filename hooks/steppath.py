@@ -12,6 +12,7 @@ import torch
 from ranksight import protocol
 
 from .patch import like
+from .work import batch_work
 from .timing import BWD, COMM, FWD, OPT, XCOMM
 
 log = logging.getLogger("ranksight.hooks")
@@ -56,7 +57,7 @@ def timed_next(w: "Watcher", nxt: Callable[[Any], Any], it: Any) -> Any:
         w._hook_error("loader next()", e)
         return nxt(it)
     try:
-        return nxt(it)
+        batch = nxt(it)
     finally:
         try:
             w._in_fetch = False
@@ -66,6 +67,13 @@ def timed_next(w: "Watcher", nxt: Callable[[Any], Any], it: Any) -> Any:
             w._phase_t = t1
         except Exception as e:
             w._hook_error("loader next()", e)
+    try:  # the batch's work, from its shape on the host (hooks/work.py)
+        samples, tokens = batch_work(batch, w.settings.tokens_per_sample)
+        w._samples += samples
+        w._tokens += tokens
+    except Exception as e:
+        w._hook_error("batch size", e)
+    return batch
 
 
 class WatchedLoader:
@@ -342,7 +350,7 @@ class StepPath:
         # the step tuple: ("step", seq, t) and the per-step fields in their declared order
         # (ranksight/record.py, LAYOUT.index); each is accumulated in self._<key> or a local <key>
         rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
-               xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1)
+               xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1, self._samples, self._tokens)
         if len(self._queue) < QUEUE_CAP:
             self._queue.append(rec)
         else:
@@ -351,7 +359,7 @@ class StepPath:
 
     def _reset_step(self, t: float) -> None:
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
-        self._micro = 0
+        self._micro = self._samples = self._tokens = 0
         self._t0 = t
         self._t_bwd = None
         self._phase = "other"

@@ -81,6 +81,12 @@ STEP_QUANTILE = _m("step_duration_quantile_seconds", "gauge", "seconds", R + ("q
 STEPS = _m("steps_total", "counter", "count", R, "Optimizer steps completed.")
 MICROBATCHES = _m("microbatches_total", "counter", "count", R,
                   "Micro-batches (forward passes) seen; above steps_total under gradient accumulation.")
+SAMPLES = _m("samples_total", "counter", "count", R,
+             "Samples the rank's optimizer steps trained on: the first dimension of each batch the watched "
+             "loader yielded.")
+TOKENS = _m("tokens_total", "counter", "count", R,
+            "Tokens the rank's optimizer steps trained on: each batch's samples times its tokens per sample "
+            "(hooks.tokens_per_sample, or the batch's sequence length read from its shape).")
 STEP_SECONDS = _m("step_seconds_total", "counter", "seconds", R, "Sum of step durations.")
 DATALOADER_WAIT = _m("dataloader_wait_seconds_total", "counter", "seconds", R,
                      "Time the training loop spent waiting in next() on the data loader.")

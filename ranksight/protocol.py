@@ -1,12 +1,12 @@
-"""The hooks -> agent datagram format (version 3; the agent also reads versions 1 and 2).
+"""The hooks -> agent datagram format (version 4; the agent also reads versions 1 to 3).
 Torch-free; shared by both sides.
 
 One datagram is one compact JSON object (UTF-8), at most ``MAX_DATAGRAM`` bytes.
 Every record carries the identity fields; ``t`` selects the record type:
 
 identity (all records)
-  v       int   protocol version: 3 (hooks send this unless hooks.protocol says 2); 1 and 2 are
-                still accepted (see "Versions" below)
+  v       int   protocol version: 4 (hooks send this unless hooks.protocol says 2 or 3); 1 to 3
+                are still accepted (see "Versions" below)
   t       str   "step" | "hb" | "bye" | "hello" | "ckpt" | "lint" | "stack"
   job     str   job name (<= 128 chars)
   rank    int   global rank, 0 <= rank < ws
@@ -104,10 +104,12 @@ heartbeat brings the true values back.
 Versions. Node agents and training images upgrade on their own schedules. The agent accepts
 every version in ``ACCEPTED``: version 1 records have the old meaning (step records are deltas
 the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry every per-step
-list, version 3 ones only "dur" and "first" unless asked for step detail; every other record is
-the same in 2 and 3. A version it does not know is rejected and logged once per version, so an
-agent older than version 3 rejects a version 3 sender: the hooks send the version
-``hooks.protocol`` names (``SENDABLE``: 3 by default, 2 for a fleet whose agents read at most 2).
+list, version 3 ones only "dur" and "first" unless asked for step detail; version 4 adds the
+step's work ("samples", "tokens": their sums in the totals, their lists as step detail); every other
+record is the same in 2, 3 and 4. A version it does not know is rejected and logged once per
+version, so an agent older than version 4 rejects a version 4 sender: the hooks send the version
+``hooks.protocol`` names (``SENDABLE``: 4 by default, 3 or 2 for a fleet whose agents read at most
+that).
 """
 from __future__ import annotations
 
@@ -119,9 +121,9 @@ from typing import Any, Dict, Optional, Tuple
 from ranksight import catalog as C
 from ranksight import record
 
-VERSION = 3  # what the hooks send by default
-ACCEPTED = (1, 2, 3)  # what the agent reads
-SENDABLE = (2, 3)  # what the hooks can be set to send (hooks.protocol)
+VERSION = 4  # what the hooks send by default
+ACCEPTED = (1, 2, 3, 4)  # what the agent reads
+SENDABLE = (2, 3, 4)  # what the hooks can be set to send (hooks.protocol)
 CUT_VERSION = 2  # the version whose "steps" records the agent's decode cuts the phase lists out of
 MAX_DATAGRAM = 4096  # bytes; larger is "oversize"
 STEPS_MAX = 64  # steps in one "steps" record

@@ -96,6 +96,8 @@ FIELDS: Tuple[Field, ...] = (
           detail=DETAIL, first=True),
     Field("micro", I, "count", PER_STEP, "micro-batches (forwards with grad)", C.MICROBATCHES, least=1,
           detail=DETAIL),
+    Field("samples", I, "count", PER_STEP, "samples in the step's batches", C.SAMPLES, since=4, detail=4),
+    Field("tokens", I, "count", PER_STEP, "tokens in the step's batches", C.TOKENS, since=4, detail=4),
     Field("retries", I, "count", CUMULATIVE, "CUDA allocator retries (num_alloc_retries)", C.CUDA_ALLOC_RETRIES),
     Field("ooms", I, "count", CUMULATIVE, "CUDA out-of-memory errors", C.CUDA_OOMS),
     Field("mres", I, "bytes", CURRENT, "CUDA reserved bytes", C.CUDA_RESERVED),

@@ -80,6 +80,8 @@ def test_recorded_datagrams_of_every_version_reach_their_metrics(v):
             continue
         if f.key == P.TOTAL_STEP_CKPT and not tot:  # v1: checkpoint time is the checkpoint records'
             want = sum(r["dur"] for r in recs if r["t"] == "ckpt")
+        elif not f.on(v):  # a field the version does not carry
+            want = P.LAYOUTS[v].missing[f.key]
         elif f.kind == record.PER_STEP:
             want = tot[-1][f.key] if tot else sum(s[f.key] for s in steps)
         else:
@@ -128,7 +130,7 @@ def test_every_field_round_trips_in_every_version(v):
     assert [s["seq"] for s in steps] == [10, 11, 12]
     for i, s in enumerate(steps):
         for f in lay.fields:
-            w = values(lay, i if f.kind == record.PER_STEP else 2)[f.key]
+            w = values(lay, i if f.kind == record.PER_STEP else 2)[f.key] if f.on(v) else lay.missing[f.key]
             assert s[f.key] == (float(record.STEP_DIGITS % w) if f.type is float else w), f.key
 
 
@@ -194,53 +196,57 @@ def test_v3_step_detail_is_all_the_lists_or_none(cut):
     assert e.value.result == C.INGEST_REJECTED and str(e.value) == f"bad {cut}"
 
 
-def test_an_agent_older_than_v3_rejects_v3_and_reads_v2():
-    """Version skew: an agent that reads versions 1 and 2 (the same code, its checks for those)
-    rejects every recorded v3 datagram as an unknown version, and reads the v2 ones."""
-    old = {v: P.CHECKS[v] for v in (1, 2)}
-    for data, _ in recorded(3):
+@pytest.mark.parametrize("new", [v for v in P.ACCEPTED if v >= 3])
+def test_an_agent_older_than_a_version_rejects_it_and_reads_the_one_before(new):
+    """Version skew: an agent that reads only the versions before ``new`` (the same code, its checks
+    for those) rejects every recorded datagram of ``new`` as an unknown version, and reads the ones
+    of the version before it."""
+    old = {v: P.CHECKS[v] for v in P.ACCEPTED if v < new}
+    for data, _ in recorded(new):
         with pytest.raises(P.ProtocolError) as e:
             P.decode(data, checks=old)
         assert str(e.value) == "version"
-    for data, want in recorded(2):
+    for data, want in recorded(new - 1):
         assert P.decode(data, checks=old) == want
 
 
-def test_the_exposition_is_the_same_for_v2_v3_and_v3_with_step_detail():
-    """The same steps sent as v2, v3 and v3 with step detail: the agent exposes the same series."""
+@pytest.mark.parametrize("keys", [((2, True), (3, False), (3, True)), ((4, False), (4, True))])
+def test_the_exposition_is_the_same_with_and_without_step_detail(keys):
+    """The same steps sent as v2, v3 and v3 with step detail (and as v4 with and without it): the
+    agent exposes the same series."""
     got = []
-    for key in ((2, True), (3, False), (3, True)):
+    for key in keys:
         table = RankTable(RankSettings())
         data = encode_steps(P.SENDER_LAYOUTS[key], 5)
         assert table.apply(P.decode(data, phases=False), 1000.0) == "ok"
         got.append(scrape(table))
-    assert got[0] == got[1] == got[2]
+    assert all(g == got[0] for g in got)
 
 
 # ---------------------------------------------------------------- a new field
-TOKENS = C.Metric("test_tokens_total", "counter", "count", C.RANK_LABELS, "Tokens (a test's field).")
+DROPS = C.Metric("test_drops_total", "counter", "count", C.RANK_LABELS, "Dropped tokens (a test's field).")
 
 
 def test_a_field_added_to_the_declaration_flows_through():
-    """One line in a copy of the declaration: a per-step "tokens" from version 2 on. The hooks'
+    """One line in a copy of the declaration: a per-step "drops" from version 2 on. The hooks'
     encoder writes it, the decoder checks and returns it (0 from a version 1 sender), the totals
     carry its sum and the rank table exposes that sum as its metric."""
-    fields = record.FIELDS + (record.Field("tokens", int, "count", record.PER_STEP, "tokens", TOKENS, since=2),)
+    fields = record.FIELDS + (record.Field("drops", int, "count", record.PER_STEP, "drops", DROPS, since=2),)
     lays = record.layouts(P.ACCEPTED, fields)
     checks = {v: P.Checks(lay) for v, lay in lays.items()}
     data = encode_steps(lays[2], 4)
-    assert b'"tokens":[' in data
+    assert b'"drops":[' in data
     rec = P.decode(data, checks=checks)
-    assert rec["tokens"] == [values(lays[2], i)["tokens"] for i in range(4)]
-    assert rec["tot"]["tokens"] == sum(rec["tokens"])
+    assert rec["drops"] == [values(lays[2], i)["drops"] for i in range(4)]
+    assert rec["tot"]["drops"] == sum(rec["drops"])
     with pytest.raises(P.ProtocolError) as e:  # the decoder checks it like any count
-        P.decode(data.replace(b'"tokens":[', b'"tokens":[-', 1), checks=checks)
-    assert str(e.value) == "bad tokens"
+        P.decode(data.replace(b'"drops":[', b'"drops":[-', 1), checks=checks)
+    assert str(e.value) == "bad drops"
     old = P.decode(P.encode(dict(IDENT, v=1, t="step", ts=1.7e9, seq=1, dur=0.5)), checks=checks)
-    assert old["tokens"] == 0
+    assert old["drops"] == 0
     table = RankTable(RankSettings(), kept=Kept(record.Layout(fields)))
     table.apply(rec, 1000.0)
-    assert value(scrape(table), TOKENS) == rec["tot"]["tokens"]
+    assert value(scrape(table), DROPS) == rec["tot"]["drops"]
     assert value(scrape(table), C.DATALOADER_WAIT) == pytest.approx(rec["tot"]["data"])
 
 
@@ -272,12 +278,12 @@ def test_the_hooks_step_tuple_follows_the_declaration(monkeypatch):
     def slow(n):
         for _ in range(n):
             time.sleep(0.01)
-            yield torch.ones(2, 4)
+            yield torch.ones(2, 4), torch.zeros(2, 5, dtype=torch.long)  # features, per-token labels
 
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     try:
-        for x in ranksight.watch(model, opt, slow(3), agent=f"udp://127.0.0.1:{sock.getsockname()[1]}",
+        for x, _ in ranksight.watch(model, opt, slow(3), agent=f"udp://127.0.0.1:{sock.getsockname()[1]}",
                                  config={"hooks": {"table_every_steps": 0, "table_every_seconds": 0,
                                                    "step_detail": True}}):
             model(x).sum().backward()
@@ -296,4 +302,5 @@ def test_the_hooks_step_tuple_follows_the_declaration(monkeypatch):
     assert [s["seq"] for s in steps] == [1, 2, 3]
     for s in steps:
         assert s["data"] >= 0.009 and s["micro"] == 2 and s["ckpt"] == 0.0 and s["comm"] == 0.0
+        assert s["samples"] == 2 and s["tokens"] == 10  # one batch of 2 samples of 5 tokens a step
         assert s["dur"] >= s["data"] + s["fwd"] and s["fwd"] > 0 and s["bwd"] > 0 and s["opt"] > 0

@@ -1,0 +1,68 @@
+"""The work in a batch, read from its shape on the host: the samples (its first dimension) and the
+tokens (samples times the tokens per sample). Nothing here touches device memory or synchronizes:
+a tensor's ``shape`` and ``dtype`` are host-side attributes. Torch-free (duck typing), so the
+hooks' fast tests run without torch.
+
+Where the counts come from, in this order:
+
+- the batch's lead tensor: the batch itself, a mapping's ``input_ids`` (Hugging Face) or its first
+  tensor value, a tuple's or list's first tensor (one level of nesting looked into); its first
+  dimension is the batch's samples;
+- the tokens per sample: ``hooks.tokens_per_sample`` when it is set (a vision model: 1, or its
+  patches per image); otherwise the second dimension of the batch's token tensor: ``input_ids``,
+  else the first integer tensor of two or more dimensions (token ids, or per-token labels); a
+  batch with none has 0 tokens (unknown), and the rules then read no throughput for the rank.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+TOKEN_KEYS = ("input_ids", "labels")  # a mapping's token tensors, in the order they are looked for
+
+
+def _is_tensor(x: Any) -> bool:
+    shape = getattr(x, "shape", None)
+    return shape is not None and hasattr(x, "dtype") and isinstance(shape, tuple)
+
+
+def _tensors(batch: Any) -> Tuple[Any, ...]:
+    """The batch's tensors, in order, one level into a tuple, list or mapping."""
+    if _is_tensor(batch):
+        return (batch,)
+    if isinstance(batch, dict) or (hasattr(batch, "keys") and hasattr(batch, "__getitem__")):
+        try:
+            first = tuple(batch[k] for k in TOKEN_KEYS if k in batch)
+            rest = tuple(v for v in batch.values())
+        except Exception:
+            return ()
+        items = first + rest
+    elif isinstance(batch, (tuple, list)):
+        items = tuple(batch[:8])
+    else:
+        return ()
+    out = []
+    for x in items:
+        if _is_tensor(x):
+            out.append(x)
+        elif isinstance(x, (tuple, list)):
+            out.extend(y for y in x[:8] if _is_tensor(y))
+    return tuple(out)
+
+
+def _is_integer(t: Any) -> bool:
+    dt = t.dtype
+    return getattr(dt, "is_floating_point", True) is False and getattr(dt, "is_complex", False) is False \
+        and str(dt) != "torch.bool"
+
+
+def batch_work(batch: Any, tokens_per_sample: int = 0) -> Tuple[int, int]:
+    """(samples, tokens) of one batch; (0, 0) when it holds no tensor with a first dimension."""
+    ts = _tensors(batch)
+    lead: Optional[Any] = next((t for t in ts if len(t.shape) >= 1), None)
+    if lead is None:
+        return 0, 0
+    samples = int(lead.shape[0])
+    if tokens_per_sample:
+        return samples, samples * tokens_per_sample
+    tok = next((t for t in ts if len(t.shape) >= 2 and _is_integer(t)), None)
+    return samples, (int(tok.shape[0]) * int(tok.shape[1]) if tok is not None else 0)
