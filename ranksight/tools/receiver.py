@@ -10,7 +10,7 @@ benchmarks and debugging sessions use to see exactly what the hooks send.
 ``forward_bye=False`` holds back "bye" records so the agent keeps the ranks visible.
 
 The hooks send each step's phase times (data, fwd, bwd, ...) only when asked for step detail
-(``hooks.step_detail``; by default a protocol 3 "steps" record carries each step's ``dur`` and the
+(``hooks.step_detail``; by default a protocol 3 or 4 "steps" record carries each step's ``dur`` and the
 totals): a watch whose steps are read here gets ``with_detail(config)``, or ``DETAIL_ENV`` in its
 process's environment.
 """
