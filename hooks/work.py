@@ -15,14 +15,22 @@ Where the counts come from, in this order:
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 TOKEN_KEYS = ("input_ids", "labels")  # a mapping's token tensors, in the order they are looked for
 
 
+_TENSOR_TYPES: Dict[type, bool] = {}  # type -> its instances have a tuple shape and a dtype (looked up once a type)
+_INTEGER: Dict[Any, bool] = {}  # dtype -> an integer dtype (token ids), looked up once a dtype
+
+
 def _is_tensor(x: Any) -> bool:
-    shape = getattr(x, "shape", None)
-    return shape is not None and hasattr(x, "dtype") and isinstance(shape, tuple)
+    t = type(x)
+    known = _TENSOR_TYPES.get(t)
+    if known is None:
+        shape = getattr(x, "shape", None)
+        known = _TENSOR_TYPES[t] = isinstance(shape, tuple) and hasattr(x, "dtype")
+    return known
 
 
 def _tensors(batch: Any) -> Tuple[Any, ...]:
@@ -51,18 +59,25 @@ def _tensors(batch: Any) -> Tuple[Any, ...]:
 
 def _is_integer(t: Any) -> bool:
     dt = t.dtype
-    return getattr(dt, "is_floating_point", True) is False and getattr(dt, "is_complex", False) is False \
-        and str(dt) != "torch.bool"
+    known = _INTEGER.get(dt)
+    if known is None:
+        known = _INTEGER[dt] = (getattr(dt, "is_floating_point", True) is False
+                                and getattr(dt, "is_complex", False) is False and str(dt) != "torch.bool")
+    return known
 
 
 def batch_work(batch: Any, tokens_per_sample: int = 0) -> Tuple[int, int]:
-    """(samples, tokens) of one batch; (0, 0) when it holds no tensor with a first dimension."""
-    ts = _tensors(batch)
-    lead: Optional[Any] = next((t for t in ts if len(t.shape) >= 1), None)
-    if lead is None:
-        return 0, 0
-    samples = int(lead.shape[0])
-    if tokens_per_sample:
-        return samples, samples * tokens_per_sample
-    tok = next((t for t in ts if len(t.shape) >= 2 and _is_integer(t)), None)
-    return samples, (int(tok.shape[0]) * int(tok.shape[1]) if tok is not None else 0)
+    """(samples, tokens) of one batch; (0, 0) when it holds no tensor with a first dimension. One
+    pass over the batch's tensors, stopping at the token tensor."""
+    samples = -1
+    for t in _tensors(batch):
+        shape = t.shape
+        if not shape:
+            continue
+        if samples < 0:
+            samples = int(shape[0])
+            if tokens_per_sample:
+                return samples, samples * tokens_per_sample
+        if len(shape) >= 2 and _is_integer(t):
+            return samples, int(shape[0]) * int(shape[1])
+    return (samples, 0) if samples >= 0 else (0, 0)
