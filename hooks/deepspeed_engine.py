@@ -38,6 +38,7 @@ from .patch import like
 log = logging.getLogger("ranksight.hooks")
 
 ENGINE_CLASSES = frozenset(("DeepSpeedEngine",))  # a subclass (PipelineEngine, ...) counts too
+ENGINE_METHODS = ("_take_model_step", "step", "backward", "save_checkpoint")  # patched on the engine instance
 # the functions DeepSpeed's TorchBackend binds at start, and the collective each one is
 BOUND_COLLECTIVES = (("all_gather_function", "all_gather_into_tensor"),
                      ("reduce_scatter_function", "reduce_scatter_tensor"))
@@ -189,11 +190,24 @@ def wrap_save_checkpoint(w: Any, engine: Any, orig: Callable) -> Callable:
     return like(save_checkpoint, orig, "save_checkpoint")
 
 
+def _unshadow(engine: Any, names: List[str]) -> None:
+    """After ``close()`` restored the patches (the Patcher sets an instance attribute back to the
+    bound method it read): drop those instance attributes, so the class's methods show again."""
+    d = getattr(engine, "__dict__", {})
+    for n in names:
+        v = d.get(n)
+        if v is not None and getattr(v, "__self__", None) is engine and \
+                getattr(v, "__func__", None) is getattr(type(engine), n, None):
+            del d[n]
+
+
 def attach(w: Any, engine: Any, steps: EngineSteps) -> None:
     """Patch ``engine`` (its instance attributes: ``step``, ``_take_model_step``, ``backward``,
     ``save_checkpoint``) and DeepSpeed's bound collectives through ``w``'s Patcher."""
     steps.__dict__["on_error"] = w._hook_error
     p = w._patcher
+    own = [n for n in ENGINE_METHODS if n not in getattr(engine, "__dict__", {})]
+    w.add_close_callback(lambda: _unshadow(engine, own))
     if getattr(engine, "_take_model_step", None) is None:
         log.warning("ranksight: this DeepSpeed engine has no _take_model_step; no step records")
     else:

@@ -56,7 +56,7 @@ def test_zero_stage_two_ranks(agent, tmp_path, stage):
             s = series[rank]
             where = (which, rank)
             assert res["steps"] == STEPS and res["micro"] == STEPS * ACCUM, res  # DeepSpeed's own counts
-            assert res["after"] == res["before"], res
+            assert res["after"] == res["before"] and res["restored"], res  # the engine's and DeepSpeed's own again
             assert res["inner"] == "AdamW", res
             assert s.get(catalog.STEPS.name) == STEPS, (where, s)
             assert s.get(catalog.MICROBATCHES.name) == STEPS * ACCUM, (where, s)

@@ -41,6 +41,9 @@ def train(a: argparse.Namespace, ds_optimizer: bool, job: str) -> None:
     data = SleepyTokens(a.steps * a.accum * a.batch * engine.world_size, sleep=a.sleep, dict_items=False)
     sampler = torch.utils.data.DistributedSampler(data, shuffle=False)
     loader = torch.utils.data.DataLoader(data, batch_size=a.batch, sampler=sampler)
+    cdb = deepspeed.comm.comm.cdb
+    patched = ("step", "_take_model_step", "backward", "save_checkpoint")
+    own = ([n for n in patched if n in engine.__dict__], cdb.all_gather_function, cdb.reduce_scatter_function)
     loader = ranksight.watch(engine, optimizer, loader)
     saves = []
     for ids in loader:
@@ -52,10 +55,11 @@ def train(a: argparse.Namespace, ds_optimizer: bool, job: str) -> None:
             engine.save_checkpoint(os.path.join(a.out, job))
             saves.append(time.perf_counter() - t0)
     ranksight.unwatch()
+    restored = own == ([n for n in patched if n in engine.__dict__], cdb.all_gather_function, cdb.reduce_scatter_function)
     result(rank=engine.global_rank, job=job, stage=a.stage, steps=engine.global_steps, micro=engine.micro_steps,
            saves=saves, optimizer=type(engine.optimizer).__name__,
            inner=type(getattr(engine.optimizer, "optimizer", engine.optimizer)).__name__,
-           before=before, after=hooks_state())
+           before=before, after=hooks_state(), restored=restored)
     engine.destroy()
 
 
