@@ -10,8 +10,9 @@ recognised by its class name):
 * a step is one model step: ``EngineSteps`` stands in for the optimizer given to the Watcher. Its
   pre-hooks run when ``engine._take_model_step`` starts, its post-hooks (which close the step)
   when ``engine.step()`` returns after a model step, or when ``_take_model_step`` returns where
-  no ``engine.step()`` surrounds it (a pipeline engine's ``train_batch``). Optimizer time is the
-  model step. Attribute reads (``param_groups``, ...) go to ``engine.optimizer``;
+  no ``engine.step()`` surrounds it (a pipeline engine's ``train_batch``, whose micro-batches are
+  not counted: it calls its module, not the engine). Optimizer time is the model step. Attribute
+  reads (``param_groups``, ...) go to ``engine.optimizer``;
 * micro-batches: the engine is the model, so its forward hooks count the forwards with grad enabled;
 * backward: ``engine.backward`` as a whole (``loss.backward()`` and DeepSpeed's epilogue, where
   ZeRO reduces the gradients at the boundary) is the backward phase, timed by the Watcher's
@@ -215,7 +216,7 @@ def attach(w: Any, engine: Any, steps: EngineSteps) -> None:
         p.set(engine, "step", steps.wrap_step(engine.step))
     if callable(getattr(engine, "backward", None)):
         p.set(engine, "backward", w._wrap_backward(engine.backward))
-    if w.settings.patch_torch_save and callable(getattr(engine, "save_checkpoint", None)):
+    if callable(getattr(engine, "save_checkpoint", None)):
         p.set(engine, "save_checkpoint", wrap_save_checkpoint(w, engine, engine.save_checkpoint))
     try:
         import sys
