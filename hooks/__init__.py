@@ -8,10 +8,26 @@ that unwatches on exit); what it is not given it finds (``auto.py``): ``watch()`
 times every optimizer, DataLoader iterator and the model of the first step. ``unwatch()`` removes every hook and patch. ``checkpoint_timer``
 and ``atomic_save`` record checkpoint writes. ``current()`` is the active ``Watcher``
 (extension points for lints: see ``Watcher``). Importing this package imports torch.
+``watch(engine, optimizer, loader)`` with a DeepSpeed engine times the engine's model steps
+(``deepspeed_engine.py``).
 """
 from __future__ import annotations
 
-from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, unwatch, watch
+from typing import Any, Optional
+
+from . import deepspeed_engine as _deepspeed
+from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, unwatch
 from .watcher import active as current
+from .watcher import watch as _watch
+
+
+def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
+          agent: Optional[str] = None, discover: bool = True) -> WatchedLoader:
+    """``watcher.watch``; a DeepSpeed engine as ``model`` is watched through the engine
+    (``deepspeed_engine.watch``)."""
+    if model is not None and _deepspeed.is_engine(model):
+        return _deepspeed.watch(model, optimizer, loader, config=config, agent=agent, discover=discover)
+    return _watch(model, optimizer, loader, config=config, agent=agent, discover=discover)
+
 
 __all__ = ["watch", "unwatch", "checkpoint_timer", "atomic_save", "current", "Watcher", "WatchedLoader"]
