@@ -87,6 +87,10 @@ SAMPLES = _m("samples_total", "counter", "count", R,
 TOKENS = _m("tokens_total", "counter", "count", R,
             "Tokens the rank's optimizer steps trained on: each batch's samples times its tokens per sample "
             "(hooks.tokens_per_sample, or the batch's sequence length read from its shape).")
+MODEL_FLOPS_PER_TOKEN = _m("model_flops_per_token", "gauge", "count", R,
+                           "Model FLOPs per trained token, forward and backward (no recomputation): "
+                           "hooks.flops_per_token, or estimated once from the model as 6*N + 12*L*H*T "
+                           "(hooks/flops.py). Times the tokens rate: the rank's achieved FLOP/s.")
 STEP_SECONDS = _m("step_seconds_total", "counter", "seconds", R, "Sum of step durations.")
 DATALOADER_WAIT = _m("dataloader_wait_seconds_total", "counter", "seconds", R,
                      "Time the training loop spent waiting in next() on the data loader.")

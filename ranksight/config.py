@@ -170,6 +170,10 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "tokens_per_sample": Opt(0, "tokens in one sample of a batch, for ranksight_tokens_total: 0 reads it from "
                                     "the batch's token tensor (input_ids, or its first integer tensor of 2+ "
                                     "dimensions); 1 for a model without a sequence (each sample one token)", 0, 1e9),
+        "flops_per_token": Opt(0, "model FLOPs per trained token, forward and backward, for "
+                                  "the model FLOPs-per-token gauge and MFU: 0 estimates it once from the model "
+                                  "(6 x trainable parameters, + 12 x layers x hidden size x sequence length "
+                                  "with a Hugging Face config; hooks/flops.py)", 0, 1e18),
         "step_detail": Opt(False, "send every step's phase times (data, fwd, bwd, ...) in the steps records, "
                                   "not only their totals: for tools that read each step (the agent does not)"),
     },
