@@ -185,6 +185,9 @@ GPU_XID_ERRORS = _m("gpu_xid_errors_total", "counter", "count", G + ("xid",), "N
 GPU_SM_ACTIVE = _m("gpu_sm_active_ratio", "gauge", "ratio", G, "GPM SM activity (Hopper and newer).")
 GPU_TENSOR_ACTIVE = _m("gpu_tensor_active_ratio", "gauge", "ratio", G, "GPM tensor-core activity (Hopper and newer).")
 GPU_UP = _m("gpu_up", "gauge", "bool", G, "1 while NVML answers for this GPU.")
+GPU_PEAK_FLOPS = _m("gpu_peak_flops", "gauge", "count", G + ("dtype",),
+                    "Peak dense tensor-core FLOP/s of the GPU for dtype (agent.peak_flops_dtype), from the "
+                    "agent's table by device name or its config; absent for a device it does not know.")
 GPU_INFO = _m("gpu_info", "gauge", "info", G + ("name", "uuid", "driver"), "GPU identity; always 1.")
 
 # ---------------------------------------------------------------- per node: network

@@ -144,6 +144,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "rdma_counters": Opt("curated", "RDMA port counters exposed: curated (throughput, link errors, congestion: "
                                         "catalog.RDMA_CURATED_COUNTERS) | all (every counters/hw_counters file) | "
                                         "a list of counter names (a hw_counters file named like a counters file is hw_<name>)"),
+        "peak_flops_dtype": Opt("bf16", "dtype of the GPUs' peak FLOP/s gauge, the denominator of MFU: bf16 | fp16 | "
+                                        "tf32 | fp8 (dense tensor-core figures, exporter/peak.py)"),
+        "peak_tflops": Opt(0.0, "one peak (dense TFLOPS) for every GPU of the node; 0: the table by device name",
+                           0, 1e6),
+        "peak_tflops_by_name": Opt({}, "NVML device name -> peak dense TFLOPS for peak_flops_dtype, over the "
+                                       "table and peak_tflops (a device missing from the table gets no MFU)"),
         "web_config_file": Opt("", "exporter-toolkit web config file (TLS, client certificates, basic auth) for "
                                    "/metrics and /healthz; empty: plain HTTP (--web.config.file)"),
     },
@@ -214,6 +220,26 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
 }
 
 
+PEAK_DTYPES = ("bf16", "fp16", "tf32", "fp8")  # agent.peak_flops_dtype
+
+
+def _peak_by_name(where: str, value: Any) -> Dict[str, float]:
+    """agent.peak_tflops_by_name: a mapping (or "name=tflops,name=tflops") of NVML device names to
+    positive dense TFLOPS."""
+    if isinstance(value, str):
+        try:
+            value = dict((k.strip(), float(v)) for k, v in (p.rsplit("=", 1) for p in value.split(",") if p.strip()))
+        except ValueError:
+            value = None
+    ok = isinstance(value, dict) and all(
+        isinstance(k, str) and k and not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v < 1e6
+        for k, v in value.items())
+    if not ok:
+        raise ConfigError(f"config {where}: expected NVML device name -> peak dense TFLOPS (a number above 0), "
+                          f"got {value!r}")
+    return {k: float(v) for k, v in value.items()}
+
+
 def _rdma_counters(where: str, value: Any) -> Any:
     """agent.rdma_counters: 'curated' | 'all' | a list (or comma-separated string) of counter names."""
     import re
@@ -235,6 +261,10 @@ def validate(section: str, key: str, value: Any) -> Any:
     where = f"{section}.{key}"
     if (section, key) == ("agent", "rdma_counters"):
         return _rdma_counters(where, value)
+    if (section, key) == ("agent", "peak_tflops_by_name"):
+        return _peak_by_name(where, value)
+    if (section, key) == ("agent", "peak_flops_dtype") and value not in PEAK_DTYPES:
+        raise ConfigError(f"config {where}: expected one of {', '.join(PEAK_DTYPES)}, got {value!r}")
     if (section, key) in (("alerting", "receivers"), ("alerting", "routes")):
         return oncall.check_receivers(value) if key == "receivers" else oncall.check_routes(value)
     d = opt.default
