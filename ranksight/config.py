@@ -71,6 +71,14 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                           "windows.step_smooth) / its baseline above this", 1, 100),
         "report_share_delta": Opt(0.02, "ranksight report: a share (goodput or a badput category) that moved by more than "
                                         "this against the baseline run is flagged", 0, 1),
+        # throughput and MFU (ranksight/triage/efficiency.py); the bands: under mfu_low a serious
+        # problem, then normal, good, excellent, and over mfu_near_limit near the hardware limit
+        "mfu_low": Opt(0.15, "RanksightMfuLow: the job's MFU below this (and the dashboard's first band edge)", 0, 1),
+        "mfu_good": Opt(0.30, "MFU panel: good from this MFU (reference band, no alert)", 0, 1),
+        "mfu_excellent": Opt(0.45, "MFU panel: excellent from this MFU (reference band, no alert)", 0, 1),
+        "mfu_near_limit": Opt(0.55, "MFU panel: near the hardware limit from this MFU (reference band, no alert)", 0, 1),
+        "mfu_drop_ratio": Opt(0.8, "RanksightMfuDrop: the job's MFU now / its MFU windows.mfu_drop_offset ago "
+                                   "below this", 0, 1),
         "goodput_floor": Opt(0.8, "RanksightGoodputLow: the job's goodput (productive share of its wall time) below this", 0, 1),
     },
     "durations": {  # `for:` of each alert
@@ -97,6 +105,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "lint": Opt("0m", "RanksightLint* for:"),
         "step_regression": Opt("1h", "RanksightStepTimeRegression for:"),
         "goodput_low": Opt("30m", "RanksightGoodputLow for:"),
+        "mfu_low": Opt("30m", "RanksightMfuLow for:"),
+        "mfu_drop": Opt("15m", "RanksightMfuDrop for: (a shorter dip, e.g. an evaluation pass, does not page)"),
         "baseline_rule_interval": Opt("5m", "evaluation interval of the step-time baseline group (hour averages and "
                                             "their minimum over windows.step_baseline)"),
         "slow_rule_interval": Opt("1m", "evaluation interval of the recording groups of large families that only "
@@ -115,6 +125,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "step_smooth": Opt("1h", "RanksightStepTimeRegression: the job's step p50 and step components are averaged over this"),
         "step_baseline": Opt("7d", "RanksightStepTimeRegression: the baseline is the lowest such average within this "
                                    "lookback (the job's best hour), so a slow creep over days still fires"),
+        "mfu_drop_offset": Opt("1h", "RanksightMfuDrop: the job's MFU is compared with its value this long ago"),
         "goodput_min_wall": Opt("1h", "RanksightGoodputLow: judged only once the job's goodput has been recorded this "
                                       "long (startup dominates a young job)"),
     },
@@ -215,7 +226,8 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
     "test": {
         "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
         "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m",
-                    "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m"},
+                    "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m",
+                    "mfu_drop_offset": "5m"},
     },
 }
 
