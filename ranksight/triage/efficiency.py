@@ -55,13 +55,13 @@ def first_signal(signals: Sequence[Entry]) -> str:
     the job (Prometheus' ALERTS series, read when the annotation is rendered: a signal counts once it
     has crossed its threshold for its own `for:`), else the walk to run by hand."""
     ordered = sorted((e for e in signals if e.order), key=lambda e: e.order)
-    none = ("no triage signal is firing on the job: run `ranksight triage --job {{ $labels.job }}` "
+    none = ("no triage signal is firing on the job: run `ranksight triage --prometheus <prometheus-url> --job {{ $labels.job }}` "
             f"and look past the six ({WALK}) at the model itself (kernel efficiency, batch size, "
             "FLOPs per token)")
     out = none
     for e in reversed(ordered):
         found = (f"the first abnormal triage signal is {e.order}. {SIGNAL_NAMES[e.order]} ({e.alert} firing); "
-                 "`ranksight triage --job {{ $labels.job }}` walks the rest")
+                 "`ranksight triage --prometheus <prometheus-url> --job {{ $labels.job }}` walks the rest")
         out = f"{{{{ with query (printf `{_firing(e)}` $labels.job) }}}}{found}{{{{ else }}}}{out}{{{{ end }}}}"
     return out
 
