@@ -8,8 +8,11 @@ scores and their weighted sum, which have no parameters. These are model FLOPs: 
 recomputation is not counted, so MFU stays comparable across recompute settings.
 
 - N: the sum of ``numel()`` over the watched model's parameters that require grad (a DDP/FSDP
-  wrapper's or ``torch.compile``'s wrapped module; a DTensor's ``numel()`` is its global size,
-  an FSDP flat parameter counts its unsharded size).
+  wrapper's or ``torch.compile``'s wrapped module). A DTensor's ``numel()`` is its global size
+  (FSDP2); an FSDP1 flat parameter counts its unsharded size. The tests check DDP's shape of
+  wrapper on CPU, not a sharded multi-rank FSDP run: where FSDP1 runs with
+  ``use_orig_params=True`` the original parameters are views of the local shard and N would be
+  short; ``hooks.flops_per_token`` declares the figure there.
 - L and H: the model's (or its wrapped module's) Hugging Face style ``config``:
   ``num_hidden_layers`` or ``n_layer``, ``hidden_size`` or ``n_embd``. Without them there is no
   attention term (``estimate_6n``).

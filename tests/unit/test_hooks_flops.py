@@ -109,3 +109,25 @@ def test_a_watch_sends_the_value_in_every_steps_record_and_its_source_in_the_hel
     want = declared or 6 * gpt2_params_by_hand() + 12 * L * H * t
     assert steps and {r["fpt"] for r in steps} == {want}
     assert hello["info"]["fpt_source"] == ("declared" if declared else "estimate_6n_attn")
+
+
+def test_a_model_found_after_watch_is_counted_once_it_is_known(_clean_env):
+    """ranksight.watch() finds the model at its first optimizer step; the hello (sent at start)
+    said "unknown", the step records carry 6·N once the model is known."""
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    raw = Raw()
+    data = torch.utils.data.TensorDataset(torch.randn(24, 8, 16), torch.randint(0, 8, (24, 8)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    cfg = {"hooks": {"heartbeat_seconds": 0.2, "table_every_steps": 0, "table_every_seconds": 0}}
+    ranksight.watch(agent=raw.url, config=cfg)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ranksight.unwatch()
+    recs = [P.decode(d) for d in raw.drain()]
+    assert next(r for r in recs if r["t"] == "hello")["info"]["fpt_source"] == "unknown"
+    fpt = [r["fpt"] for r in recs if r["t"] == "steps"]
+    assert fpt and fpt[-1] == 6 * (16 * 32 + 32 + 32 * 8 + 8) and set(fpt) <= {0, fpt[-1]}
