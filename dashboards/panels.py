@@ -222,10 +222,35 @@ def ts(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
     return p
 
 
+@dataclass(frozen=True)
+class Band:
+    start: float  # the band's lower edge (the first band's is ignored: it starts at -inf)
+    end: Optional[float]  # its upper edge (None: +inf)
+    color: str
+    name: str
+
+
+def _band_thresholds(bands: Sequence[Band]) -> Any:
+    steps = [dm.Threshold(value=None if i == 0 else b.start, color=b.color) for i, b in enumerate(bands)]
+    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(steps)
+
+
+def _band_mappings(bands: Sequence[Band]) -> List[Any]:
+    """Range value mappings: each band's name (and colour) instead of the value."""
+    return [dm.RangeMap(options=dm.DashboardRangeMapOptions(
+        from_val=None if i == 0 else b.start, to=b.end,
+        result=dm.ValueMappingResult(text=b.name, color=b.color, index=i))) for i, b in enumerate(bands)]
+
+
 def stat_panel(lay: Layout, title: str, desc: str, unit: str, queries: Sequence[Q], *,
-               threshold: Optional[Threshold] = None, w: int = 6, h: int = 8) -> Any:
+               threshold: Optional[Threshold] = None, w: int = 6, h: int = 8,
+               bands: Sequence[Band] = (), band_names: bool = False) -> Any:
+    """``bands``: the value's colour by band (instead of ``threshold``); ``band_names``: show the
+    band's name instead of the value."""
     p = _base(stat.Panel(), lay, title, desc, unit, queries, w, h)
-    return (p.thresholds(_thresholds(threshold))
+    if band_names:
+        p = p.mappings(_band_mappings(bands))
+    return (p.thresholds(_band_thresholds(bands) if bands else _thresholds(threshold))
             .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
             .color_mode(cm.BigValueColorMode.VALUE).graph_mode(cm.BigValueGraphMode.AREA)
             .text_mode(cm.BigValueTextMode.VALUE_AND_NAME))

@@ -5,7 +5,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 from ranksight import catalog as C
 from ranksight import triage
-from .panels import (Board, Layout, Q, Threshold, UNITS, _matchers, dashboard_expr, sel, signal_description, stat_panel,
+from .panels import (Band, Board, Layout, Q, Threshold, UNITS, _matchers, dashboard_expr, sel, signal_description, stat_panel,
                      table_panel, top, ts)
 
 
@@ -144,7 +144,57 @@ def triage_board(cfg: Mapping[str, Any]) -> Board:
         panels = b.row(f"{order}. {entries[0].title}")
         panels += [_signal_panel(b.lay, e) for e in entries]
         panels += _extra_signal_panels(b.lay, order, t)
+    _efficiency_row(b, cfg)
     return b
+
+
+def mfu_bands(t: Mapping[str, Any]) -> List[Band]:
+    """The MFU bands, edges from the config (thresholds.mfu_low, mfu_good, mfu_excellent, mfu_near_limit)."""
+    edges = [t["mfu_low"], t["mfu_good"], t["mfu_excellent"], t["mfu_near_limit"]]
+    spans = list(zip([0.0] + edges, edges + [None]))
+    looks = [("red", "serious problem"), ("yellow", "normal"), ("green", "good"), ("dark-green", "excellent"),
+             ("blue", "near the hardware limit")]
+    return [Band(lo, hi, color, name) for (lo, hi), (color, name) in zip(spans, looks)]
+
+
+def _efficiency_row(b: Board, cfg: Mapping[str, Any]) -> None:
+    """After the six rows: how much of the GPUs' peak the model's arithmetic uses (MFU), its tokens
+    per second and the model FLOP/s per GPU (ranksight/triage/efficiency.py)."""
+    R = triage.REC
+    by = {e.id: e for e in triage.table(cfg)}
+    low, drop = by["mfu-low"], by["mfu-drop"]
+    bands = mfu_bands(cfg["thresholds"])
+    named = "; ".join(f"{'under' if i == 0 else 'from'} {x.start if i else x.end:.0%} {x.name}"
+                      for i, x in enumerate(bands))
+    src = ("MFU = tokens/s x model FLOPs per token (hooks.flops_per_token, or 6N + 12LHT estimated by the hooks) / "
+           "the peak dense FLOP/s of the rank's GPU (the agent's table by device name and dtype, or "
+           "agent.peak_tflops_by_name). Jobs whose batches have no tokens, or on GPUs of unknown peak, have none.")
+    mfu = sel(R["job_mfu"])
+    flops = sel(R["rank_flops"])
+    panels = b.row("Efficiency")
+    panels += [
+        stat_panel(b.lay, "MFU",
+                   f"Model FLOPs utilization of each job, coloured by band ({named}). {src} If low, walk the six "
+                   f"rows above in order (RanksightMfuLow names the first one firing).", "percentunit",
+                   [Q(mfu, "{{job}}")], bands=bands, w=4),
+        stat_panel(b.lay, "MFU band",
+                   f"The band each job's MFU is in: {named}.", "percentunit",
+                   [Q(mfu, "{{job}}")], bands=bands, band_names=True, w=4),
+        ts(b.lay, "MFU over time",
+           f"Each job's MFU. If it stays under {low.threshold:.0%} ({low.alert}) or falls under "
+           f"{drop.threshold:.0%} of its value {cfg['windows']['mfu_drop_offset']} earlier ({drop.alert}), look at "
+           f"{low.next_check}.", "percentunit", [Q(mfu, "{{job}}")], threshold=Threshold(low.threshold, "<"), w=6),
+        ts(b.lay, "Tokens per second",
+           "Tokens each job trains on per second (the sum over its ranks; from each batch's shape). If it drops "
+           "while the step time holds, the batches got smaller; otherwise look at the step time and the rows above.",
+           "short", [Q(sel(R["job_tokens"]), "{{job}}")], w=5),
+        ts(b.lay, "Model TFLOPS per GPU",
+           "Model FLOP/s each rank's GPU achieves (tokens/s x FLOPs per token), against its peak. If a rank is far "
+           "below the others, look at the straggler ratio and its GPU's throttling. " + RANK_WORST, "flops",
+           [Q(f"bottomk by (job) (3, {flops})", "{{job}} rank {{rank}}"),
+            Q(f"quantile by (job) (0.5, {flops})", "{{job}} median"),
+            Q(f"max by (job) ({sel(R['rank_peak'])})", "{{job}} peak")], w=5),
+    ]
 
 
 def _goodput_row(b: Board, cfg: Mapping[str, Any]) -> None:

@@ -72,6 +72,9 @@ class AgentSettings:
     nic_include: str = _AGENT["nic_include"]
     nic_exclude: str = _AGENT["nic_exclude"]
     rdma_counters: Union[str, List[str]] = _AGENT["rdma_counters"]  # agent.rdma_counters: curated | all | names
+    peak_flops_dtype: str = _AGENT["peak_flops_dtype"]  # the MFU denominator (exporter/peak.py)
+    peak_tflops: float = _AGENT["peak_tflops"]
+    peak_tflops_by_name: Dict[str, float] = field(default_factory=lambda: dict(_AGENT["peak_tflops_by_name"]))
     web_config: Optional[WebConfig] = None  # --web.config.file: TLS and basic auth; None: plain HTTP
 
 

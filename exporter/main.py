@@ -105,6 +105,9 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
         nic_include=a["nic_include"],
         nic_exclude=a["nic_exclude"],
         rdma_counters=a["rdma_counters"],
+        peak_flops_dtype=a["peak_flops_dtype"],
+        peak_tflops=a["peak_tflops"],
+        peak_tflops_by_name=a["peak_tflops_by_name"],
         web_config=web,
     )
 

@@ -13,7 +13,7 @@ import torch
 
 from ranksight import protocol
 
-from . import forksafe, selfcheck, stack
+from . import flops, forksafe, selfcheck, stack
 from .identity import Identity
 from .table import emit as table_emit, make_table
 from .timing import drain
@@ -109,9 +109,16 @@ class Background:
         self._set_identity(self.identity)
         d = selfcheck.dirs(self.settings.log_dir, self.settings.checkpoint_dir)
         info = selfcheck.collect(d, self.backend)
+        fpt = ""
+        try:  # FLOPs per token, once: declared, or the parameters counted now (hooks/flops.py)
+            self._flops = flops.FlopsPerToken(self.settings.flops_per_token, self.model)
+            info.update(self._flops.info())
+            fpt = "; " + self._flops.describe()
+        except Exception as e:
+            self._hook_error("FLOPs per token", e)
         self.selfcheck = info
-        line = "ranksight: self-check rank %d: %s; agent %s; %s" % (
-            self.identity.rank, selfcheck.describe(info), self.settings.agent, self.identity.job_line())
+        line = "ranksight: self-check rank %d: %s%s; agent %s; %s" % (
+            self.identity.rank, selfcheck.describe(info), fpt, self.settings.agent, self.identity.job_line())
         if self.identity.local_rank == 0:
             if logging.getLogger().hasHandlers():
                 log.info(line)
@@ -301,8 +308,23 @@ class Background:
         """The step record's cumulative and current fields now, by key (sent once per record)."""
         state = dict(self._mem)
         state.update(herr=self.herr, hdrop=self._tl.dropped if self._tl is not None else 0, wrss=self._wrss,
-                     restart=self.identity.restart)
+                     restart=self.identity.restart, fpt=self._fpt())
         return state
+
+    def _fpt(self) -> int:
+        """The step records' "fpt": FLOPs per token, its attention term completed once the first
+        batch with tokens gave the sequence length; a model discovered after watch() is counted once."""
+        fl = self._flops
+        if fl is None:
+            return 0
+        if not fl.had_model and not fl.declared and self.model is not None:
+            try:
+                fl = self._flops = flops.FlopsPerToken(0, self.model)
+            except Exception as e:
+                self._hook_error("FLOPs per token", e)
+                fl.had_model = True  # (counted as one error: not tried again)
+                return 0
+        return fl.value(self._seq_len)
 
     def _heartbeat(self, now: float) -> None:
         if not self.identity.from_pg:

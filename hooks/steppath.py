@@ -71,6 +71,8 @@ def timed_next(w: "Watcher", nxt: Callable[[Any], Any], it: Any) -> Any:
         samples, tokens = batch_work(batch, w.settings.tokens_per_sample)
         w._samples += samples
         w._tokens += tokens
+        if tokens and not w._seq_len:  # the FLOPs estimate's sequence length (hooks/flops.py), once
+            w._seq_len = tokens // samples
     except Exception as e:
         w._hook_error("batch size", e)
     return batch

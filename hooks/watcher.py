@@ -134,6 +134,8 @@ class Watcher(StepPath, Background, Closing):
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = 0.0
         self._dcomm = self._dx = 0.0  # gloo DDP's all-reduce this step (DDPStats), comm and exposed
         self._micro = self._samples = self._tokens = 0
+        self._seq_len = 0  # T: tokens per sample of the first batch with tokens (the FLOPs estimate's)
+        self._flops: Any = None  # hooks/flops.py FlopsPerToken, made when the background thread starts
         self._seq = 0
         self._t_fwd: Optional[float] = None
         self._t_bwd: Optional[float] = None

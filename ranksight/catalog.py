@@ -87,6 +87,10 @@ SAMPLES = _m("samples_total", "counter", "count", R,
 TOKENS = _m("tokens_total", "counter", "count", R,
             "Tokens the rank's optimizer steps trained on: each batch's samples times its tokens per sample "
             "(hooks.tokens_per_sample, or the batch's sequence length read from its shape).")
+MODEL_FLOPS_PER_TOKEN = _m("model_flops_per_token", "gauge", "count", R,
+                           "Model FLOPs per trained token, forward and backward (no recomputation): "
+                           "hooks.flops_per_token, or estimated once from the model as 6*N + 12*L*H*T "
+                           "(hooks/flops.py). Times the tokens rate: the rank's achieved FLOP/s.")
 STEP_SECONDS = _m("step_seconds_total", "counter", "seconds", R, "Sum of step durations.")
 DATALOADER_WAIT = _m("dataloader_wait_seconds_total", "counter", "seconds", R,
                      "Time the training loop spent waiting in next() on the data loader.")
@@ -181,6 +185,9 @@ GPU_XID_ERRORS = _m("gpu_xid_errors_total", "counter", "count", G + ("xid",), "N
 GPU_SM_ACTIVE = _m("gpu_sm_active_ratio", "gauge", "ratio", G, "GPM SM activity (Hopper and newer).")
 GPU_TENSOR_ACTIVE = _m("gpu_tensor_active_ratio", "gauge", "ratio", G, "GPM tensor-core activity (Hopper and newer).")
 GPU_UP = _m("gpu_up", "gauge", "bool", G, "1 while NVML answers for this GPU.")
+GPU_PEAK_FLOPS = _m("gpu_peak_flops", "gauge", "count", G + ("dtype",),
+                    "Peak dense tensor-core FLOP/s of the GPU for dtype (agent.peak_flops_dtype), from the "
+                    "agent's table by device name or its config; absent for a device it does not know.")
 GPU_INFO = _m("gpu_info", "gauge", "info", G + ("name", "uuid", "driver"), "GPU identity; always 1.")
 
 # ---------------------------------------------------------------- per node: network

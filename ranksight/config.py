@@ -71,6 +71,14 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                           "windows.step_smooth) / its baseline above this", 1, 100),
         "report_share_delta": Opt(0.02, "ranksight report: a share (goodput or a badput category) that moved by more than "
                                         "this against the baseline run is flagged", 0, 1),
+        # throughput and MFU (ranksight/triage/efficiency.py); the bands: under mfu_low a serious
+        # problem, then normal, good, excellent, and over mfu_near_limit near the hardware limit
+        "mfu_low": Opt(0.15, "RanksightMfuLow: the job's MFU below this (and the dashboard's first band edge)", 0, 1),
+        "mfu_good": Opt(0.30, "MFU panel: good from this MFU (reference band, no alert)", 0, 1),
+        "mfu_excellent": Opt(0.45, "MFU panel: excellent from this MFU (reference band, no alert)", 0, 1),
+        "mfu_near_limit": Opt(0.55, "MFU panel: near the hardware limit from this MFU (reference band, no alert)", 0, 1),
+        "mfu_drop_ratio": Opt(0.8, "RanksightMfuDrop: the job's MFU now / its MFU windows.mfu_drop_offset ago "
+                                   "below this", 0, 1),
         "goodput_floor": Opt(0.8, "RanksightGoodputLow: the job's goodput (productive share of its wall time) below this", 0, 1),
     },
     "durations": {  # `for:` of each alert
@@ -97,6 +105,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "lint": Opt("0m", "RanksightLint* for:"),
         "step_regression": Opt("1h", "RanksightStepTimeRegression for:"),
         "goodput_low": Opt("30m", "RanksightGoodputLow for:"),
+        "mfu_low": Opt("30m", "RanksightMfuLow for:"),
+        "mfu_drop": Opt("15m", "RanksightMfuDrop for: (a shorter dip, e.g. an evaluation pass, does not page)"),
         "baseline_rule_interval": Opt("5m", "evaluation interval of the step-time baseline group (hour averages and "
                                             "their minimum over windows.step_baseline)"),
         "slow_rule_interval": Opt("1m", "evaluation interval of the recording groups of large families that only "
@@ -115,6 +125,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "step_smooth": Opt("1h", "RanksightStepTimeRegression: the job's step p50 and step components are averaged over this"),
         "step_baseline": Opt("7d", "RanksightStepTimeRegression: the baseline is the lowest such average within this "
                                    "lookback (the job's best hour), so a slow creep over days still fires"),
+        "mfu_drop_offset": Opt("1h", "RanksightMfuDrop: the job's MFU is compared with its value this long ago"),
         "goodput_min_wall": Opt("1h", "RanksightGoodputLow: judged only once the job's goodput has been recorded this "
                                       "long (startup dominates a young job)"),
     },
@@ -144,6 +155,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "rdma_counters": Opt("curated", "RDMA port counters exposed: curated (throughput, link errors, congestion: "
                                         "catalog.RDMA_CURATED_COUNTERS) | all (every counters/hw_counters file) | "
                                         "a list of counter names (a hw_counters file named like a counters file is hw_<name>)"),
+        "peak_flops_dtype": Opt("bf16", "dtype of the GPUs' peak FLOP/s gauge, the denominator of MFU: bf16 | fp16 | "
+                                        "tf32 | fp8 (dense tensor-core figures, exporter/peak.py)"),
+        "peak_tflops": Opt(0.0, "one peak (dense TFLOPS) for every GPU of the node; 0: the table by device name",
+                           0, 1e6),
+        "peak_tflops_by_name": Opt({}, "NVML device name -> peak dense TFLOPS for peak_flops_dtype, over the "
+                                       "table and peak_tflops (a device missing from the table gets no MFU)"),
         "web_config_file": Opt("", "exporter-toolkit web config file (TLS, client certificates, basic auth) for "
                                    "/metrics and /healthz; empty: plain HTTP (--web.config.file)"),
     },
@@ -170,6 +187,10 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "tokens_per_sample": Opt(0, "tokens in one sample of a batch, for ranksight_tokens_total: 0 reads it from "
                                     "the batch's token tensor (input_ids, or its first integer tensor of 2+ "
                                     "dimensions); 1 for a model without a sequence (each sample one token)", 0, 1e9),
+        "flops_per_token": Opt(0, "model FLOPs per trained token, forward and backward, for "
+                                  "the model FLOPs-per-token gauge and MFU: 0 estimates it once from the model "
+                                  "(6 x trainable parameters, + 12 x layers x hidden size x sequence length "
+                                  "with a Hugging Face config; hooks/flops.py)", 0, 1e18),
         "step_detail": Opt(False, "send every step's phase times (data, fwd, bwd, ...) in the steps records, "
                                   "not only their totals: for tools that read each step (the agent does not)"),
     },
@@ -205,9 +226,30 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
     "test": {
         "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
         "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m",
-                    "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m"},
+                    "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m",
+                    "mfu_drop_offset": "5m"},
     },
 }
+
+
+PEAK_DTYPES = ("bf16", "fp16", "tf32", "fp8")  # agent.peak_flops_dtype
+
+
+def _peak_by_name(where: str, value: Any) -> Dict[str, float]:
+    """agent.peak_tflops_by_name: a mapping (or "name=tflops,name=tflops") of NVML device names to
+    positive dense TFLOPS."""
+    if isinstance(value, str):
+        try:
+            value = dict((k.strip(), float(v)) for k, v in (p.rsplit("=", 1) for p in value.split(",") if p.strip()))
+        except ValueError:
+            value = None
+    ok = isinstance(value, dict) and all(
+        isinstance(k, str) and k and not isinstance(v, bool) and isinstance(v, (int, float)) and 0 < v < 1e6
+        for k, v in value.items())
+    if not ok:
+        raise ConfigError(f"config {where}: expected NVML device name -> peak dense TFLOPS (a number above 0), "
+                          f"got {value!r}")
+    return {k: float(v) for k, v in value.items()}
 
 
 def _rdma_counters(where: str, value: Any) -> Any:
@@ -231,6 +273,10 @@ def validate(section: str, key: str, value: Any) -> Any:
     where = f"{section}.{key}"
     if (section, key) == ("agent", "rdma_counters"):
         return _rdma_counters(where, value)
+    if (section, key) == ("agent", "peak_tflops_by_name"):
+        return _peak_by_name(where, value)
+    if (section, key) == ("agent", "peak_flops_dtype") and value not in PEAK_DTYPES:
+        raise ConfigError(f"config {where}: expected one of {', '.join(PEAK_DTYPES)}, got {value!r}")
     if (section, key) in (("alerting", "receivers"), ("alerting", "routes")):
         return oncall.check_receivers(value) if key == "receivers" else oncall.check_routes(value)
     d = opt.default

@@ -106,6 +106,8 @@ FIELDS: Tuple[Field, ...] = (
     Field("hdrop", I, "count", CUMULATIVE, "dropped GPU timing events", C.HOOK_DROPPED_EVENTS),
     Field("wrss", I, "bytes", CURRENT, "DataLoader workers' total RSS (0 without workers)", C.DATALOADER_WORKERS_RSS),
     Field("restart", I, "count", CURRENT, "restart count from the launcher", C.RANK_RESTARTS),
+    Field("fpt", I, "count", CURRENT, "model FLOPs per token, declared or estimated once (hooks/flops.py)",
+          C.MODEL_FLOPS_PER_TOKEN, since=4),
 )
 del F, I
 

@@ -42,6 +42,7 @@ from ranksight import catalog as C
 from ranksight import config
 from ranksight.triage import CLOCK_EVENT_REASONS
 
+from ..peak import peak_flops
 from . import CollectorError, Context, Family, Labels, add, add_histogram, bucket_labels, family, register
 
 log = logging.getLogger("ranksight.exporter.gpu")
@@ -62,6 +63,7 @@ class GpuState:
         self.handle = handle
         self.up = True
         self.name = ""
+        self.peak: Optional[float] = None  # dense FLOP/s for the collector's dtype (exporter/peak.py)
         self.uuid = ""
         self.last_ts = 0  # NVML sample timestamp (us) of the newest sample seen
         self.prev_ts: Optional[int] = None
@@ -121,8 +123,11 @@ class GpuCollector:
                  window_seconds: float = _AGENT["gpu_window_seconds"],
                  swing_high: float = _THRESHOLDS["gpu_swing_high"], swing_low: float = _THRESHOLDS["gpu_swing_low"],
                  nvml: Any = None, state_seconds: float = _AGENT["gpu_state_seconds"],
-                 clock: Any = time.monotonic):
+                 clock: Any = time.monotonic, peak_dtype: str = _AGENT["peak_flops_dtype"],
+                 peak_tflops: float = _AGENT["peak_tflops"], peak_by_name: Optional[Dict[str, float]] = None):
         self.node = node
+        self.peak_dtype = peak_dtype
+        self._peak = (peak_tflops, dict(peak_by_name or {}))
         self.clock = clock
         self.poll_seconds = poll_seconds
         self.state_seconds = state_seconds
@@ -160,6 +165,7 @@ class GpuCollector:
                 g = GpuState(i, nv.nvmlDeviceGetHandleByIndex(i))
                 g.name = _str(nv.nvmlDeviceGetName(g.handle))
                 g.uuid = _str(nv.nvmlDeviceGetUUID(g.handle))
+                g.peak = peak_flops(g.name, self.peak_dtype, *self._peak)
                 self._init_gpm(g)
                 self.gpus.append(g)
         except CollectorError as e:
@@ -171,6 +177,9 @@ class GpuCollector:
             self._shutdown()
             return
         log.info("gpu collector: %d GPU(s), driver %s", len(self.gpus), self.driver)
+        for name in sorted({g.name for g in self.gpus if g.peak is None}):
+            log.warning("gpu collector: no peak %s FLOP/s known for %r: no MFU for it (set agent.peak_tflops_by_name)",
+                        self.peak_dtype, name)
         self.poll()
         if threads:
             for target, name in ((self._sample_loop, "gpu-sampler"), (self._xid_loop, "gpu-xid")):
@@ -404,6 +413,7 @@ class GpuCollector:
             L = g.expo = {
                 "base": base,
                 "info": Labels(base, name=g.name, uuid=g.uuid, driver=self.driver),
+                "peak": base.plus("dtype", self.peak_dtype),
                 "buckets": bucket_labels(base, C.UTIL_BUCKETS),
                 "stat": [base.plus("stat", st) for st in ("mean", "min", "max")],
                 "reason": [(bit, base.plus("reason", reason)) for bit, reason in CLOCK_EVENT_REASONS.items()],
@@ -416,7 +426,7 @@ class GpuCollector:
         if self.error:
             raise CollectorError(self.error)
         F = {m.short: family(m) for m in (
-            C.GPU_UP, C.GPU_INFO, C.GPU_UTILIZATION, C.GPU_UTILIZATION_SAMPLES, C.GPU_SWINGS, C.GPU_BUSY_SECONDS,
+            C.GPU_UP, C.GPU_INFO, C.GPU_PEAK_FLOPS, C.GPU_UTILIZATION, C.GPU_UTILIZATION_SAMPLES, C.GPU_SWINGS, C.GPU_BUSY_SECONDS,
             C.GPU_MEMORY_USED, C.GPU_MEMORY_TOTAL, C.GPU_TEMPERATURE, C.GPU_POWER, C.GPU_SM_CLOCK,
             C.GPU_CLOCKS_EVENT, C.GPU_PCIE_GEN, C.GPU_PCIE_WIDTH, C.GPU_XID_ERRORS, C.GPU_SM_ACTIVE,
             C.GPU_TENSOR_ACTIVE)}
@@ -432,6 +442,8 @@ class GpuCollector:
                 base = L["base"]
                 add(F[C.GPU_UP.short], base, 1.0 if g.up else 0.0)
                 add(F[C.GPU_INFO.short], L["info"], 1.0)
+                if g.peak is not None:
+                    add(F[C.GPU_PEAK_FLOPS.short], L["peak"], g.peak)
                 # counters stay exposed while a GPU is lost (they are still true); gauges go away
                 add_histogram(F[C.GPU_UTILIZATION_SAMPLES.short], base, L["buckets"], g.hist, g.hist_sum)
                 add(F[C.GPU_SWINGS.short], base, g.swings)
@@ -488,6 +500,7 @@ def _sample_value(nv: Any, vtype: Any, v: Any) -> float:
 def _build(ctx: Context) -> GpuCollector:
     s = ctx.settings
     g = GpuCollector(s.node, s.gpu_poll_seconds, s.gpu_window_seconds, s.gpu_swing_high, s.gpu_swing_low,
-                     nvml=ctx.nvml, state_seconds=s.gpu_state_seconds)
+                     nvml=ctx.nvml, state_seconds=s.gpu_state_seconds, peak_dtype=s.peak_flops_dtype,
+                     peak_tflops=s.peak_tflops, peak_by_name=s.peak_tflops_by_name)
     g.start()
     return g

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .. import catalog as C
+from . import efficiency as _efficiency
 from . import goodput as _goodput
 from ..config import duration_seconds
 from .lints import lint_entries
@@ -46,11 +47,11 @@ RANK_SCOPE = ("job", "node", "rank")
 
 
 def table(cfg: Mapping[str, Any]) -> List[Entry]:
-    """Every entry in table order: the six signals, the causes of a rank, the hardware causes, the
+    """Every entry in table order: the six signals, the MFU alerts (efficiency.py), the causes of a rank, the hardware causes, the
     stack's own health, the lints, then goodput and the step-time baseline."""
     base = dict(cfg.get("alerting") or {}).get("runbook_base_url") or RUNBOOK_BASE
-    entries = (_step_signals(cfg) + _progress_signals(cfg) + _rank_causes(cfg) + _hardware_causes(cfg)
-               + _stack_health(cfg))
+    six = _step_signals(cfg) + _progress_signals(cfg)
+    entries = six + _efficiency.entries(cfg, six) + _rank_causes(cfg) + _hardware_causes(cfg) + _stack_health(cfg)
     entries += lint_entries(cfg)
     entries = _goodput.with_goodput_inhibitions(entries + _goodput.entries(cfg))
     if base != RUNBOOK_BASE:

@@ -45,6 +45,8 @@ REC = {
     "comm": "rank:ranksight_comm_seconds:rate",
     "xcomm": "rank:ranksight_exposed_comm_seconds:rate",
     "ckpt": "rank:ranksight_checkpoint_seconds:rate",
+    "samples": "rank:ranksight_samples:rate",
+    "tokens": "rank:ranksight_tokens:rate",
     "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
     "alloc_retries": "rank:ranksight_cuda_alloc_retries:per_minute_rate",
     "ckpt_age": "rank:ranksight_checkpoint_age:seconds",
@@ -69,6 +71,14 @@ REC = {
     "rank_gpu_util": "rank:ranksight_gpu_utilization:ratio_rate",
     "rank_gpu_min": "rank:ranksight_gpu_utilization_window:min",
     "rank_gpu_max": "rank:ranksight_gpu_utilization_window:max",
+    # throughput and MFU (the efficiency group): model FLOP/s = tokens/s x FLOPs per token, over the
+    # peak dense FLOP/s of the rank's GPU; only ranks with tokens, FLOPs per token and a known peak
+    "rank_flops": "rank:ranksight_model_flops:rate",
+    "rank_peak": "rank:ranksight_gpu_peak_flops:max",
+    "mfu": "rank:ranksight_mfu:ratio",
+    "job_tokens": "job:ranksight_tokens:rate",
+    "job_flops": "job:ranksight_model_flops:rate",
+    "job_mfu": "job:ranksight_mfu:ratio",
     # goodput and the step-time baseline (goodput.py): the job's split of its wall time and its
     # step time against its own history
     # rank group (arithmetic on the rank group's records)
@@ -117,6 +127,7 @@ RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.rank_state": None,
     "ranksight.recording.node": None,
     "ranksight.recording.rank_gpu": None,
+    "ranksight.recording.efficiency": None,
     "ranksight.recording.histograms": "slow_rule_interval",
     "ranksight.recording.node_counters": "slow_rule_interval",
     "ranksight.recording.gpu_samples": "slow_rule_interval",
@@ -133,4 +144,5 @@ GROUP_INPUTS: Dict[str, Tuple[str, ...]] = {
     "ranksight.recording.rank": ("ranksight.recording.rank_rates",),
     "ranksight.recording.job": ("ranksight.recording.rank_rates",),
     "ranksight.recording.rank_gpu": ("ranksight.recording.node",),
+    "ranksight.recording.efficiency": ("ranksight.recording.rank_rates",),
 }

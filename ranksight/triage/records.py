@@ -7,6 +7,7 @@ from typing import Any, List, Mapping, Optional, Tuple
 
 from .. import catalog as C
 from ..record import FIELDS
+from . import efficiency as _efficiency
 from . import goodput as _goodput
 from .model import RDMA_TRAFFIC, THROTTLE_SHOWN, Recording
 from .names import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS  # noqa: F401 (public here)
@@ -20,7 +21,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     (bench/RESULTS.md, "Scale"). Fleet panels read node- and job-level records instead of
     thousands of raw series."""
     w = cfg["windows"]["rate"]
-    RATES, RANK, JOB, STATE, NODE, RANK_GPU, HIST, NODEC, SAMPLES, RDMA, NIC = list(RULE_GROUPS)[:11]
+    RATES, RANK, JOB, STATE, NODE, RANK_GPU, EFF, HIST, NODEC, SAMPLES, RDMA, NIC = list(RULE_GROUPS)[:12]
     rates, rank = _rank_rules(w)
     job = _job_rules()
     state = _rank_state_rules(cfg)
@@ -31,7 +32,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     state += job_state
     out: List[Recording] = []
     for group, rules in ((RATES, rates), (RANK, rank), (JOB, job), (STATE, state), (NODE, node),
-                         (RANK_GPU, rank_gpu), (HIST, hist),
+                         (RANK_GPU, rank_gpu), (EFF, _efficiency.recording_rules(_R)), (HIST, hist),
                          (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma), (NIC, nic)):
         out += [replace(r, group=group) for r in rules]
     return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
@@ -43,7 +44,7 @@ def _rate(m: Any, window: str) -> str:
 
 # the rank rates group's records of the raw step counters, in the group's order: the steps and the
 # sums of the step-record fields the shares and the busy time read
-_R = {k: REC[k] for k in ("dur", "steps", "data", "comm", "xcomm", "ckpt")}
+_R = {k: REC[k] for k in ("dur", "steps", "data", "comm", "xcomm", "ckpt", "samples", "tokens")}
 _FIELD = {f.key: f for f in FIELDS}
 
 

@@ -35,6 +35,7 @@ VALID_UNITS = {
     "cps", "ops", "reqps", "rps", "wps", "iops", "cpm", "opm", "rpm", "wpm",
     "celsius", "fahrenheit", "kelvin", "watt", "kwatt", "mwatt", "joule",
     "bool", "bool_yes_no", "bool_on_off",
+    "flops",  # Grafana's Computation category: FLOP/s
 }
 
 
@@ -251,7 +252,7 @@ def test_triage_rows_follow_the_triage_table(boards, cfg):
         by_order.setdefault(e.order, []).append(e)
     expected = [f"{order}. {entries[0].title}" for order, entries in by_order.items()]
     assert [order for order in by_order] == sorted(by_order) == [1, 2, 3, 4, 5, 6]
-    assert rows == ["Goodput", "Overview"] + expected
+    assert rows == ["Goodput", "Overview"] + expected + ["Efficiency"]
 
     # Each signal entry has a panel in its own row that names its alert and draws its threshold.
     current, in_row = None, {}
@@ -272,6 +273,31 @@ def test_triage_rows_follow_the_triage_table(boards, cfg):
             drawn = 1.0 if e.unit == "bool" else e.threshold
             assert [s["value"] for s in steps] == [None, drawn], e.alert
             assert p["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"] != "off"
+
+
+def test_efficiency_row_draws_the_mfu_bands(boards, tmp_path):
+    """After the six rows: MFU coloured and named by band (edges from the config), tokens/s and the
+    model FLOP/s per GPU, from the efficiency group's records."""
+    def row(model):
+        panels = model["panels"]
+        start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Efficiency")
+        return {p["title"]: p for p in panels[start + 1:]}
+
+    eff = row(boards["ranksight-triage.json"])
+    steps = eff["MFU"]["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [(s["value"], s["color"]) for s in steps] == [
+        (None, "red"), (0.15, "yellow"), (0.30, "green"), (0.45, "dark-green"), (0.55, "blue")]
+    assert triage.REC["job_mfu"] in eff["MFU"]["targets"][0]["expr"]
+    names = [(m["options"]["from"], m["options"]["to"], m["options"]["result"]["text"])
+             for m in eff["MFU band"]["fieldConfig"]["defaults"]["mappings"]]
+    assert names == [(None, 0.15, "serious problem"), (0.15, 0.30, "normal"), (0.30, 0.45, "good"),
+                     (0.45, 0.55, "excellent"), (0.55, None, "near the hardware limit")]
+    assert triage.REC["job_tokens"] in eff["Tokens per second"]["targets"][0]["expr"]
+    assert triage.REC["rank_flops"] in eff["Model TFLOPS per GPU"]["targets"][0]["expr"]
+    p = tmp_path / "c.yml"
+    p.write_text("thresholds: {mfu_low: 0.2, mfu_good: 0.35}\n")
+    steps = row(generate.render(config.load(str(p), env={}))["ranksight-triage.json"])["MFU"]
+    assert [s["value"] for s in steps["fieldConfig"]["defaults"]["thresholds"]["steps"]] == [None, 0.2, 0.35, 0.45, 0.55]
 
 
 def test_triage_top_row(boards):
