@@ -5,13 +5,14 @@
 
 ``watch`` returns the loader to iterate (a ``WatchedLoader``; also a context manager
 that unwatches on exit); what it is not given it finds (``auto.py``): ``watch()`` alone
-times every optimizer, DataLoader iterator and the model of the first step. ``unwatch()`` removes every hook and patch. ``checkpoint_timer``
+times every optimizer, DataLoader iterator and the model of the first step. ``unwatch()`` removes every hook and patch. ``loss(loss)`` records the step's training loss
+without waiting on the device (``loss.py``). ``checkpoint_timer``
 and ``atomic_save`` record checkpoint writes. ``current()`` is the active ``Watcher``
 (extension points for lints: see ``Watcher``). Importing this package imports torch.
 """
 from __future__ import annotations
 
-from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, unwatch, watch
+from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, loss, unwatch, watch
 from .watcher import active as current
 
-__all__ = ["watch", "unwatch", "checkpoint_timer", "atomic_save", "current", "Watcher", "WatchedLoader"]
+__all__ = ["watch", "unwatch", "loss", "checkpoint_timer", "atomic_save", "current", "Watcher", "WatchedLoader"]
