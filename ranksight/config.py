@@ -71,6 +71,11 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                           "windows.step_smooth) / its baseline above this", 1, 100),
         "report_share_delta": Opt(0.02, "ranksight report: a share (goodput or a badput category) that moved by more than "
                                         "this against the baseline run is flagged", 0, 1),
+        # the training loss (ranksight.loss; ranksight/triage/alerts.py, _loss_signals)
+        "loss_spike_ratio": Opt(2.0, "RanksightLossSpike: a rank's mean loss over windows.loss_short / its mean over "
+                                     "the windows.loss_long before it, above this", 1, 1e6),
+        "loss_divergence_ratio": Opt(1.5, "RanksightLossDivergence: the job's highest / lowest rank mean loss over "
+                                          "windows.loss_short, above this", 1, 1e6),
         "goodput_floor": Opt(0.8, "RanksightGoodputLow: the job's goodput (productive share of its wall time) below this", 0, 1),
     },
     "durations": {  # `for:` of each alert
@@ -97,6 +102,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "lint": Opt("0m", "RanksightLint* for:"),
         "step_regression": Opt("1h", "RanksightStepTimeRegression for:"),
         "goodput_low": Opt("30m", "RanksightGoodputLow for:"),
+        "loss_nonfinite": Opt("0m", "RanksightLossNonFinite for:"),
+        "loss_spike": Opt("5m", "RanksightLossSpike for:"),
+        "loss_divergence": Opt("10m", "RanksightLossDivergence for:"),
         "baseline_rule_interval": Opt("5m", "evaluation interval of the step-time baseline group (hour averages and "
                                             "their minimum over windows.step_baseline)"),
         "slow_rule_interval": Opt("1m", "evaluation interval of the recording groups of large families that only "
@@ -117,6 +125,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                    "lookback (the job's best hour), so a slow creep over days still fires"),
         "goodput_min_wall": Opt("1h", "RanksightGoodputLow: judged only once the job's goodput has been recorded this "
                                       "long (startup dominates a young job)"),
+        "loss_short": Opt("5m", "RanksightLossSpike, RanksightLossDivergence: the recent mean loss of a rank is over this"),
+        "loss_long": Opt("1h", "RanksightLossSpike: ... and its reference, the mean over this window before the short one"),
     },
     "agent": {
         "listen": Opt("0.0.0.0:9945", "HTTP listen address for /metrics and /healthz"),
@@ -205,7 +215,8 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
     "test": {
         "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
         "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m",
-                    "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m"},
+                    "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m",
+                    "loss_short": "1m", "loss_long": "5m"},
     },
 }
 
