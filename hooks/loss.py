@@ -15,8 +15,10 @@ dropped and counted (the watch's ``hdrop``). A finite loss outside [0, MAX_SECON
 log-likelihood, say) cannot be carried by the step record: it is counted in ``out_of_range`` and
 not sent. Other devices (MPS, XLA) would need a read that synchronizes: their losses are ignored.
 
-The reader is the watch's (``Watcher.losses``); it calls ``add(value, step)`` for each reading
-it resolves, which adds it to the step in progress (``Watcher._loss``, ``Watcher._lossn``).
+The reader is the watch's (``Watcher.losses``); it calls ``add(value)`` for each finite reading
+it resolves, which adds it to the step in progress (``Watcher._loss``, ``Watcher._lossn``). A
+loss belongs to the step in progress when it is recorded: one recorded after the last
+``optimizer.step()`` of the run, and CUDA readings still in flight at ``close()``, are not sent.
 """
 from __future__ import annotations
 
@@ -49,9 +51,9 @@ class CudaCopy:
         elif src.dtype != self._torch.float32:
             src = src.float()
         i = self._free.pop()
-        self._buf[i].copy_(src.reshape(()), non_blocking=True)
+        self._buf[i].copy_(src.reshape(()), non_blocking=True)  # on the loss device's current stream
         ev = self._torch.cuda.Event()
-        ev.record()
+        ev.record(self._torch.cuda.current_stream(src.device))  # ... and the event after it, on that stream
         return i, ev
 
     def read(self, slot: int) -> float:
