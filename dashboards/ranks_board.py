@@ -129,4 +129,28 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
            [Q(top(rate(C.HOOK_ERRORS)), who + " errors"), Q(top(rate(C.HOOK_DROPPED_EVENTS)), who + " dropped")],
            w=8),
     ]
+    return _loss_row(b, cfg, by, who)
+
+
+def _loss_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any], who: str) -> Board:
+    """``b`` with the training loss row (ranksight.loss): each rank's mean, its spike ratio, its first
+    non-finite step."""
+    spike, spread, nonfinite = by["loss-spike"], by["loss-divergence"], by["loss-nonfinite"]
+    R, t = triage.REC, cfg["thresholds"]
+    rows = b.row("Training loss")
+    rows += [
+        ts(b.lay, "Mean training loss by rank",
+           f"Each rank's mean training loss over windows.loss_short ({cfg['windows']['loss_short']}), from "
+           "ranksight.loss. Ranks of one job should draw one band: a rank apart from it trains another model "
+           f"or other data ({spread.alert}, above {t['loss_divergence_ratio']:g}x between the highest and the "
+           f"lowest: look at {spread.next_check}). " + worst("ranks", "highest loss"), "none",
+           [Q(top(sel(R["loss_short"])), who)], min0=False, w=8),
+        ts(b.lay, "Loss spike ratio", signal_description(spike, worst("ranks")), "none",
+           [Q(top(sel(R["loss_spike"])), who)], threshold=Threshold(spike.threshold, ">"), min0=False, w=8),
+        ts(b.lay, "First non-finite loss step",
+           f"The step of each rank's first NaN or infinite training loss (0: none). {nonfinite.alert} pages at "
+           "once; the earliest step names the rank it started on: under data parallel the all-reduce brings "
+           "the NaN to every rank a step later. " + worst("ranks", "highest step"), "none",
+           [Q(top(f"{sel(C.LOSS_FIRST_NONFINITE_STEP)} > 0"), who)], w=8),
+    ]
     return b

@@ -5,7 +5,8 @@
 
 ``watch`` returns the loader to iterate (a ``WatchedLoader``; also a context manager
 that unwatches on exit); what it is not given it finds (``auto.py``): ``watch()`` alone
-times every optimizer, DataLoader iterator and the model of the first step. ``unwatch()`` removes every hook and patch. ``checkpoint_timer``
+times every optimizer, DataLoader iterator and the model of the first step. ``unwatch()`` removes every hook and patch. ``loss(loss)`` records the step's training loss
+without waiting on the device (``loss.py``). ``checkpoint_timer``
 and ``atomic_save`` record checkpoint writes. ``current()`` is the active ``Watcher``
 (extension points for lints: see ``Watcher``). Importing this package imports torch.
 ``watch(engine, optimizer, loader)`` with a DeepSpeed engine times the engine's model steps
@@ -16,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import deepspeed_engine as _deepspeed
-from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, unwatch
+from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, loss, unwatch
 from .watcher import active as current
 from .watcher import watch as _watch
 
@@ -30,4 +31,4 @@ def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
     return _watch(model, optimizer, loader, config=config, agent=agent, discover=discover)
 
 
-__all__ = ["watch", "unwatch", "checkpoint_timer", "atomic_save", "current", "Watcher", "WatchedLoader"]
+__all__ = ["watch", "unwatch", "loss", "checkpoint_timer", "atomic_save", "current", "Watcher", "WatchedLoader"]

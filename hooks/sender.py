@@ -307,8 +307,10 @@ class Background:
     def step_state(self) -> Dict[str, int]:
         """The step record's cumulative and current fields now, by key (sent once per record)."""
         state = dict(self._mem)
-        state.update(herr=self.herr, hdrop=self._tl.dropped if self._tl is not None else 0, wrss=self._wrss,
-                     restart=self.identity.restart, fpt=self._fpt())
+        lr = self.losses
+        state.update(herr=self.herr, hdrop=(self._tl.dropped if self._tl is not None else 0) + lr.dropped,
+                     wrss=self._wrss, restart=self.identity.restart, fpt=self._fpt(), lnan=lr.nonfinite,
+                     lnanstep=lr.first_bad)
         return state
 
     def _fpt(self) -> int:

@@ -348,11 +348,14 @@ class StepPath:
             g[XCOMM] -= xcomm
             g[COMM] -= comm
         comm += extra
+        if self.losses._pending:  # CUDA losses of earlier steps whose copy is done
+            self.losses.take(self._seq + 1)
         self._seq += 1
         # the step tuple: ("step", seq, t) and the per-step fields in their declared order
         # (ranksight/record.py, LAYOUT.index); each is accumulated in self._<key> or a local <key>
         rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
-               xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1, self._samples, self._tokens)
+               xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1, self._samples, self._tokens,
+               self._loss, self._lossn)
         if len(self._queue) < QUEUE_CAP:
             self._queue.append(rec)
         else:
@@ -361,11 +364,25 @@ class StepPath:
 
     def _reset_step(self, t: float) -> None:
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
-        self._micro = self._samples = self._tokens = 0
+        self._micro = self._samples = self._tokens = self._lossn = 0
+        self._loss = 0.0
         self._t0 = t
         self._t_bwd = None
         self._phase = "other"
         self._phase_t = t
+
+    def _add_loss(self, v: float) -> None:
+        self._loss += v
+        self._lossn += 1
+
+    def record_loss(self, value: Any) -> None:
+        """``ranksight.loss(value)``: one training loss of the step in progress (hooks/loss.py)."""
+        if not self._active:
+            return
+        try:
+            self.losses.record(value, self._seq + 1)
+        except Exception as e:
+            self._hook_error("loss", e)
 
     def _gpu_add(self, kind: str, secs: float) -> None:
         self._gacc[kind] += secs

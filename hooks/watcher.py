@@ -65,6 +65,7 @@ from .closing import (BYE_COPIES, CLOSE_GPU_MAX, CLOSE_GPU_WAIT, JOIN_SECONDS, S
                       Closing)
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
+from .loss import LossReader
 from .patch import Patcher
 from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline
 from .settings import Settings, load_settings  # noqa: F401 (public here)
@@ -133,9 +134,11 @@ class Watcher(StepPath, Background, Closing):
         self._t0: Optional[float] = None
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = 0.0
         self._dcomm = self._dx = 0.0  # gloo DDP's all-reduce this step (DDPStats), comm and exposed
-        self._micro = self._samples = self._tokens = 0
+        self._micro = self._samples = self._tokens = self._lossn = 0
         self._seq_len = 0  # T: tokens per sample of the first batch with tokens (the FLOPs estimate's)
         self._flops: Any = None  # hooks/flops.py FlopsPerToken, made when the background thread starts
+        self._loss = 0.0  # the finite training losses read this step (hooks/loss.py), and their count
+        self.losses = LossReader(self._add_loss)
         self._seq = 0
         self._t_fwd: Optional[float] = None
         self._t_bwd: Optional[float] = None
@@ -346,7 +349,9 @@ class Watcher(StepPath, Background, Closing):
                 "ddp_comm_hook": self.comm.ddp_hooked, "gpu": self._tl is not None,
                 "flight_recorder": self._fr_on, "ddp_stats": self._ddp_stats is not None, "phase": self._phase,
                 "ddp_stats_read": ds.samples if ds else 0, "ddp_stats_estimated": ds.estimated if ds else 0,
-                "ddp_stats_resyncs": ds.resyncs if ds else 0, "gpu_unsent": self.gpu_unsent}
+                "ddp_stats_resyncs": ds.resyncs if ds else 0, "gpu_unsent": self.gpu_unsent,
+                "loss_nonfinite": self.losses.nonfinite, "loss_in_flight": self.losses.in_flight(),
+                "loss_dropped": self.losses.dropped, "loss_out_of_range": self.losses.out_of_range}
 
 
 # ------------------------------------------------------------------------------ the API
@@ -411,6 +416,16 @@ def unwatch() -> None:
     w = active()
     if w is not None:
         w.close()
+
+
+def loss(value: Any) -> None:
+    """``ranksight.loss(loss)``: record this step's training loss (a tensor or a number; call it
+    once per micro-batch or once per step). A CUDA tensor is read a step or more later, once its
+    copy to the host completed: no synchronization. A NaN or infinite loss is counted and its step
+    reported. Does nothing unwatched; never raises."""
+    w = active()
+    if w is not None:
+        w.record_loss(value)
 
 
 def checkpoint_timer(path: Any = None, nbytes: Optional[int] = None, obj: Any = None) -> CheckpointTimer:

@@ -2,6 +2,7 @@
 
     import ranksight
     loader = ranksight.watch(model, optimizer, loader)
+    ranksight.loss(loss)   # each step: the training loss, read without a device sync
     trainer = Trainer(..., callbacks=[ranksight.integrations.transformers.RanksightCallback()])
 
 The core package never imports torch. The hook API below and the subpackages a training script
@@ -14,7 +15,7 @@ from importlib import import_module as _import_module
 
 __version__ = "0.1.0"
 
-_HOOK_API = ("watch", "unwatch", "checkpoint_timer", "atomic_save")
+_HOOK_API = ("watch", "unwatch", "loss", "checkpoint_timer", "atomic_save")
 _LAZY_SUBPACKAGES = ("hooks", "integrations")
 
 

@@ -91,6 +91,14 @@ MODEL_FLOPS_PER_TOKEN = _m("model_flops_per_token", "gauge", "count", R,
                            "Model FLOPs per trained token, forward and backward (no recomputation): "
                            "hooks.flops_per_token, or estimated once from the model as 6*N + 12*L*H*T "
                            "(hooks/flops.py). Times the tokens rate: the rank's achieved FLOP/s.")
+LOSS_SUM = _m("loss_sum_total", "counter", "loss", R,
+              "Sum of the finite training losses the rank recorded (ranksight.loss); over loss_readings_total, "
+              "the mean loss. A loss outside [0, 604800] is not summed.")
+LOSS_READINGS = _m("loss_readings_total", "counter", "count", R, "Finite training losses in loss_sum_total.")
+LOSS_NONFINITE = _m("loss_nonfinite_total", "counter", "count", R, "Training losses that were NaN or infinite.")
+LOSS_FIRST_NONFINITE_STEP = _m("loss_first_nonfinite_step", "gauge", "count", R,
+                               "The optimizer step whose training loss was the rank's first NaN or infinity "
+                               "(0: none yet).")
 STEP_SECONDS = _m("step_seconds_total", "counter", "seconds", R, "Sum of step durations.")
 DATALOADER_WAIT = _m("dataloader_wait_seconds_total", "counter", "seconds", R,
                      "Time the training loop spent waiting in next() on the data loader.")

@@ -79,6 +79,11 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "mfu_near_limit": Opt(0.55, "MFU panel: near the hardware limit from this MFU (reference band, no alert)", 0, 1),
         "mfu_drop_ratio": Opt(0.8, "RanksightMfuDrop: the job's MFU now / its MFU windows.mfu_drop_offset ago "
                                    "below this", 0, 1),
+        # the training loss (ranksight.loss; ranksight/triage/alerts.py, _loss_signals)
+        "loss_spike_ratio": Opt(2.0, "RanksightLossSpike: a rank's mean loss over windows.loss_short / its mean over "
+                                     "the windows.loss_long before it, above this", 1, 1e6),
+        "loss_divergence_ratio": Opt(1.5, "RanksightLossDivergence: the job's highest / lowest rank mean loss over "
+                                          "windows.loss_short, above this", 1, 1e6),
         "goodput_floor": Opt(0.8, "RanksightGoodputLow: the job's goodput (productive share of its wall time) below this", 0, 1),
     },
     "durations": {  # `for:` of each alert
@@ -107,6 +112,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "goodput_low": Opt("30m", "RanksightGoodputLow for:"),
         "mfu_low": Opt("30m", "RanksightMfuLow for:"),
         "mfu_drop": Opt("15m", "RanksightMfuDrop for: (a shorter dip, e.g. an evaluation pass, does not page)"),
+        "loss_nonfinite": Opt("0m", "RanksightLossNonFinite for:"),
+        "loss_spike": Opt("5m", "RanksightLossSpike for:"),
+        "loss_divergence": Opt("10m", "RanksightLossDivergence for:"),
         "baseline_rule_interval": Opt("5m", "evaluation interval of the step-time baseline group (hour averages and "
                                             "their minimum over windows.step_baseline)"),
         "slow_rule_interval": Opt("1m", "evaluation interval of the recording groups of large families that only "
@@ -128,6 +136,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "mfu_drop_offset": Opt("1h", "RanksightMfuDrop: the job's MFU is compared with its value this long ago"),
         "goodput_min_wall": Opt("1h", "RanksightGoodputLow: judged only once the job's goodput has been recorded this "
                                       "long (startup dominates a young job)"),
+        "loss_short": Opt("5m", "RanksightLossSpike, RanksightLossDivergence: the recent mean loss of a rank is over this"),
+        "loss_long": Opt("1h", "RanksightLossSpike: ... and its reference, the mean over this window before the short one"),
     },
     "agent": {
         "listen": Opt("0.0.0.0:9945", "HTTP listen address for /metrics and /healthz"),
@@ -227,7 +237,7 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
         "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
         "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m",
                     "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m",
-                    "mfu_drop_offset": "5m"},
+                    "mfu_drop_offset": "5m", "loss_short": "1m", "loss_long": "5m"},
     },
 }
 

@@ -105,7 +105,8 @@ Versions. Node agents and training images upgrade on their own schedules. The ag
 every version in ``ACCEPTED``: version 1 records have the old meaning (step records are deltas
 the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry every per-step
 list, version 3 ones only "dur" and "first" unless asked for step detail; version 4 adds the
-step's work ("samples", "tokens": their sums in the totals, their lists as step detail); every other
+step's work ("samples", "tokens") and the training loss ("loss", "lossn": their sums in the totals,
+their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); every other
 record is the same in 2, 3 and 4. A version it does not know is rejected and logged once per
 version, so an agent older than version 4 rejects a version 4 sender: the hooks send the version
 ``hooks.protocol`` names (``SENDABLE``: 4 by default, 3 or 2 for a fleet whose agents read at most
@@ -164,7 +165,7 @@ LAYOUTS: Dict[int, record.Layout] = record.layouts(ACCEPTED)
 SENDER_LAYOUTS: Dict[Tuple[int, bool], record.Layout] = {
     (v, d): LAYOUTS[v] if d else record.Layout(record.FIELDS, v, detail=False)
     for v in SENDABLE for d in (True, False)}
-STEP_SECONDS_FIELDS = LAYOUTS[VERSION].seconds  # per-step seconds, in the order the hooks write them
+STEP_SECONDS_FIELDS = LAYOUTS[VERSION].seconds  # per-step floats (seconds, the loss sum), in the order the hooks write them
 STEP_COUNT_FIELDS = ("seq",) + LAYOUTS[VERSION].counts + LAYOUTS[VERSION].last
 STEPS_LAST_FIELDS = LAYOUTS[VERSION].last  # one value per "steps" record, at its last step
 

@@ -53,7 +53,7 @@ TUPLE_HEAD = 3  # a queued step tuple: ("step", seq, perf_counter at the step's 
 class Field:
     key: str  # the wire key, and the name the hooks and the agent use for it
     type: type  # float | int
-    unit: str  # seconds | count | bytes
+    unit: str  # seconds | count | bytes | loss (the training loss, dimensionless)
     kind: str  # PER_STEP | CUMULATIVE | CURRENT
     help: str
     metric: Optional[C.Metric] = None  # the sum (PER_STEP), the counter (CUMULATIVE) or the gauge (CURRENT)
@@ -98,6 +98,11 @@ FIELDS: Tuple[Field, ...] = (
           detail=DETAIL),
     Field("samples", I, "count", PER_STEP, "samples in the step's batches", C.SAMPLES, since=4, detail=4),
     Field("tokens", I, "count", PER_STEP, "tokens in the step's batches", C.TOKENS, since=4, detail=4),
+    # the training loss (hooks/loss.py): finite values in [0, MAX_SECONDS], read a step or more late on CUDA
+    Field("loss", F, "loss", PER_STEP, "sum of the finite training losses read at the step", C.LOSS_SUM, since=4,
+          detail=4),
+    Field("lossn", I, "count", PER_STEP, "finite training losses read at the step (the terms of loss)",
+          C.LOSS_READINGS, since=4, detail=4),
     Field("retries", I, "count", CUMULATIVE, "CUDA allocator retries (num_alloc_retries)", C.CUDA_ALLOC_RETRIES),
     Field("ooms", I, "count", CUMULATIVE, "CUDA out-of-memory errors", C.CUDA_OOMS),
     Field("mres", I, "bytes", CURRENT, "CUDA reserved bytes", C.CUDA_RESERVED),
@@ -108,6 +113,9 @@ FIELDS: Tuple[Field, ...] = (
     Field("restart", I, "count", CURRENT, "restart count from the launcher", C.RANK_RESTARTS),
     Field("fpt", I, "count", CURRENT, "model FLOPs per token, declared or estimated once (hooks/flops.py)",
           C.MODEL_FLOPS_PER_TOKEN, since=4),
+    Field("lnan", I, "count", CUMULATIVE, "non-finite (NaN, infinite) training losses", C.LOSS_NONFINITE, since=4),
+    Field("lnanstep", I, "count", CURRENT, "the step of the first non-finite training loss (0: none)",
+          C.LOSS_FIRST_NONFINITE_STEP, since=4),
 )
 del F, I
 
@@ -133,7 +141,7 @@ class Layout:
         self.sent = sent  # what this version carries
         self.per_step = tuple(f.key for f in fields if f.kind == PER_STEP)  # the step tuple's values, in order
         self.index: Dict[str, int] = {k: TUPLE_HEAD + i for i, k in enumerate(self.per_step)}
-        self.seconds = tuple(f.key for f in sent if f.kind == PER_STEP and f.type is float)
+        self.seconds = tuple(f.key for f in sent if f.kind == PER_STEP and f.type is float)  # (and the loss sum)
         self.counts = tuple(f.key for f in sent if f.kind == PER_STEP and f.type is int)
         self.last = tuple(f.key for f in sent if f.kind != PER_STEP)  # one value per record, at its last step
         # a "steps" record's per-step lists that are step detail in this version (all or none of

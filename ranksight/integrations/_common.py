@@ -46,6 +46,24 @@ def time_saves(w: Any, owner: type, name: str, src: str, path_of: Callable[..., 
     return w._patcher.set(owner, name, like(save, orig, name))
 
 
+def record_losses(w: Any, owner: type, name: str) -> bool:
+    """Patch ``owner.name`` (a method whose first argument is the loss, such as
+    ``Accelerator.backward``) through the watcher's Patcher: each call records that loss with
+    ``Watcher.record_loss`` (no device wait; never raises) before the method runs."""
+    from ranksight.hooks.patch import like
+
+    orig = getattr(owner, name, None)
+    if orig is None:
+        return False
+
+    def method(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
+        if w._active:
+            w.record_loss(loss)
+        return orig(self, loss, *args, **kwargs)
+
+    return w._patcher.set(owner, name, like(method, orig, name))
+
+
 class Owned:
     """The watch a callback started. A watch the user started before stays theirs: the callback
     then neither replaces nor closes it."""

@@ -5,7 +5,8 @@ the skipped ``optimizer.step()`` calls of the other micro-batches are not steps;
 DataLoader's iterator is timed; the model found is the DDP/FSDP wrapper ``prepare`` made).
 
 ``ranksight.integrations.accelerate.watch()`` is that ``watch()`` plus ``Accelerator.save_state``
-timed as one checkpoint write. Importing this module imports accelerate.
+timed as one checkpoint write, and the loss each ``Accelerator.backward(loss)`` is given recorded
+as ``ranksight.loss`` would (no device wait). Importing this module imports accelerate.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any, Optional
 
 from accelerate import Accelerator
 
-from ._common import time_saves
+from ._common import record_losses, time_saves
 
 __all__ = ["watch"]
 
@@ -45,6 +46,7 @@ def watch(*, config: Any = None, agent: Optional[str] = None) -> Any:
     if w is not None:
         try:
             time_saves(w, Accelerator, "save_state", "accelerate", _state_dir)
+            record_losses(w, Accelerator, "backward")
         except Exception as e:
             w._hook_error("accelerate checkpoint setup", e)
     return w

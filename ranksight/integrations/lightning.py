@@ -11,7 +11,10 @@ batch (manual optimization, a GAN) make one step. Lightning runs forward and bac
 in ``next()`` on every DataLoader iterator (Lightning's prefetching shifts a fetch by one batch,
 not the sum), which Lightning itself does not measure; validation inside ``fit`` pauses it (its
 time stays in the step it interrupts). ``Trainer.save_checkpoint`` (what
-``ModelCheckpoint`` calls) is timed as one checkpoint write. ``on_train_end``, ``on_exception``
+``ModelCheckpoint`` calls) is timed as one checkpoint write. ``on_train_batch_end`` records the
+batch's training loss (``outputs["loss"]``, or the tensor ``training_step`` returned; times
+``accumulate_grad_batches`` under automatic optimization, which divided it) as
+``ranksight.loss`` would: read a step or more later on CUDA, without a synchronization. ``on_train_end``, ``on_exception``
 and the fit's teardown unwatch and restore everything. A watch the user started before is left as it is.
 
 Importing this module imports ``lightning`` (or ``pytorch_lightning`` when only that is installed).
@@ -69,6 +72,21 @@ class RanksightCallback(pl.Callback):
         w = self._own.w
         if w is not None:
             w._fwd_post(pl_module, (), loss)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        w = self._own.w
+        if w is None:
+            return
+        try:
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            if loss is None:
+                return
+            k = getattr(trainer, "accumulate_grad_batches", 1)
+            if k > 1 and getattr(pl_module, "automatic_optimization", True):
+                loss = loss * k  # Lightning divided the micro-batch's loss by k (a device op: no wait)
+            w.record_loss(loss)
+        except Exception as e:
+            w._hook_error("lightning loss", e)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         w = self._own.w

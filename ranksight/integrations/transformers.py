@@ -7,7 +7,11 @@ step, and data wait on every DataLoader iterator. A step is one optimizer step, 
 ``gradient_accumulation_steps=k`` each step counts k micro-batches (forwards with grad). The
 Trainer's own checkpoint saves (``Trainer._save_checkpoint``: weights, optimizer, scheduler, RNG)
 are timed as one checkpoint write each; the evaluation loader's fetches during training
-(``Trainer.evaluate``) are not data wait. ``on_train_end`` unwatches and restores everything; each
+(``Trainer.evaluate``) are not data wait. ``on_log`` records the training loss the Trainer logs
+(``logs["loss"]``, every ``logging_steps``: the mean since the last log, which the Trainer has
+already read to the host and averaged over the ranks, so every rank reports the same value:
+a NaN is caught, a disagreement between ranks is not; call ``ranksight.loss`` in
+``compute_loss`` for each rank's own). ``on_train_end`` unwatches and restores everything; each
 ``train()`` call is one watch. A watch the user started before ``train()`` is left as it is.
 
 Importing this module imports transformers.
@@ -57,6 +61,12 @@ class RanksightCallback(TrainerCallback):
                 pause_data_during(w, Trainer, "evaluate")
             except Exception as e:
                 w._hook_error("transformers checkpoint setup", e)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        w = self._own.w
+        if w is None or not isinstance(logs, dict) or "loss" not in logs:
+            return
+        w.record_loss(logs["loss"])  # a float the Trainer already read (record_loss never raises)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._own.end()

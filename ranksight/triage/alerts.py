@@ -47,11 +47,13 @@ RANK_SCOPE = ("job", "node", "rank")
 
 
 def table(cfg: Mapping[str, Any]) -> List[Entry]:
-    """Every entry in table order: the six signals, the MFU alerts (efficiency.py), the causes of a rank, the hardware causes, the
-    stack's own health, the lints, then goodput and the step-time baseline."""
+    """Every entry in table order: the six signals, the MFU alerts (efficiency.py), the causes of a
+    rank, the hardware causes, the training loss, the stack's own health, the lints, then goodput
+    and the step-time baseline."""
     base = dict(cfg.get("alerting") or {}).get("runbook_base_url") or RUNBOOK_BASE
     six = _step_signals(cfg) + _progress_signals(cfg)
-    entries = six + _efficiency.entries(cfg, six) + _rank_causes(cfg) + _hardware_causes(cfg) + _stack_health(cfg)
+    entries = (six + _efficiency.entries(cfg, six) + _rank_causes(cfg) + _hardware_causes(cfg) + _loss_signals(cfg)
+               + _stack_health(cfg))
     entries += lint_entries(cfg)
     entries = _goodput.with_goodput_inhibitions(entries + _goodput.entries(cfg))
     if base != RUNBOOK_BASE:
@@ -403,6 +405,64 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             **prose("gpu-throttling"),
             next_check="straggler ratio of the rank on that GPU",
             inhibits=(GPU_RANK,),
+        ),
+    ]
+
+
+# RanksightLossDivergence: each rank's recent mean loss, read when an alert of the job is active
+LOSS_BY_RANK = (f'{{{{ range $i, $s := query (printf "{REC["loss_short"]}{{job=%q}}" $labels.job) | sortByLabel "rank" }}}}'
+                '{{ if $i }}, {{ end }}rank {{ $s.Labels.rank }} {{ printf "%.3g" $s.Value }}{{ end }}')
+
+
+def _loss_signals(cfg: Mapping[str, Any]) -> List[Entry]:
+    """The training loss (``ranksight.loss``): a NaN or infinity on a rank, a rank's loss jumping
+    against its own recent past, and ranks of one job whose losses disagree."""
+    t, d, w = cfg["thresholds"], cfg["durations"], cfg["windows"]
+    first = str(C.LOSS_FIRST_NONFINITE_STEP)
+    return [
+        Entry(
+            id="loss-nonfinite", alert="RanksightLossNonFinite", kind="cause", order=0,
+            title="Non-finite training loss", severity="critical",
+            # the gauge is the step of the rank's first NaN or infinite loss in this process (0: none)
+            expr=f"{first} > 0",
+            for_=d["loss_nonfinite"], threshold=0, unit="count",
+            indicator=first, op=">", scope=RANK_SCOPE,
+            summary="A rank's training loss is NaN or infinite",
+            description=f"{RANK_DESC} recorded a NaN or infinite training loss, first at step "
+                        '{{ printf "%.0f" $value }}.',
+            **prose("loss-nonfinite"),
+            next_check="the inputs and the learning rate at that step; the last checkpoint before it",
+            inhibits=(Inhibit(("RanksightLossSpike", "RanksightLossDivergence"), ("job",)),),
+        ),
+        Entry(
+            id="loss-spike", alert="RanksightLossSpike", kind="cause", order=0,
+            title="Training loss spike", severity="warning",
+            # Window means, not single steps: one outlier batch among the hundreds of steps of the
+            # short window moves its mean little, so a sustained doubling of the mean is already a
+            # real jump (a per-step check such as 10x the max of the last 100 steps needs a far
+            # higher ratio because it compares single values). A decreasing loss reads below 1.
+            expr=f"{REC['loss_spike']} > {t['loss_spike_ratio']:g}",
+            for_=d["loss_spike"], threshold=t["loss_spike_ratio"], unit="ratio",
+            indicator=REC["loss_spike"], op=">", scope=RANK_SCOPE,
+            summary="A rank's training loss jumped above its recent mean",
+            description=f"{RANK_DESC}: its mean training loss over the last {w['loss_short']} is {VAL}x its mean "
+                        f"over the {w['loss_long']} before.",
+            **prose("loss-spike"),
+            next_check="the learning-rate schedule and the data at the jump; the gradient norm",
+        ),
+        Entry(
+            id="loss-divergence", alert="RanksightLossDivergence", kind="cause", order=0,
+            title="Ranks disagree on the training loss", severity="warning",
+            # highest / lowest rank mean over the short window: data shards of one distribution give
+            # means within a few percent of each other over hundreds of steps
+            expr=f"{REC['loss_spread']} > {t['loss_divergence_ratio']:g}",
+            for_=d["loss_divergence"], threshold=t["loss_divergence_ratio"], unit="ratio",
+            indicator=REC["loss_spread"], op=">", scope=("job",),
+            summary="The ranks of a job report different training losses",
+            description=f"job={{{{ $labels.job }}}}: the highest rank mean training loss over the last "
+                        f"{w['loss_short']} is {VAL}x the lowest ({LOSS_BY_RANK}).",
+            **prose("loss-divergence"),
+            next_check="whether every rank holds the same weights (the rank_disagreement lint) and its own shard",
         ),
     ]
 

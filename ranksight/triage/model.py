@@ -36,9 +36,12 @@ THROTTLE_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
 # job behind one straggler is one RanksightCommBound instance, each costing its label and annotation
 # templates on every evaluation (bench/scale/alert_cost.py), so they evaluate beside the causes.
 ALERT_GROUPS: Tuple[str, ...] = ("ranksight.alerts.rank", "ranksight.alerts.waiting", "ranksight.alerts.node",
-                                 "ranksight.alerts.gpu", "ranksight.alerts.job", "ranksight.alerts.efficiency")
+                                 "ranksight.alerts.gpu", "ranksight.alerts.job", "ranksight.alerts.efficiency",
+                                 "ranksight.alerts.loss")
 EFFICIENCY_ALERTS: Tuple[str, ...] = ("RanksightMfuLow", "RanksightMfuDrop")  # the efficiency group's
 WAITING_SYMPTOMS: Tuple[str, ...] = ("RanksightCommBound", "RanksightRankBlocked")
+# the training loss's alerts (ranksight.loss): a model problem, not a performance one, in a group of their own
+LOSS_ALERTS: Tuple[str, ...] = ("RanksightLossNonFinite", "RanksightLossSpike", "RanksightLossDivergence")
 # RDMA traffic counters (everything else the agent exposes for a port is an error or congestion count)
 RDMA_TRAFFIC = "port_(rcv|xmit)_(packets|data)|(unicast|multicast)_(rcv|xmit)_packets"
 # Clocks-event reasons the throttling panel shows (the alert ignores sw_power_cap, see THROTTLE_REASONS)
@@ -95,9 +98,11 @@ class Entry:
     @property
     def group(self) -> str:
         """The alert group (ALERT_GROUPS) the alert evaluates in."""
-        rank_g, waiting_g, node_g, gpu_g, job_g, efficiency_g = ALERT_GROUPS
+        rank_g, waiting_g, node_g, gpu_g, job_g, efficiency_g, loss_g = ALERT_GROUPS
         if self.alert in EFFICIENCY_ALERTS:
             return efficiency_g
+        if self.alert in LOSS_ALERTS:
+            return loss_g
         if self.alert in WAITING_SYMPTOMS:
             return waiting_g
         if "rank" in self.scope:

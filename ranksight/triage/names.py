@@ -50,6 +50,12 @@ REC = {
     "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
     "alloc_retries": "rank:ranksight_cuda_alloc_retries:per_minute_rate",
     "ckpt_age": "rank:ranksight_checkpoint_age:seconds",
+    # the training loss (ranksight.loss): each rank's mean over the short window, over the long
+    # window before it, their ratio, and the job's spread of the short means (highest / lowest)
+    "loss_short": "rank:ranksight_loss:mean_short",
+    "loss_before": "rank:ranksight_loss:mean_before",
+    "loss_spike": "rank:ranksight_loss_spike:ratio",
+    "loss_spread": "job:ranksight_loss_spread:ratio",
     # job level, for the triage dashboard's fleet panels
     "ckpt_age_median": "job:ranksight_checkpoint_age_seconds:median",
     "ranks_up": "job:ranksight_ranks_up:sum",

@@ -133,7 +133,21 @@ def _rank_state_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["ranks_up"], f"sum by (job) ({C.RANK_UP})"),
         Recording(REC["ranks"], f"count by (job) ({C.RANK_UP})"),
     ]
-    return state
+    return state + _loss_rules(cfg)
+
+
+def _loss_rules(cfg: Mapping[str, Any]) -> List[Recording]:
+    """The training loss (ranksight.loss): a rank's mean loss is its loss sum's rate over its
+    readings' rate. The spike compares the short window with the long window just before it
+    (``offset``), so that the spike itself is not in its reference."""
+    short, long = cfg["windows"]["loss_short"], cfg["windows"]["loss_long"]
+    before = f"[{long}] offset {short}"
+    return [
+        Recording(REC["loss_short"], f"{_rate(C.LOSS_SUM, short)} / ({_rate(C.LOSS_READINGS, short)} > 0)"),
+        Recording(REC["loss_before"], f"rate({C.LOSS_SUM}{before}) / (rate({C.LOSS_READINGS}{before}) > 0)"),
+        Recording(REC["loss_spike"], f"{REC['loss_short']} / ({REC['loss_before']} > 0)"),
+        Recording(REC["loss_spread"], f"max by (job) ({REC['loss_short']}) / (min by (job) ({REC['loss_short']}) > 0)"),
+    ]
 
 
 def _node_rules(w: str) -> Tuple[List[Recording], List[Recording]]:

@@ -71,6 +71,11 @@ def main() -> int:
     p.add_argument("--user-comm-hook", action="store_true", help="register the default all-reduce hook first")
     p.add_argument("--verify", action="store_true",
                    help="every rank sees the same batches, so DDP must match a local model trained alone")
+    p.add_argument("--loss", action="store_true", help="ranksight.loss(loss) every micro-batch")
+    p.add_argument("--nan-rank", type=int, default=-1,
+                   help="this rank's input holds a NaN at --nan-step: its loss is NaN there, and DDP's all-reduce "
+                        "carries the NaN gradients to every rank's weights")
+    p.add_argument("--nan-step", type=int, default=0, help="the optimizer step (1-based) of --nan-rank's NaN")
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -100,15 +105,22 @@ def main() -> int:
     loader = ranksight.watch(model, opt, data)
     w = ranksight.hooks.current()
     extra = torch.ones(4)
+    nan_at = 0.0
     for i, (x, y) in enumerate(loader):
         last = (i + 1) % args.accum == 0
         inner = model.module if hasattr(model, "module") else model
         if isinstance(inner, SleepyMLP) and rank == args.hang_rank and args.fwd_hang_step >= 0:
             inner.sleep = args.hang_secs if i // args.accum == args.fwd_hang_step else 0.0
         ctx = model.no_sync() if (args.wrap == "ddp" and not last) else _null()
+        if rank == args.nan_rank and i // args.accum + 1 == args.nan_step:
+            x = x.clone()
+            x[0, 0] = float("nan")
+            nan_at = time.time()
         with ctx:
             loss = ((model(x) - y) ** 2).mean() / args.accum
             loss.backward()
+        if args.loss:
+            ranksight.loss(loss * args.accum)
         if last:
             if args.hang_secs and i // args.accum == args.hang_step:
                 if rank == args.hang_rank:
@@ -139,7 +151,7 @@ def main() -> int:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-    print("RESULT " + json.dumps({"rank": rank, "stats": stats}), flush=True)
+    print("RESULT " + json.dumps({"rank": rank, "stats": stats, "nan_at": nan_at}), flush=True)
     return 0
 
 

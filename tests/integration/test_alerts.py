@@ -141,6 +141,7 @@ _TIME = [
     (re.compile(r"offset \d+(?:ms|[smhd])"), "offset W"),
     (re.compile(r"(time\(\) - \w+ < )\d+(?:\.\d+)?"), r"\1W"),  # checkpoint-slow recency = rate window in seconds
     (re.compile(r" in \d+(?:ms|[smhd])\."), " in W."),  # heartbeat description names its window
+    (re.compile(r"over the (last )?\d+(?:ms|[smhd])\b"), r"over the \1W"),  # the loss spike's windows
 ]
 
 
@@ -197,7 +198,9 @@ def test_every_alert_carries_the_contract(default_cfg):
         assert set(ann) == {"summary", "description", "runbook_url"}
         assert "$labels." in ann["description"], r["alert"]
         assert ann["runbook_url"].startswith("https://") and ann["runbook_url"].endswith(".md")
-        if units[r["alert"]] != "bool":  # boolean alerts have no value worth printing
+        if units[r["alert"]] == "count" and "step" in ann["description"]:  # a step number, printed whole
+            assert '{{ printf "%.0f" $value }}' in ann["description"], r["alert"]
+        elif units[r["alert"]] != "bool":  # boolean alerts have no value worth printing
             assert '{{ printf "%.2f" $value }}' in ann["description"], r["alert"]
 
 

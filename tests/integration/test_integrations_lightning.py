@@ -14,6 +14,7 @@ pytest.importorskip("lightning")
 
 from integration_workloads.harness import check_rank, launch, rank_series, worker_env  # noqa: E402
 
+from ranksight import catalog  # noqa: E402
 from ranksight.tools.receiver import DETAIL_ENV, Receiver  # noqa: E402
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
@@ -43,6 +44,9 @@ def test_ddp_two_ranks_under_lightnings_launcher(agent, tmp_path):
         assert res["after"] == res["before"] and not res["watcher_left"], res
         # ModelCheckpoint's saves (every rank enters Trainer.save_checkpoint; rank 0 writes)
         check_rank(series[rank], STEPS, ACCUM, ACCUM * BATCH * SLEEP, ckpts=2, writer=rank == 0)
+        # on_train_batch_end's loss of every micro-batch (times accumulate_grad_batches), all finite
+        assert series[rank][catalog.LOSS_READINGS.name] == STEPS * ACCUM, series[rank]
+        assert series[rank][catalog.LOSS_SUM.name] > 0 and series[rank][catalog.LOSS_NONFINITE.name] == 0
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ IDENT = {"job": "j", "ws": 4, "rank": 1, "lr": 1, "node": "n", "pid": 7, "ts": 1
 def step(v: int = 1, **over):
     rec = dict(IDENT, v=v, t="step", seq=3, micro=1, retries=0, ooms=0, mres=1 << 30, malloc=1 << 29, herr=0,
                hdrop=0, wrss=0, restart=0)
-    rec.update({k: 0.001 * (i + 1) for i, k in enumerate(P.STEP_SECONDS_FIELDS)})
+    rec.update({k: 0.001 * (i + 1) for i, k in enumerate(P.LAYOUTS[v].seconds)})
     if v >= 2:
         rec["sess"] = 99
     rec.update(over)
@@ -93,7 +93,7 @@ def steps_bytes(n: int = 5, **over) -> bytes:
     the last-step scalars, tot, hist."""
     head = {"v": 2, "job": "j", "ws": 4, "rank": 1, "lr": 1, "node": "n", "pid": 7, "sess": 99, "t": "steps",
             "ts": 1.7e9, "seq": 3}
-    cols = {k: [0.0013 * (i + 1) * (j + 1) for j in range(n)] for i, k in enumerate(P.STEP_SECONDS_FIELDS)}
+    cols = {k: [0.0013 * (i + 1) * (j + 1) for j in range(n)] for i, k in enumerate(P.LAYOUTS[2].seconds)}
     cols["ckpt"] = [0.0] * n
     tail = {"micro": [1] * n, "retries": 0, "ooms": 0, "mres": 1 << 30, "malloc": 1 << 29, "herr": 0, "hdrop": 0,
             "wrss": 0, "restart": 0,

@@ -140,7 +140,7 @@ def test_the_declaration_is_well_formed():
     keys = [f.key for f in record.FIELDS]
     assert len(keys) == len(set(keys))
     for f in record.FIELDS:
-        assert f.kind in record.KINDS and f.unit in ("seconds", "count", "bytes") and f.help
+        assert f.kind in record.KINDS and f.unit in ("seconds", "count", "bytes", "loss") and f.help
         assert min(P.ACCEPTED) <= f.since <= P.VERSION, f.key
         if f.metric is not None:  # a sum or a counter is a counter; a reading is a gauge
             assert f.metric.type == ("gauge" if f.kind == record.CURRENT else "counter"), f.key
