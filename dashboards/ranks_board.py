@@ -145,12 +145,16 @@ def _loss_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any], who: str)
            f"or other data ({spread.alert}, above {t['loss_divergence_ratio']:g}x between the highest and the "
            f"lowest: look at {spread.next_check}). " + worst("ranks", "highest loss"), "none",
            [Q(top(sel(R["loss_short"])), who)], min0=False, w=8),
-        ts(b.lay, "Loss spike ratio", signal_description(spike, worst("ranks")), "none",
-           [Q(top(sel(R["loss_spike"])), who)], threshold=Threshold(spike.threshold, ">"), min0=False, w=8),
+        # a rank's spike ratio exists once it has windows.loss_long of history before its short window,
+        # and it is drawn only while over the alert's threshold: the ranks whose loss jumped
+        ts(b.lay, "Loss spikes", signal_description(spike, worst("ranks")) + " Only the ranks over the threshold "
+           "are drawn.", "none",
+           [Q(top(f"{sel(R['loss_spike'])} > {spike.threshold:g}"), who)], threshold=Threshold(spike.threshold, ">"),
+           min0=False, w=8, abnormal=True),
         ts(b.lay, "First non-finite loss step",
            f"The step of each rank's first NaN or infinite training loss (0: none). {nonfinite.alert} pages at "
            "once; the earliest step names the rank it started on: under data parallel the all-reduce brings "
            "the NaN to every rank a step later. " + worst("ranks", "highest step"), "none",
-           [Q(top(f"{sel(C.LOSS_FIRST_NONFINITE_STEP)} > 0"), who)], w=8),
+           [Q(top(f"{sel(C.LOSS_FIRST_NONFINITE_STEP)} > 0"), who)], w=8, abnormal=True),
     ]
     return b

@@ -291,6 +291,7 @@ def main(argv: Optional[list] = None) -> int:
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            ranksight.loss(loss)  # optional: the loss, recorded without a device sync (loss health alerts)
             optimizer.step()
             scheduler.step()
             step += 1

@@ -14,7 +14,7 @@ from .model import Model
 # ------------------------------------------------------------------------------ series layout
 EXTRA_LABEL_VALUES = {"quantile", "reason", "lint", "stat", "state", "xid", "counter", "device", "direction",
                       "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python",
-                      "category", "gpu", "where", "phase", "op", "pg"}
+                      "category", "gpu", "where", "phase", "op", "pg", "dtype"}
 
 
 def _scope(m: C.Metric) -> str:

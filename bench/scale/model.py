@@ -141,6 +141,27 @@ class Model:
     def _v_steps_total(self, m, profile, v):
         return {(): self._fmt_int(self._rank_counter("steps", profile, v))}
 
+    # the step's work and loss: 8 samples of 4,096 tokens a step, an 8 B-parameter model's 6N FLOPs
+    # per token, a loss of about 2 (every rank reads one a step), so the efficiency and loss rules
+    # have series to evaluate at scale
+    SAMPLES_PER_STEP, TOKENS_PER_SAMPLE, FLOPS_PER_TOKEN, LOSS = 8, 4096, 48_000_000_000, 2.0
+
+    def _v_samples_total(self, m, profile, v):
+        return {(): self._fmt_int([x * self.SAMPLES_PER_STEP for x in self._rank_counter("steps", profile, v)])}
+
+    def _v_tokens_total(self, m, profile, v):
+        per = self.SAMPLES_PER_STEP * self.TOKENS_PER_SAMPLE
+        return {(): self._fmt_int([x * per for x in self._rank_counter("steps", profile, v)])}
+
+    def _v_model_flops_per_token(self, m, profile, v):
+        return {(): self._const(str(self.FLOPS_PER_TOKEN), self.T)}
+
+    def _v_loss_readings_total(self, m, profile, v):
+        return {(): self._fmt_int(self._rank_counter("steps", profile, v))}
+
+    def _v_loss_sum_total(self, m, profile, v):
+        return {(): self._fmt([x * self.LOSS for x in self._rank_counter("steps", profile, v)], 3)}
+
     def _v_microbatches_total(self, m, profile, v):
         return {(): self._fmt_int(self._rank_counter("micro", profile, v))}
 
@@ -291,6 +312,9 @@ class Model:
     def _v_gpu_memory_used_bytes(self, m, profile, v):
         nz = self._noise("gmem", v, 0.002)
         return {(): self._fmt_int([74.2e9 * (1 + e) for e in nz])}
+
+    def _v_gpu_peak_flops(self, m, profile, v):  # an H200's dense BF16 peak (exporter/peak.py)
+        return {("bf16",): self._const("989000000000000", self.T)}
 
     def _v_gpu_memory_total_bytes(self, m, profile, v):
         return {(): self._const("150754820096", self.T)}

@@ -262,8 +262,9 @@ def test_healthy_run_stays_quiet_and_triage_says_healthy(suite: Suite) -> None:
         assert verdicts[alert] == "ok", (alert, obs.triage_text)
 
 
-# The dashboards' panels that cannot have data on a CPU machine: GPU (NVML) and RDMA metrics.
-_GPU_RDMA = re.compile(r"\b(ranksight_gpu_\w+|gpu:ranksight_\w+|ranksight_rdma_\w+)")
+# The dashboards' panels that cannot have data on a CPU machine: GPU (NVML) and RDMA metrics, and
+# MFU (the model FLOP/s over the GPU's peak, which only NVML names).
+_GPU_RDMA = re.compile(r"\b(ranksight_gpu_\w+|gpu:ranksight_\w+|ranksight_rdma_\w+|ranksight_mfu\b)")
 # The firing-alerts panel is empty for a healthy job by definition; it must show the fault run's alerts.
 _FIRING = re.compile(r'ALERTS\{[^}]*alertstate="firing"')
 
