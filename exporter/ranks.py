@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ranksight import catalog as C
 from ranksight import config, protocol, record
@@ -70,6 +71,20 @@ P99_REFRESH_SECONDS = 5.0
 _AGENT = config.defaults()["agent"]  # the defaults below are the config's (ranksight/config.py)
 
 
+VERSION_KEYS = ("torch", "cuda", "nccl")  # the hello info's members exposed as rank_versions_info
+_VERSION_OK = re.compile(r"[0-9A-Za-z.+_-]{0,64}")
+
+
+def versions(info: Dict[str, Any]) -> Tuple[str, str, str]:
+    """The torch, CUDA and NCCL versions of a hello's info: a value that is not a short version
+    string (a sender's bug, or an odd build) reads as "other" rather than a label of any text."""
+    out = []
+    for k in VERSION_KEYS:
+        v = info.get(k, "")
+        out.append(v if isinstance(v, str) and _VERSION_OK.fullmatch(v) else "other")
+    return out[0], out[1], out[2]
+
+
 @dataclass(frozen=True)
 class RankSettings:
     max_ranks: int = _AGENT["max_ranks"]
@@ -96,6 +111,7 @@ class Rank:
         # into counters (key -> [total, last]) and the current readings
         "kept", "sums", "hists", "cum", "cur", "win",
         "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "recv", "lost", "lost_carried", "finished", "pstart", "gpu_uuid",
+        "versions",
         # checkpoints
         "ckpt_rec", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
         # heartbeats
@@ -130,6 +146,7 @@ class Rank:
         self.finished: Optional[float] = None  # agent clock at a clean exit ("bye"); the linger runs from here
         self.pstart = 0.0
         self.gpu_uuid = ""
+        self.versions: Optional[Tuple[str, str, str]] = None  # torch, CUDA, NCCL from the hello's info
         self.cum: Dict[str, List[int]] = {k: [0, 0] for k in kept.cumulative}
         self.cur: Dict[str, int] = dict.fromkeys(kept.current, 0)
         # sums["ckpt"] from the checkpoint records' seconds, not the steps' "ckpt": a sender that does
@@ -490,6 +507,7 @@ class RankTable:
                 r.dirs = {k: os.path.normpath(v) for k, v in rec["dirs"].items() if v and os.path.isabs(v)}
                 r.pstart = rec.get("pstart", 0.0)
                 r.gpu_uuid = normalize_uuid(rec.get("gpu", ""))
+                r.versions = versions(rec["info"])
             goodput.after(self.ranks.values(), r, rec, now)
         return OK
 

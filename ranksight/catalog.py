@@ -166,6 +166,9 @@ PROCESS_START = _m("process_start_time_seconds", "gauge", "seconds", R,
 RANK_GPU_INFO = _m("rank_gpu_info", "gauge", "info", R + ("gpu", "uuid"),
                    "The GPU a rank runs on (gpu: the agent's NVML index label, uuid: the device UUID); always 1. "
                    "Join GPU series to ranks with on(node, gpu).")
+RANK_VERSIONS = _m("rank_versions_info", "gauge", "info", R + ("torch", "cuda", "nccl"),
+                   "The rank's torch, CUDA runtime and NCCL versions, from its hello (empty: none, e.g. a CPU "
+                   "build); always 1. Ranks of one job with different values run mixed builds.")
 DATALOADER_WORKERS_RSS = _m("dataloader_workers_rss_bytes", "gauge", "bytes", R,
                             "Total RSS of the rank's DataLoader worker processes.")
 

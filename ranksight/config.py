@@ -100,6 +100,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "straggler": Opt("10m", "RanksightStraggler for:"),
         "alloc_retries": Opt("15m", "RanksightCudaAllocRetries for:"),
         "nic_speed_low": Opt("5m", "RanksightNicSpeedLow for:"),
+        "version_skew": Opt("5m", "RanksightVersionSkew for:"),
         "disk_filling": Opt("5m", "RanksightDiskFilling for:"),
         "pcie_degraded": Opt("5m", "RanksightGpuPcieDegraded for:"),
         "xid": Opt("0m", "RanksightGpuXidError for:"),

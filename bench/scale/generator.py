@@ -14,7 +14,8 @@ from .model import Model
 # ------------------------------------------------------------------------------ series layout
 EXTRA_LABEL_VALUES = {"quantile", "reason", "lint", "stat", "state", "xid", "counter", "device", "direction",
                       "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python",
-                      "category", "gpu", "where", "phase", "op", "pg", "dtype"}
+                      "category", "gpu", "where", "phase", "op", "pg", "dtype",
+                      "torch", "cuda", "nccl"}
 
 
 def _scope(m: C.Metric) -> str:
@@ -106,6 +107,8 @@ class Generator:
             vals = ("NVIDIA H200", self._uuid(node, gpu), "580.159.04")
         elif m.short == "rank_gpu_info":  # ``gpu`` is the rank's local rank here: local rank i on GPU i
             vals = (str(gpu), self._uuid(node, gpu).lower())
+        elif m.short == "rank_versions_info":
+            vals = ("2.11.0+cu130", "13.0", "2.27.7")
         elif m.short == "build_info":
             vals = (__version__, "3.11.7")
         else:

@@ -257,6 +257,9 @@ class Model:
     def _v_rank_gpu_info(self, m, profile, v):
         return {(): self._const("1", self.T)}  # labels: _labels_extra (the rank's GPU and its UUID)
 
+    def _v_rank_versions_info(self, m, profile, v):
+        return {(): self._const("1", self.T)}  # labels: _labels_extra (one build on every rank)
+
     def _v_rank_stalled(self, m, profile, v):
         return {(r,): self._const("0", self.T) for r in STALL_REASONS}
 

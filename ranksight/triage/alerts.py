@@ -406,7 +406,34 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             next_check="straggler ratio of the rank on that GPU",
             inhibits=(GPU_RANK,),
         ),
+        Entry(
+            id="version-skew", alert="RanksightVersionSkew", kind="cause", order=0,
+            title="Mixed torch, CUDA, NCCL or driver versions in one job", severity="warning",
+            # The distinct builds a job's ranks report in their hello (torch, CUDA runtime, NCCL), and
+            # the distinct drivers of the GPUs its ranks run on (the rank's GPU joined to the node's
+            # gpu_info). One of either is a uniform job; collectives across mixed NCCL builds or
+            # drivers can hang or crawl.
+            expr=f"label_replace({VERSIONS} > 1, \"component\", \"torch, CUDA or NCCL\", \"\", \"\") or "
+                 f"label_replace({DRIVERS} > 1, \"component\", \"GPU driver\", \"\", \"\")",
+            for_=d["version_skew"], threshold=1, unit="count",
+            indicator=f"max by (job) (label_replace({VERSIONS}, \"c\", \"builds\", \"\", \"\") or "
+                      f"label_replace({DRIVERS}, \"c\", \"drivers\", \"\", \"\"))",
+            op=">", scope=("job",),
+            summary="The ranks of one job run different torch, CUDA, NCCL or GPU driver versions",
+            description="job={{ $labels.job }}: its ranks report {{ printf \"%.0f\" $value }} different "
+                        "{{ $labels.component }} "
+                        "versions (ranksight_rank_versions_info, ranksight_gpu_info by rank).",
+            **prose("version-skew"),
+            next_check="the images and driver versions of the job's nodes",
+        ),
     ]
+
+
+# RanksightVersionSkew: the distinct (torch, CUDA, NCCL) builds of a job's ranks, and the distinct
+# drivers of its ranks' GPUs
+VERSIONS = f"count by (job) (count by (job, torch, cuda, nccl) ({C.RANK_VERSIONS}))"
+DRIVERS = (f"count by (job) (count by (job, driver) ({C.RANK_GPU_INFO} * on (node, gpu) group_left (driver) "
+           f"max by (node, gpu, driver) ({C.GPU_INFO})))")
 
 
 # RanksightLossDivergence: each rank's recent mean loss, read when an alert of the job is active
