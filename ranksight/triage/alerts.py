@@ -420,8 +420,7 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
                       f"label_replace({DRIVERS}, \"c\", \"drivers\", \"\", \"\"))",
             op=">", scope=("job",),
             summary="The ranks of one job run different torch, CUDA, NCCL or GPU driver versions",
-            description="job={{ $labels.job }}: its ranks report {{ printf \"%.0f\" $value }} different "
-                        "{{ $labels.component }} "
+            description=f"job={{{{ $labels.job }}}}: its ranks report {VAL} different {{{{ $labels.component }}}} "
                         "versions (ranksight_rank_versions_info, ranksight_gpu_info by rank).",
             **prose("version-skew"),
             next_check="the images and driver versions of the job's nodes",
