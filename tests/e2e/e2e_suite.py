@@ -336,10 +336,26 @@ class Suite:
         while time.monotonic() < hold_until:  # the timeline keeps every alert seen meanwhile
             find(case.cause, want)
             time.sleep(POLL)
-        obs.job_alerts = self._settled_alerts(job.name, obs, fault_start)
-        self._triage(job.name, obs)
+        obs.job_alerts = self._consistent_triage(job.name, obs, fault_start)
         if case.dashboards:
             obs.dashboards = self._dashboard_queries(job.name, nodes)
+
+    def _consistent_triage(self, job: str, obs: Observation, t0: float) -> List[Dict[str, Any]]:
+        """Alertmanager's alerts of the job and `ranksight triage` of one moment: settled before and
+        after the triage, the same both times. A job-wide cause's second instance (the other rank)
+        can fire while the triage runs; the triage then read a state that Alertmanager's first
+        snapshot predates, so both are read again (at most three times)."""
+        def state(alerts: List[Dict[str, Any]]) -> set:
+            return {(tuple(sorted(a["labels"].items())), bool(a["status"]["inhibitedBy"])) for a in alerts}
+
+        held = self._settled_alerts(job, obs, t0)
+        for _ in range(3):
+            self._triage(job, obs)
+            after = self._settled_alerts(job, obs, t0)
+            if state(after) == state(held):
+                return after
+            held = after
+        return held
 
     @staticmethod
     def _note(obs: Observation, alerts: List[Dict[str, Any]], t0: float) -> None:
