@@ -4,7 +4,8 @@
 A rank plays 1,000 steps (its totals have the digits of a running job), then a record of
 ``--steps`` steps (25: a 100 steps/s rank's background tick) is made by the hooks' encoder
 (ranksight/record.py, as bench/exporter_load.py's Player makes it) for each version the hooks
-can send: 2, 3 (the default) and 3 with step detail (hooks.step_detail). Step durations carry
+can send: 2, 3, 4 (the default: 3 and the step's samples, tokens, FLOPs per token and loss) and
+3 and 4 with step detail (hooks.step_detail). Step durations carry
 six significant digits, the phases their usual shares of them, as measured values do. Prints each
 datagram's bytes, how many steps one datagram holds and the median microseconds the hooks'
 background thread takes to make it (lists, totals, text; interleave runs to compare: the box is
@@ -31,7 +32,7 @@ from ranksight import record  # noqa: E402
 IDENT = dict(job="train-llm-70b", rank=1023, lr=7, ws=1024, node="gpu-node-0127", pid=123456, sess=1234567890)
 
 
-ARMS = (("v2", (2, True)), ("v3", (3, False)), ("v3+detail", (3, True)))
+ARMS = (("v2", (2, True)), ("v3", (3, False)), ("v3+detail", (3, True)), ("v4", (4, False)), ("v4+detail", (4, True)))
 
 
 def measure(steps: int, rounds: int = 21, reps: int = 200) -> Dict[str, Dict[str, float]]:

@@ -28,7 +28,10 @@ BATCH_EVERY = 0.25  # the hooks' background tick (hooks/sender.py TICK_SECONDS)
 PHASE_SHARE = (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt", 0.1), ("b2o", 0.8),
                ("comm", 0.2), ("xcomm", 0.02))
 # the values a "steps" record carries once, at its last step (record.py's cumulative and current fields)
-LAST = dict(retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0)
+LAST = dict(retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, herr=0, hdrop=0, wrss=0, restart=0,
+            fpt=42_000_000_000, lnan=0, lnanstep=0)
+# a step's work and loss: 8 samples of 4,096 tokens, one loss reading of about 2
+STEP_WORK = dict(micro=1, samples=8, tokens=32768, lossn=1, loss=2.0)
 LAYOUT = P.SENDER_LAYOUTS[P.VERSION, False]  # the hooks' "steps" encoder, with their default settings
 
 
@@ -41,7 +44,7 @@ def _records(ranks: int, n: int) -> List[bytes]:
     for i in range(n):
         r = i % ranks
         d = 0.01 * (1 + (i % 17) / 100)
-        vals = dict(LAST, micro=1, **{k: f * d for k, f in PHASE_SHARE})
+        vals = dict(LAST, **STEP_WORK, **{k: f * d for k, f in PHASE_SHARE})
         out.append(P.encode(dict(base, t="step", rank=r, lr=r, seq=i // ranks + 1,
                                  **{k: vals.get(k, 0.0) for k in lay.seconds + lay.counts + lay.last})))
     return out
@@ -129,7 +132,7 @@ class Player:
         batch = []
         for d in durs:
             self.seq += 1
-            batch.append(record.ALL.step_tuple(self.seq, 0.0, dict({k: f * d for k, f in PHASE_SHARE}, micro=1)))
+            batch.append(record.ALL.step_tuple(self.seq, 0.0, dict({k: f * d for k, f in PHASE_SHARE}, **STEP_WORK)))
         return self.record(batch, ts)
 
     def record(self, batch: List[tuple], ts: float) -> bytes:
