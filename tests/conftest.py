@@ -41,6 +41,20 @@ from ranksight.tools.stack import AgentProcess, LocalStack
 CPU_COLLECTORS = "network,disk,ranks"
 
 
+@pytest.fixture
+def clean_watch_env(monkeypatch):
+    """No RANKSIGHT_* or launcher variables from the calling shell; the watch ends with the test."""
+    import os
+
+    for k in list(os.environ):
+        if k.startswith("RANKSIGHT") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            monkeypatch.delenv(k, raising=False)
+    yield
+    import ranksight
+
+    ranksight.unwatch()
+
+
 def require_binary(name: str) -> str:
     try:
         return find_binary(name)

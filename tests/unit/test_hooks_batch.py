@@ -41,12 +41,8 @@ class Raw:
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("RANKSIGHT") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            monkeypatch.delenv(k, raising=False)
+def _clean_env(clean_watch_env):
     yield
-    ranksight.unwatch()
 
 
 @pytest.mark.parametrize("version", protocol.SENDABLE)

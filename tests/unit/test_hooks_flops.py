@@ -79,17 +79,8 @@ def test_no_device_memory_is_read():
     assert flops.FlopsPerToken(0, m).params == gpt2_params_by_hand()
 
 
-@pytest.fixture
-def _clean_env(monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("RANKSIGHT") or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-            monkeypatch.delenv(k, raising=False)
-    yield
-    ranksight.unwatch()
-
-
 @pytest.mark.parametrize("declared", [0, 5_000_000])
-def test_a_watch_sends_the_value_in_every_steps_record_and_its_source_in_the_hello(_clean_env, declared):
+def test_a_watch_sends_the_value_in_every_steps_record_and_its_source_in_the_hello(clean_watch_env, declared):
     m = gpt2()
     opt = torch.optim.SGD(m.parameters(), lr=0.01)
     raw = Raw()
@@ -111,7 +102,7 @@ def test_a_watch_sends_the_value_in_every_steps_record_and_its_source_in_the_hel
     assert hello["info"]["fpt_source"] == ("declared" if declared else "estimate_6n_attn")
 
 
-def test_a_model_found_after_watch_is_counted_once_it_is_known(_clean_env):
+def test_a_model_found_after_watch_is_counted_once_it_is_known(clean_watch_env):
     """ranksight.watch() finds the model at its first optimizer step; the hello (sent at start)
     said "unknown", the step records carry 6·N once the model is known."""
     m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
