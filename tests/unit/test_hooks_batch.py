@@ -3,7 +3,6 @@ not one per step), each with the totals after its last step. Checked with a real
 a real UDP receiver and the agent's own rank table fed the raw datagrams."""
 from __future__ import annotations
 
-import os
 import socket
 import time
 

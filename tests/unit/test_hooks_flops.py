@@ -2,7 +2,6 @@
 from the watched model, checked against hand calculations; and what a real watch sends."""
 from __future__ import annotations
 
-import os
 
 import pytest
 
