@@ -184,6 +184,11 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "table_min_seconds": Opt(30.0, "... but at most one table per this many seconds (0: no limit)", 0, 1e9),
         "table_share_move": Opt(0.1, "... or sooner when a share of step time moved by this fraction since the "
                                      "last table (0: off)", 0, 1),
+        "memory_peak_seconds": Opt(30.0, "CUDA memory peaks (ranksight_cuda_memory_*_peak_bytes): the allocator's "
+                                         "peaks are reset every this many seconds and the gauge holds the higher "
+                                         "of the last two windows, so keep it at least the scrape interval (0: "
+                                         "never reset; the process's peak, and the training code's own "
+                                         "max_memory_allocated() readings keep their meaning)", 0, 1e6),
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "
                                    "(1: every one); the others are estimated from it", 1, 1e6),
@@ -193,8 +198,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "stack_after_seconds": Opt(15.0, "no progress for this long: send the main thread's stack to the agent "
                                          "(RanksightRankStalled's place; half the agent's stall floor; 0: never)", 0, 1e6),
         "stack_every_seconds": Opt(5.0, "... again when it changes, at most this often", 0.1, 1e6),
-        "protocol": Opt(4, "datagram protocol version the hooks send: 4, or 3 (2) for node agents older than "
-                           "version 4 (3): they reject newer ones; 3 and 2 carry no samples or tokens", 2, 4),
+        "protocol": Opt(5, "datagram protocol version the hooks send: 5, or 4 (3, 2) for node agents older than "
+                           "version 5 (4, 3): they reject newer ones; 4 carries no memory peaks, 3 and 2 no samples "
+                           "or tokens either", 2, 5),
         "tokens_per_sample": Opt(0, "tokens in one sample of a batch, for ranksight_tokens_total: 0 reads it from "
                                     "the batch's token tensor (input_ids, or its first integer tensor of 2+ "
                                     "dimensions); 1 for a model without a sequence (each sample one token)", 0, 1e9),
