@@ -55,6 +55,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "straggler_ratio": Opt(1.1, "RanksightStraggler: rank busy time / its peers' median busy time above this", 1, 100),
         "straggler_min_step_share": Opt(0.05, "RanksightStraggler: ... and the extra busy time is at least this share of the step", 0, 1),
         "alloc_retries_per_min": Opt(1.0, "RanksightCudaAllocRetries: allocator retries per minute above this", 0, 1e9),
+        "memory_imbalance_ratio": Opt(1.25, "RanksightMemoryImbalance: a rank's peak allocated CUDA memory / its "
+                                            "peers' median peak above this", 1, 100),
+        "memory_imbalance_min_bytes": Opt(1e9, "RanksightMemoryImbalance: ... and above it by at least this many "
+                                                "bytes", 0, 1e15),
+        "memory_near_oom_ratio": Opt(0.92, "RanksightMemoryNearOom: a rank's peak reserved CUDA memory / its GPU's "
+                                           "total memory above this", 0, 1),
         "step_creep_ratio": Opt(1.2, "RanksightCudaAllocRetries: (with retries) step p50 now / 1 h ago above this", 1, 100),
         "nic_min_speed_bytes": Opt(1.25e9, "reference line on the link-speed panels (bytes/s; 10 Gb/s); "
                                            "RanksightNicSpeedLow judges a NIC by its own best and its peers'", 0, 1e13),
@@ -99,6 +105,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "collective_desync": Opt("30s", "RanksightCollectiveDesync for:"),
         "straggler": Opt("10m", "RanksightStraggler for:"),
         "alloc_retries": Opt("15m", "RanksightCudaAllocRetries for:"),
+        "memory_imbalance": Opt("10m", "RanksightMemoryImbalance for:"),
+        "memory_near_oom": Opt("2m", "RanksightMemoryNearOom for:"),
         "nic_speed_low": Opt("5m", "RanksightNicSpeedLow for:"),
         "version_skew": Opt("5m", "RanksightVersionSkew for:"),
         "disk_filling": Opt("5m", "RanksightDiskFilling for:"),
