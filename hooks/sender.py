@@ -333,7 +333,7 @@ class Background:
         if not self.identity.from_pg:
             self._refresh_identity()
         if self._tl is not None:
-            self._read_cuda_memory(now)
+            self._read_cuda_memory()
         if self.settings.patch_torch_save and not self._dcp_patched and self._active:
             self._dcp_patched = self.ckpt.install_dcp(self._patcher)
         if now >= self._next_wrss:
@@ -377,9 +377,10 @@ class Background:
             self._set_identity(ident)
             self.backend = self._backend()
 
-    def _read_cuda_memory(self, now: float) -> None:
+    def _read_cuda_memory(self) -> None:
         """The allocator's counters and peaks (host-side, no device sync; hooks/memory.py)."""
         try:
+            now = _perf()
             r = self._alloc
             if r is None or r.device != self._tl.device:  # type: ignore[union-attr]
                 r = self._alloc = AllocatorReader(self.cuda_api or torch.cuda, self._tl.device,  # type: ignore[union-attr]
