@@ -6,7 +6,7 @@ Everything comes from ``torch.cuda.memory_stats(device)`` and ``torch.cuda.reset
 calls ``torch._C._cuda_memoryStats`` and ``torch._C._cuda_resetPeakMemoryStats``, neither of which
 launches work or waits on a stream), so a read never synchronizes the device. They are read here,
 on the background thread, once per heartbeat (``hooks.heartbeat_seconds``), never on the step path:
-``memory_stats`` builds and flattens a dict of about 150 entries, which is not free, and a step's
+``memory_stats`` builds and flattens a dict of over a hundred entries, which is not free, and a step's
 own peak would be overwritten by the next record's before a scrape saw it (the agent exposes the
 last reading of a current field as a gauge).
 
@@ -16,7 +16,9 @@ and the peak of the current one: a spike inside any step (a temporary tensor fre
 ends, rank 0's checkpoint or evaluation buffers) stays in the gauge for at least one whole window,
 so a scrape at least that frequent sees it. 0 never resets: the gauge is the process's peak, and
 the training code's own ``max_memory_allocated()`` readings keep their meaning. With a window, a
-peak the training code reads itself covers at most the time since the reader's last reset.
+peak the training code reads itself covers at most the time since the reader's last reset. A
+spike that comes and goes between the reader's ``memory_stats`` and its reset (two calls, a few
+microseconds apart, once a window) is not seen.
 
 The ``cuda`` interface is a seam: ``torch.cuda`` in a training process, a stand-in fed with a
 recorded ``memory_stats`` in tests."""
