@@ -12,7 +12,7 @@ from . import efficiency as _efficiency
 from . import goodput as _goodput
 from ..config import duration_seconds
 from .lints import lint_entries
-from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
+from .model import (ACT_DRAIN, ACT_RECOVERY, ACT_RESTART, DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
                     STALL_WHERE, THROTTLE_REASONS, VAL, Entry, Inhibit, with_gpu)
 from .prose import prose
 from .names import RANK_BY, REC
@@ -212,6 +212,7 @@ def _progress_signals(cfg: Mapping[str, Any]) -> List[Entry]:
             next_check="XID errors and host logs on the node",
             # a down rank's own missed heartbeats say nothing more
             inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), Inhibit(("RanksightHeartbeatMissed",), ("job", "rank")), ON_NODE),
+            action=ACT_RECOVERY,
         ),
     ]
 
@@ -236,6 +237,7 @@ def _rank_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             **prose("rank-stalled"),
             next_check="the stack on the node agent's /api/v1/ranks",
             inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), ON_NODE),
+            action=ACT_RESTART,
         ),
         Entry(
             id="rank-blocked", alert="RanksightRankBlocked", kind="symptom", order=0,
@@ -346,6 +348,7 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             **prose("nic-speed-low"),
             next_check="network retransmits and comm share",
             inhibits=(Inhibit(COMM, ("node",)),),
+            action=ACT_DRAIN,
         ),
         Entry(
             id="disk-filling", alert="RanksightDiskFilling", kind="cause", order=0,
@@ -365,6 +368,7 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
                         f"the free bytes predicted at the horizon).",
             **prose("disk-filling"),
             next_check="checkpoint failures",
+            action=ACT_DRAIN,
         ),
         Entry(
             id="gpu-pcie-degraded", alert="RanksightGpuPcieDegraded", kind="cause", order=0,
@@ -392,6 +396,7 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             **prose("gpu-xid"),
             next_check="rank down / stalled on that node",
             inhibits=(Inhibit(("RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)), GPU_RANK),
+            action=ACT_DRAIN,
         ),
         Entry(
             id="gpu-throttling", alert="RanksightGpuThrottling", kind="cause", order=0,

@@ -1,0 +1,298 @@
+"""`ranksight act`: every policy rule, the modes, the dry-run default, the drain rate limit and the
+last-nodes rule, idempotency under Alertmanager's repeats and resolves, and authentication, through
+real HTTP posts of Alertmanager's webhook JSON (version 4, as Alertmanager 0.25 sends it) to a real
+`ranksight act` server on a loopback port. The agent it asks for rank pids is a real HTTP server
+serving /api/v1/ranks in the agent's shape; the workers it ends are real processes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, List, Set, Tuple
+
+import pytest
+
+from ranksight import catalog as C
+from ranksight import config, triage
+from ranksight.cli import main
+from ranksight.common.plumbing import wait_until
+from ranksight.tools.act import ActServer
+from ranksight.tools.act_engines import Engine
+
+TOKEN = "s3cret-token-for-act"
+
+
+class Agent:
+    """/api/v1/ranks as the node agent serves it (exporter/ranks.py Rank.describe)."""
+
+    def __init__(self) -> None:
+        self.ranks: List[Dict[str, Any]] = []
+        owner = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = json.dumps({"ranks": owner.ranks}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+
+class Recorded(Engine):
+    """An engine that records its drains; jobs and their nodes as the test sets them."""
+    name = "recorded"
+
+    def __init__(self) -> None:
+        self.drained: List[Tuple[str, str]] = []
+        self.jobs: Dict[str, Set[str]] = {}
+
+    def drain_command(self, node: str, reason: str) -> str:
+        return f"drain {node} '{reason}'"
+
+    def job_nodes(self, node: str):
+        done = {n for n, _ in self.drained}
+        return {j: (ns, ns & done) for j, ns in self.jobs.items() if node in ns}
+
+    def drain(self, node: str, reason: str) -> str:
+        self.drained.append((node, reason))
+        return f"drained {node}"
+
+
+@pytest.fixture
+def act(tmp_path):
+    made = []
+    agent = Agent()
+
+    def make(**act_cfg: Any):
+        tok = tmp_path / "token"
+        tok.write_text(TOKEN + "\n")
+        env = {"RANKSIGHT__act__listen": "127.0.0.1:0", "RANKSIGHT__act__token_file": str(tok),
+               "RANKSIGHT__act__agent_url": agent.url, "RANKSIGHT__act__kill_grace_seconds": "2"}
+        env.update({f"RANKSIGHT__act__{k}": str(v) for k, v in act_cfg.items()})
+        cfg = config.load(None, "test", env=env)
+        eng = Recorded()
+        s = ActServer(cfg, engine=eng).start()
+        s.engine, s.agent, s.token_file = eng, agent, str(tok)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.stop()
+    agent.http.shutdown()
+
+
+def _alert(name: str, status: str = "firing", fp: str = "", starts: str = "2026-12-06T11:00:00.000Z",
+           **labels: str) -> Dict[str, Any]:
+    lb = {"alertname": name, "severity": "critical", **labels}
+    return {"status": status, "labels": lb,
+            "annotations": {"summary": "s", "runbook_url": "https://example.com/rb.md"},
+            "startsAt": starts, "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-12-06T11:05:00Z",
+            "generatorURL": "http://prom:9090/graph?g0.expr=x", "fingerprint": fp or f"{abs(hash(str(lb))):016x}"[:16]}
+
+
+def _webhook(*alerts: Dict[str, Any]) -> Dict[str, Any]:
+    """Alertmanager's webhook body (version 4) for one group."""
+    return {"receiver": "ranksight-act", "status": alerts[0]["status"], "alerts": list(alerts),
+            "groupLabels": {"job": alerts[0]["labels"].get("job", "")},
+            "commonLabels": {"alertname": alerts[0]["labels"]["alertname"]}, "commonAnnotations": {},
+            "externalURL": "http://am:9093", "version": "4",
+            "groupKey": '{}/{alertname=~"Ranksight.*"}:{job="j"}', "truncatedAlerts": 0}
+
+
+def post(s, doc: Any, token: str = TOKEN, path: str = "/alerts") -> Tuple[int, Any]:
+    data = json.dumps(doc).encode() if not isinstance(doc, bytes) else doc
+    req = urllib.request.Request(s.url + path, data=data, method="POST", headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def metrics(s) -> Dict[Tuple[str, ...], float]:
+    req = urllib.request.Request(s.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    text = urllib.request.urlopen(req, timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(C.ACTIONS_TOTAL.name + "{"):
+            lb = dict(kv.split("=") for kv in line[line.index("{") + 1:line.index("}")].replace('"', "").split(","))
+            out[(lb["verdict"], lb["action"], lb["result"])] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith(C.ACT_REJECTED.name + "{"):
+            out[("rejected", line.split('"')[1])] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def states(s) -> List[str]:
+    return [r.state for r in s.actor.ledger.records.values()]
+
+
+def test_policy_is_the_triage_tables_action_column():
+    by = triage.by_alert(config.defaults())
+    acting = {n: e.action for n, e in by.items() if e.action != triage.ACT_PAGE}
+    assert acting == {"RanksightRankStalled": "restart_workers", "RanksightRankDown": "record_recovery",
+                      "RanksightGpuXidError": "drain_node", "RanksightNicSpeedLow": "drain_node",
+                      "RanksightDiskFilling": "drain_node"}
+    assert all(e.action in triage.ACTIONS for e in by.values())
+
+
+def test_dry_run_and_propose_are_the_defaults_and_approve_runs_the_command(act, capsys):
+    s = act()
+    code, body = post(s, _webhook(_alert("RanksightGpuXidError", node="n1", gpu="0", xid="79")))
+    assert code == 200 and body["results"][0]["state"] == "proposed", body
+    rec = next(iter(s.actor.ledger.records.values()))
+    assert rec.command == "drain n1 'ranksight: RanksightGpuXidError'" and not s.engine.drained
+    # approve through the CLI: the default dry run logs the command, runs nothing
+    assert main(["act", "approve", rec.id, "--url", s.url]) == 2  # no token: refused, one error line
+    assert "answered 401" in capsys.readouterr().err and rec.state == "proposed"
+    import os
+
+    os.environ["RANKSIGHT__act__token_file"] = s.token_file
+    try:
+        assert main(["act", "approve", rec.id, "--url", s.url]) == 0
+        assert f"{rec.id} RanksightGpuXidError drain_node: dry_run" in capsys.readouterr().out
+        assert main(["act", "list", "--url", s.url]) == 0
+        assert "drain n1 'ranksight: RanksightGpuXidError'" in capsys.readouterr().out
+    finally:
+        del os.environ["RANKSIGHT__act__token_file"]
+    assert rec.state == "dry_run" and not s.engine.drained
+    m = metrics(s)
+    assert m[("RanksightGpuXidError", "drain_node", "proposed")] == 1
+    assert m[("RanksightGpuXidError", "drain_node", "dry_run")] == 1
+
+
+def test_each_rule_auto(act):
+    s = act(mode="auto", dry_run="false", max_drains_per_hour="10")
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        s.agent.ranks = [{"job": "j", "rank": 1, "node": "n1", "pid": worker.pid, "up": True, "step": 7},
+                         {"job": "k", "rank": 0, "node": "n1", "pid": other.pid, "up": True, "step": 3}]
+        post(s, _webhook(_alert("RanksightRankStalled", job="j", rank="1", node="n1", local_rank="1")))
+        assert worker.wait(10) == -15 and other.poll() is None  # SIGTERM to the culprit job's worker only
+        post(s, _webhook(_alert("RanksightDiskFilling", node="n2", path="/ckpt")))
+        post(s, _webhook(_alert("RanksightNicSpeedLow", node="n3", device="eth0")))
+        post(s, _webhook(_alert("RanksightRankDown", job="j", rank="0", node="n1", local_rank="0")))
+        post(s, _webhook(_alert("RanksightStraggler", job="j", rank="1", node="n1", local_rank="1")))
+        assert s.engine.drained == [("n2", "ranksight: RanksightDiskFilling"), ("n3", "ranksight: RanksightNicSpeedLow")]
+        # the stalled job's ranks come back in new processes and step: recovered, with the time it took
+        s.agent.ranks = [{"job": "j", "rank": 1, "node": "n1", "pid": 99999, "up": True, "step": 0}]
+        time.sleep(0.6)
+        s.agent.ranks[0]["step"] = 2
+        assert wait_until(lambda: "recovered" in states(s), 5), states(s)
+        m = metrics(s)
+        assert m[("RanksightRankStalled", "restart_workers", "done")] == 1
+        assert m[("RanksightRankStalled", "restart_workers", "recovered")] == 1
+        assert m[("RanksightDiskFilling", "drain_node", "done")] == 1
+        assert m[("RanksightRankDown", "record_recovery", "watching")] == 1
+        assert m[("RanksightStraggler", "page", "paged")] == 1
+        post(s, _webhook(_alert("RanksightRankDown", "resolved", job="j", rank="0", node="n1", local_rank="0")))
+        assert metrics(s)[("RanksightRankDown", "record_recovery", "recovered")] == 1
+        rec = next(r for r in s.actor.ledger.records.values() if r.verdict == "RanksightRankStalled")
+        assert rec.recover_s is not None and rec.recover_s > 0.5
+    finally:
+        worker.kill()
+        other.kill()
+
+
+def test_off_mode_pages_and_a_rank_elsewhere_is_not_here(act):
+    s = act(mode="auto", modes="{RanksightGpuXidError: off}")
+    post(s, _webhook(_alert("RanksightGpuXidError", node="n1", gpu="0")))
+    post(s, _webhook(_alert("RanksightRankStalled", job="j", rank="1", node="elsewhere")))
+    m = metrics(s)
+    assert m[("RanksightGpuXidError", "drain_node", "paged")] == 1
+    assert m[("RanksightRankStalled", "restart_workers", "not_here")] == 1
+
+
+def test_repeats_and_resolves_are_idempotent(act):
+    s = act(mode="auto", dry_run="false")
+    a = _alert("RanksightGpuXidError", node="n1", gpu="0", fp="aaaa")
+    for _ in range(3):  # Alertmanager repeats a firing group every repeat_interval
+        post(s, _webhook(a))
+    post(s, _webhook(_alert("RanksightGpuXidError", node="n1", gpu="1", fp="bbbb")))  # same node, other GPU
+    assert s.engine.drained == [("n1", "ranksight: RanksightGpuXidError")]
+    assert metrics(s)[("RanksightGpuXidError", "drain_node", "duplicate")] == 3
+    # proposed, then resolved: approving it runs nothing
+    p = act()
+    b = _alert("RanksightDiskFilling", node="n5", path="/tmp", fp="cccc")
+    post(p, _webhook(b))
+    post(p, _webhook(dict(b, status="resolved")))
+    post(p, _webhook(dict(b, status="resolved")))
+    rec = p.actor.ledger.by_id(next(iter(p.actor.ledger.records.values())).id)
+    assert rec.state == "resolved"
+    assert p.actor.approve(rec.id).state == "resolved" and not p.engine.drained
+    # a resolve that arrives before its firing: the late firing does nothing
+    c = _alert("RanksightDiskFilling", node="n6", path="/tmp", fp="dddd")
+    post(p, _webhook(dict(c, status="resolved")))
+    post(p, _webhook(c))
+    assert not p.engine.drained and metrics(p)[("RanksightDiskFilling", "drain_node", "duplicate")] >= 2
+
+
+def test_drain_rate_limit_and_last_nodes(act):
+    s = act(mode="auto", dry_run="false", max_drains_per_hour="2", job_min_nodes="2")
+    s.engine.jobs = {"big": {"n1", "n2", "n3", "n4"}, "small": {"m1", "m2"}}
+    post(s, _webhook(_alert("RanksightGpuXidError", node="m1", gpu="0")))  # small would keep 1 < 2
+    post(s, _webhook(_alert("RanksightGpuXidError", node="n1", gpu="0")))
+    post(s, _webhook(_alert("RanksightGpuXidError", node="n2", gpu="0")))  # big keeps n3, n4
+    post(s, _webhook(_alert("RanksightGpuXidError", node="n3", gpu="0")))  # the third in an hour
+    assert s.engine.drained == [("n1", "ranksight: RanksightGpuXidError"), ("n2", "ranksight: RanksightGpuXidError")]
+    m = metrics(s)
+    assert m[("RanksightGpuXidError", "drain_node", "last_nodes")] == 1
+    assert m[("RanksightGpuXidError", "drain_node", "rate_limited")] == 1
+    # dry runs count against the limit too: what auto would do is what the dry run shows
+    d = act(mode="auto", max_drains_per_hour="1")
+    post(d, _webhook(_alert("RanksightGpuXidError", node="x1", gpu="0")))
+    post(d, _webhook(_alert("RanksightGpuXidError", node="x2", gpu="0")))
+    assert sorted(states(d)) == ["dry_run", "rate_limited"]
+
+
+def test_forged_unsigned_and_malformed_webhooks_do_nothing_and_are_counted(act):
+    s = act(mode="auto", dry_run="false")
+    doc = _webhook(_alert("RanksightGpuXidError", node="n1", gpu="0"))
+    assert post(s, doc, token="")[0] == 401
+    assert post(s, doc, token="forged")[0] == 401
+    assert post(s, doc, token=TOKEN + "x")[0] == 401
+    assert post(s, {}, token="", path="/api/v1/approve/abc")[0] == 401
+    assert post(s, b"{not json")[0] == 400
+    assert post(s, {"alerts": [{"labels": {}}]})[0] == 400
+    assert not s.engine.drained and not s.actor.ledger.records
+    m = metrics(s)
+    assert m[("rejected", "unauthorized")] == 4 and m[("rejected", "malformed")] == 2
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(s.url + "/metrics", timeout=5)
+    assert e.value.code == 401
+
+
+def test_bad_config_is_one_error_line(tmp_path, capsys, monkeypatch):
+    for k in [k for k in __import__("os").environ if k.startswith("RANKSIGHT")]:
+        monkeypatch.delenv(k)
+    for env, want in [({"RANKSIGHT__act__mode": "yes"}, "config act.mode: expected one of off, propose, auto"),
+                      ({"RANKSIGHT__act__token_file": str(tmp_path)}, "config act.token_file: cannot read"),
+                      ({"RANKSIGHT__act__engine": "nomad"}, "config act.engine: expected one of none, slurm, kubernetes"),
+                      ({}, "config act.token_file: `ranksight act` needs a bearer token file")]:
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert main(["act"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("ranksight: error: ") and want in err, err
+    tok = tmp_path / "t"
+    tok.write_text("x")
+    with pytest.raises(config.ConfigError, match="RanksightNope is no alert"):
+        ActServer(config.load(None, "test", env={"RANKSIGHT__act__modes": "{RanksightNope: auto}",
+                                                 "RANKSIGHT__act__token_file": str(tok),
+                                                 "RANKSIGHT__act__listen": "127.0.0.1:0"}))
