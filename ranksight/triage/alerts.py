@@ -209,10 +209,9 @@ def _progress_signals(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="A rank stopped heartbeating: the job is stuck in its next collective",
             description=f"{RANK_DESC} has missed several heartbeats in a row and is considered down.",
             **prose("rank-down"),
-            next_check="XID errors and host logs on the node",
+            next_check="XID errors and host logs on the node", action=ACT_RECOVERY,
             # a down rank's own missed heartbeats say nothing more
             inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), Inhibit(("RanksightHeartbeatMissed",), ("job", "rank")), ON_NODE),
-            action=ACT_RECOVERY,
         ),
     ]
 
@@ -235,9 +234,8 @@ def _rank_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{RANK_DESC} heartbeats but has not finished a step for longer than its stall limit, and it is "
                         f"not waiting in a collective{STALL_WHERE}.",
             **prose("rank-stalled"),
-            next_check="the stack on the node agent's /api/v1/ranks",
+            next_check="the stack on the node agent's /api/v1/ranks", action=ACT_RESTART,
             inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), ON_NODE),
-            action=ACT_RESTART,
         ),
         Entry(
             id="rank-blocked", alert="RanksightRankBlocked", kind="symptom", order=0,
@@ -346,9 +344,8 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="A busy NIC negotiated a link speed below its own recent best or its job peers'",
             description=f"{NODE_DESC} device={{{{ $labels.device }}}} links at {VAL} bytes/s.",
             **prose("nic-speed-low"),
-            next_check="network retransmits and comm share",
+            next_check="network retransmits and comm share", action=ACT_DRAIN,
             inhibits=(Inhibit(COMM, ("node",)),),
-            action=ACT_DRAIN,
         ),
         Entry(
             id="disk-filling", alert="RanksightDiskFilling", kind="cause", order=0,
@@ -367,8 +364,7 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{NODE_DESC} path={{{{ $labels.path }}}}: free share {VAL} (or, when negative, "
                         f"the free bytes predicted at the horizon).",
             **prose("disk-filling"),
-            next_check="checkpoint failures",
-            action=ACT_DRAIN,
+            next_check="checkpoint failures", action=ACT_DRAIN,
         ),
         Entry(
             id="gpu-pcie-degraded", alert="RanksightGpuPcieDegraded", kind="cause", order=0,
@@ -394,9 +390,8 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="A GPU reported an XID error",
             description=f"{GPU_DESC} raised XID {{{{ $labels.xid }}}} ({VAL} in the window, or in total for a new xid).",
             **prose("gpu-xid"),
-            next_check="rank down / stalled on that node",
+            next_check="rank down / stalled on that node", action=ACT_DRAIN,
             inhibits=(Inhibit(("RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)), GPU_RANK),
-            action=ACT_DRAIN,
         ),
         Entry(
             id="gpu-throttling", alert="RanksightGpuThrottling", kind="cause", order=0,
