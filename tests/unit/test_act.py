@@ -23,8 +23,8 @@ from ranksight.cli import main
 from ranksight.common.plumbing import wait_until
 from ranksight.tools.act import ActServer
 from ranksight.tools.act_engines import Engine
+from support.alertmanager_webhook import TOKEN, am_alert, am_webhook, post
 
-TOKEN = "s3cret-token-for-act"
 
 
 class Agent:
@@ -94,36 +94,6 @@ def act(tmp_path):
     agent.http.shutdown()
 
 
-def _alert(name: str, status: str = "firing", fp: str = "", starts: str = "2026-12-06T11:00:00.000Z",
-           **labels: str) -> Dict[str, Any]:
-    lb = {"alertname": name, "severity": "critical", **labels}
-    return {"status": status, "labels": lb,
-            "annotations": {"summary": "s", "runbook_url": "https://example.com/rb.md"},
-            "startsAt": starts, "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-12-06T11:05:00Z",
-            "generatorURL": "http://prom:9090/graph?g0.expr=x", "fingerprint": fp or f"{abs(hash(str(lb))):016x}"[:16]}
-
-
-def _webhook(*alerts: Dict[str, Any]) -> Dict[str, Any]:
-    """Alertmanager's webhook body (version 4) for one group."""
-    return {"receiver": "ranksight-act", "status": alerts[0]["status"], "alerts": list(alerts),
-            "groupLabels": {"job": alerts[0]["labels"].get("job", "")},
-            "commonLabels": {"alertname": alerts[0]["labels"]["alertname"]}, "commonAnnotations": {},
-            "externalURL": "http://am:9093", "version": "4",
-            "groupKey": '{}/{alertname=~"Ranksight.*"}:{job="j"}', "truncatedAlerts": 0}
-
-
-def post(s, doc: Any, token: str = TOKEN, path: str = "/alerts") -> Tuple[int, Any]:
-    data = json.dumps(doc).encode() if not isinstance(doc, bytes) else doc
-    req = urllib.request.Request(s.url + path, data=data, method="POST", headers={"Content-Type": "application/json"})
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-
-
 def metrics(s) -> Dict[Tuple[str, ...], float]:
     req = urllib.request.Request(s.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
     text = urllib.request.urlopen(req, timeout=10).read().decode()
@@ -152,7 +122,7 @@ def test_policy_is_the_triage_tables_action_column():
 
 def test_dry_run_and_propose_are_the_defaults_and_approve_runs_the_command(act, capsys):
     s = act()
-    code, body = post(s, _webhook(_alert("RanksightGpuXidError", node="n1", gpu="0", xid="79")))
+    code, body = post(s, am_webhook(am_alert("RanksightGpuXidError", node="n1", gpu="0", xid="79")))
     assert code == 200 and body["results"][0]["state"] == "proposed", body
     rec = next(iter(s.actor.ledger.records.values()))
     assert rec.command == "drain n1 'ranksight: RanksightGpuXidError'" and not s.engine.drained
@@ -182,12 +152,12 @@ def test_each_rule_auto(act):
     try:
         s.agent.ranks = [{"job": "j", "rank": 1, "node": "n1", "pid": worker.pid, "up": True, "step": 7},
                          {"job": "k", "rank": 0, "node": "n1", "pid": other.pid, "up": True, "step": 3}]
-        post(s, _webhook(_alert("RanksightRankStalled", job="j", rank="1", node="n1", local_rank="1")))
+        post(s, am_webhook(am_alert("RanksightRankStalled", job="j", rank="1", node="n1", local_rank="1")))
         assert worker.wait(10) == -15 and other.poll() is None  # SIGTERM to the culprit job's worker only
-        post(s, _webhook(_alert("RanksightDiskFilling", node="n2", path="/ckpt")))
-        post(s, _webhook(_alert("RanksightNicSpeedLow", node="n3", device="eth0")))
-        post(s, _webhook(_alert("RanksightRankDown", job="j", rank="0", node="n1", local_rank="0")))
-        post(s, _webhook(_alert("RanksightStraggler", job="j", rank="1", node="n1", local_rank="1")))
+        post(s, am_webhook(am_alert("RanksightDiskFilling", node="n2", path="/ckpt")))
+        post(s, am_webhook(am_alert("RanksightNicSpeedLow", node="n3", device="eth0")))
+        post(s, am_webhook(am_alert("RanksightRankDown", job="j", rank="0", node="n1", local_rank="0")))
+        post(s, am_webhook(am_alert("RanksightStraggler", job="j", rank="1", node="n1", local_rank="1")))
         assert s.engine.drained == [("n2", "ranksight: RanksightDiskFilling"), ("n3", "ranksight: RanksightNicSpeedLow")]
         # the stalled job's ranks come back in new processes and step: recovered, with the time it took
         s.agent.ranks = [{"job": "j", "rank": 1, "node": "n1", "pid": 99999, "up": True, "step": 0}]
@@ -200,7 +170,7 @@ def test_each_rule_auto(act):
         assert m[("RanksightDiskFilling", "drain_node", "done")] == 1
         assert m[("RanksightRankDown", "record_recovery", "watching")] == 1
         assert m[("RanksightStraggler", "page", "paged")] == 1
-        post(s, _webhook(_alert("RanksightRankDown", "resolved", job="j", rank="0", node="n1", local_rank="0")))
+        post(s, am_webhook(am_alert("RanksightRankDown", "resolved", job="j", rank="0", node="n1", local_rank="0")))
         assert metrics(s)[("RanksightRankDown", "record_recovery", "recovered")] == 1
         rec = next(r for r in s.actor.ledger.records.values() if r.verdict == "RanksightRankStalled")
         assert rec.recover_s is not None and rec.recover_s > 0.5
@@ -211,8 +181,8 @@ def test_each_rule_auto(act):
 
 def test_off_mode_pages_and_a_rank_elsewhere_is_not_here(act):
     s = act(mode="auto", modes="{RanksightGpuXidError: off}")
-    post(s, _webhook(_alert("RanksightGpuXidError", node="n1", gpu="0")))
-    post(s, _webhook(_alert("RanksightRankStalled", job="j", rank="1", node="elsewhere")))
+    post(s, am_webhook(am_alert("RanksightGpuXidError", node="n1", gpu="0")))
+    post(s, am_webhook(am_alert("RanksightRankStalled", job="j", rank="1", node="elsewhere")))
     m = metrics(s)
     assert m[("RanksightGpuXidError", "drain_node", "paged")] == 1
     assert m[("RanksightRankStalled", "restart_workers", "not_here")] == 1
@@ -220,49 +190,49 @@ def test_off_mode_pages_and_a_rank_elsewhere_is_not_here(act):
 
 def test_repeats_and_resolves_are_idempotent(act):
     s = act(mode="auto", dry_run="false")
-    a = _alert("RanksightGpuXidError", node="n1", gpu="0", fp="aaaa")
+    a = am_alert("RanksightGpuXidError", node="n1", gpu="0", fp="aaaa")
     for _ in range(3):  # Alertmanager repeats a firing group every repeat_interval
-        post(s, _webhook(a))
-    post(s, _webhook(_alert("RanksightGpuXidError", node="n1", gpu="1", fp="bbbb")))  # same node, other GPU
+        post(s, am_webhook(a))
+    post(s, am_webhook(am_alert("RanksightGpuXidError", node="n1", gpu="1", fp="bbbb")))  # same node, other GPU
     assert s.engine.drained == [("n1", "ranksight: RanksightGpuXidError")]
     assert metrics(s)[("RanksightGpuXidError", "drain_node", "duplicate")] == 3
     # proposed, then resolved: approving it runs nothing
     p = act()
-    b = _alert("RanksightDiskFilling", node="n5", path="/tmp", fp="cccc")
-    post(p, _webhook(b))
-    post(p, _webhook(dict(b, status="resolved")))
-    post(p, _webhook(dict(b, status="resolved")))
+    b = am_alert("RanksightDiskFilling", node="n5", path="/tmp", fp="cccc")
+    post(p, am_webhook(b))
+    post(p, am_webhook(dict(b, status="resolved")))
+    post(p, am_webhook(dict(b, status="resolved")))
     rec = p.actor.ledger.by_id(next(iter(p.actor.ledger.records.values())).id)
     assert rec.state == "resolved"
     assert p.actor.approve(rec.id).state == "resolved" and not p.engine.drained
     # a resolve that arrives before its firing: the late firing does nothing
-    c = _alert("RanksightDiskFilling", node="n6", path="/tmp", fp="dddd")
-    post(p, _webhook(dict(c, status="resolved")))
-    post(p, _webhook(c))
+    c = am_alert("RanksightDiskFilling", node="n6", path="/tmp", fp="dddd")
+    post(p, am_webhook(dict(c, status="resolved")))
+    post(p, am_webhook(c))
     assert not p.engine.drained and metrics(p)[("RanksightDiskFilling", "drain_node", "duplicate")] >= 2
 
 
 def test_drain_rate_limit_and_last_nodes(act):
     s = act(mode="auto", dry_run="false", max_drains_per_hour="2", job_min_nodes="2")
     s.engine.jobs = {"big": {"n1", "n2", "n3", "n4"}, "small": {"m1", "m2"}}
-    post(s, _webhook(_alert("RanksightGpuXidError", node="m1", gpu="0")))  # small would keep 1 < 2
-    post(s, _webhook(_alert("RanksightGpuXidError", node="n1", gpu="0")))
-    post(s, _webhook(_alert("RanksightGpuXidError", node="n2", gpu="0")))  # big keeps n3, n4
-    post(s, _webhook(_alert("RanksightGpuXidError", node="n3", gpu="0")))  # the third in an hour
+    post(s, am_webhook(am_alert("RanksightGpuXidError", node="m1", gpu="0")))  # small would keep 1 < 2
+    post(s, am_webhook(am_alert("RanksightGpuXidError", node="n1", gpu="0")))
+    post(s, am_webhook(am_alert("RanksightGpuXidError", node="n2", gpu="0")))  # big keeps n3, n4
+    post(s, am_webhook(am_alert("RanksightGpuXidError", node="n3", gpu="0")))  # the third in an hour
     assert s.engine.drained == [("n1", "ranksight: RanksightGpuXidError"), ("n2", "ranksight: RanksightGpuXidError")]
     m = metrics(s)
     assert m[("RanksightGpuXidError", "drain_node", "last_nodes")] == 1
     assert m[("RanksightGpuXidError", "drain_node", "rate_limited")] == 1
     # dry runs count against the limit too: what auto would do is what the dry run shows
     d = act(mode="auto", max_drains_per_hour="1")
-    post(d, _webhook(_alert("RanksightGpuXidError", node="x1", gpu="0")))
-    post(d, _webhook(_alert("RanksightGpuXidError", node="x2", gpu="0")))
+    post(d, am_webhook(am_alert("RanksightGpuXidError", node="x1", gpu="0")))
+    post(d, am_webhook(am_alert("RanksightGpuXidError", node="x2", gpu="0")))
     assert sorted(states(d)) == ["dry_run", "rate_limited"]
 
 
 def test_forged_unsigned_and_malformed_webhooks_do_nothing_and_are_counted(act):
     s = act(mode="auto", dry_run="false")
-    doc = _webhook(_alert("RanksightGpuXidError", node="n1", gpu="0"))
+    doc = am_webhook(am_alert("RanksightGpuXidError", node="n1", gpu="0"))
     assert post(s, doc, token="")[0] == 401
     assert post(s, doc, token="forged")[0] == 401
     assert post(s, doc, token=TOKEN + "x")[0] == 401
