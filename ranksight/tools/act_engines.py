@@ -171,7 +171,8 @@ class KubeApi:
     def evict(self, namespace: str, name: str) -> None:
         from kubernetes import client
 
-        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+        body = client.V1Eviction(api_version="policy/v1", kind="Eviction",
+                                 metadata=client.V1ObjectMeta(name=name, namespace=namespace))
         self.core.create_namespaced_pod_eviction(name, namespace, body)
 
 
