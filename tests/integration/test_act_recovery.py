@@ -13,8 +13,9 @@ job's workers on the node (pids from the agent's /api/v1/ranks), torchrun restar
 resume from the step-30 checkpoint. Asserted: the resume loaded exactly the checkpoint's step, Adam
 state, parameters, epoch and position; the first step after the resume trains on the batch the
 sampler gives at that position; the job finishes its 60 steps; the ledger records the restart and
-its recovery. The time from the hang to the first step after the resume is printed and must be at
-most 2 minutes.
+its recovery; goodput books the hang (stalled), the work redone (wasted_progress) and the restart
+(recovery), which add up to the time the job measured. The time from the hang to the first step
+after the resume is printed and must be at most 2 minutes.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from typing import List
 import pytest
 import yaml
 
-from ranksight import config
+from ranksight import catalog as C
+from ranksight import config, triage
 from ranksight.alerts import generate
 from ranksight.tools.act import ActServer
 
@@ -67,7 +69,8 @@ def test_a_hang_is_ended_by_act_and_the_job_resumes_from_its_checkpoint(agent, l
                "RANKSIGHT__act__dry_run": "false", "RANKSIGHT__act__kill_grace_seconds": "3"}
     server = ActServer(config.load(None, "test", env=act_env)).start()
     try:
-        cfg = config.load(None, "test", env={"RANKSIGHT__alerting__webhook_url": server.url + "/alerts"})
+        cfg = config.load(None, "test", env={"RANKSIGHT__alerting__webhook_url": server.url + "/alerts",
+                                             "RANKSIGHT__durations__slow_rule_interval": "1s"})
         files = generate.render(cfg)
         am = yaml.safe_load(files["alertmanager.yml"])
         for r in am["receivers"]:  # the bearer token, read by Alertmanager from its file
@@ -92,6 +95,10 @@ def test_a_hang_is_ended_by_act_and_the_job_resumes_from_its_checkpoint(agent, l
         assert rc == 0, (f"{log[-3000:]}\nledger: {list(server.actor.ledger.records.values())}\n"
                          f"alerts: {[(x['labels'], x['state']) for x in stack.prom.alerts()]}\n"
                          f"agent log: {a.log_file.read_text()[-3000:]}")
+        time.sleep(2.5)  # a goodput evaluation after the last step
+        split = {r["metric"]["category"]: float(r["value"][1]) for r in stack.prom.query(
+            f'last_over_time({triage.REC["goodput_split"]}{{job="{JOB}"}}[30s])')}
+        wall = stack.prom.query(f'last_over_time({triage.REC["wall"]}{{job="{JOB}"}}[30s])')
     finally:
         server.stop()
 
@@ -127,3 +134,12 @@ def test_a_hang_is_ended_by_act_and_the_job_resumes_from_its_checkpoint(agent, l
         {"fault_to_training_s": round(recovery, 2), "fault_to_action_s": round(rec.acted - hang["t"], 2),
          "act_recover_s": rec.recover_s}))
     assert recovery <= LIMIT_S, recovery
+
+    # goodput books the hang, the work redone and the restart as badput; the categories add up to the wall
+    assert set(split) == set(C.GOODPUT_CATEGORIES) and wall, (split, wall)
+    assert sum(split.values()) == pytest.approx(float(wall[0]["value"][1]), rel=1e-9)
+    lost = split["stalled"] + split["wasted_progress"] + split["recovery"]
+    print(f"goodput split (s, mean over ranks): {({k: round(v, 2) for k, v in split.items()})}")
+    assert split["stalled"] > 3 and split["wasted_progress"] > 0 and split["recovery"] > 3, split
+    # the hang to the resumed training, as the job measured it, is the stall and the recovery the agent booked
+    assert lost == pytest.approx(recovery, abs=5.0), (lost, recovery, split)
