@@ -99,6 +99,13 @@ def test_a_hang_is_ended_by_act_and_the_job_resumes_from_its_checkpoint(agent, l
         split = {r["metric"]["category"]: float(r["value"][1]) for r in stack.prom.query(
             f'last_over_time({triage.REC["goodput_split"]}{{job="{JOB}"}}[30s])')}
         wall = stack.prom.query(f'last_over_time({triage.REC["wall"]}{{job="{JOB}"}}[30s])')
+        # the run report lists the action, its result and its time to recover
+        rep = subprocess.run([sys.executable, "-m", "ranksight", "report", "--prometheus", stack.prom_url, "--job", JOB,
+                              "--out", str(tmp_path / "report"), "--profile", "test", "--act", server.url],
+                             capture_output=True, text=True, timeout=180,
+                             env=dict(os.environ, RANKSIGHT__act__token_file=str(token)))
+        assert rep.returncode == 0, rep.stdout + rep.stderr
+        md = (tmp_path / "report" / "report.md").read_text()
     finally:
         server.stop()
 
@@ -134,6 +141,9 @@ def test_a_hang_is_ended_by_act_and_the_job_resumes_from_its_checkpoint(agent, l
         {"fault_to_training_s": round(recovery, 2), "fault_to_action_s": round(rec.acted - hang["t"], 2),
          "act_recover_s": rec.recover_s}))
     assert recovery <= LIMIT_S, recovery
+    row = next((ln for ln in md.splitlines() if ln.startswith(f"| {rec.id} | RanksightRankStalled |")), "")
+    assert "## Actions" in md and f"| rank 1 node {rec.labels['node']} | restart_workers | auto | " in row, md
+    assert rec.state != "recovered" or f"| {rec.recover_s:.1f} s |" in row, row
 
     # goodput books the hang, the work redone and the restart as badput; the categories add up to the wall
     assert set(split) == set(C.GOODPUT_CATEGORIES) and wall, (split, wall)
