@@ -347,13 +347,15 @@ def _handler(actor: Actor, token: Optional[bytes], gate: Any) -> type:
 
         def setup(self) -> None:
             if gate is not None and gate.tls:
-                conn = gate.context().wrap_socket(self.request, server_side=True, do_handshake_on_connect=False)
                 self.request.settimeout(self.timeout)
+                conn = gate.context().wrap_socket(self.request, server_side=True, do_handshake_on_connect=False)
                 try:
                     conn.do_handshake()
                     if not gate.san_ok(conn.getpeercert()):
                         raise OSError("client certificate has none of client_allowed_sans")
-                except BaseException:
+                except OSError as e:  # ssl.SSLError included: no, or an unverified, client certificate
+                    actor.counters.reject("unauthorized")
+                    log.warning("act: refused a TLS connection from %s: %s", self.client_address[0], e)
                     conn.close()
                     raise
                 self.request = conn
@@ -417,6 +419,13 @@ def _handler(actor: Actor, token: Optional[bytes], gate: Any) -> type:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:  # logged where it happened
+        log.debug("act: connection from %s ended with an error", client_address[0], exc_info=True)
+
+
 class ActServer:
     """``ranksight act`` in a thread: ``ActServer(cfg).start()``, ``.url``, ``.actor``, ``.stop()``."""
 
@@ -434,10 +443,9 @@ class ActServer:
         self.actor = Actor(cfg, engine if engine is not None else make_engine(cfg),
                            Workers(a["agent_url"], a["kill_grace_seconds"]), Ledger(a["ledger_file"]))
         try:
-            self.http = ThreadingHTTPServer((host.strip("[]"), int(port)), _handler(self.actor, token, gate))
+            self.http = _Server((host.strip("[]"), int(port)), _handler(self.actor, token, gate))
         except OSError as e:
             raise ConfigError(f"config act.listen: cannot listen on {a['listen']}: {e.strerror or e}") from None
-        self.http.daemon_threads = True
         scheme = "https" if gate is not None and gate.tls else "http"
         self.url = f"{scheme}://{host}:{self.http.server_address[1]}"
         self._t = threading.Thread(target=self.http.serve_forever, name="ranksight-act", daemon=True)

@@ -23,6 +23,7 @@ from ranksight.cli import main
 from ranksight.common.plumbing import wait_until
 from ranksight.tools.act import ActServer
 from ranksight.tools.act_engines import Engine
+from test_exporter_webconfig import pki  # noqa: F401  (the test CA and certificates)
 from support.alertmanager_webhook import TOKEN, am_alert, am_webhook, post
 
 
@@ -266,3 +267,37 @@ def test_bad_config_is_one_error_line(tmp_path, capsys, monkeypatch):
         ActServer(config.load(None, "test", env={"RANKSIGHT__act__modes": "{RanksightNope: auto}",
                                                  "RANKSIGHT__act__token_file": str(tok),
                                                  "RANKSIGHT__act__listen": "127.0.0.1:0"}))
+
+
+def test_client_certificates_replace_the_token_and_a_stranger_is_refused(pki, tmp_path):
+    """act.web_config_file with RequireAndVerifyClientCert (the agent's web config format): no token needed."""
+    import ssl
+
+    from test_exporter_webconfig import _write
+
+    wc = _write(pki, "act-web.yml", {"tls_server_config": {"cert_file": "server.crt", "key_file": "server.key",
+                                                           "client_auth_type": "RequireAndVerifyClientCert",
+                                                           "client_ca_file": "ca.crt"}})
+    cfg = config.load(None, "test", env={"RANKSIGHT__act__listen": "127.0.0.1:0", "RANKSIGHT__act__web_config_file": str(wc),
+                                         "RANKSIGHT__act__mode": "auto", "RANKSIGHT__act__dry_run": "false"})
+    eng = Recorded()
+    s = ActServer(cfg, engine=eng).start()
+    try:
+        assert s.url.startswith("https://")
+        doc = json.dumps(am_webhook(am_alert("RanksightGpuXidError", node="n1", gpu="0"))).encode()
+
+        def send(cert: str) -> int:
+            ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+            if cert:
+                ctx.load_cert_chain(str(pki / f"{cert}.crt"), str(pki / f"{cert}.key"))
+            req = urllib.request.Request(s.url + "/alerts", data=doc, method="POST")
+            with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+                return r.status
+        for cert in ("", "stranger"):
+            with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+                send(cert)
+        assert not eng.drained
+        assert send("client") == 200 and eng.drained == [("n1", "ranksight: RanksightGpuXidError")]
+        assert s.actor.counters.rejected["unauthorized"] == 2
+    finally:
+        s.stop()
