@@ -155,11 +155,12 @@ class Actor:
         """Alertmanager's webhook JSON (version 4). Raises ValueError when it is not that shape."""
         if not isinstance(doc, dict) or not isinstance(doc.get("alerts"), list):
             raise ValueError("expected Alertmanager's webhook JSON with an alerts list")
-        out = []
-        for a in doc["alerts"]:
+        for a in doc["alerts"]:  # all checked before any is acted on
             if not (isinstance(a, dict) and isinstance(a.get("labels"), dict) and a.get("status") in ("firing", "resolved")
                     and isinstance(a["labels"].get("alertname"), str)):
                 raise ValueError("an alert without status or labels.alertname")
+        out = []
+        for a in doc["alerts"]:
             r = self.alert(a)
             out.append({"id": r.id, "verdict": r.verdict, "action": r.action, "state": r.state})
         return out
@@ -263,6 +264,7 @@ class Actor:
             return self._finish(r, "dry_run", "act.dry_run: not run")
         try:
             if r.action == triage.ACT_RESTART:
+                self._still_ranks(r)
                 detail = self.workers.end(r.pids)
             else:
                 detail = self.engine.drain(r.labels["node"], f"ranksight: {r.verdict}")
@@ -272,6 +274,15 @@ class Actor:
         if r.action == triage.ACT_RESTART:
             threading.Thread(target=self._watch_restart, args=(r,), daemon=True).start()
         return r
+
+    def _still_ranks(self, r: Record) -> None:
+        """Only pids the agent still lists as the job's ranks on the node are signalled (a proposal approved
+        late must not reach a process that reused a pid)."""
+        now = {int(x["pid"]) for x in self.workers.ranks(r.labels.get("job", ""), r.labels["node"])}
+        gone = [p for p in r.pids if p not in now]
+        r.pids = [p for p in r.pids if p in now]
+        if not r.pids:
+            raise ActError(f"pids {gone} are no longer ranks of job {r.labels.get('job')} on {r.labels['node']}")
 
     def _drain_refused(self, r: Record) -> Optional[Tuple[str, str]]:
         now = time.time()

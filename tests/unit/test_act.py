@@ -301,3 +301,20 @@ def test_client_certificates_replace_the_token_and_a_stranger_is_refused(pki, tm
         assert s.actor.counters.rejected["unauthorized"] == 2
     finally:
         s.stop()
+
+
+def test_a_late_approval_signals_only_pids_that_are_still_the_jobs_ranks(act):
+    s = act(dry_run="false")
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        s.agent.ranks = [{"job": "j", "rank": 1, "node": "n1", "pid": worker.pid, "up": True, "step": 7}]
+        body = post(s, am_webhook(am_alert("RanksightRankStalled", job="j", rank="1", node="n1")))[1]
+        rid = body["results"][0]["id"]
+        assert s.actor.ledger.by_id(rid).command == f"kill -TERM {worker.pid}"
+        s.agent.ranks = [dict(s.agent.ranks[0], pid=worker.pid + 100000)]  # restarted meanwhile: another pid
+        code, rec = post(s, {}, path=f"/api/v1/approve/{rid}")
+        assert code == 200 and rec["state"] == "failed" and "no longer ranks" in rec["detail"], rec
+        assert worker.poll() is None
+        assert post(s, {}, path="/api/v1/approve/nope")[0] == 404
+    finally:
+        worker.kill()
