@@ -318,3 +318,16 @@ def test_a_late_approval_signals_only_pids_that_are_still_the_jobs_ranks(act):
         assert post(s, {}, path="/api/v1/approve/nope")[0] == 404
     finally:
         worker.kill()
+
+
+def test_the_ledger_file_keeps_repeats_idempotent_and_the_drain_count_across_a_restart(act, tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    a = am_alert("RanksightGpuXidError", node="n1", gpu="0", fp="eeee")
+    s = act(mode="auto", dry_run="false", max_drains_per_hour="1", ledger_file=str(ledger))
+    post(s, am_webhook(a))
+    s.stop()
+    t = act(mode="auto", dry_run="false", max_drains_per_hour="1", ledger_file=str(ledger))
+    assert post(t, am_webhook(a))[1]["results"][0]["state"] == "done"  # the first server's record
+    assert post(t, am_webhook(am_alert("RanksightGpuXidError", node="n2", gpu="0")))[1]["results"][0]["state"] \
+        == "rate_limited"
+    assert s.engine.drained == [("n1", "ranksight: RanksightGpuXidError")] and not t.engine.drained
