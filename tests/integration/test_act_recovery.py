@@ -4,8 +4,8 @@ Real parts: a 2-rank gloo DDP job under ``torchrun --max-restarts 3 --rdzv-backe
 (tests/integration_workloads/elastic_worker.py) that checkpoints every 10 steps (model, Adam state,
 step count, sampler epoch and position); a real node agent it sends to; Debian's Prometheus running
 the generated rules (test profile) and Alertmanager whose config `ranksight rules` rendered, its
-webhook receiver pointed at a real `ranksight act` server with the bearer token from a
-``credentials_file``; `ranksight act` in ``auto`` for RanksightRankStalled, not a dry run.
+webhook receiver (``alerting.receivers``) pointed at a real `ranksight act` server with the bearer
+token from its ``credentials_file``; `ranksight act` in ``auto`` for RanksightRankStalled, not a dry run.
 
 Rank 1 hangs at step 35 outside any collective (rank 0 blocks in the all-reduce). The agent marks it
 stalled, Prometheus fires RanksightRankStalled, Alertmanager posts it, `ranksight act` signals the
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import List
 
 import pytest
-import yaml
 
 from ranksight import catalog as C
 from ranksight import config, triage
@@ -69,14 +68,12 @@ def test_a_hang_is_ended_by_act_and_the_job_resumes_from_its_checkpoint(agent, l
                "RANKSIGHT__act__dry_run": "false", "RANKSIGHT__act__kill_grace_seconds": "3"}
     server = ActServer(config.load(None, "test", env=act_env)).start()
     try:
-        cfg = config.load(None, "test", env={"RANKSIGHT__alerting__webhook_url": server.url + "/alerts",
+        # `ranksight rules` renders act as a webhook receiver whose bearer token Alertmanager reads from its file
+        receivers = f"{{act: {{type: webhook, url: '{server.url}/alerts', credentials_file: '{token}'}}}}"
+        cfg = config.load(None, "test", env={"RANKSIGHT__alerting__receivers": receivers,
+                                             "RANKSIGHT__alerting__routes": "{critical: act, warning: act, info: act, lint: none}",
                                              "RANKSIGHT__durations__slow_rule_interval": "1s"})
         files = generate.render(cfg)
-        am = yaml.safe_load(files["alertmanager.yml"])
-        for r in am["receivers"]:  # the bearer token, read by Alertmanager from its file
-            for w in r.get("webhook_configs", []):
-                w["http_config"] = {"authorization": {"type": "Bearer", "credentials_file": str(token)}}
-        files["alertmanager.yml"] = yaml.safe_dump(am, sort_keys=False)
         stack = local_stack(targets=[a.target], files=files)
         run = tmp_path / "job"
         run.mkdir()

@@ -331,3 +331,32 @@ def test_the_ledger_file_keeps_repeats_idempotent_and_the_drain_count_across_a_r
     assert post(t, am_webhook(am_alert("RanksightGpuXidError", node="n2", gpu="0")))[1]["results"][0]["state"] \
         == "rate_limited"
     assert s.engine.drained == [("n1", "ranksight: RanksightGpuXidError")] and not t.engine.drained
+
+
+def test_rules_render_act_as_a_webhook_receiver_with_its_token_file(tmp_path):
+    """alerting.receivers type webhook with credentials_file: the bearer token Alertmanager sends, from its file."""
+    import yaml
+
+    from conftest import require_binary
+    from ranksight.alerts import generate
+
+    tok = tmp_path / "act-token"
+    tok.write_text(TOKEN + "\n")
+    cfg = config.load(None, "default", env={
+        "RANKSIGHT__alerting__receivers": f"{{act: {{type: webhook, url: 'http://n1:9948/alerts', credentials_file: '{tok}'}}}}",
+        "RANKSIGHT__alerting__routes": "{critical: act, warning: act, info: none, lint: none}"})
+    files = generate.render(cfg)
+    am = yaml.safe_load(files["alertmanager.yml"])
+    (hook,) = [r for r in am["receivers"] if r["name"] == "ranksight-act"]
+    assert hook["webhook_configs"] == [{"url": "http://n1:9948/alerts", "send_resolved": True,
+                                        "http_config": {"authorization": {"type": "Bearer", "credentials_file": str(tok)}}}]
+    assert TOKEN not in files["alertmanager.yml"]
+    for name, text in files.items():
+        (tmp_path / "am" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "am" / name).write_text(text)
+    r = subprocess.run([require_binary("amtool"), "check-config", str(tmp_path / "am" / "alertmanager.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    tok.write_text("")
+    with pytest.raises(config.ConfigError, match="credentials_file.*is empty"):
+        generate.render(cfg)
