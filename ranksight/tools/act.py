@@ -221,13 +221,27 @@ class Actor:
             self.counters.count(verdict, action, "duplicate")
             return r
         r.resolved = now
-        if r.state == "watching":  # RankDown resolved: the rank heartbeats again
+        if r.state == "watching":  # RankDown resolved: recovered if this node's agent lists the rank up again
+            back = self._rank_back(r)
+            if back is None:
+                return self._finish(r, "resolved", "resolved, but this node's agent does not list the rank up "
+                                                   "(the job ended, or the rank runs elsewhere)")
             r.recovered, r.recover_s = now, round(now - r.received, 3)
-            return self._finish(r, "recovered", f"rank back after {r.recover_s:g} s")
+            return self._finish(r, "recovered", f"rank back after {r.recover_s:g} s ({back})")
         if r.state == "proposed":
             return self._finish(r, "resolved", "resolved before approval: not run")
         self.ledger.save(r)
         return r
+
+    def _rank_back(self, r: Record) -> Optional[str]:
+        try:
+            ranks = self.workers.ranks(r.labels.get("job", ""), r.labels.get("node", ""))
+        except ActError:
+            return None
+        for x in ranks:
+            if str(x.get("rank")) == r.labels.get("rank") and x.get("up") and not x.get("finished"):
+                return f"pid {x['pid']}, step {x['step']}"
+        return None
 
     def _plan(self, r: Record) -> str:
         node = r.labels.get("node", "")

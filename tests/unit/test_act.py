@@ -171,8 +171,13 @@ def test_each_rule_auto(act):
         assert m[("RanksightDiskFilling", "drain_node", "done")] == 1
         assert m[("RanksightRankDown", "record_recovery", "watching")] == 1
         assert m[("RanksightStraggler", "page", "paged")] == 1
+        s.agent.ranks.append({"job": "j", "rank": 0, "node": "n1", "pid": 99998, "up": True, "step": 2})
         post(s, am_webhook(am_alert("RanksightRankDown", "resolved", job="j", rank="0", node="n1", local_rank="0")))
         assert metrics(s)[("RanksightRankDown", "record_recovery", "recovered")] == 1
+        # a rank that does not come back (the job ended): its resolve is no recovery
+        post(s, am_webhook(am_alert("RanksightRankDown", job="j", rank="5", node="n1", local_rank="5")))
+        post(s, am_webhook(am_alert("RanksightRankDown", "resolved", job="j", rank="5", node="n1", local_rank="5")))
+        assert metrics(s)[("RanksightRankDown", "record_recovery", "resolved")] == 1
         rec = next(r for r in s.actor.ledger.records.values() if r.verdict == "RanksightRankStalled")
         assert rec.recover_s is not None and rec.recover_s > 0.5
     finally:
