@@ -34,6 +34,7 @@ class Metric:
     labels: Tuple[str, ...]
     help: str
     buckets: Tuple[float, ...] = field(default=())
+    source: str = "agent"  # what exposes it: the node agent, or "act" (`ranksight act`'s /metrics)
 
     @property
     def name(self) -> str:
@@ -59,12 +60,13 @@ class Metric:
 CATALOG: Dict[str, Metric] = {}
 
 
-def _m(short: str, type: str, unit: str, labels: Tuple[str, ...], help: str, buckets: Tuple[float, ...] = ()) -> Metric:
+def _m(short: str, type: str, unit: str, labels: Tuple[str, ...], help: str, buckets: Tuple[float, ...] = (),
+       source: str = "agent") -> Metric:
     if type == "counter" and not short.endswith("_total"):
         raise ValueError(f"counter {short} must end in _total")
     if short in CATALOG:
         raise ValueError(f"duplicate metric {short}")
-    m = Metric(short, type, unit, labels, help, buckets)
+    m = Metric(short, type, unit, labels, help, buckets, source)
     CATALOG[short] = m
     return m
 
@@ -244,10 +246,11 @@ CHECKPOINT_IN_PROGRESS = _m("checkpoint_in_progress_seconds", "gauge", "seconds"
 # ---------------------------------------------------------------- `ranksight act` (ranksight/tools/act.py)
 ACTIONS_TOTAL = _m("actions_total", "counter", "count", ("verdict", "action", "result"),
                    "Verdicts `ranksight act` received and what came of each: verdict is the alert name, action the "
-                   "triage entry's (page|restart_workers|drain_node|record_recovery), result one of ACT_RESULTS.")
+                   "triage entry's (page|restart_workers|drain_node|record_recovery), result one of ACT_RESULTS.",
+                   source="act")
 ACT_REJECTED = _m("act_requests_rejected_total", "counter", "count", ("reason",),
                   "Requests to `ranksight act` refused before any action: reason=unauthorized (no or a wrong bearer "
-                  "token: a forged webhook)|malformed (not Alertmanager's webhook JSON).")
+                  "token: a forged webhook)|malformed (not Alertmanager's webhook JSON).", source="act")
 
 
 def by_name(name: str) -> Metric:
