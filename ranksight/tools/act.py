@@ -49,6 +49,10 @@ WINDOW = 3600.0  # act.max_drains_per_hour counts the drains of the last hour
 RECOVERY_TIMEOUT = 600.0  # a restart's recovery is watched this long
 
 
+class NotHere(ActError):
+    """The culprit's ranks are not on this agent's node (restart_workers acts only on its own node)."""
+
+
 @dataclass
 class Record:
     """One verdict (one alert instance: fingerprint and start) in the ledger."""
@@ -187,15 +191,13 @@ class Actor:
                 return self._finish(r, "watching", "the launcher restarts the rank; recorded when it is back")
             same = self._standing(r)
             if same is not None:
-                r.detail = f"{same.action} {same.id} stands for {_where(r.labels)}"
-                self.ledger.save(r)
-                self.counters.count(verdict, action, "duplicate")
-                r.state = "duplicate"
-                return r
+                return self._finish(r, "duplicate", f"{same.action} {same.id} stands for {_where(r.labels)}")
             try:
                 r.command = self._plan(r)
+            except NotHere as e:
+                return self._finish(r, "not_here", str(e))
             except ActError as e:
-                return self._finish(r, "not_here" if "no rank" in str(e) else "failed", str(e))
+                return self._finish(r, "failed", str(e))
             if r.mode == "propose":
                 return self._finish(r, "proposed")
             return self._execute(r)
@@ -251,7 +253,7 @@ class Actor:
             ranks = self.workers.ranks(r.labels.get("job", ""), node)
             r.pids = sorted(int(x["pid"]) for x in ranks if int(x.get("pid", -1)) > 0)
             if not r.pids:
-                raise ActError(f"no rank of job {r.labels.get('job')} on node {node} at this node's agent")
+                raise NotHere(f"no rank of job {r.labels.get('job')} on node {node} at this node's agent")
             return Workers.command(r.pids)
         return self.engine.drain_command(node, f"ranksight: {r.verdict}")
 
