@@ -111,6 +111,8 @@ def _receiver_config(spec: Mapping[str, Any]) -> Tuple[str, Dict[str, Any]]:
     if kind == "opsgenie":
         return "opsgenie_configs", {**given, "message": _T.format("title"), "description": _T.format("text"),
                                     "priority": _PRIORITY, "source": "ranksight"}
+    if "credentials_file" in given:  # a bearer token (`ranksight act` checks it), read by Alertmanager from its file
+        given["http_config"] = {"authorization": {"type": "Bearer", "credentials_file": given.pop("credentials_file")}}
     return "webhook_configs", given  # the webhook gets the alerts as JSON, annotations included
 
 

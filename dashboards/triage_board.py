@@ -145,7 +145,26 @@ def triage_board(cfg: Mapping[str, Any]) -> Board:
         panels += [_signal_panel(b.lay, e) for e in entries]
         panels += _extra_signal_panels(b.lay, order, t)
     _efficiency_row(b, cfg)
+    _actions_row(b)
     return b
+
+
+def _actions_row(b: Board) -> None:
+    """What `ranksight act` did with the verdicts (ranksight/tools/act.py), from its /metrics."""
+    panels = b.row("Actions")
+    panels += [
+        ts(b.lay, "Actions on verdicts",
+           "What `ranksight act` did with each verdict, by alert, action (the triage entry's: restart_workers, "
+           "drain_node, record_recovery, page) and result (proposed, dry_run, done, failed, recovered, duplicate, "
+           "resolved, rate_limited, last_nodes, ...). If proposals wait, approve them with `ranksight act approve "
+           "ID`; if results read failed, the act log has the command's error.", "short",
+           [Q(f"sum by (verdict, action, result) (increase({C.ACTIONS_TOTAL}[$__rate_interval]))",
+              "{{verdict}} {{action}}: {{result}}")], w=16),
+        ts(b.lay, "Refused requests to ranksight act",
+           "Requests `ranksight act` refused before any action: unauthorized (no or a wrong bearer token, a forged "
+           "webhook) or malformed. If unauthorized grows, something other than Alertmanager posts to it.", "short",
+           [Q(f"sum by (reason) (increase({C.ACT_REJECTED}[$__rate_interval]))", "{{reason}}")], w=8),
+    ]
 
 
 def mfu_bands(t: Mapping[str, Any]) -> List[Band]:

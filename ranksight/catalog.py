@@ -34,6 +34,7 @@ class Metric:
     labels: Tuple[str, ...]
     help: str
     buckets: Tuple[float, ...] = field(default=())
+    source: str = "agent"  # what exposes it: the node agent, or "act" (`ranksight act`'s /metrics)
 
     @property
     def name(self) -> str:
@@ -59,12 +60,13 @@ class Metric:
 CATALOG: Dict[str, Metric] = {}
 
 
-def _m(short: str, type: str, unit: str, labels: Tuple[str, ...], help: str, buckets: Tuple[float, ...] = ()) -> Metric:
+def _m(short: str, type: str, unit: str, labels: Tuple[str, ...], help: str, buckets: Tuple[float, ...] = (),
+       source: str = "agent") -> Metric:
     if type == "counter" and not short.endswith("_total"):
         raise ValueError(f"counter {short} must end in _total")
     if short in CATALOG:
         raise ValueError(f"duplicate metric {short}")
-    m = Metric(short, type, unit, labels, help, buckets)
+    m = Metric(short, type, unit, labels, help, buckets, source)
     CATALOG[short] = m
     return m
 
@@ -248,6 +250,15 @@ CHECKPOINT_IN_PROGRESS = _m("checkpoint_in_progress_seconds", "gauge", "seconds"
                             "Seconds the rank has been inside its current checkpoint write (heartbeat phase=checkpoint); "
                             "0 when not writing. Lets RanksightCheckpointSlow fire during a long write.")
 
+# ---------------------------------------------------------------- `ranksight act` (ranksight/tools/act.py)
+ACTIONS_TOTAL = _m("actions_total", "counter", "count", ("verdict", "action", "result"),
+                   "Verdicts `ranksight act` received and what came of each: verdict is the alert name, action the "
+                   "triage entry's (page|restart_workers|drain_node|record_recovery), result one of ACT_RESULTS.",
+                   source="act")
+ACT_REJECTED = _m("act_requests_rejected_total", "counter", "count", ("reason",),
+                  "Requests to `ranksight act` refused before any action: reason=unauthorized (no or a wrong bearer "
+                  "token: a forged webhook)|malformed (not Alertmanager's webhook JSON).", source="act")
+
 
 def by_name(name: str) -> Metric:
     short = name[len(PREFIX):] if name.startswith(PREFIX) else name
@@ -315,3 +326,19 @@ COLLECTOR_NAMES: Tuple[str, ...] = ("gpu", "network", "rdma", "disk", "ranks")
 # rank_stalled{reason}: no step and no open collective (the culprit) | waiting in a collective on a peer
 STALL_NO_PROGRESS, STALL_WAITING = "no_progress", "waiting_in_collective"
 STALL_REASONS: Tuple[str, ...] = (STALL_NO_PROGRESS, STALL_WAITING)
+# ranksight_actions_total{result}: what came of a verdict in `ranksight act`
+ACT_RESULTS: Tuple[str, ...] = (
+    "paged",          # an entry whose action is page, or a verdict in mode off
+    "proposed",       # mode propose: the exact command logged, waiting for `ranksight act approve ID`
+    "dry_run",        # approved or auto, act.dry_run on: the command logged, not run
+    "done",           # the command ran and succeeded
+    "failed",         # the command ran and failed
+    "recovered",      # the job's ranks came back (after a restart, or a launcher's own recovery)
+    "watching",       # record_recovery: the down rank is being watched until it comes back
+    "duplicate",      # a repeat of a verdict the ledger already holds
+    "resolved",       # the verdict's resolve arrived: nothing (more) is done for it
+    "rate_limited",   # a drain over act.max_drains_per_hour
+    "last_nodes",     # a drain that would leave a job fewer than act.job_min_nodes nodes
+    "not_here",       # restart_workers: the culprit's ranks are not on this agent's node
+)
+ACT_REJECT_REASONS: Tuple[str, ...] = ("unauthorized", "malformed")

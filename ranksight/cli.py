@@ -138,6 +138,8 @@ SUBCOMMANDS = {
     "triage": ("ranksight.tools.triage_cli", "walk the six triage checks against Prometheus and name the first cause"),
     "report": ("ranksight.report.cli", "write a run report (HTML, Markdown, PNGs of the dashboards' panels) from Prometheus"),
     "bench": ("ranksight.tools.bench", "run the benchmarks (hooks, exporter, scale) and print JSON"),
+    "act": ("ranksight.tools.act", "act on each alert's verdict (restart a hung job's workers, drain a node): "
+                                    "an Alertmanager webhook receiver, propose or auto per verdict, dry run by default"),
     "config": ("ranksight.tools.config_cli", "print the effective config (validates it)"),
 }
 

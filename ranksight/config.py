@@ -246,6 +246,42 @@ SCHEMA["alerting"] = {  # `ranksight rules`: alerts/alertmanager.yml and runbook
     "grafana_url": Opt("http://localhost:3000", "Grafana base URL for the triage-dashboard link in every page"),
 }
 
+ACT_MODES = ("off", "propose", "auto")  # act.mode and the values of act.modes
+ACT_ENGINES = ("none", "slurm", "kubernetes")  # act.engine
+SCHEMA["act"] = {  # `ranksight act` (ranksight/tools/act.py): the action each verdict's triage entry names
+    "listen": Opt("127.0.0.1:9948", "HTTP listen address of `ranksight act` (Alertmanager posts to /alerts)"),
+    "mode": Opt("propose", "mode of every verdict with an action: off | propose (log the exact command, wait for "
+                           "`ranksight act approve ID`) | auto"),
+    "modes": Opt({}, "alert name -> off|propose|auto, overriding act.mode for that verdict"),
+    "dry_run": Opt(True, "log and count each approved or auto action as dry_run instead of running it"),
+    "max_drains_per_hour": Opt(2, "at most this many node drains per hour across the cluster (K)", 0, 1000),
+    "job_min_nodes": Opt(1, "never drain a node when fewer than this many undrained nodes of its job would stay",
+                         0, 100000),
+    "token_file": Opt("", "file holding the bearer token every request must carry (Alertmanager's "
+                          "http_config.authorization.credentials_file); a web config with client certificates "
+                          "may replace it"),
+    "web_config_file": Opt("", "exporter-toolkit web config (TLS, client certificates) for `ranksight act`"),
+    "engine": Opt("none", "where the jobs run, for drains: none | slurm | kubernetes"),
+    "agent_url": Opt("http://127.0.0.1:9945", "the node agent beside `ranksight act`: its /api/v1/ranks gives "
+                                              "each rank's pid"),
+    "kill_grace_seconds": Opt(5.0, "restart_workers: SIGTERM, then SIGKILL after this many seconds", 0, 3600),
+    "kube_pod_selector": Opt("", "kubernetes: label selector of the training pods to evict from a drained node"),
+    "ledger_file": Opt("", "JSON-lines ledger of every verdict and action (kept across restarts); empty: memory"),
+}
+
+
+def _act_modes(where: str, value: Any) -> Dict[str, str]:
+    """act.modes: alert name -> off|propose|auto (names are checked against the triage table by `ranksight act`)."""
+    value = oncall._load_yaml_string(where, value)
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):  # YAML 1.1 reads an unquoted off as false
+        value = {k: "off" if v is False else v for k, v in value.items()}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and v in ACT_MODES for k, v in value.items()):
+        raise ConfigError(f"config {where}: expected alert name -> {' | '.join(ACT_MODES)}, got {value!r}")
+    return dict(value)
+
+
 # The test profile shortens durations and windows, nothing else.
 PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
     "default": {},
@@ -303,6 +339,13 @@ def validate(section: str, key: str, value: Any) -> Any:
         return _peak_by_name(where, value)
     if (section, key) == ("agent", "peak_flops_dtype") and value not in PEAK_DTYPES:
         raise ConfigError(f"config {where}: expected one of {', '.join(PEAK_DTYPES)}, got {value!r}")
+    if (section, key) == ("act", "modes"):
+        return _act_modes(where, value)
+    if (section, key) == ("act", "mode") and value is False:  # YAML 1.1 reads an unquoted off as false
+        value = "off"
+    if (section, key) in (("act", "mode"), ("act", "engine")) and value not in (ACT_MODES if key == "mode" else ACT_ENGINES):
+        raise ConfigError(f"config {where}: expected one of {', '.join(ACT_MODES if key == 'mode' else ACT_ENGINES)}, "
+                          f"got {value!r}")
     if (section, key) in (("alerting", "receivers"), ("alerting", "routes")):
         return oncall.check_receivers(value) if key == "receivers" else oncall.check_routes(value)
     d = opt.default

@@ -51,7 +51,7 @@ FIELDS: Dict[str, Dict[str, str]] = {
     "email": {"to": "addrs", "from": "addrs", "smarthost": "hostport", "auth_username": "str",
               "auth_password_file": "secret", "require_tls": "bool", "send_resolved": "bool"},
     "opsgenie": {"api_key_file": "secret", "api_url": "url", "send_resolved": "bool"},
-    "webhook": {"url": "url", "send_resolved": "bool"},
+    "webhook": {"url": "url", "send_resolved": "bool", "credentials_file": "secret"},
 }
 REQUIRED: Dict[str, Tuple[str, ...]] = {
     "slack": ("api_url_file",),

@@ -58,8 +58,9 @@ class Generator:
         self.model = Model(scn)
         self.suffix_ts = [f" {t}\n" for t in self.model.ts]
         self._suffix: Dict[Tuple[str, str, int, Tuple[str, ...]], str] = {}
-        self.metrics = [m for m in C.CATALOG.values() if modelled(m)]
-        self.not_modelled = sorted(m.name for m in C.CATALOG.values() if not modelled(m))
+        agent = [m for m in C.CATALOG.values() if m.source == "agent"]  # what a node agent exposes
+        self.metrics = [m for m in agent if modelled(m)]
+        self.not_modelled = sorted(m.name for m in agent if not modelled(m))
         self.straggler_set = set(scn.stragglers)
 
     def _profile_rank(self, node: int, rank: int) -> str:

@@ -14,7 +14,7 @@ import datetime as dt
 import re
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ranksight import config as rconfig
 from ranksight.config import duration_seconds
@@ -70,6 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also render every panel of this dashboard to one PNG grid")
     p.add_argument("--config", metavar="FILE", default=None, help="ranksight config YAML (thresholds, windows)")
     p.add_argument("--profile", default="default", help="config profile the rules were generated with (default|test)")
+    p.add_argument("--act", metavar="URL", default=None,
+                   help="a running `ranksight act` (http://host:9948): list each action it took on the job's verdicts "
+                        "during the run, with its time to recover (its bearer token from act.token_file)")
     p.add_argument("--timeout", type=float, default=15.0, help="seconds per Prometheus request (default 15)")
 
 
@@ -124,12 +127,32 @@ def build(args: argparse.Namespace, now: Optional[float] = None) -> Tuple[write.
     flags = make.compare(summary, base, cfg) if base is not None else []
     rep = write.Report(args.job, prom.url, run, summary, fired, make.verdict(args.job, summary, fired, flags, base),
                        base, note, flags)
+    if getattr(args, "act", None):
+        rep.actions = _actions(args.act, cfg["act"]["token_file"], args.job, run, args.timeout)
     out = Path(args.out) if args.out else Path(f"ranksight-report-{re.sub(r'[^A-Za-z0-9_.-]', '_', args.job)}")
     from . import panels
 
     boards = panels.load_boards(cfg)
     rep.plots = write.plots(prom, rep, boards, cfg, out, args.dashboard)
     return rep, out
+
+
+def _actions(url: str, token_file: str, job: str, run: "make.Run", timeout: float) -> List[Dict[str, Any]]:
+    """The ledger records of `ranksight act` at ``url`` for ``job`` (rank verdicts with its job label) that
+    arrived during the run. Raises ReportError (one line) when it cannot be read."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url.rstrip("/") + "/api/v1/actions")
+    try:
+        if token_file:
+            req.add_header("Authorization", "Bearer " + Path(token_file).read_text(encoding="utf-8").strip())
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            records = json.load(r)["actions"]
+    except (OSError, ValueError, KeyError) as e:
+        raise make.ReportError(f"--act {url}: cannot read the actions of `ranksight act`: {e}", 2) from None
+    return [a for a in records if a["labels"].get("job") == job and run.start - 60 <= a["received"] <= run.end + 60]
 
 
 def run(args: argparse.Namespace) -> int:

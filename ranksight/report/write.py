@@ -42,6 +42,7 @@ class Report:
     baseline_note: str = ""
     flags: List[make.Flag] = field(default_factory=list)
     plots: List[Plot] = field(default_factory=list)
+    actions: Optional[List[Dict[str, Any]]] = None  # `ranksight act`'s ledger records of the job (--act)
 
 
 def _ts(t: float) -> str:
@@ -131,9 +132,25 @@ def _sections(rep: Report) -> List[Dict[str, Any]]:
             comp["flags"] = (["flagged", "this run", "baseline", "change"],
                              [[f.what, f.now, f.before, f.note] for f in rep.flags])
     secs.append(comp)
+    if rep.actions is not None:
+        secs.append(_actions_section(rep.actions))
     for pl in rep.plots:
         secs.append({"title": pl.title, "plot": pl.name, "text": pl.note})
     return secs
+
+
+def _actions_section(actions: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """What `ranksight act` did with the run's verdicts, each with its time to recover where it recovered."""
+    def where(lb: Mapping[str, str]) -> str:
+        return " ".join(f"{k} {lb[k]}" for k in ("rank", "node", "gpu", "device", "path") if k in lb)
+
+    rows = [[a["id"], a["verdict"], where(a["labels"]), a["action"], a["mode"], a["state"],
+             _ts(a["acted"] or a["received"]), "-" if a.get("recover_s") is None else f"{a['recover_s']:.1f} s",
+             a.get("command") or ""]
+            for a in sorted(actions, key=lambda a: a["received"]) if a["action"] != triage.ACT_PAGE]
+    head = ["id", "verdict", "where", "action", "mode", "result", "at", "time to recover", "command"]
+    return {"title": "Actions", "table": (head, rows) if rows else None,
+            "text": "" if rows else "`ranksight act` took no action on this job's verdicts."}
 
 
 def write(rep: Report, out: Path) -> Dict[str, Path]:

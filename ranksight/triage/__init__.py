@@ -38,7 +38,7 @@ lints), prose.py with prose/*.md (the runbook prose).
 """
 from __future__ import annotations
 
-from .model import (ALERT_GROUPS, CLOCK_EVENT_REASONS, DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC,
+from .model import (ACT_DRAIN, ACT_PAGE, ACT_RECOVERY, ACT_RESTART, ACTIONS, ALERT_GROUPS, CLOCK_EVENT_REASONS, DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC,
                     RDMA_TRAFFIC, RUNBOOK_BASE, SCRAPE_JOB, STALL_WHERE, THROTTLE_REASONS, THROTTLE_SHOWN, VAL,
                     WAITING_SYMPTOMS, Entry, Inhibit, Recording, with_gpu)
 from .names import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS
@@ -47,6 +47,7 @@ from .lints import LINTS
 from .alerts import by_alert, inhibit_pairs, signals, table
 
 __all__ = [
+    "ACT_DRAIN", "ACT_PAGE", "ACT_RECOVERY", "ACT_RESTART", "ACTIONS",
     "ALERT_GROUPS", "CLOCK_EVENT_REASONS", "DESYNC_POS", "GPU_DESC", "GROUP_INPUTS", "HW_COLLECTORS", "LINTS", "NODE_DESC",
     "RANK_BY", "RANK_DESC", "RDMA_TRAFFIC", "REC", "RULE_GROUPS", "RUNBOOK_BASE", "SCRAPE_JOB", "STALL_WHERE",
     "THROTTLE_REASONS", "THROTTLE_SHOWN", "VAL", "WAITING_SYMPTOMS", "Entry", "Inhibit", "Recording",

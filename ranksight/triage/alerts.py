@@ -13,7 +13,7 @@ from . import goodput as _goodput
 from . import memory as _memory
 from ..config import duration_seconds
 from .lints import lint_entries
-from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
+from .model import (ACT_DRAIN, ACT_RECOVERY, ACT_RESTART, DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
                     STALL_WHERE, THROTTLE_REASONS, VAL, Entry, Inhibit, with_gpu)
 from .prose import prose
 from .names import RANK_BY, REC
@@ -210,7 +210,7 @@ def _progress_signals(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="A rank stopped heartbeating: the job is stuck in its next collective",
             description=f"{RANK_DESC} has missed several heartbeats in a row and is considered down.",
             **prose("rank-down"),
-            next_check="XID errors and host logs on the node",
+            next_check="XID errors and host logs on the node", action=ACT_RECOVERY,
             # a down rank's own missed heartbeats say nothing more
             inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), Inhibit(("RanksightHeartbeatMissed",), ("job", "rank")), ON_NODE),
         ),
@@ -235,7 +235,7 @@ def _rank_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{RANK_DESC} heartbeats but has not finished a step for longer than its stall limit, and it is "
                         f"not waiting in a collective{STALL_WHERE}.",
             **prose("rank-stalled"),
-            next_check="the stack on the node agent's /api/v1/ranks",
+            next_check="the stack on the node agent's /api/v1/ranks", action=ACT_RESTART,
             inhibits=(Inhibit(STUCK_JOB_TARGETS, ("job",)), ON_NODE),
         ),
         Entry(
@@ -345,7 +345,7 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="A busy NIC negotiated a link speed below its own recent best or its job peers'",
             description=f"{NODE_DESC} device={{{{ $labels.device }}}} links at {VAL} bytes/s.",
             **prose("nic-speed-low"),
-            next_check="network retransmits and comm share",
+            next_check="network retransmits and comm share", action=ACT_DRAIN,
             inhibits=(Inhibit(COMM, ("node",)),),
         ),
         Entry(
@@ -365,7 +365,7 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             description=f"{NODE_DESC} path={{{{ $labels.path }}}}: free share {VAL} (or, when negative, "
                         f"the free bytes predicted at the horizon).",
             **prose("disk-filling"),
-            next_check="checkpoint failures",
+            next_check="checkpoint failures", action=ACT_DRAIN,
         ),
         Entry(
             id="gpu-pcie-degraded", alert="RanksightGpuPcieDegraded", kind="cause", order=0,
@@ -391,7 +391,7 @@ def _hardware_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             summary="A GPU reported an XID error",
             description=f"{GPU_DESC} raised XID {{{{ $labels.xid }}}} ({VAL} in the window, or in total for a new xid).",
             **prose("gpu-xid"),
-            next_check="rank down / stalled on that node",
+            next_check="rank down / stalled on that node", action=ACT_DRAIN,
             inhibits=(Inhibit(("RanksightGpuSawtooth", "RanksightRankStalled"), ("node",)), GPU_RANK),
         ),
         Entry(

@@ -46,6 +46,11 @@ LOSS_ALERTS: Tuple[str, ...] = ("RanksightLossNonFinite", "RanksightLossSpike", 
 RDMA_TRAFFIC = "port_(rcv|xmit)_(packets|data)|(unicast|multicast)_(rcv|xmit)_packets"
 # Clocks-event reasons the throttling panel shows (the alert ignores sw_power_cap, see THROTTLE_REASONS)
 THROTTLE_SHOWN = ("sw_power_cap",) + THROTTLE_REASONS
+# What `ranksight act` does on an entry's verdict (Entry.action; ranksight/tools/act.py carries them out):
+# page only; end the job's workers on the culprit's node so the elastic launcher restarts them from the
+# last checkpoint; drain the node in the job's engine (Slurm, Kubernetes); record a launcher's own recovery.
+ACT_PAGE, ACT_RESTART, ACT_DRAIN, ACT_RECOVERY = "page", "restart_workers", "drain_node", "record_recovery"
+ACTIONS: Tuple[str, ...] = (ACT_PAGE, ACT_RESTART, ACT_DRAIN, ACT_RECOVERY)
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Entry:
     # `gpu`), or set by its expression (`comm`: own or waiting). The indicator keeps the plain scope
     # labels.
     joined: Tuple[str, ...] = ()
+    action: str = ACT_PAGE  # what `ranksight act` does on this verdict (ACTIONS)
 
     @property
     def runbook(self) -> str:

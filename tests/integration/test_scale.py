@@ -68,6 +68,8 @@ def test_generator_covers_the_catalog_and_the_agents_label_values():
         if m.short in ("gpu_xid_errors_total", "rank_finished", "rank_stall_where", "rank_collective_seq",
                        "rank_collective_wait_seconds"):
             continue  # exposed only after an XID, while a finished rank lingers, or while a rank is stuck
+        if m.source != "agent":
+            continue  # exposed by `ranksight act`, not by the agent
         if m.short == "lint_active" and scn.shape.lints_exposed == "active":
             continue
         want = m.bucket if m.type == "histogram" else m.name
