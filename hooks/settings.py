@@ -160,7 +160,7 @@ class Settings:
     stack_after_seconds: float  # no progress this long: send the main thread's stack (hooks/stack.py)
     stack_every_seconds: float
     protocol: int  # the datagram protocol version sent (ranksight.protocol.SENDABLE)
-    step_detail: bool  # "steps" records carry every per-step list (protocol 3 and 4; 2 always does)
+    step_detail: bool  # "steps" records carry every per-step list (protocol 3 to 5; 2 always does)
     tokens_per_sample: int  # 0: from the batch's token tensor (hooks/work.py)
     flops_per_token: int  # 0: estimated once from the model (hooks/flops.py)
 

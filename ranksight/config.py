@@ -193,8 +193,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "stack_after_seconds": Opt(15.0, "no progress for this long: send the main thread's stack to the agent "
                                          "(RanksightRankStalled's place; half the agent's stall floor; 0: never)", 0, 1e6),
         "stack_every_seconds": Opt(5.0, "... again when it changes, at most this often", 0.1, 1e6),
-        "protocol": Opt(4, "datagram protocol version the hooks send: 4, or 3 (2) for node agents older than "
-                           "version 4 (3): they reject newer ones; 3 and 2 carry no samples or tokens", 2, 4),
+        "protocol": Opt(5, "datagram protocol version the hooks send: 5, or 4 (3, 2) for node agents older than "
+                           "version 5 (4, 3): they reject newer ones; 4 and older carry no pipeline stage "
+                           "measurements, 3 and 2 no samples or tokens", 2, 5),
         "tokens_per_sample": Opt(0, "tokens in one sample of a batch, for ranksight_tokens_total: 0 reads it from "
                                     "the batch's token tensor (input_ids, or its first integer tensor of 2+ "
                                     "dimensions); 1 for a model without a sequence (each sample one token)", 0, 1e9),

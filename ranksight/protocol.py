@@ -1,11 +1,11 @@
-"""The hooks -> agent datagram format (version 4; the agent also reads versions 1 to 3).
+"""The hooks -> agent datagram format (version 5; the agent also reads versions 1 to 4).
 Torch-free; shared by both sides.
 
 One datagram is one compact JSON object (UTF-8), at most ``MAX_DATAGRAM`` bytes.
 Every record carries the identity fields; ``t`` selects the record type:
 
 identity (all records)
-  v       int   protocol version: 4 (hooks send this unless hooks.protocol says 2 or 3); 1 to 3
+  v       int   protocol version: 5 (hooks send this unless hooks.protocol says 2 to 4); 1 to 4
                 are still accepted (see "Versions" below)
   t       str   "step" | "hb" | "bye" | "hello" | "ckpt" | "lint" | "stack"
   job     str   job name (<= 128 chars)
@@ -106,11 +106,11 @@ every version in ``ACCEPTED``: version 1 records have the old meaning (step reco
 the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry every per-step
 list, version 3 ones only "dur" and "first" unless asked for step detail; version 4 adds the
 step's work ("samples", "tokens") and the training loss ("loss", "lossn": their sums in the totals,
-their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); every other
-record is the same in 2, 3 and 4. A version it does not know is rejected and logged once per
-version, so an agent older than version 4 rejects a version 4 sender: the hooks send the version
-``hooks.protocol`` names (``SENDABLE``: 4 by default, 3 or 2 for a fleet whose agents read at most
-that).
+their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step);
+version 5 a pipeline stage's ("pbusy", "pstep", "pwprev", "pwnext" per step, step detail; "pstage",
+"pstages", "pmb" at the last step); every other record is the same in 2 to 5. A version it does not
+know is rejected and logged once per version, so an agent older than 5 rejects a version 5 sender:
+the hooks send ``hooks.protocol`` (``SENDABLE``: 5 by default, 4, 3 or 2 for older agents).
 """
 from __future__ import annotations
 
@@ -122,9 +122,9 @@ from typing import Any, Dict, Optional, Tuple
 from ranksight import catalog as C
 from ranksight import record
 
-VERSION = 4  # what the hooks send by default
-ACCEPTED = (1, 2, 3, 4)  # what the agent reads
-SENDABLE = (2, 3, 4)  # what the hooks can be set to send (hooks.protocol)
+VERSION = 5  # what the hooks send by default
+ACCEPTED = (1, 2, 3, 4, 5)  # what the agent reads
+SENDABLE = (2, 3, 4, 5)  # what the hooks can be set to send (hooks.protocol)
 CUT_VERSION = 2  # the version whose "steps" records the agent's decode cuts the phase lists out of
 MAX_DATAGRAM = 4096  # bytes; larger is "oversize"
 STEPS_MAX = 64  # steps in one "steps" record

@@ -62,6 +62,9 @@ class RanksCollector:
         self.clock = clock
         self.gpu_labels = gpu_labels  # GPU UUID -> gpu label (the GPU collector's), for rank_gpu_info
         self.sums, self.cums, self.gauges, self.hists = step_families(table.kept)
+        gate = table.kept.layout.gate  # a series exposed only for ranks whose gate reading is not 0
+        self._gated = tuple((i, gate[a]) for i, (_, a) in enumerate(self.sums) if a in gate)
+        self._gated_g = tuple((i, gate[a]) for i, (_, a) in enumerate(self.gauges) if a in gate)
 
     def collect(self) -> List[Family]:
         now = self.clock()
@@ -103,6 +106,12 @@ class RanksCollector:
                 vals = [sums[a] if i < n_sums else getattr(r, a) for i, (_, a) in enumerate(counters)]
                 cvals = [r.cum[a][0] for _, a in cums]
                 gvals = [r.cur[a] for _, a in gauges]
+                for i, g in self._gated:
+                    if not r.cur[g]:
+                        vals[i] = None
+                for i, g in self._gated_g:
+                    if not r.cur[g]:
+                        gvals[i] = None
                 ovals = [getattr(r, a) for _, a in optional]
                 hvals = [(list(h.counts), h.sum) for h in (r.hists[a] for _, a in hists)]
                 qs = r.win.quantiles(QUANTILES, now)
@@ -119,11 +128,13 @@ class RanksCollector:
                 st = r.stack if stalled else None
             base = L.base
             for (f, _), v in zip(counters, vals):
-                add(f, base, v)
+                if v is not None:
+                    add(f, base, v)
             for (f, _), v in zip(cums, cvals):
                 add(f, base, v)
             for (f, _), v in zip(gauges, gvals):
-                add(f, base, v)
+                if v is not None:
+                    add(f, base, v)
             for (f, _), v in zip(optional, ovals):
                 if v is not None:
                     add(f, base, v)

@@ -1,0 +1,77 @@
+"""``torch.distributed.pipelining`` watched with ``ranksight.watch(schedule, optimizer, loader)``:
+real processes under torchrun, gloo on CPU, one pipeline stage per rank, read from a real agent
+after the run has ended.
+
+Each stage's compute is a fixed host delay (``time.sleep`` in the layer's forward, and in its
+backward through a custom autograd Function; ``integration_workloads/pipeline_worker.py``). The
+machine has two cores: four ranks computing on the CPU would take turns on them and the measured
+bubble would be the machine's contention, not the schedule's. Sleeping stages leave the cores
+free, so each stage's busy time is known (micro-batches x (forward + backward delay)) and its
+bubble share must come out at the schedule's ideal, (p-1)/(m+p-1) for p stages and m micro-batches
+(GPipe and 1F1B alike), within 5 points."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Sequence, Tuple
+
+import pytest
+
+from integration_workloads.harness import launch, rank_series, torchrun, worker_env
+
+from ranksight import catalog as C
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
+WORKER = os.path.join(TESTS, "integration_workloads", "pipeline_worker.py")
+FWD = BWD = 0.05  # seconds each stage sleeps per micro-batch, forward and backward (two stages)
+
+
+def run(agent: Any, job: str, ranks: int, micro: int, schedule: str, steps: int, delay: float = FWD,
+        extra: Sequence[str] = ()) -> Tuple[Dict[int, Any], Dict[int, Dict[str, float]]]:
+    """One run: rank -> RESULT, rank -> the agent's series of the job."""
+    a = agent()
+    args = [WORKER, "--steps", str(steps), "--micro", str(micro), "--schedule", schedule, "--fwd", str(delay),
+            "--bwd", str(delay), *extra]
+    r = launch(torchrun(ranks) + args, worker_env(a.ingest, job), timeout=120)
+    assert r["rc"] == 0, r["err"][-4000:]
+    results = {x["rank"]: x for x in r["results"]}
+    assert sorted(results) == list(range(ranks)), r["out"][-2000:]
+    series = rank_series(a.metrics_text(), job)
+    assert sorted(series) == list(range(ranks)), series
+    return results, series
+
+
+def bubble(s: Dict[str, float]) -> float:
+    return 1.0 - s[C.PIPELINE_BUSY.name] / s[C.PIPELINE_STEP.name]
+
+
+def check_stages(results: Dict[int, Any], series: Dict[int, Dict[str, float]], p: int, m: int, steps: int,
+                 factor: Dict[int, float], delay: float = FWD) -> None:
+    """Every stage: its place, its busy time against the injected delays, the P2P waits on the side
+    the schedule makes it wait, the hooks restored and no hook error."""
+    for rank, s in series.items():
+        res = results[rank]
+        assert res["restored"] and res["after"] == res["before"], res
+        assert s.get(C.HOOK_ERRORS.name) == 0, (rank, s)
+        assert s.get(C.STEPS.name) == steps, (rank, s)
+        assert s.get(C.PIPELINE_STAGE.name) == rank and s.get(C.PIPELINE_STAGES.name) == p, (rank, s)
+        assert s.get(C.PIPELINE_MICROBATCHES.name) == m, (rank, s)
+        injected = steps * m * 2 * delay * factor.get(rank, 1.0)
+        busy = s[C.PIPELINE_BUSY.name]
+        assert injected <= busy <= 1.15 * injected, (rank, busy, injected)
+        assert s[C.PIPELINE_STEP.name] > busy, (rank, s)
+        prev, nxt = s[C.PIPELINE_WAIT_PREV.name], s[C.PIPELINE_WAIT_NEXT.name]
+        # the first stage waits for gradients, the last for activations, those between for both
+        assert (prev > 0.5 * delay * steps) == (rank > 0), (rank, prev, nxt)
+        assert (nxt > 0.5 * delay * steps) == (rank < p - 1), (rank, prev, nxt)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,micro", [("gpipe", 4), ("1f1b", 8)])
+def test_two_stages_bubble_at_the_ideal(agent, schedule, micro):
+    p, steps = 2, 4
+    results, series = run(agent, f"pp2-{schedule}", p, micro, schedule, steps)
+    check_stages(results, series, p, micro, steps, {})
+    ideal = (p - 1) / (micro + p - 1)
+    for rank, s in series.items():
+        assert abs(bubble(s) - ideal) <= 0.05, (rank, bubble(s), ideal, s)
+
