@@ -99,16 +99,17 @@ LOSS_NONFINITE = _m("loss_nonfinite_total", "counter", "count", R, "Training los
 LOSS_FIRST_NONFINITE_STEP = _m("loss_first_nonfinite_step", "gauge", "count", R,
                                "The optimizer step whose training loss was the rank's first NaN or infinity "
                                "(0: none yet).")
-# a pipeline-parallel stage (hooks/pipeline.py): exposed only for ranks watched as one (pipeline_stages > 0)
-PIPELINE_BUSY = _m("pipeline_busy_seconds_total", "counter", "seconds", R,
+# a pipeline-parallel stage (hooks/pipeline.py): exposed only for ranks watched as one (pipeline_stages > 0);
+# the counters carry the rank's stage index (pipeline_stage) as the label "stage"
+PIPELINE_BUSY = _m("pipeline_busy_seconds_total", "counter", "seconds", R + ("stage",),
                    "Pipeline stage compute: time in the stage's forward and backward micro-batch chunks (CUDA "
                    "events on CUDA, host time on CPU). Over pipeline_step_seconds_total: 1 - the bubble share.")
-PIPELINE_STEP = _m("pipeline_step_seconds_total", "counter", "seconds", R,
+PIPELINE_STEP = _m("pipeline_step_seconds_total", "counter", "seconds", R + ("stage",),
                    "Time in the pipeline schedule's step(): the stage's micro-batches, computing or waiting.")
-PIPELINE_WAIT_PREV = _m("pipeline_wait_prev_seconds_total", "counter", "seconds", R,
+PIPELINE_WAIT_PREV = _m("pipeline_wait_prev_seconds_total", "counter", "seconds", R + ("stage",),
                         "Time the stage blocked on P2P work with the stage before it: receiving its activations, "
                         "sending it gradients.")
-PIPELINE_WAIT_NEXT = _m("pipeline_wait_next_seconds_total", "counter", "seconds", R,
+PIPELINE_WAIT_NEXT = _m("pipeline_wait_next_seconds_total", "counter", "seconds", R + ("stage",),
                         "Time the stage blocked on P2P work with the stage after it: receiving its gradients, "
                         "sending it activations.")
 PIPELINE_STAGE = _m("pipeline_stage", "gauge", "count", R,

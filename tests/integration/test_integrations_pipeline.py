@@ -22,7 +22,7 @@ from ranksight import catalog as C
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(TESTS, "integration_workloads", "pipeline_worker.py")
-FWD = BWD = 0.05  # seconds each stage sleeps per micro-batch, forward and backward (two stages)
+FWD = BWD = 0.08  # seconds each stage sleeps per micro-batch, forward and backward (two stages)
 
 
 def run(agent: Any, job: str, ranks: int, micro: int, schedule: str, steps: int, delay: float = FWD,
@@ -53,7 +53,7 @@ def check_stages(results: Dict[int, Any], series: Dict[int, Dict[str, float]], p
         assert res["restored"] and res["after"] == res["before"], res
         assert s.get(C.HOOK_ERRORS.name) == 0, (rank, s)
         assert s.get(C.STEPS.name) == steps, (rank, s)
-        assert s.get(C.PIPELINE_STAGE.name) == rank and s.get(C.PIPELINE_STAGES.name) == p, (rank, s)
+        assert s.get(C.PIPELINE_STAGE.name) == s.get("stage") == rank and s.get(C.PIPELINE_STAGES.name) == p, (rank, s)
         assert s.get(C.PIPELINE_MICROBATCHES.name) == m, (rank, s)
         injected = steps * m * 2 * delay * factor.get(rank, 1.0)
         busy = s[C.PIPELINE_BUSY.name]
@@ -68,10 +68,50 @@ def check_stages(results: Dict[int, Any], series: Dict[int, Dict[str, float]], p
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule,micro", [("gpipe", 4), ("1f1b", 8)])
 def test_two_stages_bubble_at_the_ideal(agent, schedule, micro):
-    p, steps = 2, 4
+    p, steps = 2, 3
     results, series = run(agent, f"pp2-{schedule}", p, micro, schedule, steps)
     check_stages(results, series, p, micro, steps, {})
     ideal = (p - 1) / (micro + p - 1)
     for rank, s in series.items():
         assert abs(bubble(s) - ideal) <= 0.05, (rank, bubble(s), ideal, s)
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule,micro", [("gpipe", 4), ("1f1b", 8)])
+def test_four_stages_bubble_at_the_ideal(agent, schedule, micro):
+    p, steps, delay = 4, 3, 0.06
+    results, series = run(agent, f"pp4-{schedule}", p, micro, schedule, steps, delay)
+    check_stages(results, series, p, micro, steps, {}, delay)
+    ideal = (p - 1) / (micro + p - 1)
+    for rank, s in series.items():
+        assert abs(bubble(s) - ideal) <= 0.05, (rank, bubble(s), ideal, s)
+
+
+@pytest.mark.slow
+def test_interleaved_two_stages_per_rank(agent):
+    """Two ranks, two stages each (v=2, ``ScheduleInterleaved1F1B``): the micro-batch gauge is v*m,
+    the busy time both stages' chunks, and the bubble at the interleaved ideal (p-1)/(v*m+p-1)."""
+    p, v, m, steps, delay = 2, 2, 4, 3, 0.03
+    results, series = run(agent, "pp2-interleaved", p, m, "interleaved", steps, delay, ["--per-rank", str(v)])
+    ideal = (p - 1) / (v * m + p - 1)
+    for rank, s in series.items():
+        assert results[rank]["restored"] and s.get(C.HOOK_ERRORS.name) == 0, (rank, s)
+        assert s.get(C.PIPELINE_STAGE.name) == rank and s.get(C.PIPELINE_MICROBATCHES.name) == v * m, (rank, s)
+        injected = steps * v * m * 2 * delay
+        assert injected <= s[C.PIPELINE_BUSY.name] <= 1.15 * injected, (rank, s)
+        assert abs(bubble(s) - ideal) <= 0.05, (rank, bubble(s), ideal, s)
+
+
+@pytest.mark.slow
+def test_a_slow_stage_has_the_largest_busy_time_and_the_others_wait(agent):
+    """Stage 2 of 4 computes twice as long: its busy time is the largest (twice its peers'), it
+    waits least, and every other stage's bubble rises above the schedule's ideal."""
+    p, m, steps, delay, slow = 4, 4, 2, 0.04, 2
+    results, series = run(agent, "pp4-slow", p, m, "1f1b", steps, delay,
+                          ["--slow-stage", str(slow), "--slow-factor", "2"])
+    busy = {r: s[C.PIPELINE_BUSY.name] for r, s in series.items()}
+    assert max(busy, key=busy.get) == slow, busy
+    for r in busy:
+        if r != slow:
+            assert 1.7 <= busy[slow] / busy[r] <= 2.3, busy
+            assert bubble(series[r]) > bubble(series[slow]) + 0.2, {k: bubble(s) for k, s in series.items()}
