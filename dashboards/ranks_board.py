@@ -1,4 +1,4 @@
-"""The ranks dashboard: per-rank step time, its parts, stragglers, memory and checkpoints."""
+"""The ranks dashboard: per-rank step time, its parts, stragglers, pipeline stages, memory and checkpoints."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -129,7 +129,40 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
            [Q(top(rate(C.HOOK_ERRORS)), who + " errors"), Q(top(rate(C.HOOK_DROPPED_EVENTS)), who + " dropped")],
            w=8),
     ]
-    return _loss_row(b, cfg, by, who)
+    return _pipeline_row(_loss_row(b, cfg, by, who), cfg, by)
+
+
+def _pipeline_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any]) -> Board:
+    """``b`` with the pipeline stages row (hooks/pipeline.py): each stage's bubble share against the
+    schedule's ideal, its busy time against its peers', its P2P waits. Empty for jobs without
+    pipeline parallelism (the series exist only for ranks watched as a stage)."""
+    bubble, straggler = by["pipeline-bubble"], by["pipeline-straggler"]
+    R, t = triage.REC, cfg["thresholds"]
+    stage = "{{job}} stage {{stage}} (rank {{rank}})"
+    rows = b.row("Pipeline stages")
+    rows += [
+        ts(b.lay, "Pipeline bubble share by stage",
+           "Each pipeline stage's share of its schedule step spent not computing (1 - busy / step), with the "
+           f"schedule's ideal (p-1)/(m+p-1) for the job. {bubble.alert} pages a stage over "
+           f"{t['pipeline_bubble_excess']:g} above the ideal. All stages high: too few micro-batches or slow "
+           "P2P; one stage low and the rest high: that stage is the slow one. "
+           + worst("stages", "highest bubble share"), "percentunit",
+           [Q(top(sel(R["pipe_bubble"])), stage), Q(f"max by (job) ({sel(R['pipe_ideal'])})", "{{job}} ideal")],
+           w=8),
+        ts(b.lay, "Pipeline stage busy time",
+           "Each stage's compute (forward and backward chunks) per second of wall time, with the job's median "
+           f"of its peers. {straggler.alert} names a stage over {t['pipeline_straggler_ratio']:g}x that median: "
+           f"look at {straggler.next_check}. " + worst("stages"), "percentunit",
+           [Q(top(sel(R["pipe_busy"])), stage), Q(sel(R["pipe_busy_median"]), "{{job}} median")], w=8),
+        ts(b.lay, "Pipeline P2P wait by stage",
+           "Time each stage blocks on P2P work per second: on the previous stage (its activations, or sending "
+           "it gradients) and on the next (its gradients, or sending it activations). The first stage waits on "
+           "the next, the last on the previous; a large wait between two middle stages points at their link. "
+           + worst("stages"), "percentunit",
+           [Q(top(rate(C.PIPELINE_WAIT_PREV)), stage + " on previous"),
+            Q(top(rate(C.PIPELINE_WAIT_NEXT)), stage + " on next")], w=8),
+    ]
+    return b
 
 
 def _loss_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any], who: str) -> Board:

@@ -54,6 +54,13 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "heartbeat_misses": Opt(1.0, "RanksightHeartbeatMissed: misses within the heartbeat window", 1, 1e6),
         "straggler_ratio": Opt(1.1, "RanksightStraggler: rank busy time / its peers' median busy time above this", 1, 100),
         "straggler_min_step_share": Opt(0.05, "RanksightStraggler: ... and the extra busy time is at least this share of the step", 0, 1),
+        # pipeline parallelism (ranksight/triage/pipeline.py)
+        "pipeline_bubble_excess": Opt(0.15, "RanksightPipelineBubble: a stage's bubble share minus the schedule's "
+                                            "ideal (p-1)/(m+p-1) above this", 0, 1),
+        "pipeline_straggler_ratio": Opt(1.2, "RanksightPipelineStraggler: a stage's busy time / its peers' median "
+                                             "above this", 1, 100),
+        "pipeline_straggler_min_share": Opt(0.05, "RanksightPipelineStraggler: ... and the extra busy time is at least "
+                                                  "this share of wall time", 0, 1),
         "alloc_retries_per_min": Opt(1.0, "RanksightCudaAllocRetries: allocator retries per minute above this", 0, 1e9),
         "step_creep_ratio": Opt(1.2, "RanksightCudaAllocRetries: (with retries) step p50 now / 1 h ago above this", 1, 100),
         "nic_min_speed_bytes": Opt(1.25e9, "reference line on the link-speed panels (bytes/s; 10 Gb/s); "
@@ -98,6 +105,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "rank_stalled": Opt("1m", "RanksightRankStalled for:"),
         "collective_desync": Opt("30s", "RanksightCollectiveDesync for:"),
         "straggler": Opt("10m", "RanksightStraggler for:"),
+        "pipeline_straggler": Opt("10m", "RanksightPipelineStraggler for:"),
+        "pipeline_bubble": Opt("15m", "RanksightPipelineBubble for:"),
         "alloc_retries": Opt("15m", "RanksightCudaAllocRetries for:"),
         "nic_speed_low": Opt("5m", "RanksightNicSpeedLow for:"),
         "version_skew": Opt("5m", "RanksightVersionSkew for:"),
