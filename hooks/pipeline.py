@@ -26,6 +26,11 @@ rank's place in the pipeline as current readings: ``pstage`` (the rank in the pi
 ``pstages`` (the group's size, 0 when the rank is not watched as a pipeline stage) and ``pmb``
 (micro-batches per step times the rank's stages: v·m).
 
+A stage's P2P is not collective time: the communication tracker (``comm.py``) does not count the
+stage's P2P launches and waits in ``comm`` (so a pipeline's bubble never reads as a communication-
+bound job), while its waits count as exposed communication (``xcomm``, on the host), so the rank's
+busy time (step minus data wait, exposed communication and checkpoint) stays its compute.
+
 Which neighbour a works list waits on: the stage's ``get_fwd_recv_ops``, ``get_bwd_recv_ops``,
 ``get_fwd_send_ops`` and ``get_bwd_send_ops`` are wrapped (instance attributes, through the
 Watcher's Patcher) to note each P2POp's side; the wrapped ``_batch_p2p`` returns the works of
@@ -71,6 +76,23 @@ class _Works(list):
     """The works ``_batch_p2p`` returned for ops of a watched stage, with their side."""
 
     side = 0
+
+
+class _NoComm:
+    """Inside it the communication tracker (``comm.py``) does not count the wrapped collectives
+    and ``Work.wait`` calls (its re-entry guard): a stage's P2P is not collective time."""
+
+    __slots__ = ("_tls", "_was")
+
+    def __init__(self, comm: Any):
+        self._tls = comm._tls
+
+    def __enter__(self) -> None:
+        self._was = getattr(self._tls, "depth", 0)
+        self._tls.depth = 1
+
+    def __exit__(self, *exc: Any) -> None:
+        self._tls.depth = self._was
 
 
 class PipelineTimer:
@@ -143,20 +165,23 @@ class PipelineTimer:
         t = self
 
         def _batch_p2p(p2p_ops: Any, *args: Any, **kwargs: Any) -> Any:
-            works = orig(p2p_ops, *args, **kwargs)
             if not t._side:
-                return works
+                return orig(p2p_ops, *args, **kwargs)
+            side = 0
             try:
-                side = 0
                 pop = t._side.pop
                 for op in p2p_ops:
                     side |= pop(id(op), 0)
-                if side and isinstance(works, list):
-                    out = _Works(works)
-                    out.side = side
-                    return out
             except Exception as e:
                 t.w._hook_error("pipeline P2P launch", e)
+            if not side:
+                return orig(p2p_ops, *args, **kwargs)
+            with t._not_collective():
+                works = orig(p2p_ops, *args, **kwargs)
+            if isinstance(works, list):
+                out = _Works(works)
+                out.side = side
+                return out
             return works
 
         return like(_batch_p2p, orig, "_batch_p2p")
@@ -170,7 +195,8 @@ class PipelineTimer:
                 return orig(work, *args, **kwargs)
             t0 = _perf()
             try:
-                return orig(work, *args, **kwargs)
+                with t._not_collective():
+                    return orig(work, *args, **kwargs)
             finally:
                 try:
                     t1 = _perf()
@@ -183,11 +209,16 @@ class PipelineTimer:
                     else:
                         w._pwprev += d / 2
                         w._pwnext += d / 2
+                    if w._tl is None:  # exposed communication too (host time; see the module's docstring)
+                        w.comm.add_exposed(t0, t1)
                     t._span(t0, t1)
                 except Exception as e:
                     t.w._hook_error("pipeline P2P wait", e)
 
         return like(_wait_batch_p2p, orig, "_wait_batch_p2p")
+
+    def _not_collective(self) -> "_NoComm":
+        return _NoComm(self.w.comm)
 
     def wrap_step(self, orig: Callable) -> Callable:
         t = self
