@@ -1,6 +1,8 @@
 """Pipeline parallelism: ``ranksight.watch(schedule, optimizer, loader)`` with a
 ``torch.distributed.pipelining`` schedule (``ScheduleGPipe``, ``Schedule1F1B``,
-``ScheduleInterleaved1F1B``, ...), or with a ``PipelineStage``.
+``ScheduleInterleaved1F1B``, ...), or with a ``PipelineStage``; and a DeepSpeed ``PipelineEngine``
+given to ``watch`` (``deepspeed_engine.py`` calls ``attach_deepspeed``: its forward and backward
+passes are the compute, its send and receive instructions the waits).
 
 A rank of the pipeline group runs one stage (or, in an interleaved schedule, several). In a step
 ``schedule.step(...)`` runs the stage's micro-batches: ``stage.forward_one_chunk`` and
@@ -99,7 +101,7 @@ class PipelineTimer:
     """The pipeline's measurements of one watch, added to the Watcher's per-step accumulators
     (``_pbusy``, ``_pstep``, ``_pwprev``, ``_pwnext``); the Watcher sends and resets them."""
 
-    def __init__(self, w: Any, schedule: Any, stages: List[Any]):
+    def __init__(self, w: Any, schedule: Any, stages: List[Any], place: tuple):
         self.w = w
         self.schedule = schedule
         self.stages = stages
@@ -108,10 +110,7 @@ class PipelineTimer:
         self._in_step = False
         self._first: Optional[float] = None  # given no schedule: the step's first chunk or wait
         self._last = 0.0
-        st = stages[0]
-        n_local = len(stages)
-        m = int(getattr(schedule, "_n_microbatches", 0) or 0)
-        w._pipe = (int(getattr(st, "group_rank", 0)), int(getattr(st, "group_size", 1)), m * n_local)
+        w._pipe = place  # (pipeline rank, pipeline ranks, micro-batch forwards per step)
 
     # ------------------------------------------------------------------ wrappers
     def wrap_compute(self, orig: Callable, name: str) -> Callable:
@@ -217,6 +216,33 @@ class PipelineTimer:
 
         return like(_wait_batch_p2p, orig, "_wait_batch_p2p")
 
+    def wrap_p2p(self, orig: Callable, name: str, side: int) -> Callable:
+        """A DeepSpeed pipeline instruction that sends or receives (``side``: the neighbour)."""
+        t = self
+
+        def p2p(*args: Any, **kwargs: Any) -> Any:
+            if not t.w._active:
+                return orig(*args, **kwargs)
+            t0 = _perf()
+            try:
+                with t._not_collective():
+                    return orig(*args, **kwargs)
+            finally:
+                try:
+                    t1 = _perf()
+                    w = t.w
+                    if side == PREV:
+                        w._pwprev += t1 - t0
+                    else:
+                        w._pwnext += t1 - t0
+                    if w._tl is None:
+                        w.comm.add_exposed(t0, t1)
+                    t._span(t0, t1)
+                except Exception as e:
+                    t.w._hook_error("pipeline P2P", e)
+
+        return like(p2p, orig, name)
+
     def _not_collective(self) -> "_NoComm":
         return _NoComm(self.w.comm)
 
@@ -275,7 +301,10 @@ def attach(w: Any, obj: Any) -> Optional[PipelineTimer]:
     if not stages:
         log.warning("ranksight: this pipeline schedule has no stages; its stages are not timed")
         return None
-    t = PipelineTimer(w, schedule, stages)
+    st = stages[0]
+    m = int(getattr(schedule, "_n_microbatches", 0) or 0)
+    t = PipelineTimer(w, schedule, stages, (int(getattr(st, "group_rank", 0)), int(getattr(st, "group_size", 1)),
+                                            m * len(stages)))
     p = w._patcher
     own = [(o, n) for o in ([schedule] if schedule is not None else []) + stages
            for n in ("step",) + COMPUTE + tuple(n for n, _ in OPS) if n not in getattr(o, "__dict__", {})]
@@ -298,6 +327,45 @@ def attach(w: Any, obj: Any) -> Optional[PipelineTimer]:
         mod = importlib.import_module(SCHEDULES)
     p.set(mod, "_batch_p2p", t.wrap_batch_p2p(mod._batch_p2p))
     p.set(mod, "_wait_batch_p2p", t.wrap_wait(mod._wait_batch_p2p))
+    w.pipeline = t
+    return t
+
+
+# DeepSpeed's PipelineEngine runs a step as instructions (``engine._INSTRUCTION_MAP``: instruction
+# class -> engine method): the compute ones, and the P2P ones by the neighbour they wait on
+DS_COMPUTE = ("ForwardPass", "BackwardPass")
+DS_P2P = {"RecvActivation": PREV, "SendGrad": PREV, "RecvGrad": NEXT, "SendActivation": NEXT}
+
+
+def is_deepspeed_pipe(engine: Any) -> bool:
+    """``engine`` is a DeepSpeed ``PipelineEngine`` (by its instruction map, deepspeed not imported)."""
+    return isinstance(getattr(type(engine), "_INSTRUCTION_MAP", None), dict) and hasattr(engine, "stage_id")
+
+
+def attach_deepspeed(w: Any, engine: Any) -> Optional[PipelineTimer]:
+    """Time a DeepSpeed ``PipelineEngine``'s stage: its instruction map, copied onto the engine
+    with the forward and backward passes and the sends and receives wrapped (``close()`` restores
+    the class's map). A step's pipeline time is ``engine.train_batch``: ``deepspeed_engine.attach``
+    then wraps it (outside this wrapper) so that the step closes when it returns."""
+    table = type(engine)._INSTRUCTION_MAP
+    t = PipelineTimer(w, engine, [], (int(engine.stage_id), int(engine.num_stages), int(engine.micro_batches)))
+    if "train_batch" not in getattr(engine, "__dict__", {}):
+        w.add_close_callback(lambda: _unshadow([(engine, "train_batch")]))
+    w._patcher.set(engine, "train_batch", t.wrap_step(engine.train_batch))
+    new = {}
+    for cls, fn in table.items():
+        name = getattr(cls, "__name__", "")
+        if name in DS_COMPUTE:
+            new[cls] = t.wrap_compute(fn, name)
+        elif name in DS_P2P:
+            new[cls] = t.wrap_p2p(fn, name, DS_P2P[name])
+        else:
+            new[cls] = fn
+    own = "_INSTRUCTION_MAP" not in getattr(engine, "__dict__", {})
+    w._patcher.set(engine, "_INSTRUCTION_MAP", new)
+    if own:
+        w.add_close_callback(lambda: engine.__dict__.pop("_INSTRUCTION_MAP", None)
+                             if engine.__dict__.get("_INSTRUCTION_MAP") is table else None)
     w.pipeline = t
     return t
 

@@ -120,3 +120,32 @@ def test_a_slow_stage_has_the_largest_busy_time_and_the_others_wait(agent):
         if r != slow:
             assert 1.7 <= busy[slow] / busy[r] <= 2.3, busy
             assert bubble(series[r]) > bubble(series[slow]) + 0.2, {k: bubble(s) for k, s in series.items()}
+
+
+@pytest.mark.slow
+def test_deepspeed_pipeline_engine_two_stages(agent):
+    """A DeepSpeed ``PipelineModule`` of two sleeping stages (DS_ACCELERATOR=cpu, gloo), its engine
+    watched: ``train_batch`` runs 4 micro-batches through DeepSpeed's 1F1B schedule, so each stage's
+    bubble is at (p-1)/(m+p-1) within 5 points, its busy time the injected delays, its waits on the
+    side the schedule makes it wait."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install -e '.[test]' installs it)")
+    p, m, steps = 2, 4, 3
+    a = agent()
+    args = [WORKER, "--deepspeed", "--steps", str(steps), "--micro", str(m), "--fwd", str(FWD), "--bwd", str(BWD)]
+    r = launch(torchrun(p) + args, worker_env(a.ingest, "pp-ds", {"DS_ACCELERATOR": "cpu"}), timeout=180)
+    assert r["rc"] == 0, r["err"][-4000:]
+    results = {x["rank"]: x for x in r["results"]}
+    series = rank_series(a.metrics_text(), "pp-ds")
+    assert sorted(results) == sorted(series) == [0, 1], (r["out"][-2000:], series)
+    ideal = (p - 1) / (m + p - 1)
+    for rank, s in series.items():
+        res = results[rank]
+        assert res["restored"] and res["after"] == res["before"], res
+        assert s.get(C.HOOK_ERRORS.name) == 0 and s.get(C.STEPS.name) == steps, (rank, s)
+        assert s.get(C.PIPELINE_STAGE.name) == s.get("stage") == res["stage"] == rank, (rank, s)
+        assert s.get(C.PIPELINE_STAGES.name) == p and s.get(C.PIPELINE_MICROBATCHES.name) == m, (rank, s)
+        injected = steps * m * (FWD + BWD)
+        assert injected <= s[C.PIPELINE_BUSY.name] <= 1.15 * injected, (rank, s)
+        assert abs(bubble(s) - ideal) <= 0.05, (rank, bubble(s), ideal, s)
+        prev, nxt = s[C.PIPELINE_WAIT_PREV.name], s[C.PIPELINE_WAIT_NEXT.name]
+        assert (prev > 0.5 * FWD * steps) == (rank > 0) and (nxt > 0.5 * BWD * steps) == (rank < p - 1), (rank, s)

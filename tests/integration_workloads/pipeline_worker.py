@@ -52,8 +52,49 @@ class Layer(torch.nn.Module):
         return Sleep.apply(self.lin(x), self.fwd, self.bwd)
 
 
+def deepspeed_main(a: argparse.Namespace) -> None:
+    """The same stages as a DeepSpeed ``PipelineModule`` (one Layer per stage), its engine watched
+    with ``ranksight.watch(engine, None, None)``; ``engine.train_batch`` runs --micro micro-batches
+    (gradient accumulation steps) through DeepSpeed's 1F1B schedule."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed
+    import deepspeed.ops
+    from deepspeed.pipe import PipelineModule
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no compiler needed (README)
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    layers = [Layer(a.fwd * (a.slow_factor if i == a.slow_stage else 1.0),
+                    a.bwd * (a.slow_factor if i == a.slow_stage else 1.0)) for i in range(world)]
+    net = PipelineModule(layers=layers, num_stages=world, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": a.micro, "steps_per_print": 10 ** 9,
+           "optimizer": {"type": "SGD", "params": {"lr": 0.01}}}
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters()], config=cfg)
+    g = torch.Generator().manual_seed(0)
+
+    def data():
+        while True:
+            yield torch.randn(2, WIDTH, generator=g), torch.randn(2, WIDTH, generator=g)
+
+    it = data()
+    engine.train_batch(data_iter=it)  # unwatched: the P2P set-up
+    dist.barrier()
+    before = hooks_state()
+    ranksight.watch(engine, None, None)
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        engine.train_batch(data_iter=it)
+    wall = time.perf_counter() - t0
+    ranksight.unwatch()
+    restored = "_INSTRUCTION_MAP" not in engine.__dict__ and "train_batch" not in engine.__dict__
+    result(rank=rank, steps=a.steps, wall=wall, before=before, after=hooks_state(), restored=restored,
+           stage=engine.stage_id)
+    dist.barrier()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--deepspeed", action="store_true", help="a DeepSpeed PipelineModule instead")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--schedule", default="gpipe", choices=("gpipe", "1f1b", "interleaved"))
@@ -63,6 +104,8 @@ def main() -> None:
     ap.add_argument("--slow-stage", type=int, default=-1, help="this pipeline rank's delays are --slow-factor longer")
     ap.add_argument("--slow-factor", type=float, default=2.0)
     a = ap.parse_args()
+    if a.deepspeed:
+        return deepspeed_main(a)
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     dist.init_process_group("gloo")
