@@ -125,9 +125,10 @@ def test_a_slow_stage_has_the_largest_busy_time_and_the_others_wait(agent):
 @pytest.mark.slow
 def test_deepspeed_pipeline_engine_two_stages(agent):
     """A DeepSpeed ``PipelineModule`` of two sleeping stages (DS_ACCELERATOR=cpu, gloo), its engine
-    watched: ``train_batch`` runs 4 micro-batches through DeepSpeed's 1F1B schedule, so each stage's
-    bubble is at (p-1)/(m+p-1) within 5 points, its busy time the injected delays, its waits on the
-    side the schedule makes it wait."""
+    watched: ``train_batch`` runs 4 micro-batches through DeepSpeed's 1F1B schedule: each stage's busy
+    time is the injected delays, its waits on the side the schedule makes it wait, and its bubble at
+    least (p-1)/(m+p-1) less 5 points and at most 10 points above it: ``train_batch``, the step, also
+    loads the micro-batches, steps the optimizer and broadcasts the loss, none of it stage compute."""
     pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install -e '.[test]' installs it)")
     p, m, steps = 2, 4, 3
     a = agent()
@@ -146,6 +147,6 @@ def test_deepspeed_pipeline_engine_two_stages(agent):
         assert s.get(C.PIPELINE_STAGES.name) == p and s.get(C.PIPELINE_MICROBATCHES.name) == m, (rank, s)
         injected = steps * m * (FWD + BWD)
         assert injected <= s[C.PIPELINE_BUSY.name] <= 1.15 * injected, (rank, s)
-        assert abs(bubble(s) - ideal) <= 0.05, (rank, bubble(s), ideal, s)
+        assert ideal - 0.05 <= bubble(s) <= ideal + 0.10, (rank, bubble(s), ideal, s)
         prev, nxt = s[C.PIPELINE_WAIT_PREV.name], s[C.PIPELINE_WAIT_NEXT.name]
         assert (prev > 0.5 * FWD * steps) == (rank > 0) and (nxt > 0.5 * BWD * steps) == (rank < p - 1), (rank, s)
