@@ -1,4 +1,4 @@
-"""The ranks dashboard: per-rank step time, its parts, stragglers, memory and checkpoints."""
+"""The ranks dashboard: per-rank step time, its parts, stragglers, pipeline stages, memory and checkpoints."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -129,7 +129,7 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
            [Q(top(rate(C.HOOK_ERRORS)), who + " errors"), Q(top(rate(C.HOOK_DROPPED_EVENTS)), who + " dropped")],
            w=8),
     ]
-    return _loss_row(_memory_peak_row(b, by, who), cfg, by, who)
+    return _pipeline_row(_loss_row(_memory_peak_row(b, by, who), cfg, by, who), cfg, by)
 
 
 def _memory_peak_row(b: Board, by: Mapping[str, Any], who: str) -> Board:
@@ -140,8 +140,8 @@ def _memory_peak_row(b: Board, by: Mapping[str, Any], who: str) -> Board:
     rows = b.row("CUDA memory peaks")
     rows += [
         ts(b.lay, "Peak CUDA memory by rank",
-           "Each rank's peak allocated CUDA memory (the caching allocator's high-water mark over the last peak "
-           "windows, hooks.memory_peak_seconds: a tensor freed within its step still counts) and its peak "
+           "Each rank's peak allocated CUDA memory (the caching allocator's high-water mark, or over the last "
+           "peak windows with hooks.memory_peak_seconds set: a tensor freed within its step still counts) and its peak "
            "reserved memory, with the job's peers' median peak. Under data parallel the ranks draw one band; a "
            "rank above it does work or holds data the others do not (rank 0's logging, checkpoint or "
            "evaluation, a larger batch): when it rises (each step, at epoch ends, at checkpoint intervals) "
@@ -154,6 +154,39 @@ def _memory_peak_row(b: Board, by: Mapping[str, Any], who: str) -> Board:
         ts(b.lay, "Memory imbalance by rank (peak / peers' median)",
            signal_description(imb, worst("ranks")), "none",
            [Q(top(sel(R["mem_imbalance"])), who)], threshold=Threshold(imb.threshold, ">"), min0=False, w=12),
+    ]
+    return b
+
+
+def _pipeline_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any]) -> Board:
+    """``b`` with the pipeline stages row (hooks/pipeline.py): each stage's bubble share against the
+    schedule's ideal, its busy time against its peers', its P2P waits. Empty for jobs without
+    pipeline parallelism (the series exist only for ranks watched as a stage)."""
+    bubble, straggler = by["pipeline-bubble"], by["pipeline-straggler"]
+    R, t = triage.REC, cfg["thresholds"]
+    stage = "{{job}} stage {{stage}} (rank {{rank}})"
+    rows = b.row("Pipeline stages")
+    rows += [
+        ts(b.lay, "Pipeline bubble share by stage",
+           "Each pipeline stage's share of its schedule step spent not computing (1 - busy / step), with the "
+           f"schedule's ideal (p-1)/(m+p-1) for the job. {bubble.alert} pages a stage over "
+           f"{t['pipeline_bubble_excess']:g} above the ideal. All stages high: too few micro-batches or slow "
+           "P2P; one stage low and the rest high: that stage is the slow one. "
+           + worst("stages", "highest bubble share"), "percentunit",
+           [Q(top(sel(R["pipe_bubble"])), stage), Q(f"max by (job) ({sel(R['pipe_ideal'])})", "{{job}} ideal")],
+           w=8),
+        ts(b.lay, "Pipeline stage busy time",
+           "Each stage's compute (forward and backward chunks) per second of wall time, with the job's median "
+           f"of its peers. {straggler.alert} names a stage over {t['pipeline_straggler_ratio']:g}x that median: "
+           f"look at {straggler.next_check}. " + worst("stages"), "percentunit",
+           [Q(top(sel(R["pipe_busy"])), stage), Q(sel(R["pipe_busy_median"]), "{{job}} median")], w=8),
+        ts(b.lay, "Pipeline P2P wait by stage",
+           "Time each stage blocks on P2P work per second: on the previous stage (its activations, or sending "
+           "it gradients) and on the next (its gradients, or sending it activations). The first stage waits on "
+           "the next, the last on the previous; a large wait between two middle stages points at their link. "
+           + worst("stages"), "percentunit",
+           [Q(top(rate(C.PIPELINE_WAIT_PREV)), stage + " on previous"),
+            Q(top(rate(C.PIPELINE_WAIT_NEXT)), stage + " on next")], w=8),
     ]
     return b
 

@@ -219,6 +219,7 @@ class CommTracker:
                 tracker._on_error(f"collective {name}", e)
             return ret
 
+        collective.__ranksight__ = True  # type: ignore[attr-defined]
         return like(collective, orig, name)
 
     def _after_call(self, ret: Any, tok: int, t0: float, ev0: Any, pre: bool = True) -> None:
@@ -298,6 +299,8 @@ class CommTracker:
         work_cls = getattr(dist, "Work", None) or getattr(torch_c10d(), "Work", None)
         if work_cls is not None and getattr(work_cls, "wait", None) is not None:
             patcher.set(work_cls, "wait", self.wrap_wait(work_cls.wait))
+        if patcher.patched(dist, "isend") or patcher.patched(dist, "irecv"):
+            p2p_ops_hold_originals(patcher)
         return n
 
     # ---------------------------------------------------------------- DDP
@@ -508,6 +511,35 @@ def group_name(group: Any) -> str:
     if group is None:
         return "default_pg"
     return str(getattr(group, "group_desc", "") or getattr(group, "group_name", "") or "group")[:128]
+
+
+def _unwrapped(op: Any) -> Any:
+    return getattr(op, "__wrapped__", op) if getattr(op, "__ranksight__", False) else op
+
+
+def p2p_ops_hold_originals(patcher: Patcher) -> None:
+    """``dist.P2POp(dist.isend, ...)`` while ``dist.isend`` is wrapped: ``P2POp`` checks its op by
+    identity against ``distributed_c10d.isend``/``irecv`` (``_check_op``, and ``batch_isend_irecv``
+    picks the peer keyword with ``op is isend``), so a P2POp made with a wrapper would raise. The
+    check and the constructor are wrapped to take a wrapper's original: a P2POp holds the original
+    function, made during the watch or not (its waits are still timed, by ``Work.wait``)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    check = getattr(c10d, "_check_op", None)
+    cls = getattr(c10d, "P2POp", None)
+    if check is None or cls is None:
+        return
+
+    def _check_op(op: Any) -> None:
+        return check(_unwrapped(op))
+
+    init = cls.__init__
+
+    def __init__(self: Any, op: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, _unwrapped(op), *args, **kwargs)
+
+    patcher.set(c10d, "_check_op", like(_check_op, check, "_check_op"))
+    patcher.set(cls, "__init__", like(__init__, init, "__init__"))
 
 
 def torch_c10d() -> Any:

@@ -39,7 +39,8 @@ from .patch import like
 log = logging.getLogger("ranksight.hooks")
 
 ENGINE_CLASSES = frozenset(("DeepSpeedEngine",))  # a subclass (PipelineEngine, ...) counts too
-ENGINE_METHODS = ("_take_model_step", "step", "backward", "save_checkpoint")  # patched on the engine instance
+# patched on the engine instance (train_batch: a PipelineEngine's, see attach)
+ENGINE_METHODS = ("_take_model_step", "step", "backward", "save_checkpoint", "train_batch")
 # the functions DeepSpeed's TorchBackend binds at start, and the collective each one is
 BOUND_COLLECTIVES = (("all_gather_function", "all_gather_into_tensor"),
                      ("reduce_scatter_function", "reduce_scatter_tensor"))
@@ -202,9 +203,10 @@ def _unshadow(engine: Any, names: List[str]) -> None:
             del d[n]
 
 
-def attach(w: Any, engine: Any, steps: EngineSteps) -> None:
+def attach(w: Any, engine: Any, steps: EngineSteps, pipe: bool = False) -> None:
     """Patch ``engine`` (its instance attributes: ``step``, ``_take_model_step``, ``backward``,
-    ``save_checkpoint``) and DeepSpeed's bound collectives through ``w``'s Patcher."""
+    ``save_checkpoint``; ``train_batch`` when ``pipe``, a PipelineEngine whose stage
+    ``pipeline.attach_deepspeed`` timed) and DeepSpeed's bound collectives through ``w``'s Patcher."""
     steps.__dict__["on_error"] = w._hook_error
     p = w._patcher
     own = [n for n in ENGINE_METHODS if n not in getattr(engine, "__dict__", {})]
@@ -214,6 +216,8 @@ def attach(w: Any, engine: Any, steps: EngineSteps) -> None:
     else:
         p.set(engine, "_take_model_step", steps.wrap_take_model_step(engine._take_model_step))
         p.set(engine, "step", steps.wrap_step(engine.step))
+        if pipe:  # a PipelineEngine: train_batch closes the step when it returns, as engine.step() does
+            p.set(engine, "train_batch", steps.wrap_step(engine.train_batch))
     if callable(getattr(engine, "backward", None)):
         p.set(engine, "backward", w._wrap_backward(engine.backward))
     if callable(getattr(engine, "save_checkpoint", None)):
@@ -240,8 +244,16 @@ def watch(engine: Any, optimizer: Any = None, loader: Any = None, **kwargs: Any)
     steps = EngineSteps(engine)
     w = watcher.start(engine, steps, loader, **kwargs)
     if w is not None:
+        from . import pipeline
+
+        pipe = False
+        if pipeline.is_deepspeed_pipe(engine):  # first: its train_batch wrapper sits inside the step's
+            try:
+                pipe = pipeline.attach_deepspeed(w, engine) is not None
+            except Exception as e:
+                w._hook_error("DeepSpeed pipeline setup", e)
         try:
-            attach(w, engine, steps)
+            attach(w, engine, steps, pipe)
         except Exception as e:
             w._hook_error("DeepSpeed setup", e)
     return watcher.WatchedLoader(loader, w)

@@ -13,7 +13,7 @@ from ranksight import protocol
 
 from .patch import like
 from .work import batch_work
-from .timing import BWD, COMM, FWD, OPT, XCOMM
+from .timing import BWD, COMM, FWD, OPT, PBUSY, XCOMM
 
 log = logging.getLogger("ranksight.hooks")
 _perf = time.perf_counter
@@ -331,8 +331,10 @@ class StepPath:
         if self._dcomm:  # gloo DDP's all-reduce (DDPStats): durations without a time axis
             extra += self._dcomm
             hx += self._dx
+        if self.pipeline is not None:
+            self.pipeline.step_end()
         if self._tl is None:
-            fwd, bwd, opt, xcomm = self._fwd, self._bwd, self._opt, hx
+            fwd, bwd, opt, xcomm, pbusy = self._fwd, self._bwd, self._opt, hx, self._pbusy
         else:
             # GPU spans, resolved from earlier steps' events: they may belong to an earlier step. A
             # value above this step's duration (several steps resolved at once) carries its excess
@@ -341,7 +343,8 @@ class StepPath:
             self._tl.resolve(self._gpu_add)
             g[COMM] += extra  # (the host union is meaningless for NCCL: launch returns at once)
             extra = 0.0
-            fwd, bwd, opt, xcomm, comm = (min(g[k], dur) for k in (FWD, BWD, OPT, XCOMM, COMM))
+            fwd, bwd, opt, xcomm, comm, pbusy = (min(g[k], dur) for k in (FWD, BWD, OPT, XCOMM, COMM, PBUSY))
+            g[PBUSY] -= pbusy
             g[FWD] -= fwd
             g[BWD] -= bwd
             g[OPT] -= opt
@@ -355,7 +358,7 @@ class StepPath:
         # (ranksight/record.py, LAYOUT.index); each is accumulated in self._<key> or a local <key>
         rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
                xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1, self._samples, self._tokens,
-               self._loss, self._lossn)
+               self._loss, self._lossn, pbusy, self._pstep, self._pwprev, self._pwnext)
         if len(self._queue) < QUEUE_CAP:
             self._queue.append(rec)
         else:
@@ -364,6 +367,7 @@ class StepPath:
 
     def _reset_step(self, t: float) -> None:
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
+        self._pbusy = self._pstep = self._pwprev = self._pwnext = 0.0
         self._micro = self._samples = self._tokens = self._lossn = 0
         self._loss = 0.0
         self._t0 = t

@@ -107,6 +107,7 @@ def driver_recorder(torch_mod: Any, device: Any) -> Optional[Callable[[Any], boo
 
 # Interval kinds the GPU timeline resolves. COMM and XCOMM are unions (overlaps counted once).
 FWD, BWD, OPT, XCOMM, COMM = "fwd", "bwd", "opt", "xcomm", "comm"
+PBUSY = "pbusy"  # a pipeline stage's compute chunk (hooks/pipeline.py)
 UNION_KINDS = (COMM, XCOMM)
 
 

@@ -67,7 +67,7 @@ from .comm import CommTracker, FlightRecorder
 from .identity import Identity
 from .loss import LossReader
 from .patch import Patcher
-from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline
+from .timing import BWD, COMM, FWD, OPT, PBUSY, XCOMM, CudaTimeline
 from .settings import Settings, load_settings  # noqa: F401 (public here)
 from .sender import LAYOUT, STEPS_PER_RECORD, TICK_SECONDS, Background, enc_fields  # noqa: F401 (public here)
 from .steppath import QUEUE_CAP, StepPath, WatchedLoader, _TimedIter, timed_next  # noqa: F401 (public here)
@@ -134,6 +134,11 @@ class Watcher(StepPath, Background, Closing):
         self._t0: Optional[float] = None
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = 0.0
         self._dcomm = self._dx = 0.0  # gloo DDP's all-reduce this step (DDPStats), comm and exposed
+        # a pipeline stage's compute, schedule time and P2P waits this step (hooks/pipeline.py), and
+        # (pipeline rank, pipeline ranks, micro-batches per step x local stages); (0, 0, 0): no pipeline
+        self._pbusy = self._pstep = self._pwprev = self._pwnext = 0.0
+        self._pipe = (0, 0, 0)
+        self.pipeline: Any = None  # hooks/pipeline.py PipelineTimer
         self._micro = self._samples = self._tokens = self._lossn = 0
         self._seq_len = 0  # T: tokens per sample of the first batch with tokens (the FLOPs estimate's)
         self._flops: Any = None  # hooks/flops.py FlopsPerToken, made when the background thread starts
@@ -147,7 +152,7 @@ class Watcher(StepPath, Background, Closing):
         self._phase = "idle"
         self._phase_t = self._t_start
         self._ev_fwd = self._ev_opt = None
-        self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0}
+        self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0, PBUSY: 0.0}
         self._queue: Deque[tuple] = deque()
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
         self.totals = Totals()

@@ -101,6 +101,26 @@ LOSS_NONFINITE = _m("loss_nonfinite_total", "counter", "count", R, "Training los
 LOSS_FIRST_NONFINITE_STEP = _m("loss_first_nonfinite_step", "gauge", "count", R,
                                "The optimizer step whose training loss was the rank's first NaN or infinity "
                                "(0: none yet).")
+# a pipeline-parallel stage (hooks/pipeline.py): exposed only for ranks watched as one (pipeline_stages > 0);
+# the counters carry the rank's stage index (pipeline_stage) as the label "stage"
+PIPELINE_BUSY = _m("pipeline_busy_seconds_total", "counter", "seconds", R + ("stage",),
+                   "Pipeline stage compute: time in the stage's forward and backward micro-batch chunks (CUDA "
+                   "events on CUDA, host time on CPU). Over pipeline_step_seconds_total: 1 - the bubble share.")
+PIPELINE_STEP = _m("pipeline_step_seconds_total", "counter", "seconds", R + ("stage",),
+                   "Time in the pipeline schedule's step(): the stage's micro-batches, computing or waiting.")
+PIPELINE_WAIT_PREV = _m("pipeline_wait_prev_seconds_total", "counter", "seconds", R + ("stage",),
+                        "Time the stage blocked on P2P work with the stage before it: receiving its activations, "
+                        "sending it gradients.")
+PIPELINE_WAIT_NEXT = _m("pipeline_wait_next_seconds_total", "counter", "seconds", R + ("stage",),
+                        "Time the stage blocked on P2P work with the stage after it: receiving its gradients, "
+                        "sending it activations.")
+PIPELINE_STAGE = _m("pipeline_stage", "gauge", "count", R,
+                    "The rank's index in its pipeline group (0: the first stage).")
+PIPELINE_STAGES = _m("pipeline_stages", "gauge", "count", R, "Ranks in the rank's pipeline group (p).")
+PIPELINE_MICROBATCHES = _m("pipeline_microbatches", "gauge", "count", R,
+                           "Micro-batch forwards the rank's stages run per schedule step: the schedule's "
+                           "micro-batches times the rank's stages (m, or v*m interleaved). The ideal bubble "
+                           "share is (p-1)/(this+p-1).")
 STEP_SECONDS = _m("step_seconds_total", "counter", "seconds", R, "Sum of step durations.")
 DATALOADER_WAIT = _m("dataloader_wait_seconds_total", "counter", "seconds", R,
                      "Time the training loop spent waiting in next() on the data loader.")

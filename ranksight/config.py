@@ -54,6 +54,13 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "heartbeat_misses": Opt(1.0, "RanksightHeartbeatMissed: misses within the heartbeat window", 1, 1e6),
         "straggler_ratio": Opt(1.1, "RanksightStraggler: rank busy time / its peers' median busy time above this", 1, 100),
         "straggler_min_step_share": Opt(0.05, "RanksightStraggler: ... and the extra busy time is at least this share of the step", 0, 1),
+        # pipeline parallelism (ranksight/triage/pipeline.py)
+        "pipeline_bubble_excess": Opt(0.15, "RanksightPipelineBubble: a stage's bubble share minus the schedule's "
+                                            "ideal (p-1)/(m+p-1) above this", 0, 1),
+        "pipeline_straggler_ratio": Opt(1.2, "RanksightPipelineStraggler: a stage's busy time / its peers' median "
+                                             "above this", 1, 100),
+        "pipeline_straggler_min_share": Opt(0.05, "RanksightPipelineStraggler: ... and the extra busy time is at least "
+                                                  "this share of wall time", 0, 1),
         "alloc_retries_per_min": Opt(1.0, "RanksightCudaAllocRetries: allocator retries per minute above this", 0, 1e9),
         "memory_imbalance_ratio": Opt(1.25, "RanksightMemoryImbalance: a rank's peak allocated CUDA memory / its "
                                             "peers' median peak above this", 1, 100),
@@ -104,6 +111,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "rank_stalled": Opt("1m", "RanksightRankStalled for:"),
         "collective_desync": Opt("30s", "RanksightCollectiveDesync for:"),
         "straggler": Opt("10m", "RanksightStraggler for:"),
+        "pipeline_straggler": Opt("10m", "RanksightPipelineStraggler for:"),
+        "pipeline_bubble": Opt("15m", "RanksightPipelineBubble for:"),
         "alloc_retries": Opt("15m", "RanksightCudaAllocRetries for:"),
         "memory_imbalance": Opt("10m", "RanksightMemoryImbalance for:"),
         "memory_near_oom": Opt("2m", "RanksightMemoryNearOom for:"),
@@ -208,8 +217,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                          "(RanksightRankStalled's place; half the agent's stall floor; 0: never)", 0, 1e6),
         "stack_every_seconds": Opt(5.0, "... again when it changes, at most this often", 0.1, 1e6),
         "protocol": Opt(5, "datagram protocol version the hooks send: 5, or 4 (3, 2) for node agents older than "
-                           "version 5 (4, 3): they reject newer ones; 4 carries no memory peaks, 3 and 2 no samples "
-                           "or tokens either", 2, 5),
+                           "version 5 (4, 3): they reject newer ones; 4 and older carry no memory peaks or "
+                           "pipeline stage measurements, 3 and 2 no samples or tokens either", 2, 5),
         "tokens_per_sample": Opt(0, "tokens in one sample of a batch, for ranksight_tokens_total: 0 reads it from "
                                     "the batch's token tensor (input_ids, or its first integer tensor of 2+ "
                                     "dimensions); 1 for a model without a sequence (each sample one token)", 0, 1e9),

@@ -107,10 +107,11 @@ the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry
 list, version 3 ones only "dur" and "first" unless asked for step detail; version 4 adds the
 step's work ("samples", "tokens") and the training loss ("loss", "lossn": their sums in the totals,
 their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step);
-version 5 the CUDA allocator's peaks ("mpeak", "mrpeak"); every other record is the same in 2 to 5.
-A version it does not know is rejected and logged once per version, so an agent older than
-version 5 rejects a version 5 sender: the hooks send the version ``hooks.protocol`` names
-(``SENDABLE``: 5 by default, 4, 3 or 2 for a fleet whose agents read at most that).
+version 5 the CUDA allocator's peaks ("mpeak", "mrpeak") and a pipeline stage's ("pbusy", "pstep",
+"pwprev", "pwnext" per step, step detail; "pstage", "pstages", "pmb" at the last step); every other
+record is the same in 2 to 5. A version it does not know is rejected and logged once per version, so
+an agent older than 5 rejects a version 5 sender: the hooks send ``hooks.protocol`` (``SENDABLE``:
+5 by default, 4, 3 or 2 for older agents).
 """
 from __future__ import annotations
 

@@ -67,6 +67,7 @@ class Field:
     # only when the hooks are asked for step detail (hooks.step_detail); its sum is in the totals
     detail: Optional[int] = None
     first: bool = False  # PER_STEP: the agent reads the first step's value of a "steps" record
+    gate: str = ""  # a CURRENT field's key: the agent exposes this field only for ranks whose reading of it is not 0
 
     def detail_in(self, version: int) -> bool:
         """The field's per-step list is step detail in ``version`` (sent on request only)."""
@@ -103,6 +104,15 @@ FIELDS: Tuple[Field, ...] = (
           detail=4),
     Field("lossn", I, "count", PER_STEP, "finite training losses read at the step (the terms of loss)",
           C.LOSS_READINGS, since=4, detail=4),
+    # a pipeline-parallel stage (hooks/pipeline.py); exposed for ranks watched as a stage (pstages > 0)
+    Field("pbusy", F, "seconds", PER_STEP, "pipeline stage compute: time in its forward and backward chunks",
+          C.PIPELINE_BUSY, gpu=True, since=5, detail=5, gate="pstages"),
+    Field("pstep", F, "seconds", PER_STEP, "time in the pipeline schedule's step()", C.PIPELINE_STEP, since=5,
+          detail=5, gate="pstages"),
+    Field("pwprev", F, "seconds", PER_STEP, "P2P wait on the previous pipeline stage (activations in, gradients out)",
+          C.PIPELINE_WAIT_PREV, since=5, detail=5, gate="pstages"),
+    Field("pwnext", F, "seconds", PER_STEP, "P2P wait on the next pipeline stage (gradients in, activations out)",
+          C.PIPELINE_WAIT_NEXT, since=5, detail=5, gate="pstages"),
     Field("retries", I, "count", CUMULATIVE, "CUDA allocator retries (num_alloc_retries)", C.CUDA_ALLOC_RETRIES),
     Field("ooms", I, "count", CUMULATIVE, "CUDA out-of-memory errors", C.CUDA_OOMS),
     Field("mres", I, "bytes", CURRENT, "CUDA reserved bytes", C.CUDA_RESERVED),
@@ -121,6 +131,12 @@ FIELDS: Tuple[Field, ...] = (
     Field("lnan", I, "count", CUMULATIVE, "non-finite (NaN, infinite) training losses", C.LOSS_NONFINITE, since=4),
     Field("lnanstep", I, "count", CURRENT, "the step of the first non-finite training loss (0: none)",
           C.LOSS_FIRST_NONFINITE_STEP, since=4),
+    Field("pstage", I, "count", CURRENT, "the rank's index in its pipeline group", C.PIPELINE_STAGE, since=5,
+          gate="pstages"),
+    Field("pstages", I, "count", CURRENT, "ranks in the pipeline group (0: not watched as a pipeline stage)",
+          C.PIPELINE_STAGES, since=5, gate="pstages"),
+    Field("pmb", I, "count", CURRENT, "micro-batch forwards per schedule step: micro-batches x the rank's stages",
+          C.PIPELINE_MICROBATCHES, since=5, gate="pstages"),
 )
 del F, I
 
@@ -165,6 +181,10 @@ class Layout:
         self.sums = tuple((f.metric, f.key) for f in sorted(per, key=lambda f: _catalog_order(f.metric)))
         self.cum_metrics = tuple((f.metric, f.key) for f in fields if f.kind == CUMULATIVE and f.metric)
         self.cur_metrics = tuple((f.metric, f.key) for f in fields if f.kind == CURRENT and f.metric)
+        # key -> the CURRENT field whose non-zero reading the exposition of the key's series needs
+        self.gate = {f.key: f.gate for f in fields if f.gate}
+        if not set(self.gate.values()) <= set(self.current):
+            raise ValueError(f"step record declaration: a gate that is not a current field {self.gate}")
         # histograms: (totals' "hist" key, metric, field key), in catalog order
         hs = sorted((f for f in fields if f.hist is not None), key=lambda f: _catalog_order(f.hist))
         self.hists = tuple((f.hist_key or f.key, f.hist, f.key) for f in hs)

@@ -35,7 +35,7 @@ def step_families(kept: Kept) -> tuple:
 class _RankLabels:
     """Every label set one rank's series use, built once per label change."""
 
-    __slots__ = ("base", "q", "stall", "hist", "lint")
+    __slots__ = ("base", "q", "stall", "hist", "lint", "stage")
 
     def __init__(self, r: Rank):
         base = self.base = Labels(zip(C.RANK_LABELS, r.labels))
@@ -43,6 +43,13 @@ class _RankLabels:
         self.stall = [base.plus("reason", reason) for reason in STALL_REASONS]
         self.hist = [bucket_labels(base, m.buckets) for _, m, _ in r.kept.hists]
         self.lint: Dict[str, Labels] = {}
+        self.stage: Optional[tuple] = None  # (pipeline stage, base plus its "stage" label)
+
+    def for_stage(self, stage: int) -> Labels:
+        got = self.stage
+        if got is None or got[0] != stage:
+            got = self.stage = (stage, self.base.plus("stage", str(stage)))
+        return got[1]
 
     def for_lint(self, lint: str) -> Labels:
         got = self.lint.get(lint)
@@ -62,6 +69,11 @@ class RanksCollector:
         self.clock = clock
         self.gpu_labels = gpu_labels  # GPU UUID -> gpu label (the GPU collector's), for rank_gpu_info
         self.sums, self.cums, self.gauges, self.hists = step_families(table.kept)
+        gate = table.kept.layout.gate  # a series exposed only for ranks whose gate reading is not 0
+        self._gated = tuple((i, gate[a]) for i, (_, a) in enumerate(self.sums) if a in gate)
+        self._gated_g = tuple((i, gate[a]) for i, (_, a) in enumerate(self.gauges) if a in gate)
+        # the sums whose metric carries the rank's pipeline stage as a label ("pstage")
+        self._staged = frozenset(i for i, (m, _) in enumerate(self.sums) if "stage" in m.labels)
 
     def collect(self) -> List[Family]:
         now = self.clock()
@@ -103,6 +115,13 @@ class RanksCollector:
                 vals = [sums[a] if i < n_sums else getattr(r, a) for i, (_, a) in enumerate(counters)]
                 cvals = [r.cum[a][0] for _, a in cums]
                 gvals = [r.cur[a] for _, a in gauges]
+                stage = r.cur.get("pstage", 0) if self._staged else 0
+                for i, g in self._gated:
+                    if not r.cur[g]:
+                        vals[i] = None
+                for i, g in self._gated_g:
+                    if not r.cur[g]:
+                        gvals[i] = None
                 ovals = [getattr(r, a) for _, a in optional]
                 hvals = [(list(h.counts), h.sum) for h in (r.hists[a] for _, a in hists)]
                 qs = r.win.quantiles(QUANTILES, now)
@@ -118,12 +137,16 @@ class RanksCollector:
                 gp = goodput.Snapshot(r.gp, now)
                 st = r.stack if stalled else None
             base = L.base
-            for (f, _), v in zip(counters, vals):
-                add(f, base, v)
+            staged = self._staged
+            sl = L.for_stage(stage) if staged else base
+            for i, ((f, _), v) in enumerate(zip(counters, vals)):
+                if v is not None:
+                    add(f, sl if i in staged else base, v)
             for (f, _), v in zip(cums, cvals):
                 add(f, base, v)
             for (f, _), v in zip(gauges, gvals):
-                add(f, base, v)
+                if v is not None:
+                    add(f, base, v)
             for (f, _), v in zip(optional, ovals):
                 if v is not None:
                     add(f, base, v)

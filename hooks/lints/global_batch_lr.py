@@ -23,6 +23,10 @@ class GlobalBatchLr:
         b = f.batch_size or self._first_rows
         dp = f.dist_sampler.num_replicas if f.dist_sampler is not None else self.world
         acc = max(1, micro)
+        pp = int(getattr(self.w, "_pipe", (0, 0, 0))[1] or 0)
+        if pp > 0:  # a pipeline stage (hooks/pipeline.py): the loader's batch is the step's, split by the schedule
+            dp = dp if f.dist_sampler is not None else max(1, self.world // pp)
+            acc = 1
         lrs = []
         opt = self.w.optimizer
         for i, g in enumerate(getattr(opt, "param_groups", [])[:8]):

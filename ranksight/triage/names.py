@@ -62,6 +62,15 @@ REC = {
     "loss_before": "rank:ranksight_loss:mean_before",
     "loss_spike": "rank:ranksight_loss_spike:ratio",
     "loss_spread": "job:ranksight_loss_spread:ratio",
+    # a pipeline stage (triage/pipeline.py): its compute and schedule time rates, its bubble share,
+    # the schedule's ideal bubble for the rank, the job's median stage busy time without the busiest,
+    # and each stage's busy time over that median
+    "pipe_busy": "rank:ranksight_pipeline_busy_seconds:rate",
+    "pipe_step": "rank:ranksight_pipeline_step_seconds:rate",
+    "pipe_bubble": "rank:ranksight_pipeline_bubble:ratio",
+    "pipe_ideal": "rank:ranksight_pipeline_bubble_ideal:ratio",
+    "pipe_busy_median": "job:ranksight_pipeline_busy_seconds:median",
+    "pipe_straggler": "rank:ranksight_pipeline_straggler:ratio",
     # job level, for the triage dashboard's fleet panels
     "ckpt_age_median": "job:ranksight_checkpoint_age_seconds:median",
     "ranks_up": "job:ranksight_ranks_up:sum",

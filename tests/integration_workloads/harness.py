@@ -58,7 +58,7 @@ def launch(cmd: Sequence[str], env: Mapping[str, str], timeout: float = 240.0) -
 def rank_series(text: str, job: str) -> Dict[int, Dict[str, float]]:
     """rank -> {sample name: value} for the job's rank series without labels beyond the identity
     (counters as ``<name>_total``, histograms as ``<name>_count``/``_sum``); also the rank's
-    ``local_rank`` label as "local_rank". Fails on any datagram the agent did not take."""
+    ``local_rank`` label as "local_rank" (and a pipeline stage's ``stage`` label as "stage"). Fails on any datagram the agent did not take."""
     out: Dict[int, Dict[str, float]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -66,12 +66,14 @@ def rank_series(text: str, job: str) -> Dict[int, Dict[str, float]]:
                 assert s.value == 0, f"the agent dropped datagrams: {s}"
             if s.labels.get("job") != job or "rank" not in s.labels:
                 continue
-            extra = set(s.labels) - {"job", "rank", "local_rank", "node", "le", "quantile"}
+            extra = set(s.labels) - {"job", "rank", "local_rank", "node", "le", "quantile", "stage"}
             if extra or "le" in s.labels or "quantile" in s.labels:
                 continue
             r = out.setdefault(int(s.labels["rank"]), {})
             r[s.name] = s.value
             r["local_rank"] = float(s.labels.get("local_rank", -1))
+            if "stage" in s.labels:  # a pipeline stage's series: the stage label, as the series' value reads it
+                r["stage"] = float(s.labels["stage"])
     return out
 
 
