@@ -292,9 +292,11 @@ LINT_UNEVEN_LAST_BATCH = "uneven_last_batch"
 LINT_INCOMPLETE_CHECKPOINT = "incomplete_checkpoint"
 LINT_GLOBAL_BATCH_LR = "global_batch_lr"
 LINT_DISK_HEADROOM = "disk_headroom"
+LINT_PARTIAL_RESUME = "partial_resume"
 LINT_IDS: Tuple[str, ...] = (LINT_IO_AMPLIFICATION, LINT_SAMPLER_EPOCH, LINT_RANK_DISAGREEMENT,
                              LINT_DATALOADER_WORKERS_RSS, LINT_NUMA_BINDING, LINT_UNEVEN_LAST_BATCH,
-                             LINT_INCOMPLETE_CHECKPOINT, LINT_GLOBAL_BATCH_LR, LINT_DISK_HEADROOM)
+                             LINT_INCOMPLETE_CHECKPOINT, LINT_GLOBAL_BATCH_LR, LINT_DISK_HEADROOM,
+                             LINT_PARTIAL_RESUME)
 
 # ---------------------------------------------------------------- exporter label values: every value the agent's
 # own labels take, spelled once (exporter/, ranksight/protocol.py and the tools use these).

@@ -187,7 +187,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "
                                    "(1: every one); the others are estimated from it", 1, 1e6),
-        "patch_torch_save": Opt(True, "time torch.save / dcp.save while watched"),
+        "patch_torch_save": Opt(True, "time torch.save / dcp.save while watched, and see checkpoint restores "
+                                             "through torch.load (hooks/resume.py)"),
         "checkpoint_dir": Opt("", "checkpoint directory reported to the agent (disk watch)"),
         "log_dir": Opt("", "log directory reported to the agent (disk watch)"),
         "stack_after_seconds": Opt(15.0, "no progress for this long: send the main thread's stack to the agent "
@@ -215,6 +216,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "incomplete_checkpoint": Opt(True, "lint: checkpoint lacks optimizer/scheduler/RNG/data/step state"),
         "global_batch_lr": Opt(True, "lint: one info line with global batch and LR"),
         "disk_headroom": Opt(True, "lint: too little free disk at start"),
+        "partial_resume": Opt(True, "lint: a checkpoint restore left the optimizer, LR scheduler or sampler epoch "
+                                    "fresh"),
     },
 }
 
