@@ -91,6 +91,29 @@ def counters(obj: Mapping) -> tuple:
     return step, epoch
 
 
+class _Hook:
+    """A load post-hook that a copy of its module or optimizer does not carry: ``copy.deepcopy`` (an
+    EMA copy of the model) and pickling (``torch.save`` of a whole module) make a no-op of it, so
+    neither reaches this watch's state (which holds a lock and cannot be copied)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Optional[Callable[..., None]] = None):
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        fn = self.fn
+        if fn is not None:
+            fn(*args)
+        return None
+
+    def __deepcopy__(self, memo: Any) -> "_Hook":
+        return _Hook()
+
+    def __reduce__(self) -> tuple:
+        return (_Hook, ())
+
+
 class ResumeWatch:
     """The watcher's view of checkpoint restores: ``install(patcher)`` patches ``torch.load``,
     ``attach_model``/``attach_optimizer`` register the load post-hooks (handles appended to the
@@ -151,11 +174,11 @@ class ResumeWatch:
         if id(inner) in self._model_ids or not hasattr(inner, "register_load_state_dict_post_hook"):
             return
         self._model_ids.add(id(inner))
-        handles.append(inner.register_load_state_dict_post_hook(self._model_loaded))
+        handles.append(inner.register_load_state_dict_post_hook(_Hook(self._model_loaded)))
 
     def attach_optimizer(self, opt: Any, handles: List[Any]) -> None:
         if hasattr(opt, "register_load_state_dict_post_hook"):
-            handles.append(opt.register_load_state_dict_post_hook(self._opt_loaded))
+            handles.append(opt.register_load_state_dict_post_hook(_Hook(self._opt_loaded)))
 
     def _opt_loaded(self, opt: Any) -> None:
         self.opt_loads += 1

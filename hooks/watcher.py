@@ -191,6 +191,8 @@ class Watcher(StepPath, Background, Closing):
         self.comm = CommTracker(self._hook_error, self._main_tid, self._tl, comm_events=True)
         self.ckpt = Recorder(self._emit_ckpt, self._add_ckpt, self._set_phase, self._hook_error, self._main_tid)
         self.resumes = ResumeWatch(self._hook_error)  # checkpoint restores (hooks/resume.py)
+        self.total_steps = settings.total_steps  # the run's length (0: unknown); watch(total_steps=), a callback
+        self.resume_step = 0  # the step a framework callback says training started from (no restore seen)
         self._dcp_patched = False
         self._install()
         # background thread: wakes TICK_SECONDS (or twice per heartbeat) to send, probe and print
@@ -336,6 +338,17 @@ class Watcher(StepPath, Background, Closing):
     def add_checkpoint_observer(self, fn: Callable[[str, Any, Optional[str]], None]) -> None:
         self.ckpt.observers.append(fn)
 
+    def set_total_steps(self, n: Any) -> None:
+        """The run's total optimizer steps (a positive whole number; anything else leaves it as it
+        is, with one warning). Sent with each step record as ``"total"``. Never raises."""
+        try:
+            v = int(n)
+            if v != n or v <= 0 or v > 10 ** 15:
+                raise ValueError(f"expected a positive whole number, got {n!r}")
+            self.total_steps = v
+        except Exception as e:
+            self._hook_error("total_steps", e)
+
     def add_resume_observer(self, fn: Callable[[Resume], None]) -> None:
         """``fn(resume)`` on the loading thread when the watched model is restored from a
         checkpoint (``hooks/resume.py``)."""
@@ -370,7 +383,7 @@ class Watcher(StepPath, Background, Closing):
 
 # ------------------------------------------------------------------------------ the API
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
-          agent: Optional[str] = None, discover: bool = True) -> WatchedLoader:
+          agent: Optional[str] = None, discover: bool = True, total_steps: Optional[int] = None) -> WatchedLoader:
     """Start timing ``model``/``optimizer``/``loader``; returns the loader to iterate.
 
     What is not given is found (``discover``, see ``auto.py``): every optimizer through PyTorch's
@@ -379,14 +392,17 @@ def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
     loader or model is the only one timed. ``ranksight.watch()`` alone finds all three.
     ``config``: a config path (default ``RANKSIGHT_CONFIG``) or a dict with a "hooks" section.
     ``agent``: overrides ``RANKSIGHT_AGENT`` / ``hooks.agent`` (``udp://host:port``,
-    ``unix:///path`` or ``off``). A second ``watch()`` replaces the first.
+    ``unix:///path`` or ``off``). ``total_steps``: the optimizer steps the whole run is to take,
+    across restarts (over ``hooks.total_steps``), for its ETA and cost. A second ``watch()``
+    replaces the first.
     """
-    w = start(model, optimizer, loader, config=config, agent=agent, discover=discover)
+    w = start(model, optimizer, loader, config=config, agent=agent, discover=discover, total_steps=total_steps)
     return WatchedLoader(loader, w)
 
 
 def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
-          agent: Optional[str] = None, discover: bool = True, forward_hooks: bool = True) -> Optional[Watcher]:
+          agent: Optional[str] = None, discover: bool = True, forward_hooks: bool = True,
+          total_steps: Optional[int] = None) -> Optional[Watcher]:
     """``watch()`` for framework integrations: returns the Watcher (None when the hooks could not
     start). ``forward_hooks=False``: the caller drives ``_fwd_pre``/``_fwd_post`` (a framework's
     batch callbacks) instead of the model's forward hooks."""
@@ -398,6 +414,8 @@ def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
         settings = load_settings(config, agent)
         w = Watcher(model, optimizer, loader, settings, discover=discover, forward_hooks=forward_hooks)
         w.config_source = config  # the lints (ranksight.hooks.lints) read their section from the same config
+        if total_steps is not None:
+            w.set_total_steps(total_steps)
     except Exception as e:  # never stop training because the hooks could not start
         log.warning("ranksight: cannot start the hooks (%s: %s); training continues unwatched",
                     type(e).__name__, e)

@@ -99,6 +99,15 @@ LOSS_NONFINITE = _m("loss_nonfinite_total", "counter", "count", R, "Training los
 LOSS_FIRST_NONFINITE_STEP = _m("loss_first_nonfinite_step", "gauge", "count", R,
                                "The optimizer step whose training loss was the rank's first NaN or infinity "
                                "(0: none yet).")
+LAST_RESUME = _m("last_resume_timestamp_seconds", "gauge", "seconds", R,
+                 "Wall time (Unix seconds) at which the rank's process restored its model from a checkpoint "
+                 "(hooks/resume.py); 0: no restore seen in this process.")
+RESUME_STEP = _m("resume_step", "gauge", "count", R,
+                 "The step the rank's process resumed from: the restored checkpoint's step counter, or the "
+                 "framework's step at the start of training (0: none known).")
+TOTAL_STEPS = _m("total_steps", "gauge", "count", R,
+                 "The optimizer steps the whole run is to take, across restarts: watch(total_steps=), "
+                 "hooks.total_steps or the framework's (Trainer max_steps); 0: unknown.")
 STEP_SECONDS = _m("step_seconds_total", "counter", "seconds", R, "Sum of step durations.")
 DATALOADER_WAIT = _m("dataloader_wait_seconds_total", "counter", "seconds", R,
                      "Time the training loop spent waiting in next() on the data loader.")

@@ -84,6 +84,11 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                      "the windows.loss_long before it, above this", 1, 1e6),
         "loss_divergence_ratio": Opt(1.5, "RanksightLossDivergence: the job's highest / lowest rank mean loss over "
                                           "windows.loss_short, above this", 1, 1e6),
+        "loss_resume_jump_ratio": Opt(1.3, "RanksightLossJumpAfterResume: a rank's mean loss since its checkpoint "
+                                           "restore / its mean over windows.loss_short before the restart, above "
+                                           "this", 1, 1e6),
+        "loss_resume_min_readings": Opt(10, "RanksightLossJumpAfterResume: ... once the rank recorded at least this "
+                                            "many finite losses since the restore", 1, 1e9),
         "goodput_floor": Opt(0.8, "RanksightGoodputLow: the job's goodput (productive share of its wall time) below this", 0, 1),
     },
     "durations": {  # `for:` of each alert
@@ -116,6 +121,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "loss_nonfinite": Opt("0m", "RanksightLossNonFinite for:"),
         "loss_spike": Opt("5m", "RanksightLossSpike for:"),
         "loss_divergence": Opt("10m", "RanksightLossDivergence for:"),
+        "loss_resume_jump": Opt("1m", "RanksightLossJumpAfterResume for:"),
         "baseline_rule_interval": Opt("5m", "evaluation interval of the step-time baseline group (hour averages and "
                                             "their minimum over windows.step_baseline)"),
         "slow_rule_interval": Opt("1m", "evaluation interval of the recording groups of large families that only "
@@ -139,6 +145,10 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                       "long (startup dominates a young job)"),
         "loss_short": Opt("5m", "RanksightLossSpike, RanksightLossDivergence: the recent mean loss of a rank is over this"),
         "loss_long": Opt("1h", "RanksightLossSpike: ... and its reference, the mean over this window before the short one"),
+        "loss_resume": Opt("15m", "RanksightLossJumpAfterResume: a rank is judged this long after its checkpoint "
+                                  "restore, on its mean loss since the restore"),
+        "loss_resume_lookback": Opt("3h", "RanksightLossJumpAfterResume: the mean before the restart is the rank's "
+                                          "last windows.loss_short mean within this lookback (longer than a restart)"),
     },
     "agent": {
         "listen": Opt("0.0.0.0:9945", "HTTP listen address for /metrics and /healthz"),
@@ -194,8 +204,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "stack_after_seconds": Opt(15.0, "no progress for this long: send the main thread's stack to the agent "
                                          "(RanksightRankStalled's place; half the agent's stall floor; 0: never)", 0, 1e6),
         "stack_every_seconds": Opt(5.0, "... again when it changes, at most this often", 0.1, 1e6),
-        "protocol": Opt(4, "datagram protocol version the hooks send: 4, or 3 (2) for node agents older than "
-                           "version 4 (3): they reject newer ones; 3 and 2 carry no samples or tokens", 2, 4),
+        "protocol": Opt(5, "datagram protocol version the hooks send: 5, or 4 (3, 2) for node agents older than "
+                           "version 5 (4, 3): they reject newer ones; 4 carries no resume or total steps, 3 and 2 "
+                           "no samples or tokens", 2, 5),
         "tokens_per_sample": Opt(0, "tokens in one sample of a batch, for ranksight_tokens_total: 0 reads it from "
                                     "the batch's token tensor (input_ids, or its first integer tensor of 2+ "
                                     "dimensions); 1 for a model without a sequence (each sample one token)", 0, 1e9),
@@ -203,6 +214,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                   "the model FLOPs-per-token gauge and MFU: 0 estimates it once from the model "
                                   "(6 x trainable parameters, + 12 x layers x hidden size x sequence length "
                                   "with a Hugging Face config; hooks/flops.py)", 0, 1e18),
+        "total_steps": Opt(0, "the optimizer steps the whole run is to take, across restarts (watch(total_steps=) "
+                              "wins; a Hugging Face or Lightning callback reads its trainer's): the ETA and the cost "
+                              "to finish; 0: unknown", 0, 1e15),
         "step_detail": Opt(False, "send every step's phase times (data, fwd, bwd, ...) in the steps records, "
                                   "not only their totals: for tools that read each step (the agent does not)"),
     },
@@ -241,7 +255,8 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
         "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
         "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m",
                     "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m",
-                    "mfu_drop_offset": "5m", "loss_short": "1m", "loss_long": "5m"},
+                    "mfu_drop_offset": "5m", "loss_short": "1m", "loss_long": "5m",
+                    "loss_resume": "2m", "loss_resume_lookback": "10m"},
     },
 }
 

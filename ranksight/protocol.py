@@ -106,10 +106,11 @@ every version in ``ACCEPTED``: version 1 records have the old meaning (step reco
 the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry every per-step
 list, version 3 ones only "dur" and "first" unless asked for step detail; version 4 adds the
 step's work ("samples", "tokens") and the training loss ("loss", "lossn": their sums in the totals,
-their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); every other
-record is the same in 2, 3 and 4. A version it does not know is rejected and logged once per
-version, so an agent older than version 4 rejects a version 4 sender: the hooks send the version
-``hooks.protocol`` names (``SENDABLE``: 4 by default, 3 or 2 for a fleet whose agents read at most
+their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); version 5
+adds a checkpoint restore ("resumed", "rstep": its wall time and step) and the run's length ("total"); every
+other record is the same in 2 to 5. A version it does not know is rejected and logged once per
+version, so an agent older than version 5 rejects a version 5 sender: the hooks send the version
+``hooks.protocol`` names (``SENDABLE``: 5 by default, 4, 3 or 2 for a fleet whose agents read at most
 that).
 """
 from __future__ import annotations
@@ -122,9 +123,9 @@ from typing import Any, Dict, Optional, Tuple
 from ranksight import catalog as C
 from ranksight import record
 
-VERSION = 4  # what the hooks send by default
-ACCEPTED = (1, 2, 3, 4)  # what the agent reads
-SENDABLE = (2, 3, 4)  # what the hooks can be set to send (hooks.protocol)
+VERSION = 5  # what the hooks send by default
+ACCEPTED = (1, 2, 3, 4, 5)  # what the agent reads
+SENDABLE = (2, 3, 4, 5)  # what the hooks can be set to send (hooks.protocol)
 CUT_VERSION = 2  # the version whose "steps" records the agent's decode cuts the phase lists out of
 MAX_DATAGRAM = 4096  # bytes; larger is "oversize"
 STEPS_MAX = 64  # steps in one "steps" record

@@ -116,6 +116,12 @@ FIELDS: Tuple[Field, ...] = (
     Field("lnan", I, "count", CUMULATIVE, "non-finite (NaN, infinite) training losses", C.LOSS_NONFINITE, since=4),
     Field("lnanstep", I, "count", CURRENT, "the step of the first non-finite training loss (0: none)",
           C.LOSS_FIRST_NONFINITE_STEP, since=4),
+    # a checkpoint restore (hooks/resume.py) and the run's length: the loss jump after a resume, the ETA
+    Field("resumed", I, "seconds", CURRENT, "wall time (Unix seconds) of the process's last checkpoint restore "
+          "(0: none)", C.LAST_RESUME, since=5),
+    Field("rstep", I, "count", CURRENT, "the step the process resumed from (0: none known)", C.RESUME_STEP, since=5),
+    Field("total", I, "count", CURRENT, "the run's total optimizer steps, declared or the framework's (0: unknown)",
+          C.TOTAL_STEPS, since=5),
 )
 del F, I
 

@@ -56,6 +56,13 @@ REC = {
     "loss_before": "rank:ranksight_loss:mean_before",
     "loss_spike": "rank:ranksight_loss_spike:ratio",
     "loss_spread": "job:ranksight_loss_spread:ratio",
+    # the loss after a checkpoint restore: a rank's short mean while no restore is recent (the
+    # "before" of a later resume), the last of those before the restore, the mean since the restore
+    # (the new process's counters), and their ratio
+    "loss_steady": "rank:ranksight_loss:mean_steady",
+    "loss_pre_resume": "rank:ranksight_loss:mean_before_resume",
+    "loss_post_resume": "rank:ranksight_loss:mean_since_resume",
+    "loss_resume_jump": "rank:ranksight_loss_resume_jump:ratio",
     # job level, for the triage dashboard's fleet panels
     "ckpt_age_median": "job:ranksight_checkpoint_age_seconds:median",
     "ranks_up": "job:ranksight_ranks_up:sum",

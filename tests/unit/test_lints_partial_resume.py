@@ -175,3 +175,41 @@ def test_a_raising_load_and_unwatched_load_pass_unchanged(tmp_path):
     t0 = time.perf_counter()
     torch.save({"a": 1}, tmp_path / "x.pt")
     assert torch.load(tmp_path / "x.pt") == {"a": 1} and time.perf_counter() - t0 < 5
+
+
+def test_the_restore_hook_does_not_follow_a_copy_of_the_model(tmp_path):
+    # an EMA copy (deepcopy) or a pickled module carries the load post-hook as a no-op
+    import copy
+    import pickle
+
+    from ranksight.hooks.resume import ResumeWatch
+
+    errors = []
+    rw = ResumeWatch(lambda where, e: errors.append((where, e)))
+    m = nn.Sequential(nn.Linear(4, 2))
+    handles: list = []
+    rw.attach_model(m, handles)
+    ema = copy.deepcopy(m)
+    pickle.loads(pickle.dumps(m))
+    rw.on_load({"model": m.state_dict(), "step": 3}, str(tmp_path / "c.pt"))
+    ema.load_state_dict(m.state_dict())
+    assert rw.last is None
+    m.load_state_dict(ema.state_dict())
+    assert rw.last is not None and rw.last.step == 3 and not errors
+    for h in handles:
+        h.remove()
+
+
+def test_recorded_v5_session_reports_the_resume_and_the_total():
+    # tests/fixtures/protocol/record_v5.py: the second session restores the step-6 checkpoint
+    import json
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[1] / "fixtures" / "protocol" / "v5.decoded.jsonl").read_text().splitlines()
+    steps = [json.loads(x) for x in lines if '"t":"steps"' in x]
+    sessions = list(dict.fromkeys(r["sess"] for r in steps))
+    first = [r for r in steps if r["sess"] == sessions[0]]
+    second = [r for r in steps if r["sess"] == sessions[1]]
+    assert all(r["total"] == 18 for r in steps)
+    assert all(r["resumed"] == 0 and r["rstep"] == 0 for r in first)
+    assert all(r["resumed"] > 1.7e9 and r["rstep"] == 6 for r in second)
