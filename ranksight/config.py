@@ -235,6 +235,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
     },
 }
 
+SCHEMA["cost"] = {  # the run's cost (ranksight/triage/efficiency.py run_rules, the triage board, ranksight report)
+    "gpu_hour_price": Opt(0.0, "price of one GPU-hour (one rank's device for an hour): records "
+                               "job:ranksight_cost_spent:sum and job:ranksight_cost_to_finish:sum, the triage "
+                               "board's cost panels and the report's cost lines; 0: GPU-hours only, no cost", 0, 1e9),
+    "currency": Opt("USD", "the unit of gpu_hour_price, shown with every cost"),
+}
 SCHEMA["alerting"] = {  # `ranksight rules`: alerts/alertmanager.yml and runbook_url
     "webhook_url": Opt("http://127.0.0.1:9947/alerts", "URL of the built-in `webhook` receiver (http:// or https://); "
                                                        "every alert goes there when no receivers are configured"),

@@ -92,6 +92,14 @@ REC = {
     "job_tokens": "job:ranksight_tokens:rate",
     "job_flops": "job:ranksight_model_flops:rate",
     "job_mfu": "job:ranksight_mfu:ratio",
+    # the run's progress (efficiency group): steps left at the current rate, GPU-hours spent and to
+    # finish, and their cost at cost.gpu_hour_price (recorded only when a price is set)
+    "remaining_steps": "rank:ranksight_remaining_steps:count",
+    "eta": "job:ranksight_eta:seconds",
+    "gpu_hours": "job:ranksight_gpu_hours:sum",
+    "gpu_hours_to_finish": "job:ranksight_gpu_hours_to_finish:sum",
+    "cost_spent": "job:ranksight_cost_spent:sum",
+    "cost_to_finish": "job:ranksight_cost_to_finish:sum",
     # goodput and the step-time baseline (goodput.py): the job's split of its wall time and its
     # step time against its own history
     # rank group (arithmetic on the rank group's records)

@@ -33,7 +33,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     state += job_state
     out: List[Recording] = []
     for group, rules in ((RATES, rates), (RANK, rank), (JOB, job), (STATE, state), (NODE, node),
-                         (RANK_GPU, rank_gpu), (EFF, _efficiency.recording_rules(_R)), (HIST, hist),
+                         (RANK_GPU, rank_gpu), (EFF, _efficiency.recording_rules(_R) + _efficiency.run_rules(_R, cfg)), (HIST, hist),
                          (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma), (NIC, nic)):
         out += [replace(r, group=group) for r in rules]
     return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)

@@ -10,7 +10,7 @@ module's ``load_state_dict``, while watched) and the optimizer and the scheduler
 ``--broken-rank`` (-1: none; ``all``: every rank), which restores the model only (the broken
 resume: its AdamW starts with empty moments, its weights leave its peers'), then trains ``--steps``
 more. With lr 0.05 a full restore continues at the loss before it (0.99x of the last 40 steps'
-mean in-process) and a model-only one runs 3.6x above it over the next 30. ``--step-sleep`` paces the steps. Prints one JSON line
+mean in-process) and a model-only one runs 3.6x above it over the next 30. ``--step-sleep`` paces the steps; ``--total`` declares the run's length. Prints one JSON line
 "RESULT {...}": the rank, the partial_resume lint's state, the restore the hooks saw and the mean
 loss of the steps.
 
@@ -51,6 +51,7 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--ckpt", required=True)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--total", type=int, default=None, help="watch(total_steps=): the run's length, for its ETA")
     args = p.parse_args()
     rank, ws = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     dist.init_process_group("gloo", rank=rank, world_size=ws)
@@ -65,7 +66,7 @@ def main() -> int:
             nn.functional.mse_loss(model.module(x), y).backward()
             opt.step()
             opt.zero_grad()
-    ranksight.watch(model, opt, None)
+    ranksight.watch(model, opt, None, total_steps=args.total)
     if args.phase == "resume":
         ck = torch.load(args.ckpt)
         model.module.load_state_dict(ck["model"])

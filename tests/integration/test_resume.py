@@ -8,7 +8,10 @@ both ranks reports the restore (its time and step) and stays quiet. The rule's w
 with promtool in alerts/tests/loss.yml."""
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import threading
 import time
 from typing import Dict, List
@@ -25,7 +28,7 @@ from hooks_workloads.harness import run_ranks  # noqa: E402
 
 JOB = "hooks-test"  # the harness's RANKSIGHT_JOB
 ALERT = "RanksightLossJumpAfterResume"
-PACE = ["--step-sleep", "0.05"]  # 40 steps: about 2 s of records, several scrapes
+PACE = ["--step-sleep", "0.05", "--total", "200"]  # 40 steps: about 2 s of records, several scrapes; 200 in all
 
 
 def per_rank(text: str, metric: C.Metric, extra: str = "") -> Dict[int, float]:
@@ -93,6 +96,19 @@ def test_a_resume_without_optimizer_state_is_named_and_fires_the_jump_alert(agen
     assert latency < 30, latency
     assert not [k for k in seen if k.startswith("0:")], seen
     assert ratio[0] < 1.3 < ratio[1], ratio
+    # the run report: its ETA (200 steps in all, 80 done) and, at a price per GPU-hour, its cost
+    cfg = tmp_path / "cost.yml"
+    cfg.write_text("cost:\n  gpu_hour_price: 2.5\n  currency: USD\n")
+    out = tmp_path / "report"
+    rep = subprocess.run([sys.executable, "-m", "ranksight", "report", "--prometheus", s.prom_url, "--job", JOB,
+                          "--out", str(out), "--profile", "test", "--config", str(cfg)],
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    summary = json.loads((out / "report.json").read_text())["summary"]
+    assert summary["eta"] > 0 and summary["gpu_hours"] > 0 and summary["gpu_hours_to_finish"] > 0, summary
+    assert summary["cost_spent"] == pytest.approx(summary["gpu_hours"] * 2.5), summary
+    md = (out / "report.md").read_text()
+    assert "| ETA at the end |" in md and "| cost spent (USD) |" in md and "| cost to finish (USD) |" in md, md
 
 
 @pytest.mark.slow
