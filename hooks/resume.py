@@ -9,8 +9,9 @@ position (``lints.incomplete_checkpoint.checkpoint_anatomy`` reads it). Loading 
 reported: one before ``watch()``, one through ``torch.distributed.checkpoint.load`` or
 safetensors, or a checkpoint whose content is not a mapping.
 
-At a resume the watcher keeps its wall time and the restored step (the checkpoint's step counter,
-0 when it has none), sent with every step record as ``"resumed"`` and ``"rstep"``
+A framework callback reports its own resume (``mark(step)``: the trainer's global step at the start
+of training, past 0). At a resume the watcher keeps its wall time and the restored step (the
+checkpoint's step counter, 0 when it has none), sent with every step record as ``"resumed"`` and ``"rstep"``
 (``ranksight/record.py``), and calls its resume observers (``Watcher.add_resume_observer``) with
 a ``Resume``. The optimizer's ``load_state_dict`` calls are counted (``ResumeWatch.opt_loads``).
 
@@ -20,6 +21,7 @@ catches its exceptions (a hook error); the user's load and its result pass uncha
 """
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -74,17 +76,19 @@ def counters(obj: Mapping) -> tuple:
     """(step, epoch) of a checkpoint mapping: its top-level (or one level down) step counter and
     epoch, as ints (0 and None when absent)."""
     step, epoch = 0, None
-    for depth, m in enumerate((obj,) + tuple(v for v in list(obj.values())[:64] if isinstance(v, Mapping))):
-        for k, v in list(m.items())[:256]:
+    inner = tuple(v for v in itertools.islice(obj.values(), 64) if isinstance(v, Mapping))
+    for m in (obj,) + inner:
+        for k, v in itertools.islice(m.items(), 256):
             key = str(k).lower()
-            if depth and not (_STEP.match(key) or _EPOCH.match(key)):
+            is_step, is_epoch = _STEP.match(key) is not None, _EPOCH.match(key) is not None
+            if not (is_step or is_epoch):
                 continue
             n = _int(v)
             if n is None or n < 0:
                 continue
-            if _STEP.match(key) and not step:
+            if is_step and not step:
                 step = n
-            elif _EPOCH.match(key) and epoch is None:
+            elif is_epoch and epoch is None:
                 epoch = n
         if step and epoch is not None:
             break
@@ -179,6 +183,16 @@ class ResumeWatch:
     def attach_optimizer(self, opt: Any, handles: List[Any]) -> None:
         if hasattr(opt, "register_load_state_dict_post_hook"):
             handles.append(opt.register_load_state_dict_post_hook(_Hook(self._opt_loaded)))
+
+    def mark(self, step: int) -> None:
+        """A resume the hooks did not see but a framework reports (its trainer starts at ``step`` > 0,
+        restored from its own checkpoint): the step records carry it like a restore the hooks saw,
+        so the loss jump after it is judged. The resume observers are not called: the framework
+        restored its own objects, which the lints do not see. A restore already seen wins."""
+        with self._lock:
+            if self.last is None and step > 0:
+                self.last = Resume(time.time(), int(step), None)
+                self.resumes += 1
 
     def _opt_loaded(self, opt: Any) -> None:
         self.opt_loads += 1

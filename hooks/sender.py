@@ -311,11 +311,8 @@ class Background:
         state.update(herr=self.herr, hdrop=(self._tl.dropped if self._tl is not None else 0) + lr.dropped,
                      wrss=self._wrss, restart=self.identity.restart, fpt=self._fpt(), lnan=lr.nonfinite,
                      lnanstep=lr.first_bad, total=self.total_steps)
-        r = self.resumes.last
-        if r is not None:
-            state.update(resumed=int(r.at), rstep=r.step)
-        else:
-            state.update(resumed=0, rstep=self.resume_step)
+        r = self.resumes.last  # a checkpoint restore (hooks/resume.py)
+        state.update(resumed=int(r.at) if r is not None else 0, rstep=r.step if r is not None else 0)
         return state
 
     def _fpt(self) -> int:

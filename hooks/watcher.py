@@ -192,7 +192,6 @@ class Watcher(StepPath, Background, Closing):
         self.ckpt = Recorder(self._emit_ckpt, self._add_ckpt, self._set_phase, self._hook_error, self._main_tid)
         self.resumes = ResumeWatch(self._hook_error)  # checkpoint restores (hooks/resume.py)
         self.total_steps = settings.total_steps  # the run's length (0: unknown); watch(total_steps=), a callback
-        self.resume_step = 0  # the step a framework callback says training started from (no restore seen)
         self._dcp_patched = False
         self._install()
         # background thread: wakes TICK_SECONDS (or twice per heartbeat) to send, probe and print

@@ -101,7 +101,7 @@ LOSS_FIRST_NONFINITE_STEP = _m("loss_first_nonfinite_step", "gauge", "count", R,
                                "(0: none yet).")
 LAST_RESUME = _m("last_resume_timestamp_seconds", "gauge", "seconds", R,
                  "Wall time (Unix seconds) at which the rank's process restored its model from a checkpoint "
-                 "(hooks/resume.py); 0: no restore seen in this process.")
+                 "(hooks/resume.py), or its Trainer reported starting past step 0; 0: no resume in this process.")
 RESUME_STEP = _m("resume_step", "gauge", "count", R,
                  "The step the rank's process resumed from: the restored checkpoint's step counter, or the "
                  "framework's step at the start of training (0: none known).")

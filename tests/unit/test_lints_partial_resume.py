@@ -213,3 +213,27 @@ def test_recorded_v5_session_reports_the_resume_and_the_total():
     assert all(r["total"] == 18 for r in steps)
     assert all(r["resumed"] == 0 and r["rstep"] == 0 for r in first)
     assert all(r["resumed"] > 1.7e9 and r["rstep"] == 6 for r in second)
+
+
+def test_a_framework_resume_and_length_reach_the_step_records():
+    # what the HF and Lightning callbacks report at the start of training (integrations/_common.py)
+    from ranksight.integrations._common import run_length
+
+    m = nn.Linear(4, 2)
+    ranksight.watch(m, torch.optim.AdamW(m.parameters()), None, config=OFF)
+    w = active()
+    assert {k: w.step_state()[k] for k in ("resumed", "rstep", "total")} == {"resumed": 0, "rstep": 0, "total": 0}
+    run_length(w, float("inf"), -1)  # unknown: an unbounded Lightning run, no step
+    assert w.total_steps == 0 and w.resumes.last is None
+    run_length(w, 1200, 400)
+    st = w.step_state()
+    assert st["total"] == 1200 and st["rstep"] == 400 and st["resumed"] >= int(time.time()) - 5
+    run_length(w, 5000, 0)  # the first length stays (a declared one wins the same way)
+    assert w.step_state()["total"] == 1200 and w.herr == 0
+    ranksight.unwatch()
+    ranksight.watch(m, torch.optim.AdamW(m.parameters()), None, config=OFF, total_steps=300)
+    w = active()
+    run_length(w, 1200, 0)
+    w.set_total_steps("many")  # a bad value: one hook error, the value stays
+    assert w.step_state()["total"] == 300 and w.herr == 1
+    ranksight.unwatch()
