@@ -32,7 +32,8 @@ from ranksight import record  # noqa: E402
 IDENT = dict(job="train-llm-70b", rank=1023, lr=7, ws=1024, node="gpu-node-0127", pid=123456, sess=1234567890)
 
 
-ARMS = (("v2", (2, True)), ("v3", (3, False)), ("v3+detail", (3, True)), ("v4", (4, False)), ("v4+detail", (4, True)))
+ARMS = (("v2", (2, True)), ("v3", (3, False)), ("v3+detail", (3, True)), ("v4", (4, False)), ("v4+detail", (4, True)),
+        ("v5", (5, False)), ("v5+detail", (5, True)))
 
 
 def measure(steps: int, rounds: int = 21, reps: int = 200) -> Dict[str, Dict[str, float]]:

@@ -27,6 +27,7 @@ def node_board(cfg: Mapping[str, Any]) -> Board:
               "devices or nodes, or only the abnormal ones; select nodes with the $node variable to see theirs.",
               node_query=NODE_OF_AGENT)
     _gpu_rows(b, cfg, by)
+    _rank_memory_row(b, by)
     _pcie_row(b)
     _network_row(b, cfg, by)
     _rdma_row(b, cfg)
@@ -110,6 +111,19 @@ def _gpu_rows(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Entry]) -> None
            w=6),
     ]
 
+
+
+def _rank_memory_row(b: Board, by: Mapping[str, Entry]) -> None:
+    """Each rank's peak reserved CUDA memory against its GPU's total (RanksightMemoryNearOom)."""
+    near = by["memory-near-oom"]
+    who = "{{node}} rank {{rank}} ({{job}})"
+    rows = b.row("GPU memory of the ranks")
+    rows += [
+        ts(b.lay, "Peak reserved share of each rank's GPU",
+           signal_description(near, worst("ranks", "highest share", "select nodes with the $node variable (or a "
+                                          "rank with $rank) to see theirs")),
+           "percentunit", [Q(top(sel(R["mem_gpu_share"])), who)], threshold=Threshold(near.threshold, ">"), w=24),
+    ]
 
 
 def _pcie_row(b: Board) -> None:

@@ -129,7 +129,33 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
            [Q(top(rate(C.HOOK_ERRORS)), who + " errors"), Q(top(rate(C.HOOK_DROPPED_EVENTS)), who + " dropped")],
            w=8),
     ]
-    return _loss_row(b, cfg, by, who)
+    return _loss_row(_memory_peak_row(b, by, who), cfg, by, who)
+
+
+def _memory_peak_row(b: Board, by: Mapping[str, Any], who: str) -> Board:
+    """``b`` with the CUDA memory peaks row: each rank's peak allocated bytes with its job's peers' median, and
+    each rank's peak over that median (RanksightMemoryImbalance)."""
+    R = triage.REC
+    imb = by["memory-imbalance"]
+    rows = b.row("CUDA memory peaks")
+    rows += [
+        ts(b.lay, "Peak CUDA memory by rank",
+           "Each rank's peak allocated CUDA memory (the caching allocator's high-water mark over the last peak "
+           "windows, hooks.memory_peak_seconds: a tensor freed within its step still counts) and its peak "
+           "reserved memory, with the job's peers' median peak. Under data parallel the ranks draw one band; a "
+           "rank above it does work or holds data the others do not (rank 0's logging, checkpoint or "
+           "evaluation, a larger batch): when it rises (each step, at epoch ends, at checkpoint intervals) "
+           f"names what. Lines: the {K} ranks with the highest allocated peak, with their reserved peak; "
+           "select one with the $rank variable to see it alone.", "bytes",
+           [Q(top(sel(C.CUDA_ALLOCATED_PEAK)), who + " allocated peak"),
+            Q(f"{sel(C.CUDA_RESERVED_PEAK)} and on (job, rank) {top(sel(C.CUDA_ALLOCATED_PEAK))}",
+              who + " reserved peak"),
+            Q(sel(R["mem_peers"]), "{{job}} peers' median")], w=12),
+        ts(b.lay, "Memory imbalance by rank (peak / peers' median)",
+           signal_description(imb, worst("ranks")), "none",
+           [Q(top(sel(R["mem_imbalance"])), who)], threshold=Threshold(imb.threshold, ">"), min0=False, w=12),
+    ]
+    return b
 
 
 def _loss_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any], who: str) -> Board:

@@ -11,7 +11,10 @@ comm   collective time: the union of [launch, completion] of every collective th
        after the enqueue (a host-bound step's enqueue time is not communication), or before
        a synchronous call; the end in the future's ``then`` callback (the stream that waits
        on the work). Or from the NCCL Flight Recorder's ``duration_ms`` when
-       ``TORCH_NCCL_ENABLE_TIMING=1``. gloo DDP: DDP's reducer timer (``DDPStats``).
+       ``TORCH_NCCL_ENABLE_TIMING=1``: a sum of each collective's own duration, so collectives
+       that run at the same time on different streams (an async one on NCCL's stream beside a
+       synchronous one, which torch >= 2.7 runs on the current stream) count each, where the
+       events' union counts their overlap once. gloo DDP: DDP's reducer timer (``DDPStats``).
 
 xcomm  exposed (non-overlapped) communication: time the training thread could not
        compute because it waited for communication. It is the union of

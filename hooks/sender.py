@@ -14,6 +14,7 @@ import torch
 from ranksight import protocol
 
 from . import flops, forksafe, selfcheck, stack
+from .memory import FIELDS as MEMORY_FIELDS, AllocatorReader
 from .identity import Identity
 from .table import emit as table_emit, make_table
 from .timing import drain
@@ -38,9 +39,6 @@ HOLD_SECONDS = 1.0
 # step (``_layout.last``), are read from step_state().
 LAYOUT = protocol.LAYOUTS[protocol.VERSION]
 _DUR, _DATA, _COMM, _XCOMM, _CKPT = (LAYOUT.index[k] for k in ("dur", "data", "comm", "xcomm", "ckpt"))
-# the CUDA caching allocator's memory_stats() key of each field read from it
-CUDA_STATS = {"retries": "num_alloc_retries", "ooms": "num_ooms", "mres": "reserved_bytes.all.current",
-              "malloc": "allocated_bytes.all.current"}
 
 
 STEPS_PER_RECORD = protocol.STEPS_MAX  # at most this many steps per "steps" record (the agent's cap); a record
@@ -79,6 +77,8 @@ class Background:
     """The background thread's side of ``Watcher`` (a mixin: the state is set up in
     ``Watcher.__init__``). It takes queued records and sends them under ``_send_lock``."""
 
+    cuda_api: Any = None  # what the allocator's counters are read through (None: torch.cuda; tests: a stand-in)
+
     def _run(self) -> None:
         try:
             with forksafe.working():  # a fork waits for the start and each tick (see forksafe.py)
@@ -99,7 +99,8 @@ class Background:
         self._next_hb = _perf()
         self._last_sig: Tuple[Any, ...] = ()
         self._last_progress = _perf()
-        self._mem = dict.fromkeys(CUDA_STATS, 0)  # the allocator's stats, by field key
+        self._mem = dict.fromkeys(MEMORY_FIELDS, 0)  # the allocator's stats, by field key (hooks/memory.py)
+        self._alloc: Optional[AllocatorReader] = None
         self._wrss = 0
         self._next_wrss = 0.0
         now = _perf()
@@ -379,9 +380,14 @@ class Background:
             self.backend = self._backend()
 
     def _read_cuda_memory(self) -> None:
+        """The allocator's counters and peaks (host-side, no device sync; hooks/memory.py)."""
         try:
-            s = torch.cuda.memory_stats(self._tl.device)  # type: ignore[union-attr]
-            self._mem = {k: int(s.get(name, 0)) for k, name in CUDA_STATS.items()}
+            now = _perf()
+            r = self._alloc
+            if r is None or r.device != self._tl.device:  # type: ignore[union-attr]
+                r = self._alloc = AllocatorReader(self.cuda_api or torch.cuda, self._tl.device,  # type: ignore[union-attr]
+                                                  self.settings.memory_peak_seconds, now)
+            self._mem = r.read(now)
         except Exception as e:
             self._hook_error("CUDA memory stats", e)
 

@@ -159,8 +159,9 @@ class Settings:
     table_share_move: float
     stack_after_seconds: float  # no progress this long: send the main thread's stack (hooks/stack.py)
     stack_every_seconds: float
+    memory_peak_seconds: float  # the CUDA allocator's peak window (hooks/memory.py); 0: never reset
     protocol: int  # the datagram protocol version sent (ranksight.protocol.SENDABLE)
-    step_detail: bool  # "steps" records carry every per-step list (protocol 3 and 4; 2 always does)
+    step_detail: bool  # "steps" records carry every per-step list (protocol 3 to 5; 2 always does)
     tokens_per_sample: int  # 0: from the batch's token tensor (hooks/work.py)
     flops_per_token: int  # 0: estimated once from the model (hooks/flops.py)
     total_steps: int  # 0: unknown (watch(total_steps=) and the framework callbacks set Watcher.total_steps)

@@ -160,6 +160,13 @@ CUDA_ALLOC_RETRIES = _m("cuda_alloc_retries_total", "counter", "count", R,
 CUDA_OOMS = _m("cuda_ooms_total", "counter", "count", R, "CUDA out-of-memory errors seen by the allocator.")
 CUDA_RESERVED = _m("cuda_memory_reserved_bytes", "gauge", "bytes", R, "CUDA caching allocator reserved bytes.")
 CUDA_ALLOCATED = _m("cuda_memory_allocated_bytes", "gauge", "bytes", R, "CUDA caching allocator allocated bytes.")
+CUDA_ALLOCATED_PEAK = _m("cuda_memory_allocated_peak_bytes", "gauge", "bytes", R,
+                         "Highest CUDA caching allocator allocated bytes over the rank's last peak windows "
+                         "(hooks.memory_peak_seconds: the current and the previous window; read on the host, no "
+                         "device sync): a spike inside a step that current readings miss.")
+CUDA_RESERVED_PEAK = _m("cuda_memory_reserved_peak_bytes", "gauge", "bytes", R,
+                        "Highest CUDA caching allocator reserved bytes over the rank's last peak windows "
+                        "(hooks.memory_peak_seconds): what the rank held of its GPU at its worst.")
 HOOK_ERRORS = _m("hook_errors_total", "counter", "count", R, "Exceptions caught inside ranksight hooks.")
 HOOK_DROPPED_EVENTS = _m("hook_dropped_events_total", "counter", "count", R,
                          "GPU timing events dropped because the pending-event queue was full.")

@@ -55,6 +55,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "straggler_ratio": Opt(1.1, "RanksightStraggler: rank busy time / its peers' median busy time above this", 1, 100),
         "straggler_min_step_share": Opt(0.05, "RanksightStraggler: ... and the extra busy time is at least this share of the step", 0, 1),
         "alloc_retries_per_min": Opt(1.0, "RanksightCudaAllocRetries: allocator retries per minute above this", 0, 1e9),
+        "memory_imbalance_ratio": Opt(1.25, "RanksightMemoryImbalance: a rank's peak allocated CUDA memory / its "
+                                            "peers' median peak above this", 1, 100),
+        "memory_imbalance_min_bytes": Opt(1e9, "RanksightMemoryImbalance: ... and above it by at least this many "
+                                                "bytes", 0, 1e15),
+        "memory_near_oom_ratio": Opt(0.92, "RanksightMemoryNearOom: a rank's peak reserved CUDA memory / its GPU's "
+                                           "total memory above this", 0, 1),
         "step_creep_ratio": Opt(1.2, "RanksightCudaAllocRetries: (with retries) step p50 now / 1 h ago above this", 1, 100),
         "nic_min_speed_bytes": Opt(1.25e9, "reference line on the link-speed panels (bytes/s; 10 Gb/s); "
                                            "RanksightNicSpeedLow judges a NIC by its own best and its peers'", 0, 1e13),
@@ -104,6 +110,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "collective_desync": Opt("30s", "RanksightCollectiveDesync for:"),
         "straggler": Opt("10m", "RanksightStraggler for:"),
         "alloc_retries": Opt("15m", "RanksightCudaAllocRetries for:"),
+        "memory_imbalance": Opt("10m", "RanksightMemoryImbalance for:"),
+        "memory_near_oom": Opt("2m", "RanksightMemoryNearOom for:"),
         "nic_speed_low": Opt("5m", "RanksightNicSpeedLow for:"),
         "version_skew": Opt("5m", "RanksightVersionSkew for:"),
         "disk_filling": Opt("5m", "RanksightDiskFilling for:"),
@@ -194,6 +202,11 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "table_min_seconds": Opt(30.0, "... but at most one table per this many seconds (0: no limit)", 0, 1e9),
         "table_share_move": Opt(0.1, "... or sooner when a share of step time moved by this fraction since the "
                                      "last table (0: off)", 0, 1),
+        "memory_peak_seconds": Opt(30.0, "CUDA memory peaks (ranksight_cuda_memory_*_peak_bytes): the allocator's "
+                                         "peaks are reset every this many seconds and the gauge holds the higher "
+                                         "of the last two windows, so keep it at least the scrape interval (0: "
+                                         "never reset; the process's peak, and the training code's own "
+                                         "max_memory_allocated() readings keep their meaning)", 0, 1e6),
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "
                                    "(1: every one); the others are estimated from it", 1, 1e6),
@@ -205,8 +218,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                          "(RanksightRankStalled's place; half the agent's stall floor; 0: never)", 0, 1e6),
         "stack_every_seconds": Opt(5.0, "... again when it changes, at most this often", 0.1, 1e6),
         "protocol": Opt(5, "datagram protocol version the hooks send: 5, or 4 (3, 2) for node agents older than "
-                           "version 5 (4, 3): they reject newer ones; 4 carries no resume or total steps, 3 and 2 "
-                           "no samples or tokens", 2, 5),
+                           "version 5 (4, 3): they reject newer ones; 4 carries no memory peaks, resume or total "
+                           "steps, 3 and 2 no samples or tokens either", 2, 5),
         "tokens_per_sample": Opt(0, "tokens in one sample of a batch, for ranksight_tokens_total: 0 reads it from "
                                     "the batch's token tensor (input_ids, or its first integer tensor of 2+ "
                                     "dimensions); 1 for a model without a sequence (each sample one token)", 0, 1e9),

@@ -1,11 +1,11 @@
-"""The hooks -> agent datagram format (version 4; the agent also reads versions 1 to 3).
+"""The hooks -> agent datagram format (version 5; the agent also reads versions 1 to 4).
 Torch-free; shared by both sides.
 
 One datagram is one compact JSON object (UTF-8), at most ``MAX_DATAGRAM`` bytes.
 Every record carries the identity fields; ``t`` selects the record type:
 
 identity (all records)
-  v       int   protocol version: 4 (hooks send this unless hooks.protocol says 2 or 3); 1 to 3
+  v       int   protocol version: 5 (hooks send this unless hooks.protocol says 2 to 4); 1 to 4
                 are still accepted (see "Versions" below)
   t       str   "step" | "hb" | "bye" | "hello" | "ckpt" | "lint" | "stack"
   job     str   job name (<= 128 chars)
@@ -106,11 +106,11 @@ every version in ``ACCEPTED``: version 1 records have the old meaning (step reco
 the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry every per-step
 list, version 3 ones only "dur" and "first" unless asked for step detail; version 4 adds the
 step's work ("samples", "tokens") and the training loss ("loss", "lossn": their sums in the totals,
-their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); 5 a restore
-("resumed", "rstep": its time, step) and the run's length ("total"); other records are the same in 2 to 5.
-An unknown version is rejected and logged once, so an agent older than 5 rejects a version 5 sender: the
-hooks send the version ``hooks.protocol`` names (``SENDABLE``: 5 by default, 4, 3 or 2 for a fleet whose
-agents read at most that).
+their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); 5 the
+CUDA allocator's peaks ("mpeak", "mrpeak"), a restore ("resumed", "rstep": its time, step) and the run's
+length ("total"); other records are the same in 2 to 5. An unknown version is rejected and logged once,
+so an agent older than 5 rejects a version 5 sender: the hooks send the version ``hooks.protocol`` names
+(``SENDABLE``: 5 by default, 4, 3 or 2 for a fleet whose agents read at most that).
 """
 from __future__ import annotations
 

@@ -107,6 +107,11 @@ FIELDS: Tuple[Field, ...] = (
     Field("ooms", I, "count", CUMULATIVE, "CUDA out-of-memory errors", C.CUDA_OOMS),
     Field("mres", I, "bytes", CURRENT, "CUDA reserved bytes", C.CUDA_RESERVED),
     Field("malloc", I, "bytes", CURRENT, "CUDA allocated bytes", C.CUDA_ALLOCATED),
+    # the allocator's peaks (hooks/memory.py): read and reset on the background thread, never on the step path
+    Field("mpeak", I, "bytes", CURRENT, "CUDA allocated bytes' peak over the last peak windows (0 without CUDA)",
+          C.CUDA_ALLOCATED_PEAK, since=5),
+    Field("mrpeak", I, "bytes", CURRENT, "CUDA reserved bytes' peak over the last peak windows (0 without CUDA)",
+          C.CUDA_RESERVED_PEAK, since=5),
     Field("herr", I, "count", CUMULATIVE, "hook errors", C.HOOK_ERRORS),
     Field("hdrop", I, "count", CUMULATIVE, "dropped GPU timing events", C.HOOK_DROPPED_EVENTS),
     Field("wrss", I, "bytes", CURRENT, "DataLoader workers' total RSS (0 without workers)", C.DATALOADER_WORKERS_RSS),

@@ -10,7 +10,9 @@ and the sync debug mode is process-wide):
                   explicit synchronous all_reduce and an async all_gather_into_tensor + wait
                   (the hooks' wrapped collectives and Work.wait)
   ddp_ws1         DistributedDataParallel, world size 1 (the hooks' DDP comm hook)
-  comm_fr         DDP ws1 + large out-of-place collectives, TORCH_NCCL_ENABLE_TIMING=1 and
+  comm_fr         DDP ws1 + large out-of-place collectives, one after the other (an async
+                  all_gather_into_tensor waited for, then a synchronous reduce_scatter_tensor),
+                  TORCH_NCCL_ENABLE_TIMING=1 and
                   TORCH_NCCL_TRACE_BUFFER_SIZE=2000: collective time from the Flight Recorder
   comm_events     the same workload without the Flight Recorder: collective time from the
                   hooks' CUDA events (launch -> completion callback)
@@ -85,10 +87,14 @@ def fr_window(dump: Optional[Dict[str, Any]], t0_ns: int, t1_ns: int) -> Dict[st
     sel = [e for e in entries if t0_ns <= int(e.get("time_created_ns") or 0) <= t1_ns]
     durs = [e["duration_ms"] / 1e3 for e in sel if e.get("duration_ms") is not None]
     names: Dict[str, int] = {}
+    sums: Dict[str, float] = {}
     for e in sel:
-        names[e.get("profiling_name", "?")] = names.get(e.get("profiling_name", "?"), 0) + 1
+        n = e.get("profiling_name", "?")
+        names[n] = names.get(n, 0) + 1
+        if e.get("duration_ms") is not None:
+            sums[n] = sums.get(n, 0.0) + e["duration_ms"] / 1e3
     return {"available": True, "entries_total": len(entries), "entries_window": len(sel),
-            "with_duration": len(durs), "sum_s": sum(durs), "by_name": names,
+            "with_duration": len(durs), "sum_s": sum(durs), "by_name": names, "sum_s_by_name": sums,
             "states": sorted({str(e.get("state")) for e in sel})}
 
 
@@ -203,9 +209,13 @@ def _between(name: str, torch: Any, dist: Any, dev: Any, small_n: int, big_n: in
         rs_out = torch.empty_like(big)
 
         def between() -> None:
+            # The gather completes before the reduce-scatter starts. A synchronous collective runs
+            # on the current stream (torch >= 2.7), an async one on NCCL's: issued back to back they
+            # overlap on the GPU, the Flight Recorder's durations count the overlap twice while the
+            # hooks' union counts it once (measured on an H100: 0.557 against 0.387 ms a step).
             work = dist.all_gather_into_tensor(big_out, big, async_op=True)
-            dist.reduce_scatter_tensor(rs_out, big)
             work.wait()
+            dist.reduce_scatter_tensor(rs_out, big)
         return between
     return None
 

@@ -276,6 +276,14 @@ class Model:
         nz = self._noise("malloc", v, 0.02)
         return {(): self._fmt_int([58.0e9 * (1 + e) for e in nz])}
 
+    def _v_cuda_memory_allocated_peak_bytes(self, m, profile, v):
+        nz = self._noise("mpeak", v, 0.01)
+        return {(): self._fmt_int([66.0e9 * (1 + e) for e in nz])}
+
+    def _v_cuda_memory_reserved_peak_bytes(self, m, profile, v):
+        nz = self._noise("mrpeak", v, 0.002)
+        return {(): self._fmt_int([72.0e9 * (1 + e) for e in nz])}
+
     def _v_dataloader_workers_rss_bytes(self, m, profile, v):
         return {(): self._const(str(int(6.4e9 + 1e8 * v)), self.T)}
 

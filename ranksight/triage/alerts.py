@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 from .. import catalog as C
 from . import efficiency as _efficiency
 from . import goodput as _goodput
+from . import memory as _memory
 from ..config import duration_seconds
 from .lints import lint_entries
 from .model import (DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
@@ -48,12 +49,12 @@ RANK_SCOPE = ("job", "node", "rank")
 
 def table(cfg: Mapping[str, Any]) -> List[Entry]:
     """Every entry in table order: the six signals, the MFU alerts (efficiency.py), the causes of a
-    rank, the hardware causes, the training loss, the stack's own health, the lints, then goodput
+    rank, its CUDA memory (memory.py), the hardware causes, the training loss, the stack's own health, the lints, then goodput
     and the step-time baseline."""
     base = dict(cfg.get("alerting") or {}).get("runbook_base_url") or RUNBOOK_BASE
     six = _step_signals(cfg) + _progress_signals(cfg)
-    entries = (six + _efficiency.entries(cfg, six) + _rank_causes(cfg) + _hardware_causes(cfg) + _loss_signals(cfg)
-               + _stack_health(cfg))
+    entries = (six + _efficiency.entries(cfg, six) + _rank_causes(cfg) + _memory.entries(cfg) + _hardware_causes(cfg)
+               + _loss_signals(cfg) + _stack_health(cfg))
     entries += lint_entries(cfg)
     entries = _goodput.with_goodput_inhibitions(entries + _goodput.entries(cfg))
     if base != RUNBOOK_BASE:

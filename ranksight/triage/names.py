@@ -49,6 +49,12 @@ REC = {
     "tokens": "rank:ranksight_tokens:rate",
     "b2o": "rank:ranksight_backward_to_optimizer_seconds:mean_rate",
     "alloc_retries": "rank:ranksight_cuda_alloc_retries:per_minute_rate",
+    # CUDA memory (memory.py): the job's peers' median of the ranks' peak allocated bytes (the job's
+    # median without its highest rank), each rank's peak over it, and each rank's peak reserved bytes
+    # over its GPU's total memory
+    "mem_peers": "job:ranksight_cuda_memory_allocated_peak_bytes:peer_median",
+    "mem_imbalance": "rank:ranksight_cuda_memory_allocated_peak:peer_ratio",
+    "mem_gpu_share": "rank:ranksight_cuda_memory_reserved_peak:gpu_ratio",
     "ckpt_age": "rank:ranksight_checkpoint_age:seconds",
     # the training loss (ranksight.loss): each rank's mean over the short window, over the long
     # window before it, their ratio, and the job's spread of the short means (highest / lowest)

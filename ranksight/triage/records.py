@@ -10,6 +10,7 @@ from ..config import duration_seconds
 from ..record import FIELDS
 from . import efficiency as _efficiency
 from . import goodput as _goodput
+from . import memory as _memory
 from .model import RDMA_TRAFFIC, THROTTLE_SHOWN, Recording
 from .names import GROUP_INPUTS, RANK_BY, REC, RULE_GROUPS  # noqa: F401 (public here)
 
@@ -134,7 +135,7 @@ def _rank_state_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["ranks_up"], f"sum by (job) ({C.RANK_UP})"),
         Recording(REC["ranks"], f"count by (job) ({C.RANK_UP})"),
     ]
-    return state + _loss_rules(cfg)
+    return state + _memory.recording_rules() + _loss_rules(cfg)
 
 
 def _loss_rules(cfg: Mapping[str, Any]) -> List[Recording]:

@@ -55,7 +55,10 @@ def test_flight_recorder_agrees_with_event_timing(scenario, gpu_results):
     """Two clocks for the same collectives on a GPU-bound step: NCCL's start/end events (the
     Flight Recorder, read from its dump) and the hooks' events. (At world size 1 NCCL launches no
     kernel for the in-place bucket all-reduces, so the profiler shows only the 256 MiB copy on the
-    NCCL stream: recorded, not compared; the kernel comparison needs 2+ GPUs (bench/multigpu).)"""
+    NCCL stream: recorded, not compared; the kernel comparison needs 2+ GPUs (bench/multigpu).)
+    The workload's two large collectives run one after the other: the recorder sums each
+    collective's duration, the events unite them, and the two agree only where they do not overlap
+    (hooks/comm.py)."""
     fr = scenario("comm_fr", W.GPU_BOUND_BATCH)
     ev = scenario("comm_events", W.GPU_BOUND_BATCH)
     assert ev["sync_debug_errors"] == [] and ev["hook_errors"] == 0
