@@ -155,7 +155,7 @@ def _loss_rules(cfg: Mapping[str, Any]) -> List[Recording]:
 def recent_resume(cfg: Mapping[str, Any]) -> str:
     """The ranks whose process restored a checkpoint within ``windows.loss_resume``."""
     hold = duration_seconds(cfg["windows"]["loss_resume"])
-    return f"({C.LAST_RESUME} > 0 and {C.LAST_RESUME} > time() - {hold:g})"
+    return f"(time() - {C.LAST_RESUME} < {hold:g})"  # a rank without a restore reports 0: never recent
 
 
 def _resume_rules(cfg: Mapping[str, Any]) -> List[Recording]:
