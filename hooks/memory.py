@@ -10,8 +10,11 @@ on the background thread, once per heartbeat (``hooks.heartbeat_seconds``), neve
 own peak would be overwritten by the next record's before a scrape saw it (the agent exposes the
 last reading of a current field as a gauge).
 
-A peak is the highest value since the allocator's last peak reset. The reader resets the peaks
-every ``hooks.memory_peak_seconds`` and reports the larger of the peak of the window just closed
+A peak is the highest value since the allocator's last peak reset. By default
+(``hooks.memory_peak_seconds`` 0) the reader never resets: the gauge is the process's high-water
+mark, which is what memory imbalance and near-OOM compare, and the training code's own peak
+readings are left alone. With a window, the reader resets the peaks every
+``hooks.memory_peak_seconds`` and reports the larger of the peak of the window just closed
 and the peak of the current one: a spike inside any step (a temporary tensor freed before the step
 ends, rank 0's checkpoint or evaluation buffers) stays in the gauge for at least one whole window,
 so a scrape at least that frequent sees it. 0 never resets: the gauge is the process's peak, and

@@ -161,12 +161,12 @@ CUDA_OOMS = _m("cuda_ooms_total", "counter", "count", R, "CUDA out-of-memory err
 CUDA_RESERVED = _m("cuda_memory_reserved_bytes", "gauge", "bytes", R, "CUDA caching allocator reserved bytes.")
 CUDA_ALLOCATED = _m("cuda_memory_allocated_bytes", "gauge", "bytes", R, "CUDA caching allocator allocated bytes.")
 CUDA_ALLOCATED_PEAK = _m("cuda_memory_allocated_peak_bytes", "gauge", "bytes", R,
-                         "Highest CUDA caching allocator allocated bytes over the rank's last peak windows "
-                         "(hooks.memory_peak_seconds: the current and the previous window; read on the host, no "
+                         "Highest CUDA caching allocator allocated bytes of the rank: the process's high-water mark, or "
+                         "over its last two peak windows with hooks.memory_peak_seconds set (read on the host, no "
                          "device sync): a spike inside a step that current readings miss.")
 CUDA_RESERVED_PEAK = _m("cuda_memory_reserved_peak_bytes", "gauge", "bytes", R,
-                        "Highest CUDA caching allocator reserved bytes over the rank's last peak windows "
-                        "(hooks.memory_peak_seconds): what the rank held of its GPU at its worst.")
+                        "Highest CUDA caching allocator reserved bytes of the rank (the high-water mark, or its last "
+                        "two peak windows: hooks.memory_peak_seconds): what the rank held of its GPU at its worst.")
 HOOK_ERRORS = _m("hook_errors_total", "counter", "count", R, "Exceptions caught inside ranksight hooks.")
 HOOK_DROPPED_EVENTS = _m("hook_dropped_events_total", "counter", "count", R,
                          "GPU timing events dropped because the pending-event queue was full.")

@@ -202,11 +202,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "table_min_seconds": Opt(30.0, "... but at most one table per this many seconds (0: no limit)", 0, 1e9),
         "table_share_move": Opt(0.1, "... or sooner when a share of step time moved by this fraction since the "
                                      "last table (0: off)", 0, 1),
-        "memory_peak_seconds": Opt(30.0, "CUDA memory peaks (ranksight_cuda_memory_*_peak_bytes): the allocator's "
-                                         "peaks are reset every this many seconds and the gauge holds the higher "
-                                         "of the last two windows, so keep it at least the scrape interval (0: "
-                                         "never reset; the process's peak, and the training code's own "
-                                         "max_memory_allocated() readings keep their meaning)", 0, 1e6),
+        "memory_peak_seconds": Opt(0.0, "CUDA memory peaks (ranksight_cuda_memory_*_peak_bytes): 0 (default) never "
+                                        "resets the allocator's peaks, so the gauge is the process's high-water mark "
+                                        "and the training code's own max_memory_allocated() keeps its meaning; N > 0 "
+                                        "resets them every N seconds and the gauge holds the higher of the last two "
+                                        "windows (keep N at least the scrape interval), at the cost of the training "
+                                        "code's own peak readings covering only the time since the last reset", 0, 1e6),
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "
                                    "(1: every one); the others are estimated from it", 1, 1e6),
