@@ -193,8 +193,9 @@ def _pipeline_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any]) -> Bo
 
 def _loss_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any], who: str) -> Board:
     """``b`` with the training loss row (ranksight.loss): each rank's mean, its spike ratio, its first
-    non-finite step."""
+    non-finite step, its loss after a checkpoint restore against before the restart."""
     spike, spread, nonfinite = by["loss-spike"], by["loss-divergence"], by["loss-nonfinite"]
+    jump = by["loss-jump-after-resume"]
     R, t = triage.REC, cfg["thresholds"]
     rows = b.row("Training loss")
     rows += [
@@ -215,5 +216,12 @@ def _loss_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any], who: str)
            "once; the earliest step names the rank it started on: under data parallel the all-reduce brings "
            "the NaN to every rank a step later. " + worst("ranks", "highest step"), "none",
            [Q(top(f"{sel(C.LOSS_FIRST_NONFINITE_STEP)} > 0"), who)], w=8, abnormal=True),
+        # exists only for windows.loss_resume after a rank's checkpoint restore, once a mean before it is known
+        ts(b.lay, "Loss after a resume",
+           signal_description(jump, worst("ranks")) + " Drawn for each rank for windows.loss_resume "
+           f"({cfg['windows']['loss_resume']}) after its checkpoint restore: 1 is a resume that continues "
+           "where the run stopped.", "none",
+           [Q(top(sel(R["loss_resume_jump"])), who)], threshold=Threshold(jump.threshold, ">"),
+           min0=False, w=8, abnormal=True),
     ]
     return b

@@ -145,6 +145,7 @@ def triage_board(cfg: Mapping[str, Any]) -> Board:
         panels += [_signal_panel(b.lay, e) for e in entries]
         panels += _extra_signal_panels(b.lay, order, t)
     _efficiency_row(b, cfg)
+    _progress_row(b, cfg)
     _actions_row(b)
     return b
 
@@ -214,6 +215,45 @@ def _efficiency_row(b: Board, cfg: Mapping[str, Any]) -> None:
             Q(f"quantile by (job) (0.5, {flops})", "{{job}} median"),
             Q(f"max by (job) ({sel(R['rank_peak'])})", "{{job}} peak")], w=5),
     ]
+
+
+# Grafana's currency units; another currency is shown as a plain number with its code in the title
+_CURRENCIES = ("USD", "GBP", "EUR", "JPY", "CHF", "INR", "KRW", "BRL", "SEK", "NOK", "DKK", "PLN", "CZK", "ZAR")
+
+
+def _progress_row(b: Board, cfg: Mapping[str, Any]) -> None:
+    """After Efficiency: when the run ends at its current step rate, the GPU-hours it took and will
+    take, and their cost at ``cost.gpu_hour_price`` (those two panels only when a price is set)."""
+    R = triage.REC
+    cost = cfg["cost"]
+    total = ("The run's total steps come from watch(total_steps=), hooks.total_steps or the framework "
+             "(Hugging Face Trainer max_steps, Lightning max_steps or estimated_stepping_batches); a job "
+             "that declares none has no ETA.")
+    gpu_hours = ("One GPU per rank: spent is the ranks' wall time since their first process started "
+                 "(restarts included), to finish the ranks up times the ETA.")
+    panels = b.row("Progress")
+    panels += [
+        stat_panel(b.lay, "ETA",
+                   f"Time left for each job at its current step rate: its slowest rank's steps left (the total, less "
+                   f"the step it resumed from and the steps since) over that rank's steps per second. {total} "
+                   "If it grows, the step rate fell: the rows above say why.", "s",
+                   [Q(sel(R["eta"]), "{{job}}")], w=6),
+        stat_panel(b.lay, "GPU-hours spent and to finish", f"Each job's GPU-hours so far and to its end. {gpu_hours}",
+                   "short", [Q(sel(R["gpu_hours"]), "{{job}} spent"),
+                             Q(sel(R["gpu_hours_to_finish"]), "{{job}} to finish")], w=6),
+    ]
+    price = float(cost["gpu_hour_price"])
+    if price > 0:
+        cur = str(cost["currency"])
+        unit = f"currency{cur}" if cur in _CURRENCIES else "short"
+        panels += [
+            stat_panel(b.lay, f"Cost spent ({cur})",
+                       f"Each job's GPU-hours so far at {price:g} {cur} a GPU-hour (cost.gpu_hour_price). {gpu_hours}",
+                       unit, [Q(sel(R["cost_spent"]), "{{job}}")], w=6),
+            stat_panel(b.lay, f"Cost to finish ({cur})",
+                       f"Each job's GPU-hours to its end at {price:g} {cur} a GPU-hour, at its current step rate. "
+                       f"{total}", unit, [Q(sel(R["cost_to_finish"]), "{{job}}")], w=6),
+        ]
 
 
 def _goodput_row(b: Board, cfg: Mapping[str, Any]) -> None:

@@ -238,9 +238,10 @@ def main(argv: Optional[list] = None) -> int:
         optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10_000)
+    planned = args.steps or 10_000  # the run's length: the schedule's, and its ETA's (total_steps)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=planned)
 
-    loader = ranksight.watch(model, optimizer, loader)  # ranksight line 2 of 2
+    loader = ranksight.watch(model, optimizer, loader, total_steps=planned)  # ranksight line 2 of 2
 
     device_s = args.device_ms / 1000
     extra = (ExtraCompute(copy.deepcopy(model.module), args.straggler_extra, device_s)

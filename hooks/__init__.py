@@ -25,14 +25,16 @@ from .watcher import watch as _watch
 
 
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
-          agent: Optional[str] = None, discover: bool = True) -> WatchedLoader:
+          agent: Optional[str] = None, discover: bool = True, total_steps: Optional[int] = None) -> WatchedLoader:
     """``watcher.watch``; a DeepSpeed engine as ``model`` is watched through the engine
     (``deepspeed_engine.watch``), a pipeline schedule or stage through its stages (``pipeline.watch``)."""
     if model is not None and _deepspeed.is_engine(model):
-        return _deepspeed.watch(model, optimizer, loader, config=config, agent=agent, discover=discover)
+        return _deepspeed.watch(model, optimizer, loader, config=config, agent=agent, discover=discover,
+                                total_steps=total_steps)
     if model is not None and _pipeline.is_pipeline(model):
-        return _pipeline.watch(model, optimizer, loader, config=config, agent=agent, discover=discover)
-    return _watch(model, optimizer, loader, config=config, agent=agent, discover=discover)
+        return _pipeline.watch(model, optimizer, loader, config=config, agent=agent, discover=discover,
+                               total_steps=total_steps)
+    return _watch(model, optimizer, loader, config=config, agent=agent, discover=discover, total_steps=total_steps)
 
 
 __all__ = ["watch", "unwatch", "loss", "checkpoint_timer", "atomic_save", "current", "Watcher", "WatchedLoader"]

@@ -24,6 +24,7 @@ def _forked_child() -> None:
         w._active = False
         w.comm.active = False
         w.ckpt.active = False
+        w.resumes.active = False
         w._closed = True  # its threads are not here; close() in the child must not touch the parent's agent
     _ACTIVE.clear()
 

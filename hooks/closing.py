@@ -102,6 +102,7 @@ class Closing:
         self._active = False
         self.comm.active = False
         self.ckpt.active = False
+        self.resumes.active = False
         for h in self._handles:
             try:
                 h.remove()

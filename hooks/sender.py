@@ -311,7 +311,10 @@ class Background:
         lr = self.losses
         state.update(herr=self.herr, hdrop=(self._tl.dropped if self._tl is not None else 0) + lr.dropped,
                      wrss=self._wrss, restart=self.identity.restart, fpt=self._fpt(), lnan=lr.nonfinite,
-                     lnanstep=lr.first_bad, pstage=self._pipe[0], pstages=self._pipe[1], pmb=self._pipe[2])
+                     lnanstep=lr.first_bad, pstage=self._pipe[0], pstages=self._pipe[1], pmb=self._pipe[2],
+                     total=self.total_steps)
+        r = self.resumes.last  # a checkpoint restore (hooks/resume.py)
+        state.update(resumed=int(r.at) if r is not None else 0, rstep=r.step if r is not None else 0)
         return state
 
     def _fpt(self) -> int:

@@ -164,6 +164,7 @@ class Settings:
     step_detail: bool  # "steps" records carry every per-step list (protocol 3 to 5; 2 always does)
     tokens_per_sample: int  # 0: from the batch's token tensor (hooks/work.py)
     flops_per_token: int  # 0: estimated once from the model (hooks/flops.py)
+    total_steps: int  # 0: unknown (watch(total_steps=) and the framework callbacks set Watcher.total_steps)
 
 
 def load_settings(config: Any = None, agent: Optional[str] = None) -> Settings:

@@ -38,7 +38,7 @@ reach the training loop.
 
 Patched while watched, restored by ``unwatch()``: ``torch.autograd.backward``, the
 ``torch.distributed`` collectives and ``Work.wait`` (``comm.py``), ``torch.save`` and the
-``torch.distributed.checkpoint`` saves (``checkpoint.py``). A CUDA DDP model gets a comm hook
+``torch.distributed.checkpoint`` saves (``checkpoint.py``), ``torch.load`` (``resume.py``). A CUDA DDP model gets a comm hook
 (the default all-reduce, timed); DDP cannot remove a comm hook, so after ``unwatch()`` it stays
 as a plain pass-through all-reduce.
 """
@@ -61,6 +61,7 @@ from ranksight.totals import Totals
 
 from .active_watch import _ACTIVE, active
 from .checkpoint import CheckpointTimer, Recorder, atomic_write
+from .resume import Resume, ResumeWatch  # noqa: F401 (public here)
 from .closing import (BYE_COPIES, CLOSE_GPU_MAX, CLOSE_GPU_WAIT, JOIN_SECONDS, SEND_LOCK_WAIT,  # noqa: F401 (public here)
                       Closing)
 from .comm import CommTracker, FlightRecorder
@@ -96,7 +97,8 @@ class Watcher(StepPath, Background, Closing):
 
     ``model``, ``optimizer``, ``loader`` (the user's objects), ``process_group`` (the default
     group or None), ``identity``, ``settings``, ``stats()``, ``send_lint(id, active, msg)``,
-    ``add_checkpoint_observer(fn)`` (``fn(src, obj, path)``), ``add_epoch_observer(fn)``
+    ``add_checkpoint_observer(fn)`` (``fn(src, obj, path)``), ``add_resume_observer(fn)``
+    (``fn(resume)``, a checkpoint restore, ``hooks/resume.py``), ``add_epoch_observer(fn)``
     (``fn(loader)`` when an iteration over the loader starts), ``add_periodic(fn, seconds)``
     (runs on the background thread), ``add_close_callback(fn)`` (runs once in ``close()``),
     ``close()``. ``watch()`` calls ``ranksight.hooks.lints.attach(watcher)`` when that module exists.
@@ -193,6 +195,8 @@ class Watcher(StepPath, Background, Closing):
         self._fr_on = False
         self.comm = CommTracker(self._hook_error, self._main_tid, self._tl, comm_events=True)
         self.ckpt = Recorder(self._emit_ckpt, self._add_ckpt, self._set_phase, self._hook_error, self._main_tid)
+        self.resumes = ResumeWatch(self._hook_error)  # checkpoint restores (hooks/resume.py)
+        self.total_steps = settings.total_steps  # the run's length (0: unknown); watch(total_steps=), a callback
         self._dcp_patched = False
         self._install()
         # background thread: wakes TICK_SECONDS (or twice per heartbeat) to send, probe and print
@@ -241,6 +245,7 @@ class Watcher(StepPath, Background, Closing):
             else:
                 self._handles.append(opt.register_step_pre_hook(self._opt_pre))
                 self._handles.append(opt.register_step_post_hook(self._opt_post))
+            self.resumes.attach_optimizer(opt, self._handles)
         elif self.discovery is None:
             log.warning("ranksight: watch() got no optimizer; a step is one optimizer step, so no step records")
         if model is not None or opt is not None or self.discovery is not None:
@@ -259,6 +264,7 @@ class Watcher(StepPath, Background, Closing):
         if self.settings.patch_torch_save:
             try:
                 self.ckpt.install(self._patcher)
+                self.resumes.install(self._patcher)
                 self._dcp_patched = self._patcher.patched(sys.modules.get("torch.distributed.checkpoint"), "save")
             except Exception as e:
                 self._hook_error("checkpoint setup", e)
@@ -274,6 +280,10 @@ class Watcher(StepPath, Background, Closing):
                 self._tl = CudaTimeline(torch, dev, self.settings.max_pending_events)
                 self.comm.timeline = self._tl
                 self.comm.comm_events = not self._fr_on
+        try:
+            self.resumes.attach_model(model, self._handles)
+        except Exception as e:
+            self._hook_error("resume setup", e)
         if not hasattr(model, "register_forward_pre_hook"):
             log.warning("ranksight: the model is not an nn.Module; forward/backward are not timed")
         elif self._forward_hooks:
@@ -332,6 +342,22 @@ class Watcher(StepPath, Background, Closing):
     def add_checkpoint_observer(self, fn: Callable[[str, Any, Optional[str]], None]) -> None:
         self.ckpt.observers.append(fn)
 
+    def set_total_steps(self, n: Any) -> None:
+        """The run's total optimizer steps (a positive whole number; anything else leaves it as it
+        is, with one warning). Sent with each step record as ``"total"``. Never raises."""
+        try:
+            v = int(n)
+            if v != n or v <= 0 or v > 10 ** 15:
+                raise ValueError(f"expected a positive whole number, got {n!r}")
+            self.total_steps = v
+        except Exception as e:
+            self._hook_error("total_steps", e)
+
+    def add_resume_observer(self, fn: Callable[[Resume], None]) -> None:
+        """``fn(resume)`` on the loading thread when the watched model is restored from a
+        checkpoint (``hooks/resume.py``)."""
+        self.resumes.observers.append(fn)
+
     def add_epoch_observer(self, fn: Callable[[Any], None]) -> None:
         self._epoch_observers.append(fn)
 
@@ -361,7 +387,7 @@ class Watcher(StepPath, Background, Closing):
 
 # ------------------------------------------------------------------------------ the API
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
-          agent: Optional[str] = None, discover: bool = True) -> WatchedLoader:
+          agent: Optional[str] = None, discover: bool = True, total_steps: Optional[int] = None) -> WatchedLoader:
     """Start timing ``model``/``optimizer``/``loader``; returns the loader to iterate.
 
     What is not given is found (``discover``, see ``auto.py``): every optimizer through PyTorch's
@@ -370,14 +396,17 @@ def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
     loader or model is the only one timed. ``ranksight.watch()`` alone finds all three.
     ``config``: a config path (default ``RANKSIGHT_CONFIG``) or a dict with a "hooks" section.
     ``agent``: overrides ``RANKSIGHT_AGENT`` / ``hooks.agent`` (``udp://host:port``,
-    ``unix:///path`` or ``off``). A second ``watch()`` replaces the first.
+    ``unix:///path`` or ``off``). ``total_steps``: the optimizer steps the whole run is to take,
+    across restarts (over ``hooks.total_steps``), for its ETA and cost. A second ``watch()``
+    replaces the first.
     """
-    w = start(model, optimizer, loader, config=config, agent=agent, discover=discover)
+    w = start(model, optimizer, loader, config=config, agent=agent, discover=discover, total_steps=total_steps)
     return WatchedLoader(loader, w)
 
 
 def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
-          agent: Optional[str] = None, discover: bool = True, forward_hooks: bool = True) -> Optional[Watcher]:
+          agent: Optional[str] = None, discover: bool = True, forward_hooks: bool = True,
+          total_steps: Optional[int] = None) -> Optional[Watcher]:
     """``watch()`` for framework integrations: returns the Watcher (None when the hooks could not
     start). ``forward_hooks=False``: the caller drives ``_fwd_pre``/``_fwd_post`` (a framework's
     batch callbacks) instead of the model's forward hooks."""
@@ -389,6 +418,8 @@ def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
         settings = load_settings(config, agent)
         w = Watcher(model, optimizer, loader, settings, discover=discover, forward_hooks=forward_hooks)
         w.config_source = config  # the lints (ranksight.hooks.lints) read their section from the same config
+        if total_steps is not None:
+            w.set_total_steps(total_steps)
     except Exception as e:  # never stop training because the hooks could not start
         log.warning("ranksight: cannot start the hooks (%s: %s); training continues unwatched",
                     type(e).__name__, e)

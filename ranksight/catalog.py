@@ -121,6 +121,15 @@ PIPELINE_MICROBATCHES = _m("pipeline_microbatches", "gauge", "count", R,
                            "Micro-batch forwards the rank's stages run per schedule step: the schedule's "
                            "micro-batches times the rank's stages (m, or v*m interleaved). The ideal bubble "
                            "share is (p-1)/(this+p-1).")
+LAST_RESUME = _m("last_resume_timestamp_seconds", "gauge", "seconds", R,
+                 "Wall time (Unix seconds) at which the rank's process restored its model from a checkpoint "
+                 "(hooks/resume.py), or its Trainer reported starting past step 0; 0: no resume in this process.")
+RESUME_STEP = _m("resume_step", "gauge", "count", R,
+                 "The step the rank's process resumed from: the restored checkpoint's step counter, or the "
+                 "framework's step at the start of training (0: none known).")
+TOTAL_STEPS = _m("total_steps", "gauge", "count", R,
+                 "The optimizer steps the whole run is to take, across restarts: watch(total_steps=), "
+                 "hooks.total_steps or the framework's (Trainer max_steps); 0: unknown.")
 STEP_SECONDS = _m("step_seconds_total", "counter", "seconds", R, "Sum of step durations.")
 DATALOADER_WAIT = _m("dataloader_wait_seconds_total", "counter", "seconds", R,
                      "Time the training loop spent waiting in next() on the data loader.")
@@ -330,9 +339,11 @@ LINT_UNEVEN_LAST_BATCH = "uneven_last_batch"
 LINT_INCOMPLETE_CHECKPOINT = "incomplete_checkpoint"
 LINT_GLOBAL_BATCH_LR = "global_batch_lr"
 LINT_DISK_HEADROOM = "disk_headroom"
+LINT_PARTIAL_RESUME = "partial_resume"
 LINT_IDS: Tuple[str, ...] = (LINT_IO_AMPLIFICATION, LINT_SAMPLER_EPOCH, LINT_RANK_DISAGREEMENT,
                              LINT_DATALOADER_WORKERS_RSS, LINT_NUMA_BINDING, LINT_UNEVEN_LAST_BATCH,
-                             LINT_INCOMPLETE_CHECKPOINT, LINT_GLOBAL_BATCH_LR, LINT_DISK_HEADROOM)
+                             LINT_INCOMPLETE_CHECKPOINT, LINT_GLOBAL_BATCH_LR, LINT_DISK_HEADROOM,
+                             LINT_PARTIAL_RESUME)
 
 # ---------------------------------------------------------------- exporter label values: every value the agent's
 # own labels take, spelled once (exporter/, ranksight/protocol.py and the tools use these).

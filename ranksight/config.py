@@ -97,6 +97,11 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                      "the windows.loss_long before it, above this", 1, 1e6),
         "loss_divergence_ratio": Opt(1.5, "RanksightLossDivergence: the job's highest / lowest rank mean loss over "
                                           "windows.loss_short, above this", 1, 1e6),
+        "loss_resume_jump_ratio": Opt(1.3, "RanksightLossJumpAfterResume: a rank's mean loss since its checkpoint "
+                                           "restore / its mean over windows.loss_short before the restart, above "
+                                           "this", 1, 1e6),
+        "loss_resume_min_readings": Opt(10, "RanksightLossJumpAfterResume: ... once the rank recorded at least this "
+                                            "many finite losses since the restore", 1, 1e9),
         "goodput_floor": Opt(0.8, "RanksightGoodputLow: the job's goodput (productive share of its wall time) below this", 0, 1),
     },
     "durations": {  # `for:` of each alert
@@ -133,6 +138,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "loss_nonfinite": Opt("0m", "RanksightLossNonFinite for:"),
         "loss_spike": Opt("5m", "RanksightLossSpike for:"),
         "loss_divergence": Opt("10m", "RanksightLossDivergence for:"),
+        "loss_resume_jump": Opt("1m", "RanksightLossJumpAfterResume for:"),
         "baseline_rule_interval": Opt("5m", "evaluation interval of the step-time baseline group (hour averages and "
                                             "their minimum over windows.step_baseline)"),
         "slow_rule_interval": Opt("1m", "evaluation interval of the recording groups of large families that only "
@@ -156,6 +162,10 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                       "long (startup dominates a young job)"),
         "loss_short": Opt("5m", "RanksightLossSpike, RanksightLossDivergence: the recent mean loss of a rank is over this"),
         "loss_long": Opt("1h", "RanksightLossSpike: ... and its reference, the mean over this window before the short one"),
+        "loss_resume": Opt("15m", "RanksightLossJumpAfterResume: a rank is judged this long after its checkpoint "
+                                  "restore, on its mean loss since the restore"),
+        "loss_resume_lookback": Opt("3h", "RanksightLossJumpAfterResume: the mean before the restart is the rank's "
+                                          "last windows.loss_short mean within this lookback (longer than a restart)"),
     },
     "agent": {
         "listen": Opt("0.0.0.0:9945", "HTTP listen address for /metrics and /healthz"),
@@ -210,15 +220,16 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "
                                    "(1: every one); the others are estimated from it", 1, 1e6),
-        "patch_torch_save": Opt(True, "time torch.save / dcp.save while watched"),
+        "patch_torch_save": Opt(True, "time torch.save / dcp.save while watched, and see checkpoint restores "
+                                             "through torch.load (hooks/resume.py)"),
         "checkpoint_dir": Opt("", "checkpoint directory reported to the agent (disk watch)"),
         "log_dir": Opt("", "log directory reported to the agent (disk watch)"),
         "stack_after_seconds": Opt(15.0, "no progress for this long: send the main thread's stack to the agent "
                                          "(RanksightRankStalled's place; half the agent's stall floor; 0: never)", 0, 1e6),
         "stack_every_seconds": Opt(5.0, "... again when it changes, at most this often", 0.1, 1e6),
         "protocol": Opt(5, "datagram protocol version the hooks send: 5, or 4 (3, 2) for node agents older than "
-                           "version 5 (4, 3): they reject newer ones; 4 and older carry no memory peaks or "
-                           "pipeline stage measurements, 3 and 2 no samples or tokens either", 2, 5),
+                           "version 5 (4, 3): they reject newer ones; 4 and older carry no memory peaks, pipeline "
+                           "stage measurements, resume or total steps, 3 and 2 no samples or tokens either", 2, 5),
         "tokens_per_sample": Opt(0, "tokens in one sample of a batch, for ranksight_tokens_total: 0 reads it from "
                                     "the batch's token tensor (input_ids, or its first integer tensor of 2+ "
                                     "dimensions); 1 for a model without a sequence (each sample one token)", 0, 1e9),
@@ -226,6 +237,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                   "the model FLOPs-per-token gauge and MFU: 0 estimates it once from the model "
                                   "(6 x trainable parameters, + 12 x layers x hidden size x sequence length "
                                   "with a Hugging Face config; hooks/flops.py)", 0, 1e18),
+        "total_steps": Opt(0, "the optimizer steps the whole run is to take, across restarts (watch(total_steps=) "
+                              "wins; a Hugging Face or Lightning callback reads its trainer's): the ETA and the cost "
+                              "to finish; 0: unknown", 0, 1e15),
         "step_detail": Opt(False, "send every step's phase times (data, fwd, bwd, ...) in the steps records, "
                                   "not only their totals: for tools that read each step (the agent does not)"),
     },
@@ -239,9 +253,17 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "incomplete_checkpoint": Opt(True, "lint: checkpoint lacks optimizer/scheduler/RNG/data/step state"),
         "global_batch_lr": Opt(True, "lint: one info line with global batch and LR"),
         "disk_headroom": Opt(True, "lint: too little free disk at start"),
+        "partial_resume": Opt(True, "lint: a checkpoint restore left the optimizer, LR scheduler or sampler epoch "
+                                    "fresh"),
     },
 }
 
+SCHEMA["cost"] = {  # the run's cost (ranksight/triage/efficiency.py run_rules, the triage board, ranksight report)
+    "gpu_hour_price": Opt(0.0, "price of one GPU-hour (one rank's device for an hour): records "
+                               "job:ranksight_cost_spent:sum and job:ranksight_cost_to_finish:sum, the triage "
+                               "board's cost panels and the report's cost lines; 0: GPU-hours only, no cost", 0, 1e9),
+    "currency": Opt("USD", "the unit of gpu_hour_price, shown with every cost"),
+}
 SCHEMA["alerting"] = {  # `ranksight rules`: alerts/alertmanager.yml and runbook_url
     "webhook_url": Opt("http://127.0.0.1:9947/alerts", "URL of the built-in `webhook` receiver (http:// or https://); "
                                                        "every alert goes there when no receivers are configured"),
@@ -298,7 +320,8 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
         "durations": {k: ("0m" if v.default == "0m" else "10s") for k, v in SCHEMA["durations"].items()},
         "windows": {"rate": "30s", "heartbeat": "1m", "disk_predict": "5m", "creep_offset": "2m",
                     "checkpoint_share": "30s", "step_smooth": "1m", "step_baseline": "10m", "goodput_min_wall": "5m",
-                    "mfu_drop_offset": "5m", "loss_short": "1m", "loss_long": "5m"},
+                    "mfu_drop_offset": "5m", "loss_short": "1m", "loss_long": "5m",
+                    "loss_resume": "2m", "loss_resume_lookback": "10m"},
     },
 }
 

@@ -106,12 +106,11 @@ every version in ``ACCEPTED``: version 1 records have the old meaning (step reco
 the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry every per-step
 list, version 3 ones only "dur" and "first" unless asked for step detail; version 4 adds the
 step's work ("samples", "tokens") and the training loss ("loss", "lossn": their sums in the totals,
-their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step);
-version 5 the CUDA allocator's peaks ("mpeak", "mrpeak") and a pipeline stage's ("pbusy", "pstep",
-"pwprev", "pwnext" per step, step detail; "pstage", "pstages", "pmb" at the last step); every other
-record is the same in 2 to 5. A version it does not know is rejected and logged once per version, so
-an agent older than 5 rejects a version 5 sender: the hooks send ``hooks.protocol`` (``SENDABLE``:
-5 by default, 4, 3 or 2 for older agents).
+their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); 5 the
+CUDA allocator's peaks ("mpeak", "mrpeak"), a pipeline stage's ("pbusy", "pstep", "pwprev", "pwnext" per
+step, step detail; "pstage", "pstages", "pmb" at the last step), a restore ("resumed", "rstep": its time,
+step) and the run's length ("total"); other records are the same in 2 to 5. An unknown version is
+rejected and logged once: the hooks send ``hooks.protocol`` (``SENDABLE``: 5, or 4, 3, 2 for older agents).
 """
 from __future__ import annotations
 

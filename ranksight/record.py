@@ -137,6 +137,12 @@ FIELDS: Tuple[Field, ...] = (
           C.PIPELINE_STAGES, since=5, gate="pstages"),
     Field("pmb", I, "count", CURRENT, "micro-batch forwards per schedule step: micro-batches x the rank's stages",
           C.PIPELINE_MICROBATCHES, since=5, gate="pstages"),
+    # a checkpoint restore (hooks/resume.py) and the run's length: the loss jump after a resume, the ETA
+    Field("resumed", I, "seconds", CURRENT, "wall time (Unix seconds) of the process's last checkpoint restore "
+          "(0: none)", C.LAST_RESUME, since=5),
+    Field("rstep", I, "count", CURRENT, "the step the process resumed from (0: none known)", C.RESUME_STEP, since=5),
+    Field("total", I, "count", CURRENT, "the run's total optimizer steps, declared or the framework's (0: unknown)",
+          C.TOTAL_STEPS, since=5),
 )
 del F, I
 

@@ -156,6 +156,9 @@ class Model:
     def _v_model_flops_per_token(self, m, profile, v):
         return {(): self._const(str(self.FLOPS_PER_TOKEN), self.T)}
 
+    def _v_total_steps(self, m, profile, v):  # a declared run length past the steps taken: the ETA is evaluated
+        return {(): self._const(str(int(self.STEPS0 * 10)), self.T)}
+
     def _v_loss_readings_total(self, m, profile, v):
         return {(): self._fmt_int(self._rank_counter("steps", profile, v))}
 

@@ -67,6 +67,16 @@ every object saved through the watched ``torch.save`` / ``atomic_save`` / ``chec
                      exactly which. Objects whose content cannot be seen without calling them
                      (DCP ``Stateful`` wrappers) are not judged.
 
+every restore of the watched model from a checkpoint (``add_resume_observer``, ``hooks/resume.py``)
+  partial_resume     the first optimizer step after the restore (a step pre- and post-hook registered
+                     at the restore, removed after that step): the optimizer's state empty before
+                     the step and not after it (a stateful optimizer that was not restored), an LR
+                     scheduler built on the optimizer (found once with ``gc.get_referrers``, ~30 ms)
+                     still at ``last_epoch`` 0 after a resume from a step past 0; the first
+                     iteration over the loader after it: a ``DistributedSampler`` whose epoch is 0
+                     after a resume past the first epoch (the checkpoint's epoch, or its step past
+                     one loader length). One message per part, active while any part is.
+
 lints thread ("ranksight-lints", every 0.5 s; never on the step path or the heartbeat thread)
   cross-rank comparisons through the c10d store of the default process group: a key per rank
   (``store.set``/``store.add``), peers' keys read only after a non-blocking ``store.check``.
@@ -112,7 +122,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import (dataloader_workers_rss, disk_headroom, global_batch_lr, incomplete_checkpoint,  # noqa: F401 (register)
-               io_amplification, numa_binding, rank_disagreement, sampler_epoch, uneven_last_batch)
+               io_amplification, numa_binding, partial_resume, rank_disagreement, sampler_epoch,
+               uneven_last_batch)
 from .core import (BUCKETS, DISK_SECONDS, LINT_IDS,  # noqa: F401
                    MEMORY_FAST_CHECKS, MEMORY_FIRST_SECONDS, MEMORY_SECONDS, NUMA_SECONDS, PARAM_RTOL, PEER_TIMEOUT,
                    REGISTRY, RESEND_SECONDS, ROUND_QUIET_SECONDS, TICK_SECONDS, LintSettings, LintsCore, PeerExchange,
@@ -131,7 +142,7 @@ if missing:  # every id of the catalog has its module
 class Lints(*(REGISTRY[k] for k in LINT_IDS), LintsCore):  # type: ignore[misc]
     """The setup lints of one watch: every registered lint on the shared core. Entry points:
     ``start()`` (at ``watch()``), ``on_epoch(loader)``, ``on_iter(it)`` (the loader's iterator of
-    each epoch), ``on_checkpoint(src, obj, path)``, the model's forward pre-hook, and the lints
+    each epoch), ``on_checkpoint(src, obj, path)``, ``on_resume(resume)``, the model's forward pre-hook, and the lints
     thread's ``tick()``. ``check_numa(...)`` can be called with a fake sysfs root and bus id (tests)."""
 
 
@@ -149,6 +160,8 @@ def attach(watcher: Any, **kw: Any) -> Optional[Lints]:
     watcher.lint_iter = lints.on_iter
     watcher.add_epoch_observer(lints.on_epoch)
     watcher.add_checkpoint_observer(lints.on_checkpoint)
+    if hasattr(watcher, "add_resume_observer"):
+        watcher.add_resume_observer(lints.on_resume)
     if hasattr(watcher, "add_close_callback"):
         watcher.add_close_callback(lints.close)
     lints.start()

@@ -64,6 +64,21 @@ def record_losses(w: Any, owner: type, name: str) -> bool:
     return w._patcher.set(owner, name, like(method, orig, name))
 
 
+def run_length(w: Any, total: Any, done: Any) -> None:
+    """What a framework knows of the run: its total optimizer steps (``total``; a declared
+    ``watch(total_steps=)`` or ``hooks.total_steps`` wins) and the step training starts from
+    (``done``: past 0 when it resumed from its checkpoint, reported as a resume, ``ResumeWatch.mark``;
+    a restore the hooks saw wins). Values that
+    are not positive whole numbers (-1, inf: unknown) are ignored. Never raises."""
+    try:
+        if not w.total_steps and isinstance(total, (int, float)) and 0 < total < float("inf") and total == int(total):
+            w.set_total_steps(int(total))
+        if isinstance(done, int) and done > 0:
+            w.resumes.mark(done)
+    except Exception as e:
+        w._hook_error("run length", e)
+
+
 class Owned:
     """The watch a callback started. A watch the user started before stays theirs: the callback
     then neither replaces nor closes it."""

@@ -28,7 +28,7 @@ try:
 except ImportError:  # the standalone package
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
-from ._common import Owned, time_saves
+from ._common import Owned, run_length, time_saves
 
 __all__ = ["RanksightCallback"]
 
@@ -37,6 +37,18 @@ def _checkpoint_path(trainer: Any, filepath: Any = None, *args: Any, **kwargs: A
     """The checkpoint file on global rank 0, which writes it (its size is the write's bytes there);
     the other ranks' saves are timed with 0 bytes."""
     return kwargs.get("filepath", filepath) if trainer.is_global_zero else None
+
+
+def _total_steps(trainer: Any) -> Any:
+    """The run's optimizer steps: ``max_steps`` when set (-1: unset), else
+    ``estimated_stepping_batches`` (epochs x batches / accumulation; inf for an unbounded run)."""
+    n = getattr(trainer, "max_steps", -1)
+    if isinstance(n, int) and n > 0:
+        return n
+    try:
+        return trainer.estimated_stepping_batches
+    except Exception:  # no loader length yet: unknown
+        return 0
 
 
 class RanksightCallback(pl.Callback):
@@ -57,6 +69,8 @@ class RanksightCallback(pl.Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         model = getattr(trainer.strategy, "model", None) or pl_module
         w = self._own.begin(model, self.config, self.agent, forward_hooks=False)
+        if w is not None:
+            run_length(w, _total_steps(trainer), getattr(trainer, "global_step", 0))
         if w is not None and w is self._own.w:
             try:
                 time_saves(w, type(trainer), "save_checkpoint", "lightning", _checkpoint_path)

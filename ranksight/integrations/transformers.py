@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from transformers import Trainer, TrainerCallback
 
-from ._common import Owned, pause_data_during, time_saves
+from ._common import Owned, pause_data_during, run_length, time_saves
 
 __all__ = ["RanksightCallback"]
 
@@ -55,6 +55,8 @@ class RanksightCallback(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         w = self._own.begin(None, self.config, self.agent)
+        if w is not None:
+            run_length(w, getattr(state, "max_steps", 0), getattr(state, "global_step", 0))
         if w is not None and w is self._own.w:
             try:
                 time_saves(w, Trainer, "_save_checkpoint", "transformers", _checkpoint_dir)

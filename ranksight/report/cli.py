@@ -108,19 +108,20 @@ def build(args: argparse.Namespace, now: Optional[float] = None) -> Tuple[write.
         have = ", ".join(jobs) if jobs else "none"
         raise make.ReportError(f"job {args.job!r} has no data between {write._ts(lo)} and {write._ts(end)}; "
                                f"jobs with data there: {have}", 1)
-    summary = make.summarize(prom, args.job, run)
+    summary = make.summarize(prom, args.job, run, cfg["cost"])
     base, note = None, ""
     if args.baseline:
         b0, b1 = _range(args.baseline, now)
         base_runs = [r for r in make.find_runs(prom, args.job, b0, b1)]
         if base_runs:
-            base = make.summarize(prom, args.job, make.Run(max(b0, base_runs[0].start), min(b1, base_runs[-1].end)))
+            base = make.summarize(prom, args.job, make.Run(max(b0, base_runs[0].start), min(b1, base_runs[-1].end)),
+                                  cfg["cost"])
         else:
             note = f"The job has no data in the baseline range {write._ts(b0)} to {write._ts(b1)}."
     else:
         prev = make.choose_baseline(runs, run)
         if prev is not None:
-            base = make.summarize(prom, args.job, prev)
+            base = make.summarize(prom, args.job, prev, cfg["cost"])
         else:
             note = f"No earlier run of this job within the last {args.lookback}."
     fired = make.fired_alerts(prom, args.job, run, cfg)

@@ -46,6 +46,14 @@ class Summary:
     seconds: Dict[str, float] = field(default_factory=dict)
     restarts: int = 0
     ranks: int = 0
+    # the run's progress at its end (efficiency.run_rules): time left at the step rate, GPU-hours
+    # spent and to finish, their cost at cost.gpu_hour_price (None: unknown, or no price)
+    eta: Optional[float] = None
+    gpu_hours: Optional[float] = None
+    gpu_hours_to_finish: Optional[float] = None
+    cost_spent: Optional[float] = None
+    cost_to_finish: Optional[float] = None
+    currency: str = ""
 
 
 @dataclass
@@ -95,7 +103,9 @@ def find_runs(prom: Prometheus, job: str, start: float, end: float) -> List[Run]
     return runs
 
 
-def summarize(prom: Prometheus, job: str, run: Run) -> Summary:
+def summarize(prom: Prometheus, job: str, run: Run, cost: Optional[Mapping[str, Any]] = None) -> Summary:
+    """``cost``: the config's cost section (the price of a GPU-hour and its currency), for the cost
+    of the GPU-hours; without it (or with no price) the summary has GPU-hours only."""
     s = Summary(run)
     at, w, j = run.end, run.window(), _sel(job)
 
@@ -113,6 +123,14 @@ def summarize(prom: Prometheus, job: str, run: Run) -> Summary:
                  for x in prom.samples(f"last_over_time({R['goodput_split']}{j}[{w}])", at)}
     s.restarts = int(one(f"max(max_over_time({C.RANK_RESTARTS}{j}[{w}]))") or 0)
     s.ranks = int(one(f"max(max_over_time({R['ranks']}{j}[{w}]))") or 0)
+    s.eta = one(f"last_over_time({R['eta']}{j}[{w}])")
+    s.gpu_hours = one(f"last_over_time({R['gpu_hours']}{j}[{w}])")
+    s.gpu_hours_to_finish = one(f"last_over_time({R['gpu_hours_to_finish']}{j}[{w}])")
+    price = float((cost or {}).get("gpu_hour_price", 0.0))
+    if price > 0:
+        s.currency = str((cost or {}).get("currency", ""))
+        s.cost_spent = s.gpu_hours * price if s.gpu_hours is not None else None
+        s.cost_to_finish = s.gpu_hours_to_finish * price if s.gpu_hours_to_finish is not None else None
     return s
 
 

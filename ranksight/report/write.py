@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ranksight import catalog as C
 from ranksight import triage
+from ranksight.common import units
 
 from . import make, panels as P
 
@@ -82,10 +83,22 @@ def plots(prom: Any, rep: Report, boards: Mapping[str, dict], cfg: Mapping[str, 
     return made
 
 
+def _duration(v: float) -> str:
+    """Seconds as s, min or h (an ETA can be days)."""
+    return f"{v / 3600:.1f} h" if v >= 3 * 3600 else units.value(v, "seconds")
+
+
 def _summary_rows(s: make.Summary) -> List[List[str]]:
     rows = [["step p50", f"{s.step_p50:.3g} s" if s.step_p50 else "-"],
             ["goodput", f"{s.goodput:.1%}" if s.goodput is not None else "-"],
-            ["restarts (launcher)", str(s.restarts)], ["ranks", str(s.ranks)]]
+            ["restarts (launcher)", str(s.restarts)], ["ranks", str(s.ranks)],
+            ["ETA at the end", _duration(s.eta) if s.eta is not None else "- (no total steps)"],
+            ["GPU-hours spent", f"{s.gpu_hours:.2f}" if s.gpu_hours is not None else "-"],
+            ["GPU-hours to finish", f"{s.gpu_hours_to_finish:.2f}" if s.gpu_hours_to_finish is not None else "-"]]
+    if s.currency:  # a price per GPU-hour was set (cost.gpu_hour_price)
+        rows += [[f"cost spent ({s.currency})", f"{s.cost_spent:,.2f}" if s.cost_spent is not None else "-"],
+                 [f"cost to finish ({s.currency})",
+                  f"{s.cost_to_finish:,.2f}" if s.cost_to_finish is not None else "-"]]
     for c in C.GOODPUT_CATEGORIES:
         if c in s.shares:
             rows.append([f"{c}", f"{s.shares[c]:.1%} ({s.seconds.get(c, 0.0):.1f} s per rank)"])

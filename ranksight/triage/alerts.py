@@ -492,6 +492,22 @@ def _loss_signals(cfg: Mapping[str, Any]) -> List[Entry]:
             **prose("loss-divergence"),
             next_check="whether every rank holds the same weights (the rank_disagreement lint) and its own shard",
         ),
+        Entry(
+            id="loss-jump-after-resume", alert="RanksightLossJumpAfterResume", kind="cause", order=0,
+            title="Training loss jump after a resume", severity="warning",
+            # the rank's mean since its checkpoint restore over its mean before the restart
+            # (records.py, _resume_rules); judged for windows.loss_resume after the restore
+            expr=f"{REC['loss_resume_jump']} > {t['loss_resume_jump_ratio']:g}",
+            for_=d["loss_resume_jump"], threshold=t["loss_resume_jump_ratio"], unit="ratio",
+            indicator=REC["loss_resume_jump"], op=">", scope=RANK_SCOPE,
+            summary="A rank's training loss jumped after it resumed from a checkpoint",
+            description=f"{RANK_DESC}: its mean training loss since it restored a checkpoint is {VAL}x its mean "
+                        f"over the last {w['loss_short']} before the restart.",
+            **prose("loss-jump-after-resume"),
+            next_check="the rank's partial_resume lint line: optimizer, LR scheduler, sampler epoch, RNG, step",
+            # the jump is the resume's: the spike alert on the same rank is its symptom
+            inhibits=(Inhibit(("RanksightLossSpike",), ("job", "rank")),),
+        ),
     ]
 
 

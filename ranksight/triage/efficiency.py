@@ -41,6 +41,27 @@ def recording_rules(rates: Mapping[str, str]) -> List[Recording]:
     ]
 
 
+def run_rules(rates: Mapping[str, str], cfg: Mapping[str, Any]) -> List[Recording]:
+    """The run's ETA and cost. A rank's steps left: the run's total (``ranksight_total_steps``,
+    declared or the framework's) less the step its process resumed from and the steps it took since;
+    over its step rate, the time left; the job's ETA is its slowest rank's (every rank must finish).
+    GPU-hours count one device per rank: spent, each rank's wall time since its first process started
+    (across restarts, ``ranksight_rank_wall_seconds_total``); to finish, the ranks up times the ETA.
+    With ``cost.gpu_hour_price`` above 0 each is also recorded as a cost in ``cost.currency``."""
+    price = float(cfg.get("cost", {}).get("gpu_hour_price", 0.0))
+    left = (f"clamp_min({C.TOTAL_STEPS} - {C.RESUME_STEP} - {C.STEPS}, 0) and ({C.TOTAL_STEPS} > 0)")
+    out = [
+        Recording(REC["remaining_steps"], left),
+        Recording(REC["eta"], f"max by (job) ({REC['remaining_steps']} / on ({RANK_BY}) ({rates['steps']} > 0))"),
+        Recording(REC["gpu_hours"], f"sum by (job) ({C.RANK_WALL}) / 3600"),
+        Recording(REC["gpu_hours_to_finish"], f"{REC['eta']} * on (job) count by (job) ({C.RANK_UP} == 1) / 3600"),
+    ]
+    if price > 0:
+        out += [Recording(REC["cost_spent"], f"{REC['gpu_hours']} * {price:g}"),
+                Recording(REC["cost_to_finish"], f"{REC['gpu_hours_to_finish']} * {price:g}")]
+    return out
+
+
 def _firing(signal: Entry) -> str:
     """PromQL format (one %q: the job) of ``signal``'s firing alerts on the job: by its job label,
     or, for a node or GPU signal, on a node where the job has a rank."""

@@ -6,7 +6,7 @@ from typing import Any, Dict, List, Mapping, Tuple
 
 from .. import catalog as C
 from .model import RANK_DESC, Entry
-from .prose import prose
+from .prose import PROSE_DIR, prose
 
 # Setup lints: id -> (CamelCase, one-line summary).
 LINTS: Dict[str, Tuple[str, str]] = {
@@ -19,6 +19,7 @@ LINTS: Dict[str, Tuple[str, str]] = {
     "incomplete_checkpoint": ("IncompleteCheckpoint", "checkpoint lacks optimizer/scheduler/RNG/data/step state"),
     "global_batch_lr": ("GlobalBatchLr", "the global batch changed since the job's last start but the learning rate did not"),
     "disk_headroom": ("DiskHeadroom", "too little free disk for the next checkpoints"),
+    "partial_resume": ("PartialResume", "a checkpoint restore left the optimizer, LR scheduler or sampler epoch fresh"),
 }
 
 
@@ -28,15 +29,17 @@ def lint_entries(cfg: Mapping[str, Any]) -> List[Entry]:
     R = ("job", "node", "rank")
     entries: List[Entry] = []
     for lint, (camel, what) in LINTS.items():
+        stem = f"lint-{lint.replace('_', '-')}"
         entries.append(Entry(
-            id=f"lint-{lint.replace('_', '-')}", alert=f"RanksightLint{camel}", kind="lint", order=0,
+            id=stem, alert=f"RanksightLint{camel}", kind="lint", order=0,
             title=f"Setup lint: {lint}", severity="info",
             expr=f"{C.LINT_ACTIVE}{{lint=\"{lint}\"}} == 1",
             for_=d["lint"], threshold=0.5, unit="bool",
             indicator=f"{C.LINT_ACTIVE}{{lint=\"{lint}\"}}", op=">", scope=R,
             summary=f"Setup lint: {what}",
             description=f"{RANK_DESC}: {what}.",
-            **prose("lint", what=what, lint=lint),
+            # a lint with its own runbook prose (prose/lint-<id>.md) uses it; the others share prose/lint.md
+            **prose(stem if (PROSE_DIR / f"{stem}.md").exists() else "lint", what=what, lint=lint),
             next_check="the rank's log line",
         ))
     return entries

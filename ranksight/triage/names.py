@@ -71,6 +71,13 @@ REC = {
     "pipe_ideal": "rank:ranksight_pipeline_bubble_ideal:ratio",
     "pipe_busy_median": "job:ranksight_pipeline_busy_seconds:median",
     "pipe_straggler": "rank:ranksight_pipeline_straggler:ratio",
+    # the loss after a checkpoint restore: a rank's short mean while no restore is recent (the
+    # "before" of a later resume), the last of those before the restore, the mean since the restore
+    # (the new process's counters), and their ratio
+    "loss_steady": "rank:ranksight_loss:mean_steady",
+    "loss_pre_resume": "rank:ranksight_loss:mean_before_resume",
+    "loss_post_resume": "rank:ranksight_loss:mean_since_resume",
+    "loss_resume_jump": "rank:ranksight_loss_resume_jump:ratio",
     # job level, for the triage dashboard's fleet panels
     "ckpt_age_median": "job:ranksight_checkpoint_age_seconds:median",
     "ranks_up": "job:ranksight_ranks_up:sum",
@@ -100,6 +107,14 @@ REC = {
     "job_tokens": "job:ranksight_tokens:rate",
     "job_flops": "job:ranksight_model_flops:rate",
     "job_mfu": "job:ranksight_mfu:ratio",
+    # the run's progress (efficiency group): steps left at the current rate, GPU-hours spent and to
+    # finish, and their cost at cost.gpu_hour_price (recorded only when a price is set)
+    "remaining_steps": "rank:ranksight_remaining_steps:count",
+    "eta": "job:ranksight_eta:seconds",
+    "gpu_hours": "job:ranksight_gpu_hours:sum",
+    "gpu_hours_to_finish": "job:ranksight_gpu_hours_to_finish:sum",
+    "cost_spent": "job:ranksight_cost_spent:sum",
+    "cost_to_finish": "job:ranksight_cost_to_finish:sum",
     # goodput and the step-time baseline (goodput.py): the job's split of its wall time and its
     # step time against its own history
     # rank group (arithmetic on the rank group's records)

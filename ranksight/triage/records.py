@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any, List, Mapping, Optional, Tuple
 
 from .. import catalog as C
+from ..config import duration_seconds
 from ..record import FIELDS
 from . import efficiency as _efficiency
 from . import goodput as _goodput
@@ -34,7 +35,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     state += job_state
     out: List[Recording] = []
     for group, rules in ((RATES, rates), (RANK, rank), (JOB, job), (STATE, state), (NODE, node),
-                         (RANK_GPU, rank_gpu), (EFF, _efficiency.recording_rules(_R)), (HIST, hist),
+                         (RANK_GPU, rank_gpu), (EFF, _efficiency.recording_rules(_R) + _efficiency.run_rules(_R, cfg)), (HIST, hist),
                          (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma), (NIC, nic)):
         out += [replace(r, group=group) for r in rules]
     return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
@@ -149,6 +150,38 @@ def _loss_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         Recording(REC["loss_before"], f"rate({C.LOSS_SUM}{before}) / (rate({C.LOSS_READINGS}{before}) > 0)"),
         Recording(REC["loss_spike"], f"{REC['loss_short']} / ({REC['loss_before']} > 0)"),
         Recording(REC["loss_spread"], f"max by (job) ({REC['loss_short']}) / (min by (job) ({REC['loss_short']}) > 0)"),
+    ] + _resume_rules(cfg)
+
+
+def recent_resume(cfg: Mapping[str, Any]) -> str:
+    """The ranks whose process restored a checkpoint within ``windows.loss_resume``."""
+    hold = duration_seconds(cfg["windows"]["loss_resume"])
+    return f"(time() - {C.LAST_RESUME} < {hold:g})"  # a rank without a restore reports 0: never recent
+
+
+def _resume_rules(cfg: Mapping[str, Any]) -> List[Recording]:
+    """The loss after a checkpoint restore against the loss before the restart. The process before it
+    is gone, but its loss series go on under the same labels in Prometheus, and the new process's
+    hooks report the restore (``ranksight_last_resume_timestamp_seconds``, with its first step
+    record). "Before": the rank's short-window mean, recorded as ``loss_steady`` only while no restore
+    is recent; its last value within ``windows.loss_resume_lookback`` is the mean of the last steps
+    before the restart (the restore stops the steady series at the evaluation its marker arrives).
+    "After": the new process's own counters, sum over readings: the mean of every step since it
+    started, with no window to mix in the old process's steps (and the process's own series only: the
+    old process may linger on its agent). Before and after are matched on (job, rank): a restarted
+    rank may come back on another node."""
+    w = cfg["windows"]
+    recent = recent_resume(cfg)
+    t = cfg["thresholds"]
+    return [
+        Recording(REC["loss_steady"], f"{REC['loss_short']} unless on (job, rank) {recent}"),
+        Recording(REC["loss_pre_resume"],
+                  f"max by (job, rank) (last_over_time({REC['loss_steady']}[{w['loss_resume_lookback']}])) "
+                  f"and on (job, rank) {recent}"),
+        Recording(REC["loss_post_resume"],
+                  f"({C.LOSS_SUM} / ({C.LOSS_READINGS} >= {t['loss_resume_min_readings']:g})) and {recent}"),
+        Recording(REC["loss_resume_jump"],
+                  f"{REC['loss_post_resume']} / on (job, rank) group_left () ({REC['loss_pre_resume']} > 0)"),
     ]
 
 

@@ -47,6 +47,9 @@ def test_ddp_two_ranks_under_lightnings_launcher(agent, tmp_path):
         # on_train_batch_end's loss of every micro-batch (times accumulate_grad_batches), all finite
         assert series[rank][catalog.LOSS_READINGS.name] == STEPS * ACCUM, series[rank]
         assert series[rank][catalog.LOSS_SUM.name] > 0 and series[rank][catalog.LOSS_NONFINITE.name] == 0
+        # the run's length from the trainer (max_steps), the ETA's denominator; no resume
+        assert series[rank][catalog.TOTAL_STEPS.name] == STEPS, series[rank]
+        assert series[rank][catalog.RESUME_STEP.name] == 0 and series[rank][catalog.LAST_RESUME.name] == 0
 
 
 @pytest.mark.slow

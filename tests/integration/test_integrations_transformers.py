@@ -12,6 +12,8 @@ pytest.importorskip("transformers")
 
 from integration_workloads.harness import check_rank, launch, rank_series, torchrun, worker_env  # noqa: E402
 
+from ranksight import catalog  # noqa: E402
+
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(TESTS, "integration_workloads", "hf_worker.py")
 STEPS, ACCUM, BATCH, SLEEP = 6, 2, 2, 0.05
@@ -36,6 +38,8 @@ def test_trainer_two_ranks_under_torchrun(agent, tmp_path):
     for rank in (0, 1):
         # checkpoints at steps 3 and 6: the Trainer's own _save_checkpoint, one write each
         check_rank(series[rank], STEPS, ACCUM, ACCUM * BATCH * SLEEP, ckpts=2, writer=rank == 0)
+        # the run's length from the Trainer's state (max_steps), the ETA's denominator
+        assert series[rank][catalog.TOTAL_STEPS.name] == STEPS, series[rank]
 
 
 def test_broken_agent_address_does_not_stop_training(tmp_path):

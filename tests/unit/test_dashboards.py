@@ -252,7 +252,7 @@ def test_triage_rows_follow_the_triage_table(boards, cfg):
         by_order.setdefault(e.order, []).append(e)
     expected = [f"{order}. {entries[0].title}" for order, entries in by_order.items()]
     assert [order for order in by_order] == sorted(by_order) == [1, 2, 3, 4, 5, 6]
-    assert rows == ["Goodput", "Overview"] + expected + ["Efficiency", "Actions"]
+    assert rows == ["Goodput", "Overview"] + expected + ["Efficiency", "Progress", "Actions"]
 
     # Each signal entry has a panel in its own row that names its alert and draws its threshold.
     current, in_row = None, {}

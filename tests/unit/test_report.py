@@ -92,3 +92,35 @@ def test_bad_usage_and_unreachable_prometheus_are_one_line_exit_2(args):
     msg = (r.stdout + r.stderr).strip()
     assert r.returncode == 2, msg
     assert "Traceback" not in msg and len(msg.splitlines()) == 1, msg
+
+
+def test_summary_shows_the_eta_gpu_hours_and_the_cost_at_a_price():
+    from ranksight.report import write
+
+    run = make.Run(0, 100)
+    priced = make.Summary(run, eta=5400.0, gpu_hours=12.5, gpu_hours_to_finish=3.0, cost_spent=31.25,
+                          cost_to_finish=7.5, currency="USD")
+    rows = dict(map(tuple, write._summary_rows(priced)))
+    assert rows["ETA at the end"] == "90.0 min" and rows["GPU-hours spent"] == "12.50"
+    assert rows["GPU-hours to finish"] == "3.00"
+    assert rows["cost spent (USD)"] == "31.25" and rows["cost to finish (USD)"] == "7.50"
+    assert write._duration(2 * 86400) == "48.0 h"
+    plain = dict(map(tuple, write._summary_rows(make.Summary(run))))
+    assert plain["ETA at the end"] == "- (no total steps)" and not [k for k in plain if k.startswith("cost")]
+
+
+def test_cost_records_and_panels_only_at_a_price():
+    from ranksight import triage
+    from ranksight.dashboards.generate import render
+
+    names = {r.record: r.expr for r in triage.recording_rules(config.load(None, "default", env={}))}
+    assert triage.REC["eta"] in names and triage.REC["cost_spent"] not in names
+    priced_cfg = config.load(None, "default", env={"RANKSIGHT__cost__gpu_hour_price": "2.5",
+                                                      "RANKSIGHT__cost__currency": "EUR"})
+    priced = {r.record: r.expr for r in triage.recording_rules(priced_cfg)}
+    assert priced[triage.REC["cost_spent"]] == f"{triage.REC['gpu_hours']} * 2.5"
+    assert priced[triage.REC["cost_to_finish"]] == f"{triage.REC['gpu_hours_to_finish']} * 2.5"
+    board = render(priced_cfg)["ranksight-triage.json"]
+    titles = {p["title"]: p for p in board["panels"]}
+    assert titles["Cost spent (EUR)"]["fieldConfig"]["defaults"]["unit"] == "currencyEUR"
+    assert "ETA" in titles and "Cost to finish (EUR)" in titles
