@@ -16,7 +16,9 @@ serves the node's rank, GPU and node series), so a node's series stay on one sha
 ``render_layout(cfg, targets, shards, ...) -> {file name: text}`` and the command lines
 (``store_argv``, ``vmagent_argv``, ``vmalert_argv``) are what the Kubernetes overlay and the tests
 use too. ``VMStack(run_dir, targets, shards=2, cfg=None, ...)``: ``start(timeout)``, ``stop()``,
-``pids()``, ``store`` (a ``PrometheusAPI`` on the store: the records and raw series), ``am``,
+``pids()``, ``store`` (a ``PrometheusAPI`` on the store: the records and raw series), ``vmalert``
+(its rules and alerts, as Prometheus' API answers them), ``am``, ``dedup`` (the store's
+``-dedup.minScrapeInterval``: the scrape interval for two scrapers per shard),
 ``store_url``, ``vmalert_url``, ``am_url``, ``attach(run_dir)``; stack.json holds
 ``"engine": "victoriametrics"``, so ``stack status`` and ``stack down`` find it.
 """
@@ -164,7 +166,7 @@ class VMStack:
                  cfg: Optional[Mapping[str, Any]] = None, store_port: int = 0, vmalert_port: int = 0,
                  alertmanager_port: int = 0, agent_ports: Sequence[int] = (), scrape_interval: str = "5s",
                  evaluation_interval: Optional[str] = None, daemon: bool = False,
-                 scrape_options: Optional[Mapping[str, Any]] = None, nice: int = 0):
+                 scrape_options: Optional[Mapping[str, Any]] = None, nice: int = 0, dedup: Optional[str] = None):
         if shards < 1:
             raise ServerError(f"--shards {shards}: expected 1 or more")
         self.run_dir = Path(run_dir).resolve()
@@ -180,7 +182,7 @@ class VMStack:
         self.alertmanager = servers.alertmanager(
             d / "alertmanager.yml", d / "alertmanager-data", d / "alertmanager.log", port=self.alertmanager_port,
             pid_file=d / "alertmanager.pid", nice=nice, flags=[f"--web.external-url={self.am_url}/"])
-        self._nice = nice
+        self._nice, self.dedup = nice, dedup
         self._servers: Optional[List[VMServer]] = None
         self._attached = False  # status and down: the pid files are enough, the binaries may be gone
 
@@ -224,7 +226,8 @@ class VMStack:
             d, store = self.run_dir, self.store_url
             self._servers = [
                 VMServer("victoria-metrics", store_argv(self._binary("victoria-metrics"), str(d / "store-data"),
-                                                        f"127.0.0.1:{self.store_port}"), self.store_port, d, self._nice),
+                                                        f"127.0.0.1:{self.store_port}", dedup=self.dedup),
+                         self.store_port, d, self._nice),
                 VMServer("vmalert", vmalert_argv(self._binary("vmalert"), str(d / RULES_DIR / "*.yml"), store, self.am_url,
                                                  f"127.0.0.1:{self.vmalert_port}", self.evaluation_interval,
                                                  self.vmalert_url), self.vmalert_port, d, self._nice),
