@@ -25,8 +25,8 @@ _SCRAPER_SERIES = ("up{", "scrape_duration_seconds{", "scrape_samples_scraped{",
 
 
 def steady_generator(scn: Scenario, checkpoints: Sequence[int] = (), last_checkpoint: Optional[float] = None) -> Generator:
-    """A generator whose model has constant step times (no noise, no jitter, the step counters
-    undisturbed by checkpoints) and checkpoint writes only at the sample times ``checkpoints`` (the
+    """A generator whose model has constant step times (no noise, no jitter, counts not rounded to
+    whole numbers, the step counters undisturbed by checkpoints) and checkpoint writes only at the sample times ``checkpoints`` (the
     checkpoint counters jump there)."""
     g = Generator(scn)
     m = g.model
@@ -38,6 +38,8 @@ def steady_generator(scn: Scenario, checkpoints: Sequence[int] = (), last_checkp
     m.ckpt = bursts
     m.last_ckpt_ts = [float(last_checkpoint if last_checkpoint is not None else scn.t0)] * T
     m._noise = lambda key, v, sd: [0.0] * T  # type: ignore[assignment]
+    # counts unrounded: an integer counter advancing 1.5 a sample would rise in steps of 1 and 2
+    m._fmt_int = lambda xs: [f"{x:.4f}" for x in xs]  # type: ignore[assignment]
     step_seconds = type(m)._v_step_seconds_total
 
     def undisturbed(metric, profile, v):
