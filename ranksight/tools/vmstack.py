@@ -34,7 +34,8 @@ import yaml
 
 from .. import config
 from ..common import servers
-from ..common.plumbing import AlertmanagerAPI, PrometheusAPI, Proc, free_port, port_in_use, wait_http
+from ..common.plumbing import (AlertmanagerAPI, PrometheusAPI, Proc, free_port, http_get, port_in_use, wait_http,
+                               wait_until)
 from ..common.servers import ServerError, error_line, find_binary
 
 ENGINE = "victoriametrics"
@@ -99,11 +100,15 @@ def render_layout(cfg: Mapping[str, Any], targets: Sequence[str], store_url: str
 
 
 # ------------------------------------------------------------------ command lines
-def store_argv(binary: str, data: str, listen: str, retention: str = "1y", dedup: Optional[str] = None) -> List[str]:
+def store_argv(binary: str, data: str, listen: str, retention: str = "1y", dedup: Optional[str] = None,
+               vmalert_url: Optional[str] = None) -> List[str]:
     """The single-node store: remote-write receiver and Prometheus query API on ``listen``.
-    ``dedup``: ``-dedup.minScrapeInterval`` for two scrapers per shard (the scrape interval)."""
+    ``dedup``: ``-dedup.minScrapeInterval`` for two scrapers per shard (the scrape interval);
+    ``vmalert_url``: the store answers /api/v1/alerts and /api/v1/rules from vmalert (Grafana's
+    alert list, and every client that reads alerts where it queries)."""
     argv = [binary, f"-storageDataPath={data}", f"-httpListenAddr={listen}", f"-retentionPeriod={retention}",
             f"-search.latencyOffset={LATENCY_OFFSET}", "-loggerLevel=WARN"]
+    argv += [f"-vmalert.proxyURL={vmalert_url}"] if vmalert_url else []
     return argv + ([f"-dedup.minScrapeInterval={dedup}"] if dedup else [])
 
 
@@ -212,6 +217,16 @@ class VMStack:
         return PrometheusAPI(self.store_url)
 
     @property
+    def prom_url(self) -> str:
+        """Where Prometheus' clients point (``ranksight triage --prometheus``, Grafana): the store."""
+        return self.store_url
+
+    @property
+    def prom(self) -> PrometheusAPI:
+        """The store as LocalStack.prom answers: queries, and alerts and rules through vmalert."""
+        return self.store
+
+    @property
     def vmalert(self) -> PrometheusAPI:
         """vmalert's own API: /api/v1/rules and /api/v1/alerts as Prometheus answers them."""
         return PrometheusAPI(self.vmalert_url)
@@ -226,7 +241,8 @@ class VMStack:
             d, store = self.run_dir, self.store_url
             self._servers = [
                 VMServer("victoria-metrics", store_argv(self._binary("victoria-metrics"), str(d / "store-data"),
-                                                        f"127.0.0.1:{self.store_port}", dedup=self.dedup),
+                                                        f"127.0.0.1:{self.store_port}", dedup=self.dedup,
+                                                        vmalert_url=self.vmalert_url),
                          self.store_port, d, self._nice),
                 VMServer("vmalert", vmalert_argv(self._binary("vmalert"), str(d / RULES_DIR / "*.yml"), store, self.am_url,
                                                  f"127.0.0.1:{self.vmalert_port}", self.evaluation_interval,
@@ -279,6 +295,26 @@ class VMStack:
             self.stop()
             raise
         return self
+
+    def set_targets(self, targets: Sequence[str], timeout: float = 20.0) -> None:
+        """Scrape these agents instead: re-render the shards' scrape config, /-/reload every shard,
+        and wait until the shards together list exactly these targets (ServerError if not)."""
+        from .stack import deploy_dir
+
+        self.targets = list(targets)
+        (self.run_dir / SCRAPE_FILE).write_text(scrape_config((deploy_dir() / "prometheus.yml").read_text(),
+                                                              self.targets, self.scrape_interval, self.scrape_options))
+        shards = [s for s in self.servers() if s.name.startswith("vmagent")]
+        for s in shards:
+            http_get(f"{s.url}/-/reload", 10)
+        want = sorted(self.targets)
+
+        def listed() -> bool:
+            got = [t["labels"].get("instance") for s in shards for t in PrometheusAPI(s.url).targets()]
+            return sorted(got) == want
+
+        if not wait_until(listed, timeout):
+            raise ServerError(f"vmagent did not switch to targets {want} within {timeout:.0f} s")
 
     def stop(self) -> None:
         for s in reversed(self.servers()):

@@ -40,9 +40,17 @@ def run(argv: Sequence[str], log_path: Path, env: Optional[Mapping[str, str]] = 
 
 
 # ------------------------------------------------------------------ Prometheus + Alertmanager
+ENGINE = os.environ.get("RANKSIGHT_E2E_ENGINE", "prometheus")  # or victoriametrics
+
+
 def start_stack(workdir: Path, cfg: Mapping[str, Any], targets: Sequence[str] = ()) -> LocalStack:
     """ranksight's LocalStack (deploy/prometheus.yml rendered, generated rules of ``cfg``),
-    scraping and evaluating every second."""
+    scraping and evaluating every second. With RANKSIGHT_E2E_ENGINE=victoriametrics: the
+    VictoriaMetrics layout instead (two vmagent shards, the store, vmalert, the same Alertmanager;
+    ranksight.tools.vmstack), which answers the same calls (prom, prom_url, am, set_targets)."""
+    if ENGINE == "victoriametrics":
+        from ranksight.tools.vmstack import VMStack
+        return VMStack(workdir, targets=list(targets), shards=2, cfg=cfg, scrape_interval="1s").start()  # type: ignore[return-value]
     return LocalStack(workdir, targets=list(targets), cfg=cfg, scrape_interval="1s").start()
 
 
