@@ -41,6 +41,11 @@ def run(argv: Sequence[str], log_path: Path, env: Optional[Mapping[str, str]] = 
 
 # ------------------------------------------------------------------ Prometheus + Alertmanager
 ENGINE = os.environ.get("RANKSIGHT_E2E_ENGINE", "prometheus")  # or victoriametrics
+# What the VictoriaMetrics layout adds to a detection: every hop through the store (the raw samples,
+# then each record a later group reads: rank rates -> rank records -> job records -> the alert) waits
+# up to vmagent's or vmalert's 1 s remote-write flush and the store's 1 s latency offset on top of
+# the reading group's 1 s evaluation, about 2 s a hop more than Prometheus' in-memory reads; four hops.
+DETECT_EXTRA_S = 8.0 if ENGINE == "victoriametrics" else 0.0
 
 
 def start_stack(workdir: Path, cfg: Mapping[str, Any], targets: Sequence[str] = ()) -> LocalStack:

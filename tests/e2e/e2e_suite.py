@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from e2e_harness import (Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack, cfg_test_profile,
+from e2e_harness import (DETECT_EXTRA_S, Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack,
+                         cfg_test_profile,
                      triage_cli)
 from ranksight.common.plumbing import GiveUp, wait_for
 from e2e_netns import Hosts
@@ -298,7 +299,7 @@ class Suite:
             self._note(obs, alerts, fault_start)
             return active(alerts)
         try:
-            obs.cause_alerts = wait_for(cause, case.detect_limit + 15 - (time.monotonic() - fault_start),
+            obs.cause_alerts = wait_for(cause, case.detect_limit + DETECT_EXTRA_S + 15 - (time.monotonic() - fault_start),
                                          f"{case.cause} {want} in Alertmanager", POLL)
             obs.detect_s = time.monotonic() - fault_start
         except AssertionError as e:
@@ -313,7 +314,7 @@ class Suite:
             return [a for a in alerts if a["labels"]["alertname"] == alert and _labels_match(a["labels"], sel)]
 
         deadline = time.monotonic() + SYMPTOM_WAIT
-        also_deadline = fault_start + case.detect_limit + 15  # each further cause has the same bound as the first
+        also_deadline = fault_start + case.detect_limit + DETECT_EXTRA_S + 15  # each further cause has the same bound as the first
         for alert, labels in case.also:  # the other causes of a compound fault: loud
             sel = {"job": job.name, **labels}
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"

@@ -131,3 +131,36 @@ def test_rules_agree_on_prometheus_and_victoriametrics(tmp_path: Path) -> None:
     assert len(records) > 60 and not bad, "\n".join(bad + ["--"] + report)
     assert p_alerts == v_alerts, (sorted(p_alerts), sorted(v_alerts))
     assert "RanksightStraggler" in p_alerts and "RanksightCheckpointSlow" in p_alerts, sorted(p_alerts)
+
+
+@pytest.mark.slow
+def test_stack_cli_starts_and_stops_the_victoriametrics_layout(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from ranksight.common.plumbing import free_port
+
+    _vm_binaries()
+    run_dir = tmp_path / "stack"
+    ports = [str(free_port()) for _ in range(3)]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ranksight", "stack", *args, "--run-dir", str(run_dir)],
+                              capture_output=True, text=True, timeout=120)
+
+    up = cli("up", "--engine", "victoriametrics", "--shards", "3", "--profile", "test", "--targets", "127.0.0.1:9",
+             "--store-port", ports[0], "--vmalert-port", ports[1], "--alertmanager-port", ports[2])
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"victoria-metrics http://127.0.0.1:{ports[0]}" in up.stdout and "3 shards" in up.stdout
+        status = cli("status")
+        assert status.returncode == 0, status.stdout
+        assert sum("running" in ln for ln in status.stdout.splitlines()) == 6  # store, vmalert, 3 shards, Alertmanager
+        rules = PrometheusAPI(f"http://127.0.0.1:{ports[0]}").rules()  # through the store, from vmalert
+        assert {g["name"] for g in rules} >= {"ranksight.recording.baseline", "ranksight.alerts.job"}
+        again = cli("up", "--engine", "victoriametrics")
+        assert again.returncode == 0 and "already running" in again.stdout
+    finally:
+        down = cli("down")
+    assert down.returncode == 0 and "stopped" in down.stdout, down.stderr
+    assert cli("status").returncode == 3
