@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from e2e_harness import (DETECT_EXTRA_S, Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack,
-                         cfg_test_profile,
-                     triage_cli)
+                         cfg_test_profile, triage_cli)
 from ranksight.common.plumbing import GiveUp, wait_for
 from e2e_netns import Hosts
 
