@@ -441,7 +441,7 @@ def render(cfg: Mapping[str, Any], namespace: str = NAMESPACE, image: str = IMAG
     docs["kustomization.yaml"] = _kustomization(["namespace.yaml", *BASES])
     docs[EXAMPLE_JOB] = training_job()
     docs[EXAMPLE_OVERLAY] = stack_overlay(image)
-    docs.update(k8s_vm.render(cfg, namespace))
+    docs.update(k8s_vm.render(cfg, namespace, _labels, APP, docs["monitoring/prometheusrule.yaml"]["spec"]["groups"]))
     return {path: head + _dump(doc) for path, doc in sorted(docs.items())}
 
 

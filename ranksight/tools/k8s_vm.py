@@ -12,12 +12,12 @@ of the bases, with the ServiceMonitor and the PrometheusRule taken out, and
                         every alert labelled with the namespace, as the PrometheusRule's are) against
                         the store, writing records and alert state back, sending to ``ALERTMANAGER``
 
-``render(cfg, namespace) -> {path: object}``: one object a file under examples/victoriametrics/,
+``render(cfg, namespace, labels, app, rule_groups) -> {path: object}``: one object a file under examples/victoriametrics/,
 with their kustomization.yaml. docs/SCALING.md says when to use it.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping
 
 import yaml
 
@@ -32,9 +32,19 @@ STORE_PORT, VMAGENT_PORT, VMALERT_PORT = 8428, 8429, 8880
 ALERTMANAGER = "http://alertmanager-operated.monitoring.svc:9093"
 
 
+class _Base:
+    """What the overlay takes from k8s.py's render: its labels, the agent's Service name, the rule groups."""
+
+    labels: Callable[[str], Dict[str, str]]
+    app: str = ""
+    rule_groups: List[Dict[str, Any]] = []
+
+
+_base = _Base()
+
+
 def _meta(name: str, namespace: str, component: str) -> Dict[str, Any]:
-    from .k8s import _labels
-    labels = {**_labels(component), "app.kubernetes.io/name": name}
+    labels = {**_base.labels(component), "app.kubernetes.io/name": name}
     return {"name": name, "namespace": namespace, "labels": labels}
 
 
@@ -66,26 +76,28 @@ def _service(name: str, namespace: str, port: int, headless: bool = False) -> Di
 def scrape_config(cfg: Mapping[str, Any], namespace: str) -> str:
     """The agents' scrape job for vmagent: the ServiceMonitor's (the agent Service's endpoints,
     honor_labels, job = the Service name) in Prometheus' scrape_config terms."""
-    from .k8s import APP
     job = {"job_name": triage.SCRAPE_JOB, "honor_labels": True, "scrape_interval": "15s", "scrape_timeout": "10s",
            "kubernetes_sd_configs": [{"role": "endpoints", "namespaces": {"names": [namespace]}}],
            "relabel_configs": [
                {"source_labels": ["__meta_kubernetes_service_name", "__meta_kubernetes_endpoint_port_name"],
-                "regex": f"{APP};metrics", "action": "keep"},
+                "regex": f"{_base.app};metrics", "action": "keep"},
                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"}]}
     return yaml.safe_dump({"scrape_configs": [job]}, sort_keys=False)
 
 
-def vmalert_rules(cfg: Mapping[str, Any], namespace: str) -> str:
+def vmalert_rules(rule_groups: List[Dict[str, Any]]) -> str:
+    """The PrometheusRule's groups (every alert labelled with the namespace) rewritten for vmalert."""
     from ranksight.alerts import engines
 
-    from .k8s import prometheusrule
-    groups = prometheusrule(cfg, namespace)["spec"]["groups"]
-    return engines.victoriametrics(yaml.safe_dump({"groups": groups}, sort_keys=False, width=100000))
+    return engines.victoriametrics(yaml.safe_dump({"groups": rule_groups}, sort_keys=False, width=100000))
 
 
-def render(cfg: Mapping[str, Any], namespace: str) -> Dict[str, Dict[str, Any]]:
+def render(cfg: Mapping[str, Any], namespace: str, labels: Callable[[str], Dict[str, str]], app: str,
+           rule_groups: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """``labels(component)``: k8s.py's object labels; ``app``: the agent Service's name; ``rule_groups``:
+    the PrometheusRule's groups."""
+    _base.labels, _base.app, _base.rule_groups = labels, app, rule_groups
     store_url = f"http://{STORE}.{namespace}.svc:{STORE_PORT}"
     pod_name = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     agent_args = ["-promscrape.config=/config/scrape.yml", f"-remoteWrite.url={store_url}/api/v1/write",
@@ -133,7 +145,7 @@ def render(cfg: Mapping[str, Any], namespace: str) -> Dict[str, Dict[str, Any]]:
     scrape = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{VMAGENT}-scrape", namespace, "metrics"),
               "data": {"scrape.yml": scrape_config(cfg, namespace)}}
     rules = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(f"{VMALERT}-rules", namespace, "rules"),
-             "data": {"ranksight-rules.yml": vmalert_rules(cfg, namespace)}}
+             "data": {"ranksight-rules.yml": vmalert_rules(rule_groups)}}
     docs = {
         "vmagent-statefulset.yaml": vmagent, "vmagent-service.yaml": _service(VMAGENT, namespace, VMAGENT_PORT, True),
         "vmagent-serviceaccount.yaml": {"apiVersion": "v1", "kind": "ServiceAccount",
@@ -144,13 +156,12 @@ def render(cfg: Mapping[str, Any], namespace: str) -> Dict[str, Dict[str, Any]]:
         "vmalert-rules.yaml": rules,
     }
     out = {f"{DIR}/{name}": doc for name, doc in docs.items()}
-    out[f"{DIR}/kustomization.yaml"] = kustomization(namespace, sorted(docs))
+    out[f"{DIR}/kustomization.yaml"] = kustomization(namespace, app, sorted(docs))
     return out
 
 
-def kustomization(namespace: str, files: List[str]) -> Dict[str, Any]:
-    from .k8s import APP
-    delete = [("monitoring.coreos.com/v1", "ServiceMonitor", APP), ("monitoring.coreos.com/v1", "PrometheusRule", "ranksight")]
+def kustomization(namespace: str, app: str, files: List[str]) -> Dict[str, Any]:
+    delete = [("monitoring.coreos.com/v1", "ServiceMonitor", app), ("monitoring.coreos.com/v1", "PrometheusRule", "ranksight")]
     return {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
             # the bases, not ../.. (a kustomization may not include the folder it lives in): create the namespace first
             "resources": ["../../agent", "../../monitoring", "../../dashboards", *files],

@@ -37,6 +37,7 @@ from ..common import servers
 from ..common.plumbing import (AlertmanagerAPI, PrometheusAPI, Proc, free_port, http_get, port_in_use, wait_http,
                                wait_until)
 from ..common.servers import ServerError, error_line, find_binary
+from .stack_files import ALERTMANAGER_FILE, deploy_dir, render_alert_files, render_prometheus_config
 
 ENGINE = "victoriametrics"
 DEFAULT_STORE_PORT = 8428
@@ -55,8 +56,6 @@ LATENCY_OFFSET = "1s"
 def scrape_config(template: str, targets: Sequence[str], scrape_interval: Optional[str] = None,
                   scrape_options: Optional[Mapping[str, Any]] = None) -> str:
     """deploy/prometheus.yml for vmagent: the targets set, the keys only Prometheus reads dropped."""
-    from .stack import render_prometheus_config
-
     doc = yaml.safe_load(render_prometheus_config(template, targets, "unused:1", "unused", scrape_interval,
                                                   None, scrape_options))
     for key in _PROMETHEUS_ONLY:
@@ -85,8 +84,6 @@ def render_layout(cfg: Mapping[str, Any], targets: Sequence[str], store_url: str
     """File name -> text: the shards' scrape config, vmalert's rules, alertmanager.yml with its
     templates, Grafana's datasource."""
     from ranksight.alerts import engines, generate
-
-    from .stack import ALERTMANAGER_FILE, deploy_dir, render_alert_files
 
     d = deploy_dir()
     alert_files = render_alert_files(cfg)
@@ -299,8 +296,6 @@ class VMStack:
     def set_targets(self, targets: Sequence[str], timeout: float = 20.0) -> None:
         """Scrape these agents instead: re-render the shards' scrape config, /-/reload every shard,
         and wait until the shards together list exactly these targets (ServerError if not)."""
-        from .stack import deploy_dir
-
         self.targets = list(targets)
         (self.run_dir / SCRAPE_FILE).write_text(scrape_config((deploy_dir() / "prometheus.yml").read_text(),
                                                               self.targets, self.scrape_interval, self.scrape_options))
