@@ -18,7 +18,6 @@ import io
 import logging
 import re
 import shutil
-import statistics
 import tempfile
 import time
 import urllib.request
@@ -36,7 +35,7 @@ from ranksight.tools import vmstack
 
 from .generator import Generator
 from .queries import dashboard_queries, substituted_queries
-from .runner import Options, _percentile
+from .runner import Options
 from .scenario import Scenario, default_stragglers, shape_for
 from .server import BenchError, Prometheus, run_checked, tool_version
 
