@@ -57,7 +57,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-
 from .. import config
 from ..common import servers
 from ..common.plumbing import (AlertmanagerAPI, ApiError, Proc, PrometheusAPI, free_port, http_get, last_line, port_in_use,
