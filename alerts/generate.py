@@ -8,7 +8,8 @@ into ``--out DIR`` (default ``./run/rules``). The committed files under ``alerts
 ``ranksight rules --in-place`` refreshes them (it refuses any other profile or config).
 
 Files:
-  ranksight-rules.yml    the recording groups of triage.RULE_GROUPS (rank, rank state, node, and
+  ranksight-rules.yml    (for --engine victoriametrics: rewritten for vmalert by engines.py)
+                         the recording groups of triage.RULE_GROUPS (rank, rank state, node, and
                          three slow groups of large families), each in dependency order, and the
                          alert groups of triage.ALERT_GROUPS (rank, waiting ranks, node, GPU, job, loss), each
                          in triage order
@@ -32,7 +33,7 @@ import yaml
 from ranksight import cli, config, triage
 from ranksight.console import error
 
-from . import notify
+from . import engines, notify
 from .notify import HEADER
 
 log = logging.getLogger(__name__)
@@ -207,10 +208,12 @@ def render(cfg: Mapping[str, Any]) -> Dict[str, str]:
     return out
 
 
-def write(cfg: Mapping[str, Any], out_dir: Path) -> List[Path]:
+def write(cfg: Mapping[str, Any], out_dir: Path, engine: str = "prometheus") -> List[Path]:
     """Write render(cfg) under out_dir, each file replaced whole (a link there is replaced, its
-    target left alone); remove runbooks of alerts that no longer exist."""
+    target left alone); remove runbooks of alerts that no longer exist. ``engine``
+    "victoriametrics" writes the rules for vmalert (ranksight.alerts.engines)."""
     files = render(cfg)
+    files[RULES_FILE] = engines.render(files[RULES_FILE], engine)
     out_dir = Path(out_dir)
     (out_dir / RUNBOOK_DIR).mkdir(parents=True, exist_ok=True)
     written = []
@@ -229,6 +232,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE", help="YAML config file (default: $RANKSIGHT_CONFIG)")
     p.add_argument("--profile", default="default", choices=sorted(config.PROFILES),
                    help="default, or test (short `for:` durations and windows, for end-to-end tests)")
+    p.add_argument("--engine", default="prometheus", choices=engines.ENGINES,
+                   help="the rule evaluator: prometheus (also Thanos Ruler, Mimir), or victoriametrics (vmalert: "
+                        "each read of an earlier record of the same group rewritten, as vmalert writes a group's "
+                        "results through remote write)")
     cli.add_output_arguments(p, "rules", COMMITTED_DIR)
 
 
@@ -236,11 +243,12 @@ def run(args: argparse.Namespace) -> int:
     cfg = config.load(args.config, args.profile)
     try:
         out = cli.output_dir(args, "rules", COMMITTED_DIR,
-                             cli.departures(cfg, args, [("--profile", args.profile, "default")]))
-        written = write(cfg, out)
+                             cli.departures(cfg, args, [("--profile", args.profile, "default"),
+                                                        ("--engine", args.engine, "prometheus")]))
+        written = write(cfg, out, args.engine)
     except cli.OutputError as e:
         return error(str(e))
     except OSError as e:
         return error(f"cannot write {e.filename or 'the rules'}: {e.strerror or e}")
-    print(f"wrote {len(written)} files to {out} (profile {args.profile})")
+    print(f"wrote {len(written)} files to {out} (profile {args.profile}, engine {args.engine})")
     return 0

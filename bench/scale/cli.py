@@ -88,6 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partial", metavar="FILE", default=None,
                    help="write the result so far to FILE at the start of every phase (a run cut at its time "
                         "limit keeps what it measured: the live rule evaluation comes before the dashboard queries)")
+    p.add_argument("--engine", choices=("prometheus", "victoriametrics"), default="prometheus",
+                   help="prometheus (default), or victoriametrics: the data imported into a VictoriaMetrics store, "
+                        "the records backfilled by vmalert -replay, the same dashboard queries timed against the "
+                        "store, each group's evaluation from vmalert's metrics, dropped samples, the store's RSS and "
+                        "disk (bench/scale/vm.py)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -143,6 +148,15 @@ def run(args: argparse.Namespace) -> int:
                    baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
                    promtool=args.promtool, query_timeout=args.query_timeout, future=args.future,
                    reuse=args.reuse, partial=args.partial)
+    if args.engine == "victoriametrics":
+        from .vm import VMBench, report as vm_report
+        vm = VMBench(opts)
+        try:
+            result = vm.run()
+        except (BenchError, ValueError, OSError) as e:
+            return error(str(e))
+        print(json.dumps(result, indent=2) if args.json else vm_report(result))
+        return 0
     bench = Bench(opts)
     try:
         result = bench.run()

@@ -444,8 +444,9 @@ class PrometheusAPI:
         return [r["name"] for g in self.rules() for r in g["rules"]]
 
     def alerts(self) -> List[Dict[str, Any]]:
-        """Pending and firing alerts: [{"labels", "annotations", "state", "activeAt", "value"}]."""
-        return self._request("/api/v1/alerts")["alerts"]
+        """Pending and firing alerts: [{"labels", "annotations", "state", "activeAt", "value"}] (vmalert,
+        and VictoriaMetrics proxying it, answer null for none)."""
+        return self._request("/api/v1/alerts")["alerts"] or []
 
     def targets(self) -> List[Dict[str, Any]]:
         return self._request("/api/v1/targets", {"state": "active"})["activeTargets"]

@@ -3,7 +3,8 @@ LocalStack, which the demo and the tests use), the tests' own servers and the be
 (torch-free, standard library only).
 
 ``find_binary(name) -> str``
-    Path of "prometheus" / "alertmanager" / "promtool" / "amtool"; raises ``MissingBinary``
+    Path of "prometheus" / "alertmanager" / "promtool" / "amtool" (and "victoria-metrics" /
+    "vmagent" / "vmalert", $RANKSIGHT_VICTORIA_METRICS_BIN and so on); raises ``MissingBinary``
     whose message names the Debian package to install. ``$RANKSIGHT_PROMETHEUS_BIN``,
     ``$RANKSIGHT_ALERTMANAGER_BIN``, ``$RANKSIGHT_PROMTOOL_BIN``, ``$RANKSIGHT_AMTOOL_BIN`` override.
 ``prometheus(config, data, log_file, port=0, flags=(), ...) -> Server``
@@ -37,6 +38,10 @@ BINARIES: Dict[str, tuple] = {
                      "prometheus-alertmanager"),
     "promtool": (("promtool",), "RANKSIGHT_PROMTOOL_BIN", "prometheus"),
     "amtool": (("amtool",), "RANKSIGHT_AMTOOL_BIN", "prometheus-alertmanager"),
+    # the VictoriaMetrics layout of ``ranksight stack --engine victoriametrics`` (ranksight.tools.vmstack)
+    "victoria-metrics": (("victoria-metrics",), "RANKSIGHT_VICTORIA_METRICS_BIN", "victoria-metrics"),
+    "vmagent": (("vmagent",), "RANKSIGHT_VMAGENT_BIN", "victoria-metrics"),
+    "vmalert": (("vmalert",), "RANKSIGHT_VMALERT_BIN", "victoria-metrics"),
 }
 PathLike = Union[str, "os.PathLike[str]"]
 

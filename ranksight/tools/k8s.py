@@ -27,6 +27,8 @@ Files:
                                 (not part of the kustomization)
   examples/kube-prometheus-stack/kustomization.yaml   an overlay: the `release` label that
                                 kube-prometheus-stack selects by, and the agent's image from a registry
+  examples/victoriametrics/     an overlay: vmagent scrape shards, a VictoriaMetrics store and vmalert
+                                instead of Prometheus (k8s_vm.py; docs/SCALING.md)
 
 prometheus-operator adds ``namespace="<the AlertmanagerConfig's namespace>"`` to the route and
 to both sides of every inhibit rule it takes from an AlertmanagerConfig (its default matcher
@@ -51,6 +53,8 @@ from ranksight import __version__, cli, config, triage
 from ranksight.console import error
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
+
+from . import k8s_vm
 
 # deploy/kubernetes/ of a checkout: what --in-place writes
 COMMITTED_DIR = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
@@ -437,6 +441,7 @@ def render(cfg: Mapping[str, Any], namespace: str = NAMESPACE, image: str = IMAG
     docs["kustomization.yaml"] = _kustomization(["namespace.yaml", *BASES])
     docs[EXAMPLE_JOB] = training_job()
     docs[EXAMPLE_OVERLAY] = stack_overlay(image)
+    docs.update(k8s_vm.render(cfg, namespace, _labels, APP, docs["monitoring/prometheusrule.yaml"]["spec"]["groups"]))
     return {path: head + _dump(doc) for path, doc in sorted(docs.items())}
 
 

@@ -57,20 +57,19 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
-import yaml
-
-from .. import config, triage
+from .. import config
 from ..common import servers
 from ..common.plumbing import (AlertmanagerAPI, ApiError, Proc, PrometheusAPI, free_port, http_get, last_line, port_in_use,
                                wait_http, wait_until)
 from ..common.servers import MissingBinary, ServerError, find_binary
 from ..console import error
+from . import vmstack
+from .stack_files import (ALERTMANAGER_FILE, TEMPLATES_DIR, deploy_dir, render_alert_files,  # noqa: F401 (public here)
+                          render_prometheus_config)
 
 log = logging.getLogger(__name__)
 
 RULES_FILE = "ranksight-rules.yml"
-ALERTMANAGER_FILE = "alertmanager.yml"
-TEMPLATES_DIR = "templates"  # Alertmanager notification templates, beside alertmanager.yml
 DEFAULT_TARGET = "127.0.0.1:9945"
 DEFAULT_RUN_DIR = "run/stack"  # relative to the current directory
 DEFAULT_PROMETHEUS_PORT = 9090
@@ -94,57 +93,6 @@ def parse_targets(text: str) -> List[str]:
     if not out:
         raise StackError("no scrape targets given")
     return out
-
-
-# ------------------------------------------------------------------ config rendering
-def deploy_dir() -> Path:
-    """deploy/ of this checkout (next to the ranksight/ package), else ./deploy."""
-    here = Path(__file__).resolve().parents[2] / "deploy"
-    for d in (here, Path.cwd() / "deploy"):
-        if (d / "prometheus.yml").is_file():
-            return d
-    raise StackError("deploy/prometheus.yml not found: run from a ranksight checkout "
-                     "(pip install -e . keeps deploy/ next to the package)")
-
-
-def render_prometheus_config(template: str, targets: Sequence[str], alertmanager: str, rule_glob: str,
-                             scrape_interval: Optional[str] = None,
-                             evaluation_interval: Optional[str] = None,
-                             scrape_options: Optional[Mapping[str, Any]] = None) -> str:
-    """deploy/prometheus.yml with the ranksight-agent targets, the Alertmanager address and
-    the rules path replaced; everything else (honor_labels, timeouts) is kept. ``scrape_options``
-    are Prometheus scrape_config keys (scheme, tls_config, basic_auth) set on the agents' job."""
-    try:
-        doc = yaml.safe_load(template)
-    except yaml.YAMLError as e:
-        raise StackError(f"deploy/prometheus.yml: invalid YAML ({e.__class__.__name__})") from None
-    jobs = [j for j in doc.get("scrape_configs") or [] if j.get("job_name") == triage.SCRAPE_JOB]
-    if len(jobs) != 1:
-        raise StackError(f"deploy/prometheus.yml: expected one scrape job named {triage.SCRAPE_JOB!r}")
-    jobs[0]["static_configs"] = [{"targets": list(targets)}]
-    jobs[0].update(dict(scrape_options or {}))
-    doc["rule_files"] = [rule_glob]
-    doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
-    g = doc.setdefault("global", {})
-    if scrape_interval:
-        g["scrape_interval"] = scrape_interval
-        if config.duration_seconds(g.get("scrape_timeout", "10s")) > config.duration_seconds(scrape_interval):
-            g["scrape_timeout"] = scrape_interval
-    if evaluation_interval:
-        g["evaluation_interval"] = evaluation_interval
-    head = "# Rendered by `ranksight stack` from deploy/prometheus.yml. Do not edit: edit that file.\n"
-    return head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
-
-
-def render_alert_files(cfg: Mapping[str, Any]) -> Dict[str, str]:
-    """Rules, alertmanager.yml and its templates for cfg, from ranksight.alerts.generate.render
-    (not the fragment for merging into another Alertmanager, nor the runbooks)."""
-    try:
-        from ranksight.alerts import generate
-    except ImportError as e:
-        raise StackError(f"cannot render the rules: ranksight.alerts.generate is not importable ({e})") from None
-    return {k: v for k, v in generate.render(cfg).items()
-            if ("/" not in k and k != generate.notify.FRAGMENT_FILE) or k.startswith(TEMPLATES_DIR + "/")}
 
 
 class LocalStack:
@@ -387,6 +335,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scrape-interval", metavar="DUR",
                    help="scrape and rule evaluation interval (default 15s; 5s with --profile test)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="up: seconds to wait for ready")
+    p.add_argument("--engine", default="prometheus", choices=("prometheus", vmstack.ENGINE),
+                   help="up: prometheus (one Prometheus, the default), or victoriametrics: --shards vmagent scrape "
+                        "shards writing to one VictoriaMetrics store, vmalert evaluating the rules against it and "
+                        "sending to the same Alertmanager (docs/SCALING.md)")
+    p.add_argument("--shards", type=int, default=2, metavar="N", help="victoriametrics: vmagent scrape shards (default 2)")
+    p.add_argument("--store-port", type=int, default=vmstack.DEFAULT_STORE_PORT, metavar="N",
+                   help=f"victoriametrics: the store's port on 127.0.0.1 (default {vmstack.DEFAULT_STORE_PORT})")
+    p.add_argument("--vmalert-port", type=int, default=vmstack.DEFAULT_VMALERT_PORT, metavar="N",
+                   help=f"victoriametrics: vmalert's port on 127.0.0.1 (default {vmstack.DEFAULT_VMALERT_PORT})")
 
 
 def _status_lines(stack: LocalStack) -> List[str]:
@@ -428,8 +385,63 @@ def run(args: argparse.Namespace) -> int:
         return error(str(e))
 
 
+def _engine_state(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """stack.json of a VictoriaMetrics layout in run_dir, else None."""
+    try:
+        state = json.loads((run_dir / "stack.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and state.get("engine") == vmstack.ENGINE else None
+
+
+def _run_vm(args: argparse.Namespace, run_dir: Path, state: Optional[Dict[str, Any]]) -> int:
+    """`stack up --engine victoriametrics`, and status/down of such a stack."""
+    if state is not None:
+        stack = vmstack.VMStack.attach(run_dir, state)
+        pids = stack.pids()
+        if args.action == "down":
+            if any(pids.values()):
+                stack.stop()
+            print(f"ranksight stack: stopped ({', '.join(k for k, v in pids.items() if v) or 'nothing ran'})")
+            return 0
+        if args.action == "status":
+            for line in vmstack.status_lines(stack):
+                print(line)
+            running = sum(1 for v in pids.values() if v)
+            return 0 if running == len(pids) else (3 if running == 0 else 1)
+        if any(pids.values()):
+            print(f"ranksight stack: already running in {run_dir} ({stack_command('down', run_dir)} first)")
+            return 0
+    for port, flag in ((args.store_port, "--store-port"), (args.vmalert_port, "--vmalert-port"),
+                       (args.alertmanager_port, "--alertmanager-port")):
+        if not 0 < port < 65536:
+            raise StackError(f"{flag} {port}: expected a port in 1..65535")
+    if not 1 <= args.shards <= 64:
+        raise StackError(f"--shards {args.shards}: expected 1..64")
+    targets = parse_targets(args.targets)
+    interval = args.scrape_interval or ("5s" if args.profile == "test" else "15s")
+    if not re.fullmatch(r"(\d+(ms|s|m|h))+", interval):
+        raise StackError(f"--scrape-interval {interval!r}: expected a duration like 5s or 1m")
+    cfg = config.load(args.config, args.profile)
+    stack = vmstack.VMStack(run_dir, targets, shards=args.shards, cfg=cfg, store_port=args.store_port,
+                            vmalert_port=args.vmalert_port, alertmanager_port=args.alertmanager_port,
+                            scrape_interval=interval, daemon=True)
+    stack.start(timeout=args.timeout)
+    print(f"victoria-metrics {stack.store_url}   (the store: query API and remote write; Grafana's datasource: "
+          f"{stack.run_dir / vmstack.DATASOURCE_FILE})")
+    print(f"vmalert          {stack.vmalert_url}   (rules: profile {args.profile}, engine {vmstack.ENGINE})")
+    print(f"alertmanager     {stack.am_url}")
+    print(f"vmagent          {args.shards} shards scraping {', '.join(targets)} every {interval}; "
+          f"data and logs in {stack.run_dir}")
+    print(f"stop with        {stack_command('down', stack.run_dir)}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
+    vm_state = _engine_state(run_dir)
+    if vm_state is not None or (args.action == "up" and args.engine == vmstack.ENGINE):
+        return _run_vm(args, run_dir, vm_state)
     if args.action in ("down", "status"):
         stack = LocalStack.attach(run_dir)
         pids = stack.pids()

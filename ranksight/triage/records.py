@@ -45,6 +45,17 @@ def _rate(m: Any, window: str) -> str:
     return f"rate({m}[{window}])"
 
 
+def _window_increase_rate(m: Any, window: str) -> str:
+    """The counter's increase over the window per second, from its values at both ends: a bursty
+    counter (a checkpoint adds its whole duration in one scrape) reads the same on every engine,
+    where ``rate`` differs by the burst when it falls between the window's first sample and the
+    sample before it (Prometheus extrapolates from the samples inside the window, VictoriaMetrics
+    starts at the sample before it). ``rate`` where the counter is younger than the window or was
+    reset in it."""
+    seconds = f"{duration_seconds(window):g}"
+    return f"(({m} - {m} offset {window}) >= 0) / {seconds} or {_rate(m, window)}"
+
+
 # the rank rates group's records of the raw step counters, in the group's order: the steps and the
 # sums of the step-record fields the shares and the busy time read
 _R = {k: REC[k] for k in ("dur", "steps", "data", "comm", "xcomm", "ckpt", "samples", "tokens")}
@@ -125,12 +136,13 @@ def _rank_state_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     # save's background write is not in it), over a window longer than the checkpoint interval
     # (1 h): over the 5 min rate window, every blocking write longer than 15 s would read as a 5% share.
     state = [
-        Recording(REC["ckpt_share"], _rate(C.CHECKPOINT_SECONDS, ckpt_w)),
+        Recording(REC["ckpt_share"], _window_increase_rate(C.CHECKPOINT_SECONDS, ckpt_w)),
         # The job loses the largest rank's checkpoint share: the other ranks wait for it in their
         # next collective (rank-0-only saves), so the mean would understate it by the world size.
         Recording(REC["job_ckpt_share"], f"max by (job) ({REC['ckpt_share']})"),
         Recording(REC["b2o"], f"{_rate(C.BACKWARD_TO_OPTIMIZER.sum, w)} / ({_rate(C.BACKWARD_TO_OPTIMIZER.count, w)} > 0)"),
-        Recording(REC["alloc_retries"], f"{_rate(C.CUDA_ALLOC_RETRIES, w)} * 60"),
+        # an event counter (one retry at a time): the same on every engine, as the checkpoint share
+        Recording(REC["alloc_retries"], f"({_window_increase_rate(C.CUDA_ALLOC_RETRIES, w)}) * 60"),
         Recording(REC["ckpt_age"], f"time() - {C.LAST_CHECKPOINT}"),
         Recording(REC["ckpt_age_median"], f"quantile by (job) (0.5, {REC['ckpt_age']})"),
         Recording(REC["ranks_up"], f"sum by (job) ({C.RANK_UP})"),

@@ -40,9 +40,22 @@ def run(argv: Sequence[str], log_path: Path, env: Optional[Mapping[str, str]] = 
 
 
 # ------------------------------------------------------------------ Prometheus + Alertmanager
+ENGINE = os.environ.get("RANKSIGHT_E2E_ENGINE", "prometheus")  # or victoriametrics
+# What the VictoriaMetrics layout adds to a detection: every hop through the store (the raw samples,
+# then each record a later group reads: rank rates -> rank records -> job records -> the alert) waits
+# up to vmagent's or vmalert's 1 s remote-write flush and the store's 1 s latency offset on top of
+# the reading group's 1 s evaluation, about 2 s a hop more than Prometheus' in-memory reads; four hops.
+DETECT_EXTRA_S = 8.0 if ENGINE == "victoriametrics" else 0.0
+
+
 def start_stack(workdir: Path, cfg: Mapping[str, Any], targets: Sequence[str] = ()) -> LocalStack:
     """ranksight's LocalStack (deploy/prometheus.yml rendered, generated rules of ``cfg``),
-    scraping and evaluating every second."""
+    scraping and evaluating every second. With RANKSIGHT_E2E_ENGINE=victoriametrics: the
+    VictoriaMetrics layout instead (two vmagent shards, the store, vmalert, the same Alertmanager;
+    ranksight.tools.vmstack), which answers the same calls (prom, prom_url, am, set_targets)."""
+    if ENGINE == "victoriametrics":
+        from ranksight.tools.vmstack import VMStack
+        return VMStack(workdir, targets=list(targets), shards=2, cfg=cfg, scrape_interval="1s").start()  # type: ignore[return-value]
     return LocalStack(workdir, targets=list(targets), cfg=cfg, scrape_interval="1s").start()
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from e2e_harness import (Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack, cfg_test_profile,
-                     triage_cli)
+from e2e_harness import (DETECT_EXTRA_S, Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack,
+                         cfg_test_profile, triage_cli)
 from ranksight.common.plumbing import GiveUp, wait_for
 from e2e_netns import Hosts
 
@@ -270,11 +270,17 @@ class Suite:
         """Monotonic time of the job's first step, at the latest: the scrape that saw it minus one interval."""
         assert self.stack is not None
 
+        dead_since: Dict[int, float] = {}
+
         def seen() -> bool:
+            if self.stack.prom.query(f'ranksight_steps_total{{job="{job.name}"}} > 0'):
+                return True
+            # a rank that stops FAULT_AFTER s after its first step may go before the store shows that step
+            # (the VictoriaMetrics layout's writes land a few seconds late): give up once that lag has passed
             for i, p in enumerate(job.procs):
-                if not p.alive():
+                if not p.alive() and time.monotonic() - dead_since.setdefault(i, time.monotonic()) > 1.0 + DETECT_EXTRA_S:
                     raise GiveUp(f"rank {i} of {job.name} exited before its first step")
-            return bool(self.stack.prom.query(f'ranksight_steps_total{{job="{job.name}"}} > 0'))
+            return False
         wait_for(seen, STARTUP_TIMEOUT, f"{job.name}: first step in Prometheus", POLL)
         return time.monotonic() - 1.0
 
@@ -298,7 +304,7 @@ class Suite:
             self._note(obs, alerts, fault_start)
             return active(alerts)
         try:
-            obs.cause_alerts = wait_for(cause, case.detect_limit + 15 - (time.monotonic() - fault_start),
+            obs.cause_alerts = wait_for(cause, case.detect_limit + DETECT_EXTRA_S + 15 - (time.monotonic() - fault_start),
                                          f"{case.cause} {want} in Alertmanager", POLL)
             obs.detect_s = time.monotonic() - fault_start
         except AssertionError as e:
@@ -313,7 +319,7 @@ class Suite:
             return [a for a in alerts if a["labels"]["alertname"] == alert and _labels_match(a["labels"], sel)]
 
         deadline = time.monotonic() + SYMPTOM_WAIT
-        also_deadline = fault_start + case.detect_limit + 15  # each further cause has the same bound as the first
+        also_deadline = fault_start + case.detect_limit + DETECT_EXTRA_S + 15  # each further cause has the same bound as the first
         for alert, labels in case.also:  # the other causes of a compound fault: loud
             sel = {"job": job.name, **labels}
             key = f"{alert} {json.dumps(labels, sort_keys=True)}"

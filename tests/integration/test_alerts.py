@@ -139,6 +139,7 @@ def test_committed_alertmanager_config_checks():
 _TIME = [
     (re.compile(r"\[\d+(?:ms|[smhd])\]"), "[W]"),  # range selectors
     (re.compile(r"offset \d+(?:ms|[smhd])"), "offset W"),
+    (re.compile(r"(offset W\) >= 0\) / )\d+(?:\.\d+)?"), r"\1W"),  # a window's increase per second
     (re.compile(r"(time\(\) - \w+ < )\d+(?:\.\d+)?"), r"\1W"),  # checkpoint-slow recency = rate window in seconds
     (re.compile(r" in \d+(?:ms|[smhd])\."), " in W."),  # heartbeat description names its window
     (re.compile(r"over the (last )?\d+(?:ms|[smhd])\b"), r"over the \1W"),  # the loss spike's windows

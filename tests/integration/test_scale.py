@@ -18,6 +18,8 @@ import yaml
 from ranksight import catalog as C
 from ranksight import config, triage
 from ranksight.triage import goodput
+from ranksight.alerts import generate as alerts_generate
+from ranksight.common import servers
 from ranksight.tools.bench import load
 
 scale = load("scale")
@@ -222,3 +224,34 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path):
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 2, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.slow
+def test_victoriametrics_engine_reports_the_same_figures(tmp_path):
+    for name in ("victoria-metrics", "vmalert"):
+        try:
+            servers.find_binary(name)
+        except servers.MissingBinary as e:
+            pytest.skip(f"--engine victoriametrics needs its binaries: {e}")
+    cfg = tmp_path / "ranksight.yml"
+    cfg.write_text("durations:\n  slow_rule_interval: 10s\n  baseline_rule_interval: 10s\n")
+    cmd = [sys.executable, "-m", "ranksight", "bench", "scale", "--engine", "victoriametrics", "--nodes", "2",
+           "--gpus", "2", "--ranks-per-node", "2", "--hours", "3m", "--step", "5s", "--repeat", "1",
+           "--rule-evals", "2", "--config", str(cfg), "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r = json.loads(out.stdout)
+    from ranksight.dashboards import generate as dgen
+
+    q = r["queries"]
+    assert q["count"] == len(dgen.queries(config.load())) == len(q["items"]) and q["errors"] == []
+    assert q["p50_seconds"] <= q["p99_seconds"] <= q["max_seconds"]
+    assert len([it for it in q["items"] if it["series"]]) >= 0.8 * len(q["items"])  # the records were backfilled
+    groups = {g["name"]: g for g in r["rules"]["groups"]}
+    rule_doc = yaml.safe_load(alerts_generate.render_rules(config.load()))
+    assert set(groups) == {g["name"] for g in rule_doc["groups"]}
+    for g in groups.values():
+        assert g["evaluations"] >= 1 and g["evaluation_seconds_max"] > 0 and g["iterations_missed"] == 0, g
+    assert r["store"]["rows_ignored"] == 0 and r["rules"]["vmalert_dropped_rows"] == 0
+    assert r["store"]["rss_bytes"] > 0 and r["store"]["disk_bytes"] > 0
+    assert r["import"]["samples"] > 0

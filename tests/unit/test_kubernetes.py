@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from ranksight import catalog, config, protocol, triage
-from ranksight.tools import k8s
+from ranksight.tools import k8s, k8s_vm
 from ranksight.alerts import generate as alerts
 from ranksight.alerts import notify
 from ranksight.common.plumbing import AlertmanagerAPI, free_port, set_pdeathsig, wait_until
@@ -64,7 +64,13 @@ def files(cfg) -> Dict[str, str]:
 
 @pytest.fixture(scope="module")
 def docs(files) -> Dict[str, Dict[str, Any]]:
-    return k8s.manifests(files)
+    """The prometheus-operator layout's objects (the VictoriaMetrics overlay's are vm_docs)."""
+    return {p: d for p, d in k8s.manifests(files).items() if not p.startswith(k8s_vm.DIR + "/")}
+
+
+@pytest.fixture(scope="module")
+def vm_docs(files) -> Dict[str, Dict[str, Any]]:
+    return {p: d for p, d in k8s.manifests(files).items() if p.startswith(k8s_vm.DIR + "/")}
 
 
 def _kind(docs: Dict[str, Dict[str, Any]], kind: str) -> Dict[str, Any]:
@@ -86,6 +92,7 @@ def test_render_is_deterministic_and_follows_namespace_and_image(cfg, files):
     for path, doc in other.items():
         if doc["kind"] != "Namespace" and path != k8s.EXAMPLE_JOB:
             assert doc["metadata"]["namespace"] == "gpu-monitoring", path
+    assert any(p.startswith(k8s_vm.DIR) for p in other)
     alert_rules = [r for g in _kind(other, "PrometheusRule")["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert {r["labels"]["namespace"] for r in alert_rules} == {"gpu-monitoring"}
     ds = _kind(other, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
@@ -540,3 +547,44 @@ def test_real_stack_loads_the_prometheusrule_and_inhibits_by_namespace(docs, cfg
         time.sleep(0.2)
     assert state == {("RanksightDataloaderBound", "train"): False, ("RanksightCommBound", "train"): True,
                      ("RanksightDataloaderBound", "other"): False, ("RanksightCommBound", "other"): False}
+
+
+# ------------------------------------------------------------------ the VictoriaMetrics overlay
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_victoriametrics_overlay_validates_strictly(vm_docs, version):
+    for path, doc in vm_docs.items():
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{path}: {e.message} at {'/'.join(map(str, e.path))}", pytrace=False)
+    assert sorted(d["kind"] for d in vm_docs.values()) == sorted(
+        ["StatefulSet", "StatefulSet", "Deployment", "Service", "Service", "Service", "ServiceAccount", "Role",
+         "RoleBinding", "ConfigMap", "ConfigMap"])
+
+
+def test_kubectl_kustomize_builds_the_victoriametrics_overlay(docs, vm_docs, cfg):
+    kubectl = _tool("kubectl", "it comes with the project's machine image")
+    r = _run(kubectl, "kustomize", str(OUT / k8s_vm.DIR))
+    assert r.returncode == 0, r.stderr
+    built = {(d["kind"], d["metadata"]["name"]): d for d in yaml.load_all(r.stdout, Loader=_CrdLoader) if d}
+    kinds = {k for k, _ in built}
+    assert "ServiceMonitor" not in kinds and "PrometheusRule" not in kinds  # vmagent and vmalert instead
+    assert ("AlertmanagerConfig", "ranksight") in built  # the same Alertmanager routes and inhibitions
+    assert ("DaemonSet", triage.SCRAPE_JOB) in built and sum(k == "ConfigMap" for k in kinds) == 1
+    for d in vm_docs.values():
+        assert built[(d["kind"], d["metadata"]["name"])] == d
+    agent = built[("StatefulSet", k8s_vm.VMAGENT)]
+    args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"-promscrape.cluster.membersCount={agent['spec']['replicas']}" in args
+    assert "-promscrape.cluster.memberNum=$(POD_NAME)" in args  # vmagent reads the ordinal of vmagent-N
+    scrape = yaml.safe_load(built[("ConfigMap", "vmagent-scrape")]["data"]["scrape.yml"])
+    (job,) = scrape["scrape_configs"]
+    assert job["job_name"] == triage.SCRAPE_JOB and job["honor_labels"] is True
+    rules = yaml.safe_load(built[("ConfigMap", "vmalert-rules")]["data"]["ranksight-rules.yml"])
+    prom = _kind(docs, "PrometheusRule")["spec"]["groups"]
+    assert [g["name"] for g in rules["groups"]] == [g["name"] for g in prom]
+    assert [r.get("labels") for g in rules["groups"] for r in g["rules"]] == \
+        [r.get("labels") for g in prom for r in g["rules"]]  # every alert labelled with the namespace
+    va = built[("Deployment", k8s_vm.VMALERT)]["spec"]["template"]["spec"]["containers"][0]["args"]
+    store = f"http://{k8s_vm.STORE}.{NS}.svc:{k8s_vm.STORE_PORT}"
+    assert {f"-datasource.url={store}", f"-remoteWrite.url={store}", f"-remoteRead.url={store}"} <= set(va)

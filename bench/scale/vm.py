@@ -1,0 +1,275 @@
+"""``ranksight bench scale --engine victoriametrics``: the same scenario in the VictoriaMetrics
+layout (docs/SCALING.md), reporting the same figures as the Prometheus run.
+
+1. Generates the scenario's OpenMetrics (as the Prometheus run does) and imports it into a real
+   single-node store (``/api/v1/import/prometheus``, millisecond timestamps).
+2. Backfills the recording rules over the data with ``vmalert -replay.*`` (the rule file of
+   ``ranksight rules --engine victoriametrics``), writing through the store's remote write.
+3. Times every dashboard query against the store (its Prometheus query API), interleaved rounds,
+   the median of each; p50/p99 and the slowest, per query.
+4. Runs vmalert live against the store for a few evaluations of every group and reads each group's
+   evaluation duration from vmalert's own metrics (``vmalert_iteration_duration_seconds``).
+5. Reports dropped samples (rows the store ignored, rows vmalert failed to write), the store's RSS
+   (peak too) and its data size on disk.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import re
+import shutil
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from ranksight import config as rconfig
+from ranksight.alerts import engines, generate
+from ranksight.common import servers
+from ranksight.common.plumbing import PrometheusAPI, Proc, free_port, wait_http
+from ranksight.common.units import binary_bytes
+from ranksight.tools import vmstack
+
+from .generator import Generator
+from .queries import dashboard_queries, substituted_queries
+from .runner import Options
+from .scenario import Scenario, default_stragglers, shape_for
+from .server import BenchError, Prometheus, run_checked, tool_version
+
+log = logging.getLogger(__name__)
+
+IMPORT_CHUNK = 8 << 20  # bytes a POST to /api/v1/import/prometheus
+
+
+class _Store:
+    """The store as the query timer sees Prometheus (timed_query, timed_query_range)."""
+
+    timed_query = Prometheus.timed_query
+    timed_query_range = Prometheus.timed_query_range
+
+    def __init__(self, url: str, timeout: float):
+        self.url = url
+        self.timing = PrometheusAPI(url, timeout=timeout)
+
+
+def _metrics(url: str) -> Dict[str, float]:
+    return PrometheusAPI(url, timeout=60.0).own_metrics()
+
+
+def _sum(m: Dict[str, float], name: str) -> float:
+    return sum(v for k, v in m.items() if k == name or k.startswith(name + "{"))
+
+
+def _rss(pid: Optional[int]) -> Tuple[int, int]:
+    rss = hwm = 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith("VmHWM:"):
+                hwm = int(line.split()[1]) * 1024
+    except (OSError, TypeError):
+        pass
+    return rss, hwm
+
+
+class VMBench:
+    def __init__(self, opts: Options):
+        self.o = opts
+        self.cfg = rconfig.load(opts.config)
+        self.result: Dict[str, Any] = {"engine": vmstack.ENGINE}
+
+    def _import(self, url: str, scn: Scenario) -> Dict[str, Any]:
+        """Generate node by node and POST Prometheus text (ms timestamps) in chunks."""
+        gen = Generator(scn)
+        t0, samples, sent = time.monotonic(), 0, 0
+        buf: List[str] = []
+        size = 0
+
+        def flush() -> None:
+            nonlocal buf, size, sent
+            if not buf:
+                return
+            body = "".join(buf).encode()
+            req = urllib.request.Request(f"{url}/api/v1/import/prometheus", data=body, method="POST")
+            with urllib.request.urlopen(req, timeout=600):  # noqa: S310 - our loopback store
+                pass
+            sent += len(body)
+            buf, size = [], 0
+
+        for n in range(scn.nodes):
+            out = io.StringIO()
+            c = gen.write(out, [n])
+            samples += c.samples
+            for line in out.getvalue().splitlines():
+                if not line or line[0] == "#":
+                    continue
+                head, _, ts = line.rpartition(" ")
+                buf.append(f"{head} {int(float(ts) * 1000)}\n")
+                size += len(line)
+            if size >= IMPORT_CHUNK:
+                flush()
+        flush()
+        with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=120):  # noqa: S310
+            pass
+        return {"samples": samples, "bytes": sent, "seconds": round(time.monotonic() - t0, 2)}
+
+    def run(self) -> Dict[str, Any]:
+        o, t_start = self.o, time.monotonic()
+        for name in ("victoria-metrics", "vmalert"):
+            try:
+                servers.find_binary(name)
+            except servers.MissingBinary as e:
+                raise BenchError(str(e)) from None
+        samples = int(o.hours * 3600) // o.step + 1
+        end = int(time.time()) // o.step * o.step
+        dl = o.nodes // 2 if o.nodes > 1 else 0
+        scn = Scenario(nodes=o.nodes, shape=shape_for(o.design, o.gpus, o.ranks_per_node), t0=end - (samples - 1) * o.step,
+                       samples=samples, step=o.step, dataloader_node=dl,
+                       stragglers=tuple(r for r in default_stragglers(o.nodes, o.ranks_per_node)
+                                        if r // o.ranks_per_node != dl))
+        self.result["scenario"] = {"nodes": o.nodes, "gpus_per_node": o.gpus, "ranks": scn.ranks, "hours": o.hours,
+                                   "step_seconds": o.step, "design": o.design}
+        base = Path(o.keep) if o.keep else Path(tempfile.mkdtemp(prefix="ranksight-scale-vm-", dir=o.workdir))
+        base.mkdir(parents=True, exist_ok=True)
+        try:
+            self._run(scn, base)
+        finally:
+            if not o.keep:
+                shutil.rmtree(base, ignore_errors=True)
+        self.result["wall_seconds"] = round(time.monotonic() - t_start, 1)
+        return self.result
+
+    def _run(self, scn: Scenario, base: Path) -> None:
+        o = self.o
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        store = Proc(vmstack.store_argv(servers.find_binary("victoria-metrics"), str(base / "store"),
+                                        f"127.0.0.1:{port}", retention="100y"), base / "store.log", name="victoria-metrics")
+        store.start()
+        try:
+            ok, code = wait_http(f"{url}/health", 60, store.popen)
+            if not ok:
+                raise BenchError(f"victoria-metrics did not start (exit {code}): {servers.error_line(base / 'store.log')}")
+            self.result["versions"] = {"victoria-metrics": tool_version(servers.find_binary("victoria-metrics")),
+                                       "vmalert": tool_version(servers.find_binary("vmalert"))}
+            self.result["import"] = self._import(url, scn)
+            rules = base / "rules.yml"
+            rules.write_text(engines.victoriametrics(generate.render_rules(self.cfg)))
+            t0 = time.monotonic()
+            self._replay(url, scn, rules, base)
+            self.result["backfill"] = {"rules_seconds": round(time.monotonic() - t0, 2)}
+            self._queries(url, scn)
+            self._live_rules(url, rules, base)
+            m = _metrics(url)
+            rss, hwm = _rss(store.pid())
+            self.result["store"] = {"rss_bytes": rss, "rss_peak_bytes": hwm,
+                                    "disk_bytes": int(_sum(m, "vm_data_size_bytes")),
+                                    "series": int(_sum(m, "vm_new_timeseries_created_total")),
+                                    "rows_ignored": int(_sum(m, "vm_rows_ignored_total"))}
+        finally:
+            store.stop()
+
+    def _replay(self, url: str, scn: Scenario, rules: Path, base: Path) -> None:
+        """``vmalert -replay`` one recording group at a time, in the file's order (a group reads
+        only the groups before it), the store flushed after each so the next one reads it."""
+        iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+        groups = [g for g in yaml.safe_load(rules.read_text())["groups"] if all("record" in r for r in g["rules"])]
+        for i, group in enumerate(groups):
+            one = base / f"replay-{i:02d}.yml"
+            one.write_text(yaml.safe_dump({"groups": [group]}, sort_keys=False, width=100000))
+            run_checked([servers.find_binary("vmalert"), f"-rule={one}", f"-datasource.url={url}",
+                         f"-remoteWrite.url={url}", f"-replay.timeFrom={iso(scn.t0)}", f"-replay.timeTo={iso(scn.t_end)}",
+                         "-replay.disableProgressBar", f"-evaluationInterval={self.o.step}s", "-loggerLevel=WARN",
+                         # the range queries' step (its default, 5m, would record one point in 5 minutes)
+                         f"-datasource.queryStep={self.o.step}s",
+                         # no rule reads an earlier rule of its group (engines.py): no wait between rules
+                         "-replay.rulesDelay=0"],
+                        f"vmalert -replay of {group['name']}", 3600, base / "replay.log")
+            with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=120):  # noqa: S310
+                pass
+            time.sleep(1.0)  # rows become searchable about a second after the flush
+
+    def _queries(self, url: str, scn: Scenario) -> None:
+        from .runner import Bench
+
+        o = self.o
+        exprs = substituted_queries(self.cfg, scn.job, o.step, o.hours)
+        timer = Bench.__new__(Bench)
+        timer.o = o
+        q_end = scn.t_end
+        q_start = max(scn.t0, q_end - int(o.hours * 3600))
+        self.result["queries"] = Bench._time_set(timer, _Store(url, o.query_timeout), exprs,
+                                                 dashboard_queries(self.cfg)[1], o.repeat, q_start, q_end)
+
+    def _live_rules(self, url: str, rules: Path, base: Path) -> None:
+        """vmalert live against the store; each group's evaluation duration from its metrics."""
+        o = self.o
+        port = free_port()
+        va_url = f"http://127.0.0.1:{port}"
+        proc = Proc(vmstack.vmalert_argv(servers.find_binary("vmalert"), str(rules), url, "http://127.0.0.1:1",
+                                         f"127.0.0.1:{port}", f"{o.step}s", va_url), base / "vmalert.log", name="vmalert")
+        proc.start()
+        try:
+            ok, code = wait_http(f"{va_url}/health", 60, proc.popen)
+            if not ok:
+                raise BenchError(f"vmalert did not start (exit {code}): {servers.error_line(base / 'vmalert.log')}")
+            deadline = time.monotonic() + max(o.rule_evals, 1) * o.step * 3 + 120
+            # groups slower than the base interval: one evaluation suffices
+            slow = {g["name"] for g in yaml.safe_load(rules.read_text())["groups"] if g.get("interval")}
+            groups: Dict[str, Dict[str, Any]] = {}
+            while time.monotonic() < deadline:
+                m = _metrics(va_url)
+                groups = {}
+                for k, v in m.items():
+                    g = re.search(r'group="([^"]+)"', k)
+                    if not g or not k.startswith("vmalert_iteration_"):
+                        continue
+                    d = groups.setdefault(g.group(1), {"name": g.group(1)})
+                    if k.startswith("vmalert_iteration_duration_seconds_count"):
+                        d["evaluations"] = int(v)
+                    elif k.startswith("vmalert_iteration_duration_seconds_sum"):
+                        d["seconds_sum"] = v
+                    elif k.startswith("vmalert_iteration_duration_seconds{") and 'quantile="0.5"' in k:
+                        d["evaluation_seconds_median"] = round(v, 4)
+                    elif k.startswith("vmalert_iteration_duration_seconds{") and 'quantile="1"' in k:
+                        d["evaluation_seconds_max"] = round(v, 4)
+                    elif k.startswith("vmalert_iteration_missed_total"):
+                        d["iterations_missed"] = int(v)
+                if groups and all(d.get("evaluations", 0) >= (1 if n in slow else min(o.rule_evals, 2))
+                                  for n, d in groups.items()):
+                    break
+                time.sleep(1.0)
+            dropped = int(_sum(_metrics(va_url), "vmalert_remotewrite_dropped_rows_total"))
+        finally:
+            proc.stop()
+        for d in groups.values():
+            n, s = d.pop("evaluations", 0), d.pop("seconds_sum", 0.0)
+            d["evaluations"] = n
+            d.setdefault("evaluation_seconds_median", round(s / n, 4) if n else None)
+            d.setdefault("evaluation_seconds_max", d["evaluation_seconds_median"])
+        worst = max((d.get("evaluation_seconds_max") or 0.0 for d in groups.values()), default=0.0)
+        self.result["rules"] = {"groups": sorted(groups.values(), key=lambda d: d["name"]),
+                                "max_group_seconds": worst, "vmalert_dropped_rows": dropped}
+
+
+def report(r: Dict[str, Any]) -> str:
+    sc, q, ru, st = r["scenario"], r["queries"], r["rules"], r["store"]
+    lines = [f"ranksight bench scale --engine victoriametrics: {sc['nodes']} nodes x {sc['gpus_per_node']} GPUs, "
+             f"{sc['ranks']} ranks, {sc['hours']:g} h at {sc['step_seconds']} s ({sc['design']})",
+             f"queries: {q['count']}; p50 {q['p50_seconds']:.3f} s, p99 {q['p99_seconds']:.3f} s; "
+             f"{len(q['over_target'])} over target; {len(q['errors'])} errors"]
+    for it in sorted(q["items"], key=lambda x: -x["seconds"])[:10]:
+        lines.append(f"  {it['seconds']:8.3f} s  {it['series'] or 0:6d} series  {it['dashboard']} / {it['panel']}")
+    for g in ru["groups"]:
+        lines.append(f"rule group {g['name']}: evaluation median {g['evaluation_seconds_median']} s, max "
+                     f"{g['evaluation_seconds_max']} s ({g['evaluations']} evaluations, "
+                     f"{g.get('iterations_missed', 0)} missed)")
+    lines.append(f"dropped samples: store ignored {st['rows_ignored']} rows, vmalert dropped {ru['vmalert_dropped_rows']}")
+    lines.append(f"store: RSS {binary_bytes(st['rss_bytes'])} (peak {binary_bytes(st['rss_peak_bytes'])}), "
+                 f"disk {binary_bytes(st['disk_bytes'])}; import {r['import']['samples']:,} samples in "
+                 f"{r['import']['seconds']} s, rules backfill {r['backfill']['rules_seconds']} s; total {r['wall_seconds']} s")
+    return "\n".join(lines)
