@@ -13,7 +13,9 @@ needs no result of the same evaluation, with the value Prometheus computes:
   record keeps the labels of ``X``);
 - ``min_over_time(R[d])`` / ``max_over_time(R[d])`` (a baseline over the record's history): the
   history's extreme together with the current value, ``((H < (E)) or (E) or H)`` for the minimum
-  (``>`` for the maximum), which is what Prometheus reads with this evaluation's sample in the range.
+  (``>`` for the maximum), which is what Prometheus reads with this evaluation's sample in the range;
+- ``last_over_time(R[d])``: the current value where the record has one, else the history's last,
+  ``((E) or last_over_time(R[d]))``.
 
 Any other read of an earlier record of the same group raises ``EngineError``: a test renders both
 engines, so a rule the rewrite cannot carry fails there, not in a deployment. Groups, intervals,
@@ -68,6 +70,10 @@ def _rewrite(expr: str, resolvers: Mapping[str, Callable[[str], str]]) -> str:
             op = _EXTREMES[func[:-1]]
             piece = f"(({history} {op} ({current})) or ({current}) or {history})"
             end += 1  # the range function's closing parenthesis is in `history`
+        elif func == "last_over_time(" and expr[end:end + 1] == ")":
+            history = f"{func}{name}{matchers}{rng})"
+            piece = f"(({current}) or {history})"
+            end += 1
         else:
             raise EngineError(f"{name}{matchers}{rng} is read as a range by {func or 'a subquery'} in {expr!r}")
         out.append(expr[pos:m.start()] + piece)

@@ -18,7 +18,7 @@ from ranksight.alerts import engines, generate
 from ranksight.tools import vmstack
 
 ROOT = Path(__file__).resolve().parents[2]
-_HISTORY = re.compile(r"(min|max)_over_time\(([\w:]+)(\{[^{}]*\})?\[\w+\]\)")
+_HISTORY = re.compile(r"(min|max|last)_over_time\(([\w:]+)(\{[^{}]*\})?\[\w+\]\)")
 
 
 @pytest.fixture(scope="module", params=["default", "test"])
@@ -34,7 +34,7 @@ def test_vmalert_rules_read_no_result_of_their_own_evaluation(both):
     for group in vm["groups"]:
         earlier = []
         for rule in group["rules"]:
-            # a record's own history (min/max over a range) is read from earlier evaluations, as intended
+            # a record's own history (min, max, last over a range) is read from earlier evaluations, as intended
             expr = _HISTORY.sub("", rule["expr"])
             read = [r for r in earlier if re.search(rf"(?<![\w:]){re.escape(r)}(?![\w:])", expr)]
             assert not read, f"{group['name']}: {rule.get('record') or rule.get('alert')} reads {read}"
@@ -60,6 +60,16 @@ def test_baseline_history_keeps_this_evaluations_value():
     assert out[2] == ('(avg_over_time(job:x:rate{cause="c"}[1h])) / on (job) '
                       '((((min_over_time(job:a:avg{cause="c"}[7d]) < (avg_over_time(job:x:rate{cause="c"}[1h]))) or '
                       '(avg_over_time(job:x:rate{cause="c"}[1h])) or min_over_time(job:a:avg{cause="c"}[7d]))) > 0)')
+
+
+def test_last_over_time_reads_this_evaluations_value_first():
+    """A record's last value over a window, read in its own group (the loss before a resume): the
+    value this evaluation records where there is one, else the history's last."""
+    rules = [{"record": "rank:l:steady", "expr": "avg_over_time(rank:l:mean[1m]) unless on (rank) recent"},
+             {"record": "rank:l:before", "expr": "last_over_time(rank:l:steady[3h]) and on (rank) recent"}]
+    out = [r["expr"] for r in engines._group_free(rules)]
+    assert out[1] == ("((avg_over_time(rank:l:mean[1m]) unless on (rank) recent) or "
+                      "last_over_time(rank:l:steady[3h])) and on (rank) recent")
 
 
 def test_a_read_the_rewrite_cannot_carry_is_an_error():
