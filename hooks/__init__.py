@@ -10,25 +10,12 @@ without waiting on the device (``loss.py``). ``checkpoint_timer``
 and ``atomic_save`` record checkpoint writes. ``current()`` is the active ``Watcher``
 (extension points for lints: see ``Watcher``). Importing this package imports torch.
 ``watch(engine, optimizer, loader)`` with a DeepSpeed engine times the engine's model steps
-(``deepspeed_engine.py``).
+(``deepspeed_engine.py``); so does ``watch()`` alone, or a framework callback, once the engine's
+first forward is seen.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
-
-from . import deepspeed_engine as _deepspeed
-from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, loss, unwatch
+from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, loss, unwatch, watch
 from .watcher import active as current
-from .watcher import watch as _watch
-
-
-def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
-          agent: Optional[str] = None, discover: bool = True) -> WatchedLoader:
-    """``watcher.watch``; a DeepSpeed engine as ``model`` is watched through the engine
-    (``deepspeed_engine.watch``)."""
-    if model is not None and _deepspeed.is_engine(model):
-        return _deepspeed.watch(model, optimizer, loader, config=config, agent=agent, discover=discover)
-    return _watch(model, optimizer, loader, config=config, agent=agent, discover=discover)
-
 
 __all__ = ["watch", "unwatch", "loss", "checkpoint_timer", "atomic_save", "current", "Watcher", "WatchedLoader"]

@@ -234,14 +234,28 @@ def attach(w: Any, engine: Any, steps: EngineSteps) -> None:
 def watch(engine: Any, optimizer: Any = None, loader: Any = None, **kwargs: Any) -> Any:
     """``watch(engine, optimizer, loader)`` for a DeepSpeed engine: the Watcher times the engine's
     model steps (``EngineSteps``) instead of ``optimizer`` (the ZeRO wrapper ``deepspeed.initialize``
-    returned, the client optimizer inside it, or None: all step once per model step)."""
+    returned, the client optimizer inside it, or None: all step once per model step).
+    ``watcher.watch`` and ``watcher.start`` route an engine here by themselves."""
     from . import watcher
 
+    return watcher.watch(engine, optimizer, loader, **kwargs)
+
+
+def adopt(w: Any, engine: Any) -> None:
+    """Discovery saw ``engine``'s first training forward (``watch()`` given no optimizer, as the
+    framework callbacks start it): from here the engine's model steps are the steps, its forward
+    the model's, as if it had been given to ``watch()``. The global optimizer step hooks that
+    counted the optimizer inside the engine are removed first, so no step is counted twice."""
+    disc = w.discovery
+    if disc is not None:
+        disc.stop_optimizers()
+        disc.stop_model()
     steps = EngineSteps(engine)
-    w = watcher.start(engine, steps, loader, **kwargs)
-    if w is not None:
-        try:
-            attach(w, engine, steps)
-        except Exception as e:
-            w._hook_error("DeepSpeed setup", e)
-    return watcher.WatchedLoader(loader, w)
+    w.optimizer = steps
+    w._defer_steps = False
+    if w._pending_t is not None:  # a step an optimizer found before left open ends now
+        w._close_pending(w._pending_t)
+    w._handles.append(steps.register_step_pre_hook(w._opt_pre))
+    w._handles.append(steps.register_step_post_hook(w._opt_post))
+    w._attach_model(engine)
+    attach(w, engine, steps)

@@ -365,7 +365,9 @@ def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
     loader or model is the only one timed. ``ranksight.watch()`` alone finds all three.
     ``config``: a config path (default ``RANKSIGHT_CONFIG``) or a dict with a "hooks" section.
     ``agent``: overrides ``RANKSIGHT_AGENT`` / ``hooks.agent`` (``udp://host:port``,
-    ``unix:///path`` or ``off``). A second ``watch()`` replaces the first.
+    ``unix:///path`` or ``off``). A second ``watch()`` replaces the first. A DeepSpeed engine as
+    ``model`` is watched through the engine (``deepspeed_engine.py``): its model steps are the
+    steps, whatever ``optimizer`` is.
     """
     w = start(model, optimizer, loader, config=config, agent=agent, discover=discover)
     return WatchedLoader(loader, w)
@@ -375,14 +377,20 @@ def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
           agent: Optional[str] = None, discover: bool = True, forward_hooks: bool = True) -> Optional[Watcher]:
     """``watch()`` for framework integrations: returns the Watcher (None when the hooks could not
     start). ``forward_hooks=False``: the caller drives ``_fwd_pre``/``_fwd_post`` (a framework's
-    batch callbacks) instead of the model's forward hooks."""
+    batch callbacks) instead of the model's forward hooks. A DeepSpeed engine as ``model`` is
+    watched through the engine, as ``watch()`` does."""
+    from . import deepspeed_engine as ds
+
     prev = active()
     if prev is not None:
         log.info("ranksight: watch() called again; replacing the previous watch")
         prev.close()
+    engine = model if model is not None and ds.is_engine(model) else None
     try:
         settings = load_settings(config, agent)
-        w = Watcher(model, optimizer, loader, settings, discover=discover, forward_hooks=forward_hooks)
+        steps = ds.EngineSteps(engine) if engine is not None else None
+        w = Watcher(model, steps if steps is not None else optimizer, loader, settings, discover=discover,
+                    forward_hooks=forward_hooks)
         w.config_source = config  # the lints (ranksight.hooks.lints) read their section from the same config
     except Exception as e:  # never stop training because the hooks could not start
         log.warning("ranksight: cannot start the hooks (%s: %s); training continues unwatched",
@@ -390,6 +398,11 @@ def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
         log.debug("ranksight: watch() traceback", exc_info=e)
         return None
     _ACTIVE.append(w)
+    if steps is not None:
+        try:
+            ds.attach(w, engine, steps)
+        except Exception as e:
+            w._hook_error("DeepSpeed setup", e)
     _attach_extensions(w)
     return w
 

@@ -23,13 +23,15 @@ STEPS, ACCUM, BATCH, SLEEP, SAVE_EVERY = 10, 2, 2, 0.01, 4
 OPTIMIZERS = ("client", "config")
 
 
-def run_stage(agent: Any, out: str, stage: int) -> Dict[str, Tuple[Dict[int, Any], Dict[int, Dict[str, float]]]]:
-    """One 2-rank run of ZeRO ``stage``: optimizer -> (rank -> RESULT, rank -> the agent's series)."""
+def run_stage(agent: Any, out: str, stage: int,
+              entry: str = "watch") -> Dict[str, Tuple[Dict[int, Any], Dict[int, Dict[str, float]]]]:
+    """One 2-rank run of ZeRO ``stage``, the engine watched through ``entry`` (the worker's
+    ``--entry``): optimizer -> (rank -> RESULT, rank -> the agent's series)."""
     a = agent()
-    base = f"ds-zero{stage}"
+    base = f"ds-zero{stage}-{entry}"
     args = [WORKER, "--out", out, "--job", base, "--stage", str(stage), "--steps", str(STEPS), "--accum", str(ACCUM),
             "--batch", str(BATCH), "--sleep", str(SLEEP), "--save-every", str(SAVE_EVERY),
-            "--optimizers", ",".join(OPTIMIZERS)]
+            "--optimizers", ",".join(OPTIMIZERS), "--entry", entry]
     run = launch(torchrun(2) + args, worker_env(a.ingest, base, {"DS_ACCELERATOR": "cpu"}))
     assert run["rc"] == 0, run["err"][-4000:]
     text = a.metrics_text()
@@ -51,7 +53,21 @@ def comm_share(s: Dict[str, float]) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_stage_two_ranks(agent, tmp_path, stage):
-    for which, (results, series) in run_stage(agent, str(tmp_path), stage).items():
+    check_run(run_stage(agent, str(tmp_path), stage))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry,stage", [("start", 2), ("discover", 3)])
+def test_entry_points_route_the_engine(agent, tmp_path, entry, stage):
+    """``watcher.start(engine, ...)`` (the integrations' entry point) and ``ranksight.watch()`` given
+    nothing (discovery adopts the engine at its first forward, dropping the global optimizer hooks
+    that would count the optimizer inside it) watch the engine as ``ranksight.watch(engine, ...)``
+    does: the same exact counts, each model step once."""
+    check_run(run_stage(agent, str(tmp_path), stage, entry))
+
+
+def check_run(run: Dict[str, Tuple[Dict[int, Any], Dict[int, Dict[str, float]]]]) -> None:
+    for which, (results, series) in run.items():
         for rank, res in results.items():
             s = series[rank]
             where = (which, rank)
