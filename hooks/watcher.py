@@ -66,6 +66,7 @@ from .closing import (BYE_COPIES, CLOSE_GPU_MAX, CLOSE_GPU_WAIT, JOIN_SECONDS, S
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
 from .loss import LossReader
+from . import parallel
 from .patch import Patcher
 from .timing import BWD, COMM, FWD, OPT, XCOMM, CudaTimeline
 from .settings import Settings, load_settings  # noqa: F401 (public here)
@@ -95,7 +96,8 @@ class Watcher(StepPath, Background, Closing):
     """One active watch. Public for extensions (lints) and tests:
 
     ``model``, ``optimizer``, ``loader`` (the user's objects), ``process_group`` (the default
-    group or None), ``identity``, ``settings``, ``stats()``, ``send_lint(id, active, msg)``,
+    group or None), ``identity``, ``settings``, ``parallel`` and ``set_parallel(strategy,
+    zero_stage)`` (how the model is parallelized, sent in the hello), ``stats()``, ``send_lint(id, active, msg)``,
     ``add_checkpoint_observer(fn)`` (``fn(src, obj, path)``), ``add_epoch_observer(fn)``
     (``fn(loader)`` when an iteration over the loader starts), ``add_periodic(fn, seconds)``
     (runs on the background thread), ``add_close_callback(fn)`` (runs once in ``close()``),
@@ -120,6 +122,8 @@ class Watcher(StepPath, Background, Closing):
             from .auto import Discovery
 
             self.discovery = Discovery(self, model is None, optimizer is None, loader is None)
+        self.parallel: Dict[str, str] = {}  # the hello's "strategy" and "zero_stage" (parallel.py)
+        self._hello_parallel: Dict[str, str] = {}
         self.identity = Identity.detect()
         self._main_tid = threading.main_thread().ident or threading.get_ident()
         self._active = True
@@ -269,6 +273,10 @@ class Watcher(StepPath, Background, Closing):
                 self._tl = CudaTimeline(torch, dev, self.settings.max_pending_events)
                 self.comm.timeline = self._tl
                 self.comm.comm_events = not self._fr_on
+        try:
+            self.parallel = parallel.describe(model)
+        except Exception as e:
+            self._hook_error("parallel strategy", e)
         if not hasattr(model, "register_forward_pre_hook"):
             log.warning("ranksight: the model is not an nn.Module; forward/backward are not timed")
         elif self._forward_hooks:
@@ -337,6 +345,12 @@ class Watcher(StepPath, Background, Closing):
         """``fn()`` runs once in ``close()``, after the hooks are removed and before the final
         flush (records it queues, e.g. ``send_lint``, still go out)."""
         self._close_callbacks.append(fn)
+
+    def set_parallel(self, strategy: str, zero_stage: str = "") -> None:
+        """How the model is parallelized, when the watch cannot read it from the model's type (a
+        pipeline schedule): one of ``catalog.PARALLEL_STRATEGIES`` and DeepSpeed's ZeRO stage or "".
+        The hello is sent again with it."""
+        self.parallel = {"strategy": str(strategy), "zero_stage": str(zero_stage)}
 
     def checkpoint_timer(self, path: Any = None, nbytes: Optional[int] = None, obj: Any = None) -> CheckpointTimer:
         return CheckpointTimer(self.ckpt if self._active else None, path, nbytes, obj)

@@ -1,7 +1,8 @@
 """A plain DeepSpeed loop watched with ``ranksight.watch(engine, optimizer, loader)``: 2 ranks on
 gloo under torchrun, DeepSpeed on CPU (``DS_ACCELERATOR=cpu``), ZeRO stages 1, 2 and 3, gradient
 accumulation 2, a DataLoader whose dataset sleeps per item, ``engine.save_checkpoint`` every 4
-optimizer steps. Each stage's run trains two engines one after the other, each its own job: one
+optimizer steps. Each rank's hello names its strategy and ZeRO stage (ranksight_rank_parallel_info).
+Each stage's run trains two engines one after the other, each its own job: one
 with a client ``torch.optim.AdamW``, one with DeepSpeed's AdamW from the config. Read from a real
 agent after the run has ended."""
 from __future__ import annotations
@@ -14,6 +15,8 @@ import pytest
 pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install -e '.[test]' installs it)")
 
 from integration_workloads.harness import launch, rank_series, torchrun, worker_env  # noqa: E402
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from ranksight import catalog  # noqa: E402
 
@@ -40,10 +43,22 @@ def run_stage(agent: Any, out: str, stage: int,
         job = f"{base}-{which}"
         results = {r["rank"]: r for r in run["results"] if r["job"] == job}
         assert sorted(results) == [0, 1], run["out"][-2000:]
+        # the hello's strategy and ZeRO stage (sent again once watch() alone adopted the engine)
+        assert parallel_info(text, job) == {0: ("deepspeed", str(stage)), 1: ("deepspeed", str(stage))}, job
         series = rank_series(text, job)
         assert sorted(series) == [0, 1], (job, series)
         out_[which] = (results, series)
     return out_
+
+
+def parallel_info(text: str, job: str) -> Dict[int, Tuple[str, str]]:
+    """rank -> (strategy, zero_stage) of the job's ranksight_rank_parallel_info series."""
+    out: Dict[int, Tuple[str, str]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == catalog.RANK_PARALLEL.name and s.labels.get("job") == job and s.value == 1:
+                out[int(s.labels["rank"])] = (s.labels["strategy"], s.labels["zero_stage"])
+    return out
 
 
 def comm_share(s: Dict[str, float]) -> float:
