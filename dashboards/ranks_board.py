@@ -29,6 +29,12 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
         """A table column, for the K ranks with the highest straggler ratio."""
         return f"{expr} and on (job, rank) {top(sel(R['straggler']))}"
 
+    def with_parallel(expr: str) -> str:
+        """``expr`` with the rank's strategy and ZeRO stage as labels (the hello's info series), and
+        unchanged for a rank without that series."""
+        info = f"max by (job, rank, strategy, zero_stage) ({sel(C.RANK_PARALLEL)})"
+        return f"({expr} * on (job, rank) group_left (strategy, zero_stage) {info} or on (job, rank) {expr})"
+
     rows = b.row("Step time by rank")
     rows += [
         heatmap_panel(b.lay, "Step time by rank",
@@ -45,11 +51,14 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
                       [Q(top(b2o), row_name)]),
         table_panel(b.lay, "Per-rank step breakdown",
                     f"One row per rank, now, for the {K} ranks with the highest straggler ratio (busy time / job "
-                    "median; sorted, worst first): mean and p99 step time, backward-to-optimizer, busy time per "
+                    "median; sorted, worst first): how the rank's model is parallelized (strategy: ddp, fsdp, "
+                    "deepspeed, pipeline or none; zero stage: DeepSpeed's ZeRO stage, so a slow shard group "
+                    "shows), mean and p99 step time, backward-to-optimizer, busy time per "
                     "step and the shares of step time. If one rank's straggler ratio is high, look at its node's "
                     "GPU throttling and PCIe link. Select ranks with the $rank variable to list those.",
                     "s",
-                    [Q(worst_ranks(f"max without () ({sel(R['step_mean'])})"), instant=True, fmt="table"),
+                    [Q(worst_ranks(with_parallel(f"max without () ({sel(R['step_mean'])})")), instant=True,
+                       fmt="table"),
                      Q(worst_ranks(f"max without (quantile) ({p99})"), instant=True, fmt="table"),
                      Q(worst_ranks(f"max without () ({b2o})"), instant=True, fmt="table"),
                      Q(worst_ranks(f"max without () ({sel(R['busy'])})"), instant=True, fmt="table"),
@@ -57,7 +66,8 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
                      Q(worst_ranks(f"max without () ({sel(R['data_share'])})"), instant=True, fmt="table"),
                      Q(worst_ranks(f"max without () ({sel(R['comm_share'])})"), instant=True, fmt="table"),
                      Q(worst_ranks(f"max without () ({sel(R['ckpt_share'])})"), instant=True, fmt="table")],
-                    columns=[("Value #A", "step mean", "s"), ("Value #B", "step p99", "s"),
+                    columns=[("strategy", "strategy", "none"), ("zero_stage", "zero stage", "none"),
+                             ("Value #A", "step mean", "s"), ("Value #B", "step p99", "s"),
                              ("Value #C", "backward to optimizer", "s"), ("Value #D", "busy per step", "s"),
                              ("Value #E", "straggler ratio", "none"), ("Value #F", "data share", "percentunit"),
                              ("Value #G", "comm share", "percentunit"), ("Value #H", "checkpoint share", "percentunit")],

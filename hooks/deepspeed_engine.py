@@ -5,7 +5,8 @@ on every micro-batch; the engine applies the optimizer only at the gradient accu
 (``engine._take_model_step``, where ``engine.global_steps`` advances). The optimizer ``deepspeed.
 initialize`` returns is a ZeRO wrapper, not a ``torch.optim.Optimizer``: it has no step hooks. So a
 DeepSpeed engine is watched through the engine itself (nothing here imports deepspeed; the engine is
-recognised by its class name):
+recognised by its class name). ``watcher.start`` (under ``watch``) attaches an engine given as the
+model; ``watch()`` given no optimizer adopts one at its first training forward (``adopt``):
 
 * a step is one model step: ``EngineSteps`` stands in for the optimizer given to the Watcher. Its
   pre-hooks run when ``engine._take_model_step`` starts, its post-hooks (which close the step)
@@ -229,16 +230,6 @@ def attach(w: Any, engine: Any, steps: EngineSteps) -> None:
                 p.set(cdb, attr, w.comm.wrap_collective(name, fn))
     except Exception as e:
         w._hook_error("DeepSpeed communication setup", e)
-
-
-def watch(engine: Any, optimizer: Any = None, loader: Any = None, **kwargs: Any) -> Any:
-    """``watch(engine, optimizer, loader)`` for a DeepSpeed engine: the Watcher times the engine's
-    model steps (``EngineSteps``) instead of ``optimizer`` (the ZeRO wrapper ``deepspeed.initialize``
-    returned, the client optimizer inside it, or None: all step once per model step).
-    ``watcher.watch`` and ``watcher.start`` route an engine here by themselves."""
-    from . import watcher
-
-    return watcher.watch(engine, optimizer, loader, **kwargs)
 
 
 def adopt(w: Any, engine: Any) -> None:
