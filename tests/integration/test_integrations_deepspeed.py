@@ -24,6 +24,8 @@ TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 WORKER = os.path.join(TESTS, "integration_workloads", "deepspeed_worker.py")
 STEPS, ACCUM, BATCH, SLEEP, SAVE_EVERY = 10, 2, 2, 0.01, 4
 OPTIMIZERS = ("client", "config")
+W = 64  # the worker's --width: Embedding(64, W), three Linear layers W -> W -> W -> 64
+PARAMS = 64 * W + 2 * (W * W + W) + (W * 64 + 64)
 
 
 def run_stage(agent: Any, out: str, stage: int,
@@ -103,5 +105,7 @@ def check_run(run: Dict[str, Tuple[Dict[int, Any], Dict[int, Dict[str, float]]]]
             for name in (catalog.CHECKPOINT_WRITE.sum, catalog.CHECKPOINT_SECONDS.name):
                 assert abs(s[name] - sum(saves)) <= 0.25 * sum(saves), (where, name, s[name], saves)
             assert s.get(catalog.CHECKPOINT_BYTES.name, 0) > 0, (where, s)  # every rank writes its ZeRO shard
+            # 6N, N the model's parameters in full: ZeRO-3's partitioned ones by their ds_numel
+            assert s.get(catalog.MODEL_FLOPS_PER_TOKEN.name) == 6 * PARAMS, (where, s)
             assert s.get(catalog.HOOK_ERRORS.name) == 0, (where, s)
             assert s.get(catalog.RANK_FINISHED.name) == 1, (where, s)
