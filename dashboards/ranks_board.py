@@ -19,15 +19,10 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
               "same; the slow rank shows as high busy time per step, the others as collective wait. At thousands "
               f"of ranks each panel draws the {K} worst; the $job/$node/$rank variables select one rank.")
     b2o = sel(R["b2o"])
-    p99 = sel(C.STEP_QUANTILE, 'quantile="0.99"')
     who = "{{job}}/{{rank}}"
     # heatmap rows named "<rank> (<job>)": Grafana's heatmap sorts rows numerically only when every
     # row name parses as a number (parseFloat reads the leading rank), otherwise as text (10 before 2)
     row_name = "{{rank}} ({{job}})"
-
-    def worst_ranks(expr: str) -> str:
-        """A table column, for the K ranks with the highest straggler ratio."""
-        return f"{expr} and on (job, rank) {top(sel(R['straggler']))}"
 
     rows = b.row("Step time by rank")
     rows += [
@@ -43,25 +38,7 @@ def ranks_board(cfg: Mapping[str, Any]) -> Board:
                       "ones: a lighter row is the likely straggler. If one row differs, look at its straggler "
                       "ratio. " + worst("ranks", "longest wait", lines="Rows"), "s",
                       [Q(top(b2o), row_name)]),
-        table_panel(b.lay, "Per-rank step breakdown",
-                    f"One row per rank, now, for the {K} ranks with the highest straggler ratio (busy time / job "
-                    "median; sorted, worst first): mean and p99 step time, backward-to-optimizer, busy time per "
-                    "step and the shares of step time. If one rank's straggler ratio is high, look at its node's "
-                    "GPU throttling and PCIe link. Select ranks with the $rank variable to list those.",
-                    "s",
-                    [Q(worst_ranks(f"max without () ({sel(R['step_mean'])})"), instant=True, fmt="table"),
-                     Q(worst_ranks(f"max without (quantile) ({p99})"), instant=True, fmt="table"),
-                     Q(worst_ranks(f"max without () ({b2o})"), instant=True, fmt="table"),
-                     Q(worst_ranks(f"max without () ({sel(R['busy'])})"), instant=True, fmt="table"),
-                     Q(worst_ranks(f"max without () ({sel(R['straggler'])})"), instant=True, fmt="table"),
-                     Q(worst_ranks(f"max without () ({sel(R['data_share'])})"), instant=True, fmt="table"),
-                     Q(worst_ranks(f"max without () ({sel(R['comm_share'])})"), instant=True, fmt="table"),
-                     Q(worst_ranks(f"max without () ({sel(R['ckpt_share'])})"), instant=True, fmt="table")],
-                    columns=[("Value #A", "step mean", "s"), ("Value #B", "step p99", "s"),
-                             ("Value #C", "backward to optimizer", "s"), ("Value #D", "busy per step", "s"),
-                             ("Value #E", "straggler ratio", "none"), ("Value #F", "data share", "percentunit"),
-                             ("Value #G", "comm share", "percentunit"), ("Value #H", "checkpoint share", "percentunit")],
-                    hide=("Time", "instance", "local_rank"), sort="straggler ratio", w=24, h=10),
+        _breakdown_table(b),
     ]
     straggler = by["straggler"]
     rows = b.row("Stragglers")
@@ -225,3 +202,46 @@ def _loss_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any], who: str)
            min0=False, w=8, abnormal=True),
     ]
     return b
+
+
+def _worst_ranks(expr: str) -> str:
+    """A table column, for the K ranks with the highest straggler ratio."""
+    return f"{expr} and on (job, rank) {top(sel(triage.REC['straggler']))}"
+
+
+def _with_parallel(expr: str) -> str:
+    """``expr`` with the rank's strategy and ZeRO stage as labels (the hello's info series), and
+    unchanged for a rank without that series."""
+    info = f"max by (job, rank, strategy, zero_stage) ({sel(C.RANK_PARALLEL)})"
+    return f"({expr} * on (job, rank) group_left (strategy, zero_stage) {info} or on (job, rank) {expr})"
+
+
+def _breakdown_table(b: Board) -> Any:
+    """The per-rank step breakdown: the K ranks with the highest straggler ratio, one row each."""
+    R = triage.REC
+    b2o = sel(R["b2o"])
+    p99 = sel(C.STEP_QUANTILE, 'quantile="0.99"')
+    worst_ranks, with_parallel = _worst_ranks, _with_parallel
+    return table_panel(b.lay, "Per-rank step breakdown",
+                f"One row per rank, now, for the {K} ranks with the highest straggler ratio (busy time / job "
+                "median; sorted, worst first): how the rank's model is parallelized (strategy: ddp, fsdp, "
+                "deepspeed, pipeline or none; zero stage: DeepSpeed's ZeRO stage, so a slow shard group "
+                "shows), mean and p99 step time, backward-to-optimizer, busy time per "
+                "step and the shares of step time. If one rank's straggler ratio is high, look at its node's "
+                "GPU throttling and PCIe link. Select ranks with the $rank variable to list those.",
+                "s",
+                [Q(worst_ranks(with_parallel(f"max without () ({sel(R['step_mean'])})")), instant=True,
+                   fmt="table"),
+                 Q(worst_ranks(f"max without (quantile) ({p99})"), instant=True, fmt="table"),
+                 Q(worst_ranks(f"max without () ({b2o})"), instant=True, fmt="table"),
+                 Q(worst_ranks(f"max without () ({sel(R['busy'])})"), instant=True, fmt="table"),
+                 Q(worst_ranks(f"max without () ({sel(R['straggler'])})"), instant=True, fmt="table"),
+                 Q(worst_ranks(f"max without () ({sel(R['data_share'])})"), instant=True, fmt="table"),
+                 Q(worst_ranks(f"max without () ({sel(R['comm_share'])})"), instant=True, fmt="table"),
+                 Q(worst_ranks(f"max without () ({sel(R['ckpt_share'])})"), instant=True, fmt="table")],
+                columns=[("strategy", "strategy", "none"), ("zero_stage", "zero stage", "none"),
+                         ("Value #A", "step mean", "s"), ("Value #B", "step p99", "s"),
+                         ("Value #C", "backward to optimizer", "s"), ("Value #D", "busy per step", "s"),
+                         ("Value #E", "straggler ratio", "none"), ("Value #F", "data share", "percentunit"),
+                         ("Value #G", "comm share", "percentunit"), ("Value #H", "checkpoint share", "percentunit")],
+                hide=("Time", "instance", "local_rank"), sort="straggler ratio", w=24, h=10)

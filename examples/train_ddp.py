@@ -10,6 +10,11 @@ agent the hooks still print their step table)::
 
     torchrun --standalone --nproc-per-node 2 examples/train_ddp.py --duration 60
 
+``--strategy`` picks how the model is parallelized (``parallel_setup.py``): ``ddp`` (default),
+``fsdp`` (FSDP2, each rank writes its shard when it checkpoints) or ``deepspeed`` (a ZeRO engine on
+CPU, ``--zero-stage`` 1-3, default 2; needs ``pip install deepspeed``). The two ranksight lines stay
+the same: ``watch`` is given the engine in place of the model.
+
 The model is a token classifier (an MLP over 64-dim token features). A sample is one
 sequence of 256 tokens; a rank takes 16 samples (4096 tokens) per step. On a 2-core machine a step
 takes about 25 ms with under 15% of it in the gradient all-reduce and under 5% in
@@ -56,10 +61,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import ranksight  # ranksight line 1 of 2
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parallel_setup import STRATEGIES, build, label  # noqa: E402
 
 FAULTS = ("none", "slow-data", "straggler", "comm-heavy", "kill-rank", "hang", "slow-checkpoint", "long-checkpoint")
 
@@ -74,6 +81,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=256, help="MLP hidden width")
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     p.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw", help="optimizer (default adamw)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="ddp",
+                   help="ddp (default), fsdp (FSDP2) or deepspeed (a ZeRO engine on CPU)")
+    p.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=2, help="--strategy deepspeed: the ZeRO stage")
     p.add_argument("--log-every", type=int, default=100, help="rank 0 prints the loss every N steps (0: never)")
     p.add_argument("--checkpoint-every", type=int, default=200, help="rank 0 checkpoints every N steps (0: never)")
     p.add_argument("--checkpoint-dir", default="run/checkpoints", help="where rank 0 writes last.pt")
@@ -107,6 +117,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
         p.error("--fault-after must be 0 or more")
     if args.checkpoint_mbps < 0:
         p.error("--checkpoint-mbps must be 0 or more")
+    if args.strategy == "deepspeed" and args.fault in ("slow-checkpoint", "long-checkpoint"):
+        p.error(f"--fault {args.fault} writes its own checkpoint file; DeepSpeed writes its own: use --strategy ddp")
     if args.fault == "long-checkpoint" and not args.checkpoint_mbps:
         args.checkpoint_mbps = 0.4
     if args.fault == "comm-heavy":  # large gradients, tiny compute
@@ -233,23 +245,22 @@ def main(argv: Optional[list] = None) -> int:
     data = TokenSequences(n=16 * world * args.batch_seqs, seq_len=args.seq_len, seed=args.seed)
     sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_seqs, sampler=sampler, drop_last=True)
-    model = DDP(make_model(64, args.hidden, 8))
-    if args.optimizer == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    planned = args.steps or 10_000  # the run's length: the schedule's, and its ETA's (total_steps)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=planned)
+    plain = make_model(64, args.hidden, 8)
+    shadow = copy.deepcopy(plain)  # the straggler's extra compute, outside the parallel model
+    planned = args.steps or 10_000  # the run's length: the LR schedule's, and its ETA's (total_steps)
+    par = build(args.strategy, plain, args.optimizer, args.lr, args.batch_seqs, args.zero_stage, t_max=planned)
+    model, optimizer = par.model, par.optimizer  # with deepspeed, model is the engine
 
     loader = ranksight.watch(model, optimizer, loader, total_steps=planned)  # ranksight line 2 of 2
 
     device_s = args.device_ms / 1000
-    extra = (ExtraCompute(copy.deepcopy(model.module), args.straggler_extra, device_s)
+    extra = (ExtraCompute(shadow, args.straggler_extra, device_s)
              if faulty and args.fault == "straggler" else None)
     slow_ckpt = args.fault == "slow-checkpoint"  # from its start: large O_DSYNC checkpoints every <= 10 steps
     long_ckpt = args.fault == "long-checkpoint"  # one slow write, --fault-after s in
     ckpt_dir = Path(args.checkpoint_dir)
-    if rank == 0 and (args.checkpoint_every or slow_ckpt or long_ckpt):
+    writes = rank == 0 or par.sharded  # DDP: rank 0 writes the checkpoint; sharded: every rank its part
+    if writes and (args.checkpoint_every or slow_ckpt or long_ckpt):
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     pad_mb = args.checkpoint_mb or (48.0 if slow_ckpt else 24.0 if long_ckpt else 0.0)
     pad = torch.zeros(int(pad_mb * 2**20 / 4))  # e.g. EMA weights of a bigger model
@@ -258,7 +269,7 @@ def main(argv: Optional[list] = None) -> int:
         when = f" from {args.fault_after:g} s in" if args.fault_after and args.fault != "comm-heavy" else ""
         fault = "" if args.fault == "none" else f", fault {args.fault} on rank {bad}{when}"
         g = world * args.batch_seqs
-        say(f"train_ddp: {world} ranks{fault}, global batch {g} samples of {args.seq_len} tokens "
+        say(f"train_ddp: {world} ranks ({label(args.strategy, args.zero_stage)}){fault}, global batch {g} samples of {args.seq_len} tokens "
             f"({g * args.seq_len} tokens), lr {args.lr}")
 
     asked: list = []  # SIGUSR1: stop at the next loss all-reduce, on every rank
@@ -290,27 +301,23 @@ def main(argv: Optional[list] = None) -> int:
                 extra.run(x)
 
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
             ranksight.loss(loss)  # optional: the loss, recorded without a device sync (loss health alerts)
-            optimizer.step()
-            scheduler.step()
+            par.backward_step(loss)  # zero_grad, backward, optimizer and LR steps (DeepSpeed: its engine's)
             step += 1
             loss_sum += loss.item()
 
             slow = slow_ckpt and fault_on
             every = min(args.checkpoint_every or 10, 10) if slow else args.checkpoint_every
             long_now = long_ckpt and fault_on and not long_done
-            if rank == 0 and (long_now or (every and step % every == 0)):
-                if long_now:
+            if writes and (long_now or (every and step % every == 0)):
+                if long_now and rank == 0:
                     say(f"train_ddp: rank 0 writes a {pad_mb:g} MB checkpoint at {args.checkpoint_mbps:g} MB/s (fault)")
                 own = not (slow_ckpt or long_ckpt)  # no checkpoint fault: every write as the flags say
-                save_checkpoint(ckpt_dir / "last.pt", {
-                    "model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "step": step, "epoch": epoch,
-                    "sampler": {"epoch": epoch, "seed": args.seed}, "rng": torch.get_rng_state(),
-                    "extra": pad if own or slow or long_now else pad[:0]},
-                    sync=args.checkpoint_sync or slow, mbps=args.checkpoint_mbps if own or long_now else 0.0)
+                sync, mbps = args.checkpoint_sync or slow, args.checkpoint_mbps if own or long_now else 0.0
+                par.save(ckpt_dir, rank, {
+                    "step": step, "epoch": epoch, "sampler": {"epoch": epoch, "seed": args.seed},
+                    "rng": torch.get_rng_state(), "extra": pad if own or slow or long_now else pad[:0]},
+                    lambda path, state: save_checkpoint(path, state, sync=sync, mbps=mbps))
             long_done = long_done or long_now
 
             if extra is not None:

@@ -85,6 +85,16 @@ def versions(info: Dict[str, Any]) -> Tuple[str, str, str]:
     return out[0], out[1], out[2]
 
 
+def parallel(info: Dict[str, Any]) -> Optional[Tuple[str, str]]:
+    """The strategy and ZeRO stage of a hello's info (None when it names no strategy); a value
+    outside the catalog's reads as "other"."""
+    s = info.get("strategy")
+    if s is None:
+        return None
+    z = info.get("zero_stage", "")
+    return (s if s in C.PARALLEL_STRATEGIES else "other", z if z in C.ZERO_STAGES else "other")
+
+
 @dataclass(frozen=True)
 class RankSettings:
     max_ranks: int = _AGENT["max_ranks"]
@@ -111,7 +121,7 @@ class Rank:
         # into counters (key -> [total, last]) and the current readings
         "kept", "sums", "hists", "cum", "cur", "win",
         "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "recv", "lost", "lost_carried", "finished", "pstart", "gpu_uuid",
-        "versions",
+        "versions", "parallel",
         # checkpoints
         "ckpt_rec", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
         # heartbeats
@@ -147,6 +157,7 @@ class Rank:
         self.pstart = 0.0
         self.gpu_uuid = ""
         self.versions: Optional[Tuple[str, str, str]] = None  # torch, CUDA, NCCL from the hello's info
+        self.parallel: Optional[Tuple[str, str]] = None  # strategy, ZeRO stage from the hello's info
         self.cum: Dict[str, List[int]] = {k: [0, 0] for k in kept.cumulative}
         self.cur: Dict[str, int] = dict.fromkeys(kept.current, 0)
         # sums["ckpt"] from the checkpoint records' seconds, not the steps' "ckpt": a sender that does
@@ -508,6 +519,7 @@ class RankTable:
                 r.pstart = rec.get("pstart", 0.0)
                 r.gpu_uuid = normalize_uuid(rec.get("gpu", ""))
                 r.versions = versions(rec["info"])
+                r.parallel = parallel(rec["info"])
             goodput.after(self.ranks.values(), r, rec, now)
         return OK
 

@@ -10,14 +10,14 @@ without waiting on the device (``loss.py``). ``checkpoint_timer``
 and ``atomic_save`` record checkpoint writes. ``current()`` is the active ``Watcher``
 (extension points for lints: see ``Watcher``). Importing this package imports torch.
 ``watch(engine, optimizer, loader)`` with a DeepSpeed engine times the engine's model steps
-(``deepspeed_engine.py``); ``watch(schedule, optimizer, loader)`` with a ``torch.distributed.pipelining``
+(``deepspeed_engine.py``); so does ``watch()`` alone, or a framework callback, once the engine's
+first forward is seen. ``watch(schedule, optimizer, loader)`` with a ``torch.distributed.pipelining``
 schedule (or stage) also times the stage's compute, bubble and P2P waits (``pipeline.py``).
 """
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from . import deepspeed_engine as _deepspeed
 from . import pipeline as _pipeline
 from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, loss, unwatch
 from .watcher import active as current
@@ -26,11 +26,8 @@ from .watcher import watch as _watch
 
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
           agent: Optional[str] = None, discover: bool = True, total_steps: Optional[int] = None) -> WatchedLoader:
-    """``watcher.watch``; a DeepSpeed engine as ``model`` is watched through the engine
-    (``deepspeed_engine.watch``), a pipeline schedule or stage through its stages (``pipeline.watch``)."""
-    if model is not None and _deepspeed.is_engine(model):
-        return _deepspeed.watch(model, optimizer, loader, config=config, agent=agent, discover=discover,
-                                total_steps=total_steps)
+    """``watcher.watch`` (which watches a DeepSpeed engine through the engine); a pipeline schedule
+    or stage through its stages (``pipeline.watch``)."""
     if model is not None and _pipeline.is_pipeline(model):
         return _pipeline.watch(model, optimizer, loader, config=config, agent=agent, discover=discover,
                                total_steps=total_steps)

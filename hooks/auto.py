@@ -20,6 +20,10 @@
   (the one holding most of them). Its own forward hooks take over and the global hooks are
   removed (they cost a Python call per submodule call). Until then the outermost modules with
   trainable parameters are timed and counted as micro-batches.
+* **DeepSpeed**: an outermost module that is a DeepSpeed engine (the Hugging Face Trainer, Accelerate
+  and a plain loop under ``watch()`` call it) is adopted when its first training forward returns:
+  the global optimizer step hooks are removed and the engine is watched as if given to ``watch()``
+  (``deepspeed_engine.adopt``): a step is one model step, counted once.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ import torch
 
 from ranksight import catalog as C
 
+from . import deepspeed_engine as _deepspeed
 from .patch import Patcher, like
 from .steppath import timed_next
 
@@ -78,6 +83,7 @@ class Discovery:
         self._roots: Dict[int, "weakref.ReferenceType[Any]"] = {}
         self._trainable: Dict[int, bool] = {}
         self._module_handles: List[Any] = []
+        self._opt_handles: List[Any] = []
         self._steps_looking = 0
         self.model_found = False
 
@@ -88,8 +94,9 @@ class Discovery:
             try:
                 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-                handles.append(register_optimizer_step_pre_hook(self._opt_pre))
-                handles.append(register_optimizer_step_post_hook(self._opt_post))
+                self._opt_handles = [register_optimizer_step_pre_hook(self._opt_pre),
+                                     register_optimizer_step_post_hook(self._opt_post)]
+                handles.extend(self._opt_handles)
             except Exception as e:
                 w._hook_error("optimizer discovery", e)
         if self.want_loader:
@@ -196,6 +203,8 @@ class Discovery:
         try:
             if self._stack.pop():
                 w._fwd_post(module, args, output)
+                if self.want_optimizer and not self._stack and _deepspeed.is_engine(module):
+                    _deepspeed.adopt(w, module)
         except Exception as e:
             w._hook_error("model discovery", e)
         return None
@@ -270,6 +279,21 @@ class Discovery:
                 lints._global_batch(max(1, self.w._micro))
         except Exception as e:
             self.w._hook_error("lints on the discovered model", e)
+
+    def stop_optimizers(self) -> None:
+        """Remove the global optimizer step hooks (a DeepSpeed engine's model steps take over)."""
+        for h in self._opt_handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        self._opt_handles = []
+        self.want_optimizer = False
+
+    def stop_model(self) -> None:
+        """The model is known (a DeepSpeed engine): stop looking for it."""
+        self._stop_looking()
+        self.model_found = True
 
     def _stop_looking(self) -> None:
         for h in self._module_handles:

@@ -5,7 +5,8 @@ on every micro-batch; the engine applies the optimizer only at the gradient accu
 (``engine._take_model_step``, where ``engine.global_steps`` advances). The optimizer ``deepspeed.
 initialize`` returns is a ZeRO wrapper, not a ``torch.optim.Optimizer``: it has no step hooks. So a
 DeepSpeed engine is watched through the engine itself (nothing here imports deepspeed; the engine is
-recognised by its class name):
+recognised by its class name). ``watcher.start`` (under ``watch``) attaches an engine given as the
+model; ``watch()`` given no optimizer adopts one at its first training forward (``adopt``):
 
 * a step is one model step: ``EngineSteps`` stands in for the optimizer given to the Watcher. Its
   pre-hooks run when ``engine._take_model_step`` starts, its post-hooks (which close the step)
@@ -235,25 +236,38 @@ def attach(w: Any, engine: Any, steps: EngineSteps, pipe: bool = False) -> None:
         w._hook_error("DeepSpeed communication setup", e)
 
 
-def watch(engine: Any, optimizer: Any = None, loader: Any = None, **kwargs: Any) -> Any:
-    """``watch(engine, optimizer, loader)`` for a DeepSpeed engine: the Watcher times the engine's
-    model steps (``EngineSteps``) instead of ``optimizer`` (the ZeRO wrapper ``deepspeed.initialize``
-    returned, the client optimizer inside it, or None: all step once per model step)."""
-    from . import watcher
+def attach_engine(w: Any, engine: Any, steps: EngineSteps) -> None:
+    """``attach``, after ``pipeline.attach_deepspeed`` for a PipelineEngine (first: its train_batch
+    wrapper sits inside the step's). Errors are hook errors: training goes on."""
+    from . import pipeline
 
-    steps = EngineSteps(engine)
-    w = watcher.start(engine, steps, loader, **kwargs)
-    if w is not None:
-        from . import pipeline
-
-        pipe = False
-        if pipeline.is_deepspeed_pipe(engine):  # first: its train_batch wrapper sits inside the step's
-            try:
-                pipe = pipeline.attach_deepspeed(w, engine) is not None
-            except Exception as e:
-                w._hook_error("DeepSpeed pipeline setup", e)
+    pipe = False
+    if pipeline.is_deepspeed_pipe(engine):
         try:
-            attach(w, engine, steps, pipe)
+            pipe = pipeline.attach_deepspeed(w, engine) is not None
         except Exception as e:
-            w._hook_error("DeepSpeed setup", e)
-    return watcher.WatchedLoader(loader, w)
+            w._hook_error("DeepSpeed pipeline setup", e)
+    try:
+        attach(w, engine, steps, pipe)
+    except Exception as e:
+        w._hook_error("DeepSpeed setup", e)
+
+
+def adopt(w: Any, engine: Any) -> None:
+    """Discovery saw ``engine``'s first training forward (``watch()`` given no optimizer, as the
+    framework callbacks start it): from here the engine's model steps are the steps, its forward
+    the model's, as if it had been given to ``watch()``. The global optimizer step hooks that
+    counted the optimizer inside the engine are removed first, so no step is counted twice."""
+    disc = w.discovery
+    if disc is not None:
+        disc.stop_optimizers()
+        disc.stop_model()
+    steps = EngineSteps(engine)
+    w.optimizer = steps
+    w._defer_steps = False
+    if w._pending_t is not None:  # a step an optimizer found before left open ends now
+        w._close_pending(w._pending_t)
+    w._handles.append(steps.register_step_pre_hook(w._opt_pre))
+    w._handles.append(steps.register_step_post_hook(w._opt_post))
+    w._attach_model(engine)
+    attach_engine(w, engine, steps)

@@ -12,7 +12,8 @@ recomputation is not counted, so MFU stays comparable across recompute settings.
   (FSDP2); an FSDP1 flat parameter counts its unsharded size. The tests check DDP's shape of
   wrapper on CPU, not a sharded multi-rank FSDP run: where FSDP1 runs with
   ``use_orig_params=True`` the original parameters are views of the local shard and N would be
-  short; ``hooks.flops_per_token`` declares the figure there.
+  short; ``hooks.flops_per_token`` declares the figure there. A DeepSpeed ZeRO-3 parameter counts
+  its full size (``ds_numel``), checked with a 2-rank CPU engine.
 - L and H: the model's (or its wrapped module's) Hugging Face style ``config``:
   ``num_hidden_layers`` or ``n_layer``, ``hidden_size`` or ``n_embd``. Without them there is no
   attention term (``estimate_6n``).
@@ -53,6 +54,9 @@ def _numel(p: Any) -> int:
         for d in flat:
             n *= int(d)
         return n
+    ds = getattr(p, "ds_numel", None)  # a DeepSpeed ZeRO-3 parameter: its full size (numel() is 0 once partitioned)
+    if ds is not None:
+        return int(ds)
     return int(p.numel())
 
 

@@ -392,7 +392,8 @@ def watch(obj: Any, optimizer: Any = None, loader: Any = None, **kwargs: Any) ->
     w = watcher.start(model, optimizer, loader, **kwargs)
     if w is not None:
         try:
-            attach(w, obj)
+            if attach(w, obj) is not None:
+                w.set_parallel("pipeline")  # the hello names the strategy (the stage's module is a plain one)
         except Exception as e:
             w._hook_error("pipeline setup", e)
     return watcher.WatchedLoader(loader, w)

@@ -1,5 +1,7 @@
 """Start-up self-check: GPUs (count, name, memory, temperature), CUDA/NCCL/torch versions,
-free space of the tmp, log and checkpoint directories. Logged once and sent once ("hello").
+free space of the tmp, log and checkpoint directories, and how the model is parallelized
+(``parallel.py``). Logged once and sent in the "hello" (sent again when the parallel strategy
+becomes known later).
 
 Runs on the hooks' background thread (NVML initialisation can take a while); every
 probe is optional and a failing one just leaves its field out.
@@ -115,6 +117,9 @@ def fit(rec: Dict[str, Any]) -> bytes:
 def describe(info: Dict[str, Any]) -> str:
     parts = [f"torch {info.get('torch', '?')}", f"backend {info.get('backend') or 'none'}",
              f"{info.get('gpus', 0)} GPU(s)"]
+    if info.get("strategy"):
+        z = info.get("zero_stage")
+        parts.append(f"{info['strategy']} ZeRO-{z}" if z else str(info["strategy"]))
     if info.get("gpu_names"):
         parts.append("/".join(info["gpu_names"]))
     if info.get("cuda"):

@@ -117,7 +117,11 @@ class Background:
             fpt = "; " + self._flops.describe()
         except Exception as e:
             self._hook_error("FLOPs per token", e)
+        par = dict(self.parallel)
+        info.update(par)
+        self._hello_parallel = par
         self.selfcheck = info
+        self._hello_dirs = d
         line = "ranksight: self-check rank %d: %s%s; agent %s; %s" % (
             self.identity.rank, selfcheck.describe(info), fpt, self.settings.agent, self.identity.job_line())
         if self.identity.local_rank == 0:
@@ -125,15 +129,32 @@ class Background:
                 log.info(line)
             else:
                 sys.stderr.write(line + "\n")
+        self._send_hello()
+
+    def _send_hello(self) -> None:
         try:
-            rec = dict(self._base, t="hello", ts=time.time(), info=info, dirs=d, pstart=round(_process_start(), 3),
+            rec = dict(self._base, t="hello", ts=time.time(), info=dict(self.selfcheck), dirs=self._hello_dirs,
+                       pstart=round(_process_start(), 3),
                        gpu=_gpu_uuid(self._tl.device) if self._tl is not None else "")
             self._transport.send(selfcheck.fit(rec))
         except Exception as e:
             self._hook_error("hello record", e)
 
+    def _hello_again(self) -> None:
+        """The watch learned how its model is parallelized after the hello went out (a model
+        discovery found, ``set_parallel``): the hello is sent again with it (the agent keeps the
+        latest hello's info)."""
+        par = self.parallel
+        if par == self._hello_parallel:
+            return
+        par = dict(par)
+        self._hello_parallel = par
+        self.selfcheck.update(par)
+        self._send_hello()
+
     def _tick(self) -> None:
         now = _perf()
+        self._hello_again()
         self._probe(now)
         self._stack(now)
         self._flush()

@@ -67,6 +67,7 @@ from .closing import (BYE_COPIES, CLOSE_GPU_MAX, CLOSE_GPU_WAIT, JOIN_SECONDS, S
 from .comm import CommTracker, FlightRecorder
 from .identity import Identity
 from .loss import LossReader
+from . import parallel
 from .patch import Patcher
 from .timing import BWD, COMM, FWD, OPT, PBUSY, XCOMM, CudaTimeline
 from .settings import Settings, load_settings  # noqa: F401 (public here)
@@ -96,7 +97,8 @@ class Watcher(StepPath, Background, Closing):
     """One active watch. Public for extensions (lints) and tests:
 
     ``model``, ``optimizer``, ``loader`` (the user's objects), ``process_group`` (the default
-    group or None), ``identity``, ``settings``, ``stats()``, ``send_lint(id, active, msg)``,
+    group or None), ``identity``, ``settings``, ``parallel`` and ``set_parallel(strategy,
+    zero_stage)`` (how the model is parallelized, sent in the hello), ``stats()``, ``send_lint(id, active, msg)``,
     ``add_checkpoint_observer(fn)`` (``fn(src, obj, path)``), ``add_resume_observer(fn)``
     (``fn(resume)``, a checkpoint restore, ``hooks/resume.py``), ``add_epoch_observer(fn)``
     (``fn(loader)`` when an iteration over the loader starts), ``add_periodic(fn, seconds)``
@@ -122,6 +124,8 @@ class Watcher(StepPath, Background, Closing):
             from .auto import Discovery
 
             self.discovery = Discovery(self, model is None, optimizer is None, loader is None)
+        self.parallel: Dict[str, str] = {}  # the hello's "strategy" and "zero_stage" (parallel.py)
+        self._hello_parallel: Dict[str, str] = {}
         self.identity = Identity.detect()
         self._main_tid = threading.main_thread().ident or threading.get_ident()
         self._active = True
@@ -284,6 +288,10 @@ class Watcher(StepPath, Background, Closing):
             self.resumes.attach_model(model, self._handles)
         except Exception as e:
             self._hook_error("resume setup", e)
+        try:
+            self.parallel = parallel.describe(model)
+        except Exception as e:
+            self._hook_error("parallel strategy", e)
         if not hasattr(model, "register_forward_pre_hook"):
             log.warning("ranksight: the model is not an nn.Module; forward/backward are not timed")
         elif self._forward_hooks:
@@ -369,6 +377,12 @@ class Watcher(StepPath, Background, Closing):
         flush (records it queues, e.g. ``send_lint``, still go out)."""
         self._close_callbacks.append(fn)
 
+    def set_parallel(self, strategy: str, zero_stage: str = "") -> None:
+        """How the model is parallelized, when the watch cannot read it from the model's type (a
+        pipeline schedule): one of ``catalog.PARALLEL_STRATEGIES`` and DeepSpeed's ZeRO stage or "".
+        The hello is sent again with it."""
+        self.parallel = {"strategy": str(strategy), "zero_stage": str(zero_stage)}
+
     def checkpoint_timer(self, path: Any = None, nbytes: Optional[int] = None, obj: Any = None) -> CheckpointTimer:
         return CheckpointTimer(self.ckpt if self._active else None, path, nbytes, obj)
 
@@ -398,7 +412,8 @@ def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
     ``agent``: overrides ``RANKSIGHT_AGENT`` / ``hooks.agent`` (``udp://host:port``,
     ``unix:///path`` or ``off``). ``total_steps``: the optimizer steps the whole run is to take,
     across restarts (over ``hooks.total_steps``), for its ETA and cost. A second ``watch()``
-    replaces the first.
+    replaces the first. A DeepSpeed engine as ``model`` is watched through the engine
+    (``deepspeed_engine.py``): its model steps are the steps, whatever ``optimizer`` is.
     """
     w = start(model, optimizer, loader, config=config, agent=agent, discover=discover, total_steps=total_steps)
     return WatchedLoader(loader, w)
@@ -409,14 +424,20 @@ def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
           total_steps: Optional[int] = None) -> Optional[Watcher]:
     """``watch()`` for framework integrations: returns the Watcher (None when the hooks could not
     start). ``forward_hooks=False``: the caller drives ``_fwd_pre``/``_fwd_post`` (a framework's
-    batch callbacks) instead of the model's forward hooks."""
+    batch callbacks) instead of the model's forward hooks. A DeepSpeed engine as ``model`` is
+    watched through the engine, as ``watch()`` does."""
+    from . import deepspeed_engine as ds
+
     prev = active()
     if prev is not None:
         log.info("ranksight: watch() called again; replacing the previous watch")
         prev.close()
+    engine = model if model is not None and ds.is_engine(model) else None
     try:
         settings = load_settings(config, agent)
-        w = Watcher(model, optimizer, loader, settings, discover=discover, forward_hooks=forward_hooks)
+        steps = ds.EngineSteps(engine) if engine is not None else None
+        w = Watcher(model, steps if steps is not None else optimizer, loader, settings, discover=discover,
+                    forward_hooks=forward_hooks)
         w.config_source = config  # the lints (ranksight.hooks.lints) read their section from the same config
         if total_steps is not None:
             w.set_total_steps(total_steps)
@@ -426,6 +447,8 @@ def start(model: Any = None, optimizer: Any = None, loader: Any = None, *, confi
         log.debug("ranksight: watch() traceback", exc_info=e)
         return None
     _ACTIVE.append(w)
+    if steps is not None:
+        ds.attach_engine(w, engine, steps)
     _attach_extensions(w)
     return w
 

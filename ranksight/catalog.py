@@ -207,6 +207,11 @@ RANK_GPU_INFO = _m("rank_gpu_info", "gauge", "info", R + ("gpu", "uuid"),
 RANK_VERSIONS = _m("rank_versions_info", "gauge", "info", R + ("torch", "cuda", "nccl"),
                    "The rank's torch, CUDA runtime and NCCL versions, from its hello (empty: none, e.g. a CPU "
                    "build); always 1. Ranks of one job with different values run mixed builds.")
+RANK_PARALLEL = _m("rank_parallel_info", "gauge", "info", R + ("strategy", "zero_stage"),
+                   "How the rank's model is parallelized, from its hello: strategy (one of PARALLEL_STRATEGIES: "
+                   "none, ddp, fsdp, deepspeed, pipeline; other for a value outside them) and zero_stage (DeepSpeed's "
+                   "ZeRO stage 0-3, empty for the other strategies); always 1. No series until the rank knows its "
+                   "model (watch() finds it at the end of the first step).")
 DATALOADER_WORKERS_RSS = _m("dataloader_workers_rss_bytes", "gauge", "bytes", R,
                             "Total RSS of the rank's DataLoader worker processes.")
 
@@ -326,6 +331,11 @@ BADPUT_OVERLAP = _m("badput_overlap_seconds_total", "counter", "seconds", R + ("
                     "The part of wasted_progress and stalled badput that also lies in an in-step counter, by that "
                     "counter: category=productive (step minus waits)|data_wait|exposed_comm. The goodput rules "
                     "subtract it so that no second counts twice.")
+
+# ---------------------------------------------------------------- hooks label values: the parallel strategy
+# strategy{} and zero_stage{} of ranksight_rank_parallel_info ("other" for a value outside them)
+PARALLEL_STRATEGIES = ("none", "ddp", "fsdp", "deepspeed", "pipeline")
+ZERO_STAGES = ("", "0", "1", "2", "3")
 
 # ---------------------------------------------------------------- hooks label values: the lint ids
 # lint{} of ranksight_lint_active: one module per id in ranksight.hooks.lints (the triage table's

@@ -73,8 +73,8 @@ identity (all records)
           {"op": str (<= 64, "all_reduce"), "pg": str (<= 128, the group's name, "default_pg"),
            "seq": int (its sequence number in that group), "wait": float (seconds since launch)}
 
-"hello" once at start: the self-check
-  info  object (<= 1 level of nesting; GPU names, CUDA/NCCL versions, dirs and their free bytes)
+"hello" once at start: the self-check; again once the rank knows its model's parallelism
+  info  object (<= 1 level; GPU names, CUDA/NCCL versions, dirs' free bytes, "strategy", "zero_stage")
   dirs  object {"tmp": path, "log": path, "checkpoint": path} (paths may be "")
 
 "bye"   clean exit. v2: carries the final ``tot`` and ``hist`` (as "hb"); the agent keeps the rank's

@@ -92,6 +92,7 @@ class RanksCollector:
         f_pstart = family(C.PROCESS_START)
         f_gpu = family(C.RANK_GPU_INFO)
         f_ver = family(C.RANK_VERSIONS)
+        f_par = family(C.RANK_PARALLEL)
         f_gp = goodput.Families()
         f_where = family(C.RANK_STALL_WHERE)
         f_cseq, f_cwait = family(C.RANK_COLLECTIVE_SEQ), family(C.RANK_COLLECTIVE_WAIT)
@@ -134,6 +135,7 @@ class RanksCollector:
                 gpu = uuids.get(r.gpu_uuid) if r.gpu_uuid else None
                 uuid = r.gpu_uuid
                 vers = r.versions
+                par = r.parallel
                 gp = goodput.Snapshot(r.gp, now)
                 st = r.stack if stalled else None
             base = L.base
@@ -169,6 +171,8 @@ class RanksCollector:
                 add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
             if vers is not None:
                 add(f_ver, base.plus("torch", vers[0]).plus("cuda", vers[1]).plus("nccl", vers[2]), 1.0)
+            if par is not None:
+                add(f_par, base.plus("strategy", par[0]).plus("zero_stage", par[1]), 1.0)
             f_gp.add(base, gp)
             if st is not None and st.where:  # one series per stalled rank, gone when it recovers
                 add(f_where, base.plus("where", st.where).plus("phase", st.phase), st.idle + max(0.0, now - st.at))
@@ -177,8 +181,8 @@ class RanksCollector:
                 add(f_cseq, cl, float(st.cw["seq"]))
                 add(f_cwait, cl, st.cw["wait"] + max(0.0, now - st.at))
         return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
-                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_ver, f_where, f_cseq,
-                                           f_cwait] + f_gp.all())
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_ver, f_par,
+                                           f_where, f_cseq, f_cwait] + f_gp.all())
 
 
 @register("ranks")

@@ -5,7 +5,8 @@ It starts ``ranksight exporter``, the local stack (Debian's binaries,
 windows 30 s) scraping it every 2 s, and ``examples/train_ddp.py`` as two gloo ranks
 (launched like torchrun's static launch: RANK/WORLD_SIZE/MASTER_* in the env). The job runs
 healthy for ``--fault-after`` seconds, then one rank misbehaves (``--fault``, default
-straggler). Rank 0's output (the script's lines and the hooks' step table) goes to the
+straggler). ``--strategy`` picks how the job parallelizes its model (DDP by default, FSDP2, or a
+DeepSpeed ZeRO engine on CPU: ``examples/parallel_setup.py``). Rank 0's output (the script's lines and the hooks' step table) goes to the
 console line by line; everything is logged under the run dir. Every 2 s the demo reads the
 alerts from Alertmanager (with inhibition) and Prometheus and prints each one as it fires or
 is muted (``demo_alerts.py``). Once the injected cause fires and its symptoms are muted (or
@@ -25,6 +26,7 @@ Without the Debian binaries it says so in one line and runs the agent and the jo
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import shutil
@@ -68,12 +70,15 @@ POLL_SECONDS = 2.0
 STACK_NICE = 10
 LINGER_SECONDS = 20.0  # after the cause fires, wait this long at most for the symptoms it mutes
 STOP_SECONDS = 15.0  # SIGUSR1 to stop: the ranks stop at their next loss all-reduce, else TERM/KILL
+STRATEGIES = ("ddp", "fsdp", "deepspeed")  # examples/parallel_setup.py's
+STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP", "deepspeed": "DeepSpeed ZeRO-{z}"}
+OWN_CHECKPOINT_FAULTS = ("slow-checkpoint", "long-checkpoint")  # the job writes these checkpoints itself
 KEEP_DIR = "run/stack"  # `ranksight stack`'s default run dir: status/down find the kept stack there
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Run the agent, a local Prometheus + Alertmanager (test-profile rules) and an instrumented "
-                     "2-rank CPU DDP job: healthy first, then one injected fault; print the alerts as they fire "
+                     "2-rank CPU job (DDP, FSDP or DeepSpeed ZeRO): healthy first, then one injected fault; print the alerts as they fire "
                      "and the verdict: the cause, the symptoms it muted, and the next check.")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = ("faults:\n" + "\n".join(f"  {k:<16} {v}" for k, v in FAULT_HELP.items()) +
@@ -96,6 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settle", type=float, default=45.0, metavar="S",
                    help="after the job, wait up to this long for the injected cause to fire (default 45)")
     p.add_argument("--config", metavar="FILE", help="YAML config file (thresholds; the test profile is applied)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="ddp",
+                   help="how the job parallelizes its model: ddp (default), fsdp (FSDP2) or deepspeed (a ZeRO "
+                        "engine on CPU, needs deepspeed installed)")
+    p.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=2,
+                   help="--strategy deepspeed: the ZeRO stage (default 2)")
 
 
 class Job:
@@ -229,6 +239,13 @@ def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.strategy == "deepspeed":
+        if args.fault in OWN_CHECKPOINT_FAULTS:
+            return error(f"--fault {args.fault} writes its own checkpoint file, DeepSpeed writes its own: "
+                         "use --strategy ddp or fsdp for it")
+        if importlib.util.find_spec("deepspeed") is None:
+            return error("--strategy deepspeed: deepspeed is not installed (pip install deepspeed; "
+                         "DS_BUILD_OPS=0 needs no compiler)")
     for flag, v, lo in (("--duration", args.duration, 0.0), ("--fault-after", args.fault_after, -1e-9),
                         ("--settle", args.settle, -1e-9)):
         if not v > lo or v != v:
@@ -318,11 +335,12 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
     agent, stack = _start(args, cfg, run_dir, ports, started)
     fault, bad = args.fault, args.rank_to_fault
     after = 0.0 if fault in ("none", "comm-heavy") else args.fault_after
+    what = STRATEGY_NAMES[args.strategy].format(z=args.zero_stage)
     if fault == "none":
-        say(f"ranksight demo: a 2-rank CPU DDP job, healthy for up to {args.duration:g} s (no fault)")
+        say(f"ranksight demo: a 2-rank CPU {what} job, healthy for up to {args.duration:g} s (no fault)")
     else:
         phase = f"healthy for {after:g} s, then" if after else "from the start:"
-        say(f"ranksight demo: a 2-rank CPU DDP job, {phase} fault {fault} ({EXPECTED[fault][2].format(r=bad)})")
+        say(f"ranksight demo: a 2-rank CPU {what} job, {phase} fault {fault} ({EXPECTED[fault][2].format(r=bad)})")
     say(f"agent         {agent.url}/metrics   (ingest {agent.ingest})")
     if stack is not None:
         say(f"prometheus    {stack.prom_url}/alerts")
@@ -331,7 +349,8 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
     say()
 
     job_args = ["--duration", f"{args.duration:g}", "--fault", fault, "--rank-to-fault", str(bad),
-                "--fault-after", f"{after:g}", "--checkpoint-dir", str(run_dir / "checkpoints")]
+                "--fault-after", f"{after:g}", "--checkpoint-dir", str(run_dir / "checkpoints"),
+                "--strategy", args.strategy, "--zero-stage", str(args.zero_stage)]
     if fault == "straggler":
         # the straggler at 3x its compute: its peer then waits about half of every step, well over
         # CommBound's 30% even when the machine's other load slows both ranks (the verdict shows the
@@ -406,6 +425,8 @@ def _verdict(args: argparse.Namespace, cfg: Mapping, stack: Optional[LocalStack]
     say(f"job exit codes: {codes}")
     seen = ", ".join(f"rank {r}: {n}" for r, n in sorted(alerts.steps.items())) or "none"
     say(f"steps Prometheus saw: {seen}")
+    par = ", ".join(f"rank {r}: {p}" for r, p in sorted(alerts.parallel.items())) or "none"
+    say(f"strategy Prometheus saw: {par}")
     alerts.report(sys.stdout)
     if fault == "none":
         ok = not alerts.problems()

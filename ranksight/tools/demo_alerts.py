@@ -69,6 +69,7 @@ class AlertLog:
     def __init__(self) -> None:
         self.seen: Dict[Tuple[Tuple[str, str], ...], SeenAlert] = {}
         self.steps: Dict[str, int] = {}  # rank -> highest steps_total Prometheus saw
+        self.parallel: Dict[str, str] = {}  # rank -> "deepspeed ZeRO-2", from its hello (rank_parallel_info)
         self.fault_planned = False  # a fault will be injected (not --fault none)
         self.t0: Optional[float] = None  # monotonic time of the first step
         self.fault_started = False  # set by the demo once the fault is on
@@ -87,6 +88,10 @@ class AlertLog:
             for r in stack.prom.query(f'max by (rank) ({catalog.STEPS}{{job="{JOB}"}})'):
                 rank = r["metric"].get("rank", "?")
                 self.steps[rank] = max(self.steps.get(rank, 0), int(float(r["value"][1])))
+            for r in stack.prom.query(f'{catalog.RANK_PARALLEL}{{job="{JOB}"}}'):
+                m = r["metric"]
+                z = m.get("zero_stage", "")
+                self.parallel[m.get("rank", "?")] = m.get("strategy", "?") + (f" ZeRO-{z}" if z else "")
         except (ApiError, OSError, ValueError) as e:
             log.debug("alert poll failed: %s", e)
             return

@@ -153,6 +153,7 @@ class Report:
     places: List[str] = field(default_factory=list)  # where the stalled ranks are, and what the blocked ones wait in
     ended: Optional[str] = None  # the line saying the job ended and when (triaged as of its last data)
     ended_at: Optional[float] = None
+    parallel: Dict[Tuple[str, str], Tuple[str, str]] = field(default_factory=dict)  # (job, rank) -> strategy, ZeRO stage
 
     @property
     def healthy(self) -> bool:
@@ -296,7 +297,17 @@ class Walk:
                     notes.append(f"{e.summary} ({T.where(e, f.labels, show_job=self.job is None)})")
         notes += self._health(table)
         return Report(self.prom.url, self.job, self.since, self.at, checks, causes[0] if causes else None, causes, notes,
-                      self._places() if causes else [], ended[0] if ended else None, ended[1] if ended else None)
+                      self._places() if causes else [], ended[0] if ended else None, ended[1] if ended else None,
+                      self._parallel())
+
+    def _parallel(self) -> Dict[Tuple[str, str], Tuple[str, str]]:
+        """(job, rank) -> (strategy, ZeRO stage), from the ranks' hello (ranksight_rank_parallel_info)."""
+        sel = str(C.RANK_PARALLEL) + (f"{{job={_quote(self.job)}}}" if self.job is not None else "")
+        out: Dict[Tuple[str, str], Tuple[str, str]] = {}
+        for s in self.q(_over(sel, self.since, "max_over_time")):
+            lab = s.labels
+            out[(lab.get("job", ""), lab.get("rank", ""))] = (lab.get("strategy", ""), lab.get("zero_stage", ""))
+        return out
 
     def _ended(self) -> Tuple[str, float]:
         """The job has no series in the triaged range: find its last data within LOOKBACK (the runs
@@ -466,6 +477,8 @@ def render_json(r: Report) -> Dict[str, Any]:
         "cause": cause(r.cause),
         "causes": [cause(f) for f in r.causes],
         "places": r.places,
+        "parallel": [{"job": j, "rank": rk, "strategy": st, "zero_stage": z}
+                     for (j, rk), (st, z) in sorted(r.parallel.items())],
         "notes": ([r.ended] if r.ended else []) + r.notes,
     }
 

@@ -145,6 +145,8 @@ class Names:
                 break
             tail += 4  # two names share head and tail: keep more of the tail
 
+    parallel: Mapping[Tuple[str, str], Tuple[str, str]] = {}  # (job, rank) -> (strategy, ZeRO stage)
+
     def __call__(self, value: str) -> str:
         s = self.short.get(value, value)
         if s != value:
@@ -165,10 +167,18 @@ def fmt_labels(labels: Mapping[str, str], names: Names = FULL) -> str:
     return " ".join(f"{k}={names(labels[k])}" for k in SHOWN_LABELS if labels.get(k, "") != "")
 
 
+def parallel_text(strategy: str, zero_stage: str) -> str:
+    """"deepspeed ZeRO-2", "ddp": how a rank's model is parallelized, as the report names it."""
+    return f"{strategy} ZeRO-{zero_stage}" if zero_stage else strategy
+
+
 def where(e: Entry, labels: Mapping[str, str], show_job: bool = True, names: Names = FULL) -> str:
-    """The labels that say where: the entry's scope (job only when not triaging one job)."""
+    """The labels that say where: the entry's scope (job only when not triaging one job); a rank
+    followed by how its model is parallelized, when its hello said ("rank=3 (deepspeed ZeRO-2)")."""
     keep = [k for k in e.scope if show_job or k != "job"]
-    return fmt_labels({k: v for k, v in labels.items() if k in keep}, names)
+    text = fmt_labels({k: v for k, v in labels.items() if k in keep}, names)
+    par = names.parallel.get((labels.get("job", ""), labels.get("rank", ""))) if "rank" in keep else None
+    return f"{text} ({parallel_text(*par)})" if par and text else text
 
 
 def more(first: "Finding", others: Sequence["Finding"]) -> str:
@@ -335,6 +345,7 @@ def _cause(r: "Report", names: Names) -> List[str]:
 
 def render_text(r: "Report") -> str:
     names = Names(_label_values(r))
+    names.parallel = r.parallel
     body = _table(r, names) + [""]
     if r.cause is None:
         watch = [c.entry.title for c in r.checks if c.not_alerting]

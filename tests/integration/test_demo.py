@@ -135,3 +135,30 @@ def test_demo_keep_with_a_port_in_use_is_one_line(tmp_path):
     assert code == "2" and err == ["ranksight: error: --keep: port 127.0.0.1:9090 for Prometheus is in use (is "
                                    "another demo, `ranksight exporter` or `ranksight stack up` running?)"], p.stdout
     assert not (tmp_path / "run" / "demo").exists()
+
+
+@pytest.mark.slow
+def test_demo_strategy_deepspeed_runs_a_zero_job(tmp_path):
+    """``--strategy deepspeed``: the job is a DeepSpeed ZeRO-2 engine on CPU (examples/parallel_setup.py),
+    its steps reach Prometheus, and Prometheus sees each rank's strategy and ZeRO stage from its
+    hello. The healthy verdict itself depends on the machine's load (the DDP run above checks it):
+    here exit 1 is accepted only as that verdict."""
+    pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install -e '.[test]' installs it)")
+    require_binary("prometheus"), require_binary("alertmanager")
+    run_dir = tmp_path / "demo"
+    p = demo("--strategy", "deepspeed", "--fault", "none", "--duration", "8", "--run-dir", str(run_dir))
+    out = p.stdout
+    assert p.returncode == 0 or "verdict: alerts fired on a healthy run" in out, out + p.stderr
+    assert out.splitlines()[0].startswith("ranksight demo: a 2-rank CPU DeepSpeed ZeRO-2 job, healthy"), out
+    assert "train_ddp: 2 ranks (DeepSpeed ZeRO-2)" in out and "job exit codes: [0, 0]" in out, out
+    steps = dict(re.findall(r"rank (\d+): (\d+)", out.split("steps Prometheus saw:")[1].splitlines()[0]))
+    assert set(steps) == {"0", "1"} and min(int(v) for v in steps.values()) > 0, out
+    assert "strategy Prometheus saw: rank 0: deepspeed ZeRO-2, rank 1: deepspeed ZeRO-2" in out, out
+    _no_leftovers(run_dir)
+
+
+def test_demo_strategy_deepspeed_with_a_checkpoint_fault_is_one_line():
+    p = demo("--strategy", "deepspeed", "--fault", "slow-checkpoint")
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "ranksight: error: --fault slow-checkpoint writes its own checkpoint file, DeepSpeed writes its own: "
+        "use --strategy ddp or fsdp for it"), p.stderr

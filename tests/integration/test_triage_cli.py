@@ -6,7 +6,8 @@ Scenarios (per-step durations in seconds; the agent sums them into the counters
 the recording rules divide):
 
   tri-data       rank 1 waits 50% of its step on data; rank 0 waits for it in the all-reduce
-  tri-straggler  rank 1 computes 1.5x longer; rank 0 shows the difference as collective wait
+  tri-straggler  rank 1 computes 1.5x longer; rank 0 shows the difference as collective wait; its
+                 ranks' hello names a DeepSpeed ZeRO-3 model
   tri-hang       rank 1 stops making progress outside a collective; rank 0 blocks in one
   tri-ok         both ranks compute-bound, small data wait and comm share
   tri-gated      communication-bound; rank 1's busy time is 1.13x rank 0's, but only 4% of the step:
@@ -67,6 +68,10 @@ class Sender(threading.Thread):
     def set(self, job: str, rank: int, play: RankPlay) -> None:
         with self.lock:
             self.plays[(job, rank)] = play
+
+    def hello(self, job: str, rank: int, info: dict) -> None:
+        with self.lock:
+            self._send(job, rank, {"t": "hello", "info": info, "dirs": {}})
 
     def bye(self, job: str) -> None:
         with self.lock:
@@ -131,6 +136,8 @@ def world(tmp_path_factory) -> Iterator[dict]:
         sender.set("tri-data", 1, RankPlay(dur=0.1, data=0.05, comm=0.006, xcomm=0.002))
         sender.set("tri-straggler", 0, RankPlay(dur=0.1, data=0.002, comm=0.045, xcomm=0.04))
         sender.set("tri-straggler", 1, RankPlay(dur=0.1, data=0.002, comm=0.006, xcomm=0.001))
+        for r in (0, 1):  # its ranks' hello: a DeepSpeed ZeRO-3 model (ranksight_rank_parallel_info)
+            sender.hello("tri-straggler", r, {"torch": "2.13.0", "strategy": "deepspeed", "zero_stage": "3"})
         sender.set("tri-ok", 0, RankPlay())
         sender.set("tri-ok", 1, RankPlay())
         sender.set("tri-hang", 0, RankPlay())
@@ -206,6 +213,10 @@ def test_straggler_is_named_not_the_waiting_rank(world):
     recorded = world["stack"].prom.query('rank:ranksight_straggler:ratio{job="tri-straggler",rank="1"}')
     assert doc["cause"]["value"] == pytest.approx(float(recorded[0]["value"][1]), rel=0.02)
     assert doc["cause"]["value"] > 1.2
+    assert doc["parallel"] == [{"job": "tri-straggler", "rank": str(r), "strategy": "deepspeed", "zero_stage": "3"}
+                               for r in (0, 1)]
+    text = triage_cli(world["stack"].prom_url, "--profile", "test", "--job", "tri-straggler").stdout
+    assert "cause: RanksightStraggler: Straggler rank on job=tri-straggler node=tri-node rank=1 (deepspeed ZeRO-3): " in text, text
     comm = check(doc, "RanksightCommBound")
     assert comm["verdict"] == "explained"
     assert comm["findings"][0]["labels"]["rank"] == "0"

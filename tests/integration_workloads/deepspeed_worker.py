@@ -2,7 +2,9 @@
 ``--stage`` on CPU (``DS_ACCELERATOR=cpu``, gloo), gradient accumulation ``--accum``, a client
 ``torch.optim.AdamW`` or (``--ds-optimizer``) DeepSpeed's own optimizer from the config, a
 DataLoader whose dataset sleeps per item, ``engine.save_checkpoint`` every ``--save-every``
-optimizer steps with the wall time around it measured here. Each optimizer choice in
+optimizer steps with the wall time around it measured here. ``--entry`` picks the entry point
+that watches the engine (``ranksight.watch(engine, ...)``, ``watcher.start(engine, ...)``, or
+``ranksight.watch()`` alone). Each optimizer choice in
 ``--optimizers`` trains its own engine under its own job name, one after the other in the same
 processes. Run one process per rank under torchrun. Prints RESULT per rank and engine."""
 from __future__ import annotations
@@ -44,7 +46,14 @@ def train(a: argparse.Namespace, ds_optimizer: bool, job: str) -> None:
     cdb = deepspeed.comm.comm.cdb
     patched = ("step", "_take_model_step", "backward", "save_checkpoint")
     own = ([n for n in patched if n in engine.__dict__], cdb.all_gather_function, cdb.reduce_scatter_function)
-    loader = ranksight.watch(engine, optimizer, loader)
+    if a.entry == "watch":
+        loader = ranksight.watch(engine, optimizer, loader)
+    elif a.entry == "start":  # the integrations' entry point, given the engine
+        from ranksight.hooks import watcher
+
+        loader = watcher.WatchedLoader(loader, watcher.start(engine, optimizer, loader))
+    else:  # "discover": watch() alone finds the engine at its first forward
+        ranksight.watch()
     saves = []
     for ids in loader:
         loss = torch.nn.functional.cross_entropy(engine(ids).flatten(0, 1), ids.flatten())
@@ -74,6 +83,9 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.01)
     ap.add_argument("--save-every", type=int, default=4)
     ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--entry", default="watch", choices=("watch", "start", "discover"),
+                    help="watch: ranksight.watch(engine, optimizer, loader); start: watcher.start with the same; "
+                         "discover: ranksight.watch() with nothing given")
     ap.add_argument("--optimizers", default="client,config",
                     help="client: a torch.optim.AdamW given to deepspeed.initialize; config: the config's AdamW")
     a = ap.parse_args()

@@ -90,7 +90,7 @@ def datagrams() -> List[dict]:
     ckpt = (12.0, 1 << 30, True)
     out: List[dict] = []
     for r, i in enumerate(ids):
-        out.append(dict(i, t="hello", info={"torch": "2.13.0", "gpus": 1}, dirs={"checkpoint": "/data/ckpt",
+        out.append(dict(i, t="hello", info={"torch": "2.13.0", "gpus": 1, "strategy": "deepspeed", "zero_stage": "2"}, dirs={"checkpoint": "/data/ckpt",
                         "log": "/var/log/train", "tmp": ""}, pstart=T0 - 30.0, gpu=uuid0 if r == 0 else ""))
         out.append(dict(i, t="hb", seq=1, every=30.0, step=0, phase="data", coll=-1.0, probe=0.0))
     r0, r1 = ids

@@ -230,3 +230,19 @@ def test_long_host_names_lose_their_domain_unless_that_makes_two_hosts_one():
     row = _verdict_of(text, "Dataloader wait per step")
     assert f"job={T.shorten(LONG)} node=gpu-node-017 rank=1" in row, text  # one line: the rank stays in view
     assert f"  gpu-node-017 = {fqdn}" in text.splitlines()[1:4]
+
+
+def test_a_named_rank_says_how_its_model_is_parallelized():
+    """The hello's strategy and ZeRO stage follow each named rank (text) and are listed (JSON), so a
+    slow shard group shows; a rank without them reads as before."""
+    strag = _check("RanksightStraggler", 1.5, dict(job="c", node="n", rank="1"), abnormal=True)
+    data = _check("RanksightDataloaderBound", 0.5, dict(job="c", node="n", rank="2"), abnormal=True)
+    r = _report([strag, data])
+    r.parallel = {("c", "1"): ("deepspeed", "3"), ("c", "0"): ("ddp", "")}
+    text = render_text(r)
+    assert "rank=1 (deepspeed ZeRO-3)" in text and "RanksightDataloaderBound on job=c node=n rank=2" in text, text
+    cause = next(ln for ln in text.splitlines() if ln.startswith("cause: "))
+    assert cause == "cause: RanksightStraggler: Straggler rank on job=c node=n rank=1 (deepspeed ZeRO-3): 1.50x " \
+                    "(threshold > 1.10x)", cause
+    assert render_json(r)["parallel"] == [{"job": "c", "rank": "0", "strategy": "ddp", "zero_stage": ""},
+                                          {"job": "c", "rank": "1", "strategy": "deepspeed", "zero_stage": "3"}]
