@@ -21,16 +21,18 @@ from typing import Any, Optional
 from . import pipeline as _pipeline
 from .watcher import WatchedLoader, Watcher, atomic_save, checkpoint_timer, loss, unwatch
 from .watcher import active as current
+from .watcher import start as _start
 from .watcher import watch as _watch
 
 
 def watch(model: Any = None, optimizer: Any = None, loader: Any = None, *, config: Any = None,
           agent: Optional[str] = None, discover: bool = True, total_steps: Optional[int] = None) -> WatchedLoader:
     """``watcher.watch`` (which watches a DeepSpeed engine through the engine); a pipeline schedule
-    or stage through its stages (``pipeline.watch``)."""
+    or stage through its stages (``pipeline.watch_stages``)."""
     if model is not None and _pipeline.is_pipeline(model):
-        return _pipeline.watch(model, optimizer, loader, config=config, agent=agent, discover=discover,
-                               total_steps=total_steps)
+        w = _pipeline.watch_stages(_start, model, optimizer, loader, config=config, agent=agent, discover=discover,
+                                   total_steps=total_steps)
+        return WatchedLoader(loader, w)
     return _watch(model, optimizer, loader, config=config, agent=agent, discover=discover, total_steps=total_steps)
 
 

@@ -381,19 +381,19 @@ def _unshadow(own: List[Any]) -> None:
             del d[n]
 
 
-def watch(obj: Any, optimizer: Any = None, loader: Any = None, **kwargs: Any) -> Any:
-    """``watch(schedule, optimizer, loader)``: the Watcher times the optimizer's steps as in any
-    loop, the model being the first local stage's module; ``attach`` adds the stage's pipeline
-    measurements. A ``PipelineStage`` may stand for the schedule."""
-    from . import watcher
-
+def watch_stages(start: Callable[..., Any], obj: Any, optimizer: Any = None, loader: Any = None,
+                 **kwargs: Any) -> Any:
+    """``watch(schedule, optimizer, loader)``: ``start`` (``watcher.start``) times the optimizer's
+    steps as in any loop, the model being the first local stage's module; ``attach`` adds the
+    stage's pipeline measurements. A ``PipelineStage`` may stand for the schedule. Returns the
+    Watcher (None when the hooks could not start)."""
     stages = stages_of(obj)
     model = getattr(stages[0], "submod", None) if stages else None
-    w = watcher.start(model, optimizer, loader, **kwargs)
+    w = start(model, optimizer, loader, **kwargs)
     if w is not None:
         try:
             if attach(w, obj) is not None:
                 w.set_parallel("pipeline")  # the hello names the strategy (the stage's module is a plain one)
         except Exception as e:
             w._hook_error("pipeline setup", e)
-    return watcher.WatchedLoader(loader, w)
+    return w
