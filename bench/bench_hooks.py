@@ -47,18 +47,41 @@ def _quiet(no_lints: bool) -> Dict[str, Any]:
     return cfg
 
 
+# Run sizes: the quick default finishes in under two minutes on a loaded 2-core box; --thorough is
+# the long run (the figures in bench/RESULTS.md before the quick mode were measured with it).
+QUICK = {"runs": 10, "steps": 300, "ddp_runs": 7, "ddp_steps": 40, "method_steps": 1000}
+THOROUGH = {"runs": 21, "steps": 1000, "ddp_runs": 81, "ddp_steps": 120, "method_steps": 4000}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--runs", type=int, default=21, help="A/B pairs for the trivial step (default 21)")
-    p.add_argument("--steps", type=int, default=1000, help="steps per trivial run (default 1000)")
-    p.add_argument("--ddp-runs", type=int, default=81,
-                   help="A/B pairs for the DDP step (default 81: single pairs spread +-10%% on 2 cores, so the "
-                        "median needs this many to resolve 1%%; 0 skips it)")
-    p.add_argument("--ddp-steps", type=int, default=120, help="steps per DDP run (default 120)")
+    p.add_argument("--thorough", action="store_true",
+                   help="the long run: %(runs)d A/B pairs x %(steps)d trivial steps, %(ddp_runs)d DDP pairs x "
+                        "%(ddp_steps)d steps, %(method_steps)d steps for the per-method table" % THOROUGH)
+    p.add_argument("--runs", type=int, default=None,
+                   help="A/B pairs for the trivial step (default %d, --thorough %d)" % (QUICK["runs"], THOROUGH["runs"]))
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per trivial run (default %d, --thorough %d)" % (QUICK["steps"], THOROUGH["steps"]))
+    p.add_argument("--ddp-runs", type=int, default=None,
+                   help="A/B pairs for the DDP step (default %d, --thorough %d: single pairs spread +-10%%%% on 2 "
+                        "cores, so the median needs that many to resolve 1%%%%; 0 skips it)"
+                        % (QUICK["ddp_runs"], THOROUGH["ddp_runs"]))
+    p.add_argument("--ddp-steps", type=int, default=None,
+                   help="steps per DDP run (default %d, --thorough %d)" % (QUICK["ddp_steps"], THOROUGH["ddp_steps"]))
+    p.add_argument("--method-steps", type=int, default=None,
+                   help="steps of the watched run that times each hook method (default %d, --thorough %d; 0 skips "
+                        "the table)" % (QUICK["method_steps"], THOROUGH["method_steps"]))
     p.add_argument("--no-lints", action="store_true", help="measure the hooks with every setup lint off")
     p.add_argument("--ddp-step-ms", type=float, default=10.0,
                    help="scale the DDP step's batch so a plain step takes about this long (default 10, the "
                         "reference step length; 0 keeps batch 32)")
+
+
+def plan(args: argparse.Namespace) -> Dict[str, int]:
+    """The run sizes: each option given, else the quick default (or --thorough's)."""
+    base = THOROUGH if getattr(args, "thorough", False) else QUICK
+    out = {k: getattr(args, k, None) for k in base}
+    return {k: (base[k] if v is None else int(v)) for k, v in out.items()}
 
 
 _SINK_CODE = r"""
@@ -165,10 +188,219 @@ def _trivial(runs: int, steps: int, url: str, inline_send: bool = False, no_lint
             watch.append(watched())
             plain.append(loop(data))
     med = statistics.median
+    cpu = [1e6 * (w[0] - p[0]) for w, p in zip(watch, plain)]
+    ratios = [w[2] / p[2] for w, p in zip(watch, plain)]
     return {"plain_us": 1e6 * med(p[2] for p in plain), "watched_us": 1e6 * med(w[2] for w in watch),
-            "cpu_added_us": 1e6 * med(w[0] - p[0] for w, p in zip(watch, plain)),
+            "cpu_added_us": med(cpu), "cpu_added_iqr": _iqr(cpu),
             "main_added_us": 1e6 * med(w[1] - p[1] for w, p in zip(watch, plain)),
-            "wall_added_us": 1e6 * med(w[2] - p[2] for w, p in zip(watch, plain))}
+            "wall_added_us": 1e6 * med(w[2] - p[2] for w, p in zip(watch, plain)),
+            "ratio": med(ratios), "ratio_iqr": _iqr(ratios), "ratio_range": [min(ratios), max(ratios)]}
+
+
+def _iqr(xs: List[float]) -> List[float]:
+    """The first and third quartiles (both the one value for a single run)."""
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return [q[0], q[2]]
+
+
+# ------------------------------------------------------------------ host time in each hook method
+# (module of ranksight.hooks, class or None for a module function, attribute): each is wrapped with a
+# counting timer for one watched run. Nested calls (mark inside _fwd_pre, _step_end inside _opt_post)
+# are subtracted from their caller: a row's "self" time is its own lines, and the rows' self times add
+# up to the hooks' host time per step. The torch.autograd.backward wrapper is timed as "backward
+# wrapper" with the real backward subtracted.
+METHODS = (("steppath", "_TimedIter", "__next__"), ("steppath", None, "batch_work"),
+           ("watcher", "Watcher", "_fwd_pre"), ("watcher", "Watcher", "_fwd_post"),
+           ("watcher", "Watcher", "_bwd_done"), ("watcher", "Watcher", "_opt_pre"),
+           ("watcher", "Watcher", "_opt_post"), ("watcher", "Watcher", "_step_boundary"),
+           ("watcher", "Watcher", "_close_pending"), ("watcher", "Watcher", "_step_end"),
+           ("watcher", "Watcher", "_reset_step"), ("timing", "CudaTimeline", "mark"),
+           ("timing", "CudaTimeline", "push"), ("timing", "CudaTimeline", "resolve"),
+           ("comm", "CommTracker", "take"), ("comm", "DDPStats", "poll"), ("loss", "LossReader", "take"))
+REAL_BACKWARD = "(torch.autograd.backward itself)"
+
+
+class _MethodTimer:
+    """Counting timers with a stack: each call's time (perf_counter_ns) goes to its row, and the
+    whole span of a timed call, its timer included, is subtracted from the row of the timed call it
+    is nested in. ``floor_ns``: what a timer reads around a call that does nothing (subtracted from
+    every call); ``outer_ns``: the part of a timer its span does not see (entering and leaving the
+    wrapper), subtracted from the caller once per nested call. Both from ``calibrate()``."""
+
+    def __init__(self) -> None:
+        self.rows: Dict[str, List[Any]] = {}  # name -> [calls, incl ns, self ns, per-call self ns, spans ns]
+        self._stack: List[List[int]] = []  # per open call: [nested spans ns, nested calls]
+        self.floor_ns = self.outer_ns = 0.0
+        self.on = False
+
+    def wrap(self, name: str, f: Any) -> Any:
+        row = self.rows.setdefault(name, [0, 0, 0, [], []])
+        stack, pc, me = self._stack, time.perf_counter_ns, self
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t_in = pc()
+            if not me.on:
+                return f(*a, **k)
+            stack.append([0, 0])
+            t0 = pc()
+            try:
+                return f(*a, **k)
+            finally:
+                d = pc() - t0
+                inner, n = stack.pop()
+                own = d - inner - me.floor_ns - n * me.outer_ns
+                row[0] += 1
+                row[1] += d - me.floor_ns
+                row[2] += own
+                row[3].append(own)
+                span = pc() - t_in
+                row[4].append(span)
+                if stack:
+                    stack[-1][0] += span
+                    stack[-1][1] += 1
+
+        return timed
+
+    def calibrate(self, n: int = 5000, rounds: int = 15) -> None:
+        """floor_ns and outer_ns from a method that does nothing, called wrapped and bare in short
+        rounds (the least-disturbed round's figure: other load only adds)."""
+        class Nop:
+            def f(self) -> None:
+                return None
+
+        bare = Nop().f
+        probe = self.wrap("(calibration)", Nop.f)
+        obj = Nop()
+        pc = time.perf_counter_ns
+        self.on = True
+        floors, outers = [], []
+        row = self.rows["(calibration)"]
+        for _ in range(rounds):
+            row[3].clear()
+            row[4].clear()
+            t0 = pc()
+            for _ in range(n):
+                bare()
+            t1 = pc()
+            for _ in range(n):
+                probe(obj)
+            t2 = pc()
+            floors.append(statistics.median(row[3]))
+            outers.append(((t2 - t1) - (t1 - t0)) / n - statistics.mean(row[4]))
+        self.on = False
+        del self.rows["(calibration)"]
+        self.floor_ns = min(floors)
+        self.outer_ns = max(0.0, statistics.median(outers))
+
+
+class _StandInCuda:
+    """``torch.cuda`` as ``CudaTimeline`` uses it, for a machine without CUDA: an event is reached
+    the moment it is recorded (an idle GPU). The step path's CUDA bookkeeping (marks, pushes,
+    resolves, the GPU branch of the step end) then runs here; only the driver calls are missing
+    (on the H200: create and record 6.6 us, a re-record 2.4 us, a query 0.7 us)."""
+
+    def __init__(self) -> None:
+        self.cuda = self
+
+    def current_stream(self, device: Any = None) -> None:
+        return None
+
+    def Event(self, enable_timing: bool = True) -> "_StandInEvent":  # noqa: N802 (torch.cuda.Event)
+        return _StandInEvent()
+
+
+class _StandInEvent:
+    __slots__ = ("t",)
+
+    def __init__(self) -> None:
+        self.t = None
+
+    def record(self, stream: Any = None) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return self.t is not None
+
+    def elapsed_time(self, end: "_StandInEvent") -> float:
+        return (end.t - self.t) * 1e3
+
+
+def _methods(steps: int, url: str, no_lints: bool = False, stand_in_gpu: bool = False) -> Dict[str, Any]:
+    """One watched run of the trivial step with every METHODS entry wrapped (class attributes,
+    patched before watch() binds them, restored after): host microseconds per step in each.
+    ``stand_in_gpu``: the watch times the step on a stand-in CUDA timeline (``_StandInCuda``)."""
+    import importlib
+
+    import torch
+    import torch.nn as nn
+
+    import ranksight
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    warm = 50
+    data = [torch.randn(4, 8)] * (steps + warm)
+    mt = _MethodTimer()
+    mt.calibrate()
+    saved = []
+    for mod_name, cls_name, attr in METHODS:
+        mod = importlib.import_module(f"ranksight.hooks.{mod_name}")
+        owner = getattr(mod, cls_name, None) if cls_name else mod
+        orig = getattr(owner, attr, None) if owner is not None else None
+        if orig is None:
+            continue
+        saved.append((owner, attr, owner.__dict__.get(attr)))
+        setattr(owner, attr, mt.wrap(f"{cls_name}.{attr}" if cls_name else attr, orig))
+    try:
+        loader = ranksight.watch(model, opt, data, agent=url, config=_quiet(no_lints))
+        w = ranksight.hooks.current()
+        if stand_in_gpu and w is not None:
+            from ranksight.hooks.timing import CudaTimeline
+
+            w._tl = w.comm.timeline = CudaTimeline(_StandInCuda(), "stand-in", w.settings.max_pending_events)
+            w.comm.comm_events = True
+            w._read_cuda_memory = lambda: None  # no torch.cuda here
+        patched = torch.autograd.backward
+        if w is not None:  # the hooks' backward wrapper around a timed real backward
+            real = mt.wrap(REAL_BACKWARD, getattr(patched, "__wrapped__", patched))
+            torch.autograd.backward = mt.wrap("backward wrapper", w._wrap_backward(real))
+        try:
+            it = iter(loader)
+            for _ in range(warm):
+                model(next(it)).sum().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            mt.on = True
+            for x in it:
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            mt.on = False
+        finally:
+            torch.autograd.backward = patched
+            ranksight.unwatch()
+    finally:
+        for owner, attr, own in saved:
+            if own is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, own)
+    rows = []
+    for name, (calls, incl, own, per, _) in mt.rows.items():
+        if not calls or name == REAL_BACKWARD:
+            continue
+        p50 = max(0.0, statistics.median(per)) / 1e3
+        rows.append({"method": name, "calls_per_step": round(calls / steps, 3),
+                     "us_per_step": round(max(0.0, own) / steps / 1e3, 2),
+                     "us_per_step_p50": round(p50 * calls / steps, 2),
+                     "us_per_step_incl": round(max(0.0, incl) / steps / 1e3, 2), "us_per_call_p50": round(p50, 2)})
+    rows.sort(key=lambda r: -r["us_per_step_p50"])
+    return {"steps": steps, "gpu": "stand-in" if stand_in_gpu else "none", "rows": rows,
+            "total_us_per_step": round(sum(r["us_per_step"] for r in rows), 2),
+            "total_us_per_step_p50": round(sum(r["us_per_step_p50"] for r in rows), 2),
+            "timer_floor_ns": round(mt.floor_ns, 1), "timer_outer_ns": round(mt.outer_ns, 1)}
 
 
 # ------------------------------------------------------------------------------------ DDP
@@ -307,11 +539,13 @@ def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float
 def run(args: argparse.Namespace) -> int:
     from ranksight.console import error
 
+    n = plan(args)
     for name in ("runs", "steps", "ddp_steps"):
-        if getattr(args, name) < 1:
+        if n[name] < 1:
             return error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.ddp_runs < 0:
-        return error("--ddp-runs must be 0 or more")
+    for name in ("ddp_runs", "method_steps"):
+        if n[name] < 0:
+            return error(f"--{name.replace('_', '-')} must be 0 or more")
     import logging
 
     hooks_log = logging.getLogger("ranksight.hooks")
@@ -319,46 +553,71 @@ def run(args: argparse.Namespace) -> int:
     hooks_log.setLevel(logging.WARNING)  # one self-check line per A/B run is noise here
     sink = _Sink()
     try:
-        triv = _trivial(args.runs, args.steps, sink.url, no_lints=args.no_lints)
-        inline = _trivial(max(5, args.runs // 2), args.steps, sink.url, inline_send=True, no_lints=args.no_lints)
-        ddp: Optional[Dict[str, Any]] = (_ddp(args.ddp_runs, args.ddp_steps, sink.url, args.no_lints,
-                                              target_ms=args.ddp_step_ms) if args.ddp_runs else None)
+        triv = _trivial(n["runs"], n["steps"], sink.url, no_lints=args.no_lints)
+        inline = _trivial(max(5, n["runs"] // 2), n["steps"], sink.url, inline_send=True, no_lints=args.no_lints)
+        methods = [_methods(n["method_steps"], sink.url, args.no_lints, gpu)
+                   for gpu in (False, True)] if n["method_steps"] else []
+        ddp: Optional[Dict[str, Any]] = (_ddp(n["ddp_runs"], n["ddp_steps"], sink.url, args.no_lints,
+                                              target_ms=args.ddp_step_ms) if n["ddp_runs"] else None)
     except RuntimeError as e:
         return error(str(e), 1)
     finally:
         sink.close()
         hooks_log.setLevel(level)
     out: Dict[str, Any] = {
+        "mode": "thorough" if args.thorough else "quick",
         "host_us_per_step": round(triv["cpu_added_us"], 2),
         "overhead_ratio": round(ddp["ratio"], 4) if ddp else None,
+        "host_us_per_step_iqr": [round(x, 2) for x in triv["cpu_added_iqr"]],
         "host_us_per_step_training_thread": round(triv["main_added_us"], 2),
         "host_wall_us_per_step": round(triv["wall_added_us"], 2),
         "host_us_per_step_inline_send": round(inline["cpu_added_us"], 2),
         "trivial_step_us": {"plain": round(triv["plain_us"], 2), "watched": round(triv["watched_us"], 2)},
-        "trivial_runs": args.runs, "trivial_steps_per_run": args.steps,
-        "lints": not args.no_lints,
+        "trivial_ratio": round(triv["ratio"], 4), "trivial_ratio_iqr": [round(x, 4) for x in triv["ratio_iqr"]],
+        "trivial_ratio_range": [round(x, 4) for x in triv["ratio_range"]],
+        "trivial_runs": n["runs"], "trivial_steps_per_run": n["steps"], "inline_runs": max(5, n["runs"] // 2),
+        "lints": not args.no_lints, "load_average": [round(x, 2) for x in os.getloadavg()],
+        "methods": methods,
     }
     if ddp:
         out.update({"ddp_step_ms": {"plain": round(ddp["plain_ms"], 3), "watched": round(ddp["watched_ms"], 3)},
                     "ddp_ratio_of_medians": round(ddp["ratio_of_medians"], 4), "ddp_ratio_iqr": ddp["ratio_iqr"],
                     "ddp_pair_ratios": ddp["ratios"], "ddp_cpu_ratio": round(ddp["cpu_ratio"], 4),
                     "ddp_cpu_us_added_per_rank_step": round(ddp["cpu_us_added"], 1),
-                    "load_average": [round(x, 2) for x in os.getloadavg()],
-                    "ddp_runs": args.ddp_runs, "ddp_steps_per_run": args.ddp_steps, "ddp_batch": ddp["batch"]})
+                    "ddp_runs": n["ddp_runs"], "ddp_steps_per_run": n["ddp_steps"], "ddp_batch": ddp["batch"]})
     if args.json:
         print(json.dumps(out))
-    else:
-        print(f"host cost per step (trivial step, CPU time of the process): {out['host_us_per_step']:.1f} us "
-              f"(training thread {out['host_us_per_step_training_thread']:.1f} us, wall {out['host_wall_us_per_step']:.1f} us; "
-              f"plain step {out['trivial_step_us']['plain']:.1f} us; median of {args.runs} interleaved A/B runs "
-              f"x {args.steps} steps)")
-        print(f"  with encode+send on the training thread instead: {out['host_us_per_step_inline_send']:.1f} us")
-        if ddp:
-            print(f"2-rank gloo DDP step: ratio {out['overhead_ratio']:.4f}, interquartile {ddp['ratio_iqr']} "
-                  f"(plain {ddp['plain_ms']:.2f} ms, watched {ddp['watched_ms']:.2f} ms; median of {args.ddp_runs} "
-                  f"A/B pair ratios x {args.ddp_steps} steps); CPU time ratio {ddp['cpu_ratio']:.4f} "
-                  f"(+{ddp['cpu_us_added']:.0f} us per rank-step); load average {os.getloadavg()[0]:.1f}")
+        return 0
+    iqr = out["host_us_per_step_iqr"]
+    print(f"host cost per step (trivial step, CPU time of the process): {out['host_us_per_step']:.1f} us "
+          f"(interquartile {iqr[0]:.1f}..{iqr[1]:.1f}; training thread {out['host_us_per_step_training_thread']:.1f} us, "
+          f"wall {out['host_wall_us_per_step']:.1f} us; median of {n['runs']} interleaved A/B runs x {n['steps']} steps)")
+    print(f"  trivial step {out['trivial_step_us']['plain']:.1f} -> {out['trivial_step_us']['watched']:.1f} us: "
+          f"ratio {out['trivial_ratio']:.4f} (median of pair ratios; interquartile {out['trivial_ratio_iqr']}, "
+          f"range {out['trivial_ratio_range']})")
+    print(f"  with encode+send on the training thread instead: {out['host_us_per_step_inline_send']:.1f} us")
+    for m in methods:
+        _print_methods(m)
+    if ddp:
+        print(f"2-rank gloo DDP step: ratio {out['overhead_ratio']:.4f}, interquartile {ddp['ratio_iqr']} "
+              f"(plain {ddp['plain_ms']:.2f} ms, watched {ddp['watched_ms']:.2f} ms; median of {n['ddp_runs']} "
+              f"A/B pair ratios x {n['ddp_steps']} steps); CPU time ratio {ddp['cpu_ratio']:.4f} "
+              f"(+{ddp['cpu_us_added']:.0f} us per rank-step)")
+    print(f"load average {out['load_average']} ({out['mode']} run{'' if args.thorough else '; --thorough for the long one'})")
     return 0
+
+
+def _print_methods(m: Dict[str, Any]) -> None:
+    gpu = "a stand-in CUDA timeline (no driver calls)" if m["gpu"] == "stand-in" else "CPU timing"
+    print(f"host time in each hook method, one watched run of {m['steps']} trivial steps, {gpu} (counting "
+          f"timers, their own cost subtracted: {m['timer_floor_ns']:.0f} ns a call, {m['timer_outer_ns']:.0f} ns "
+          f"more for its caller); self time, nested calls in their own rows:")
+    print(f"  {'method':28s} {'calls/step':>10s} {'us/step p50':>11s} {'us/step mean':>12s} {'incl. mean':>10s}")
+    for r in m["rows"]:
+        print(f"  {r['method']:28s} {r['calls_per_step']:10.2f} {r['us_per_step_p50']:11.2f} {r['us_per_step']:12.2f} "
+              f"{r['us_per_step_incl']:10.2f}")
+    print(f"  {'total':28s} {'':10s} {m['total_us_per_step_p50']:11.2f} {m['total_us_per_step']:12.2f}")
+    print("  (p50: the median call's time x calls per step, robust to preemption on a shared box; mean: every call)")
 
 
 if __name__ == "__main__":
