@@ -137,9 +137,9 @@ class CudaTimeline:
         self.dropped = 0
         self.created = 0  # CUDA events created (bench/gpu/overhead.py reports it per step)
         self._pending: Deque[Tuple[str, Any, Any]] = deque()
-        self._free: List[Any] = []  # own events that every interval holding them has resolved
-        # id(own event) -> [the event, pending intervals that hold it]; the entry keeps the event alive,
-        # so its id is not reused by another object while it is here
+        self._free: List[List[Any]] = []  # entries of own events that every interval holding them has resolved
+        # id(own event) -> [the event, pending intervals that hold it], while the event is pending or free;
+        # the entry keeps the event alive, so its id is not reused by another object while it is here
         self._own: Dict[int, List[Any]] = {}
         self._union = {k: IntervalSet() for k in UNION_KINDS}
         self._anchor = self._cuda.Event(enable_timing=True)
@@ -153,10 +153,13 @@ class CudaTimeline:
         if own:  # the step path's marks: a free event re-recorded, the steady state
             free = self._free
             if free:
-                ev = free.pop()
+                entry = free.pop()
+                ev = entry[0]
                 rr = self._rerecord
                 if rr is None or not rr(ev):
                     ev.record(self._cuda.current_stream(self.device))
+                if self._own.get(id(ev)) is entry:  # (its entry stays while the event is in the pool)
+                    return ev
             else:
                 ev = self._cuda.Event(enable_timing=True)
                 self.created += 1
@@ -231,9 +234,11 @@ class CudaTimeline:
                     if entry is not None and entry[0] is ev:
                         entry[1] -= 1
                         if entry[1] <= 0:
-                            del own[id(ev)]
+                            entry[1] = 0
                             if len(free) < self.max_pending:
-                                free.append(ev)
+                                free.append(entry)  # (its entry stays: no dict churn per event and step)
+                            else:
+                                del own[id(ev)]
             if dt > 0:
                 if acc is not None:
                     acc[kind] += dt
