@@ -17,6 +17,7 @@ from .timing import BWD, COMM, FWD, OPT, XCOMM
 
 log = logging.getLogger("ranksight.hooks")
 _perf = time.perf_counter
+_grad_enabled = torch.is_grad_enabled
 
 
 QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they are dropped and counted
@@ -189,7 +190,7 @@ class StepPath:
                 self._hook_error(f"epoch observer {getattr(fn, '__name__', fn)}", e)
 
     def _fwd_pre(self, module: Any, args: Any) -> None:
-        if not self._active or not torch.is_grad_enabled():
+        if not self._active or not _grad_enabled():
             return None
         try:
             t = _perf()
@@ -273,7 +274,9 @@ class StepPath:
                     comm, tail = r
                     self._dcomm += comm
                     self._dx += tail
-            self._bwd += max(0.0, t1 - t0 - tail)
+            d = t1 - t0 - tail
+            if d > 0:  # (max(0.0, d))
+                self._bwd += d
             lev = None
         self._phase = "other"
         self._phase_t = t1
