@@ -19,9 +19,28 @@ Each run starts with untimed warm-up steps (after ``watch()`` for the watched ru
 count for the plain ones): the per-step cost is the steady state; ``watch()`` itself and the
 lints' one-time first-step checks happen once per job, not per step.
 
-Also reported: the medians behind both figures, the run counts, and for comparison the host
-cost when each step record is encoded and sent on the training thread instead of being handed
-to the background thread (``host_us_per_step_inline_send``).
+Also reported: the medians behind both figures, their interquartile ranges, the trivial step's
+watched / plain wall-time ratio (median of the pair ratios, interquartile, range), the run counts,
+and for comparison the host cost when each step record is encoded and sent on the training thread
+instead of being handed to the background thread (``host_us_per_step_inline_send``).
+
+methods            host time in each hook method per step (``_methods``): one watched run of the
+                   trivial step with a counting timer (perf_counter_ns) around each method of
+                   ``METHODS`` and around the ``torch.autograd.backward`` wrapper (the real
+                   backward subtracted). A row's time is its own lines: calls nested in another
+                   timed call are subtracted from it (with their timers), so the rows add up to
+                   the hooks' host time per step. The timers' own cost is measured on a method
+                   that does nothing and subtracted. Two tables (a third with the step on the GPU
+                   where CUDA is): the CPU step as it is, and the same step on a stand-in CUDA timeline (``_StandInCuda``: events reached when
+                   recorded), so the step path's CUDA bookkeeping (mark, push, resolve, the GPU
+                   branch of the step end) is measured on a machine without a GPU too; the driver
+                   calls themselves are not in it. "p50" is the median call's time times the
+                   calls per step (a preempted call on a shared box moves it little), "mean"
+                   every call's.
+
+The default run is the quick one (``QUICK``: about a minute on the 2-core box, under two when it
+is loaded); ``--thorough`` is the long one (``THOROUGH``), each option given overrides either.
+``bench/hooks_ab.py`` runs the method tables of two commits side by side.
 """
 from __future__ import annotations
 
@@ -261,9 +280,9 @@ class _MethodTimer:
 
         return timed
 
-    def calibrate(self, n: int = 5000, rounds: int = 15) -> None:
-        """floor_ns and outer_ns from a method that does nothing, called wrapped and bare in short
-        rounds (the least-disturbed round's figure: other load only adds)."""
+    def calibrate(self, n: int = 20000) -> None:
+        """floor_ns and outer_ns from a method that does nothing, called wrapped and bare, each call
+        timed from outside too: medians over the calls (a preempted call moves them little)."""
         class Nop:
             def f(self) -> None:
                 return None
@@ -272,25 +291,22 @@ class _MethodTimer:
         probe = self.wrap("(calibration)", Nop.f)
         obj = Nop()
         pc = time.perf_counter_ns
+        seen_bare, seen_wrapped = [], []
         self.on = True
-        floors, outers = [], []
-        row = self.rows["(calibration)"]
-        for _ in range(rounds):
-            row[3].clear()
-            row[4].clear()
-            t0 = pc()
-            for _ in range(n):
-                bare()
-            t1 = pc()
-            for _ in range(n):
-                probe(obj)
-            t2 = pc()
-            floors.append(statistics.median(row[3]))
-            outers.append(((t2 - t1) - (t1 - t0)) / n - statistics.mean(row[4]))
+        for _ in range(n):
+            a = pc()
+            bare()
+            b = pc()
+            probe(obj)
+            c = pc()
+            seen_bare.append(b - a)
+            seen_wrapped.append(c - b)
         self.on = False
-        del self.rows["(calibration)"]
-        self.floor_ns = min(floors)
-        self.outer_ns = max(0.0, statistics.median(outers))
+        row = self.rows.pop("(calibration)")
+        med = statistics.median
+        self.floor_ns = med(row[3])  # what the timer reads around a call that does nothing
+        # what the caller sees of a timed call beyond the bare call, less the span the timer reports
+        self.outer_ns = max(0.0, med(seen_wrapped) - med(seen_bare) - med(row[4]))
 
 
 class _StandInCuda:
@@ -325,10 +341,11 @@ class _StandInEvent:
         return (end.t - self.t) * 1e3
 
 
-def _methods(steps: int, url: str, no_lints: bool = False, stand_in_gpu: bool = False) -> Dict[str, Any]:
+def _methods(steps: int, url: str, no_lints: bool = False, timeline: str = "none") -> Dict[str, Any]:
     """One watched run of the trivial step with every METHODS entry wrapped (class attributes,
     patched before watch() binds them, restored after): host microseconds per step in each.
-    ``stand_in_gpu``: the watch times the step on a stand-in CUDA timeline (``_StandInCuda``)."""
+    ``timeline``: "none" (the CPU step), "stand-in" (the watch times the CPU step on a stand-in
+    CUDA timeline, ``_StandInCuda``) or "cuda" (the step on the GPU: real events)."""
     import importlib
 
     import torch
@@ -338,10 +355,11 @@ def _methods(steps: int, url: str, no_lints: bool = False, stand_in_gpu: bool = 
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = nn.Linear(8, 8)
+    dev = torch.device("cuda" if timeline == "cuda" else "cpu")
+    model = nn.Linear(8, 8).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     warm = 50
-    data = [torch.randn(4, 8)] * (steps + warm)
+    data = [torch.randn(4, 8, device=dev)] * (steps + warm)
     mt = _MethodTimer()
     mt.calibrate()
     saved = []
@@ -356,7 +374,7 @@ def _methods(steps: int, url: str, no_lints: bool = False, stand_in_gpu: bool = 
     try:
         loader = ranksight.watch(model, opt, data, agent=url, config=_quiet(no_lints))
         w = ranksight.hooks.current()
-        if stand_in_gpu and w is not None:
+        if timeline == "stand-in" and w is not None:
             from ranksight.hooks.timing import CudaTimeline
 
             w._tl = w.comm.timeline = CudaTimeline(_StandInCuda(), "stand-in", w.settings.max_pending_events)
@@ -397,7 +415,7 @@ def _methods(steps: int, url: str, no_lints: bool = False, stand_in_gpu: bool = 
                      "us_per_step_p50": round(p50 * calls / steps, 2),
                      "us_per_step_incl": round(max(0.0, incl) / steps / 1e3, 2), "us_per_call_p50": round(p50, 2)})
     rows.sort(key=lambda r: -r["us_per_step_p50"])
-    return {"steps": steps, "gpu": "stand-in" if stand_in_gpu else "none", "rows": rows,
+    return {"steps": steps, "gpu": timeline, "rows": rows,
             "total_us_per_step": round(sum(r["us_per_step"] for r in rows), 2),
             "total_us_per_step_p50": round(sum(r["us_per_step_p50"] for r in rows), 2),
             "timer_floor_ns": round(mt.floor_ns, 1), "timer_outer_ns": round(mt.outer_ns, 1)}
@@ -555,8 +573,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         triv = _trivial(n["runs"], n["steps"], sink.url, no_lints=args.no_lints)
         inline = _trivial(max(5, n["runs"] // 2), n["steps"], sink.url, inline_send=True, no_lints=args.no_lints)
-        methods = [_methods(n["method_steps"], sink.url, args.no_lints, gpu)
-                   for gpu in (False, True)] if n["method_steps"] else []
+        methods = [_methods(n["method_steps"], sink.url, args.no_lints, tl)
+                   for tl in _timelines()] if n["method_steps"] else []
         ddp: Optional[Dict[str, Any]] = (_ddp(n["ddp_runs"], n["ddp_steps"], sink.url, args.no_lints,
                                               target_ms=args.ddp_step_ms) if n["ddp_runs"] else None)
     except RuntimeError as e:
@@ -607,8 +625,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _timelines() -> List[str]:
+    """The method tables: the CPU step, the stand-in CUDA timeline, and the GPU step where CUDA is."""
+    import torch
+
+    return ["none", "stand-in"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
 def _print_methods(m: Dict[str, Any]) -> None:
-    gpu = "a stand-in CUDA timeline (no driver calls)" if m["gpu"] == "stand-in" else "CPU timing"
+    gpu = {"stand-in": "a stand-in CUDA timeline (no driver calls)", "cuda": "on the GPU (real CUDA events)"}.get(
+        m["gpu"], "CPU timing")
     print(f"host time in each hook method, one watched run of {m['steps']} trivial steps, {gpu} (counting "
           f"timers, their own cost subtracted: {m['timer_floor_ns']:.0f} ns a call, {m['timer_outer_ns']:.0f} ns "
           f"more for its caller); self time, nested calls in their own rows:")
