@@ -24,19 +24,19 @@ watched / plain wall-time ratio (median of the pair ratios, interquartile, range
 and for comparison the host cost when each step record is encoded and sent on the training thread
 instead of being handed to the background thread (``host_us_per_step_inline_send``).
 
-methods            host time in each hook method per step (``_methods``): one watched run of the
+methods            host time in each hook method per step (``hooks_methods.table``): one watched run of the
                    trivial step with a counting timer (perf_counter_ns) around each method of
                    ``METHODS`` and around the ``torch.autograd.backward`` wrapper (the real
                    backward subtracted). A row's time is its own lines: calls nested in another
                    timed call are subtracted from it (with their timers), so the rows add up to
                    the hooks' host time per step. The timers' own cost is measured on a method
-                   that does nothing and subtracted. Two tables (a third with the step on the GPU
-                   where CUDA is): the CPU step as it is, and the same step on a stand-in CUDA timeline (``_StandInCuda``: events reached when
-                   recorded), so the step path's CUDA bookkeeping (mark, push, resolve, the GPU
-                   branch of the step end) is measured on a machine without a GPU too; the driver
-                   calls themselves are not in it. "p50" is the median call's time times the
-                   calls per step (a preempted call on a shared box moves it little), "mean"
-                   every call's.
+                   that does nothing and subtracted. Two tables, and a third with the step on the
+                   GPU where CUDA is: the CPU step as it is, and the same step on a stand-in CUDA
+                   timeline (``_StandInCuda``: events reached when recorded), so the step path's
+                   CUDA bookkeeping (mark, push, resolve, the GPU branch of the step end) is
+                   measured on a machine without a GPU too; the driver calls themselves are not
+                   in it. "p50" is the median call's time times the calls per step (a preempted
+                   call on a shared box moves it little), "mean" every call's.
 
 The default run is the quick one (``QUICK``: about a minute on the 2-core box, under two when it
 is loaded); ``--thorough`` is the long one (``THOROUGH``), each option given overrides either.
@@ -52,6 +52,9 @@ import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this script is loaded by its path: its sibling
+import hooks_methods  # noqa: E402
 
 DDP_WORKER = "--ddp-worker"  # argv[1] of the DDP rank processes this benchmark starts
 QUIET: Dict[str, Any] = {"hooks": {"table_every_steps": 0, "table_every_seconds": 0}}
@@ -78,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the long run: %(runs)d A/B pairs x %(steps)d trivial steps, %(ddp_runs)d DDP pairs x "
                         "%(ddp_steps)d steps, %(method_steps)d steps for the per-method table" % THOROUGH)
     p.add_argument("--runs", type=int, default=None,
-                   help="A/B pairs for the trivial step (default %d, --thorough %d)" % (QUICK["runs"], THOROUGH["runs"]))
+                   help="A/B pairs for the trivial step (default %d, --thorough %d)"
+                        % (QUICK["runs"], THOROUGH["runs"]))
     p.add_argument("--steps", type=int, default=None,
                    help="steps per trivial run (default %d, --thorough %d)" % (QUICK["steps"], THOROUGH["steps"]))
     p.add_argument("--ddp-runs", type=int, default=None,
@@ -220,205 +224,6 @@ def _iqr(xs: List[float]) -> List[float]:
     """The first and third quartiles (both the one value for a single run)."""
     q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
     return [q[0], q[2]]
-
-
-# ------------------------------------------------------------------ host time in each hook method
-# (module of ranksight.hooks, class or None for a module function, attribute): each is wrapped with a
-# counting timer for one watched run. Nested calls (mark inside _fwd_pre, _step_end inside _opt_post)
-# are subtracted from their caller: a row's "self" time is its own lines, and the rows' self times add
-# up to the hooks' host time per step. The torch.autograd.backward wrapper is timed as "backward
-# wrapper" with the real backward subtracted.
-METHODS = (("steppath", "_TimedIter", "__next__"), ("steppath", None, "batch_work"),
-           ("watcher", "Watcher", "_fwd_pre"), ("watcher", "Watcher", "_fwd_post"),
-           ("watcher", "Watcher", "_bwd_done"), ("watcher", "Watcher", "_opt_pre"),
-           ("watcher", "Watcher", "_opt_post"), ("watcher", "Watcher", "_step_boundary"),
-           ("watcher", "Watcher", "_close_pending"), ("watcher", "Watcher", "_step_end"),
-           ("watcher", "Watcher", "_reset_step"), ("timing", "CudaTimeline", "mark"),
-           ("timing", "CudaTimeline", "push"), ("timing", "CudaTimeline", "resolve"),
-           ("comm", "CommTracker", "take"), ("comm", "DDPStats", "poll"), ("loss", "LossReader", "take"))
-REAL_BACKWARD = "(torch.autograd.backward itself)"
-
-
-class _MethodTimer:
-    """Counting timers with a stack: each call's time (perf_counter_ns) goes to its row, and the
-    whole span of a timed call, its timer included, is subtracted from the row of the timed call it
-    is nested in. ``floor_ns``: what a timer reads around a call that does nothing (subtracted from
-    every call); ``outer_ns``: the part of a timer its span does not see (entering and leaving the
-    wrapper), subtracted from the caller once per nested call. Both from ``calibrate()``."""
-
-    def __init__(self) -> None:
-        self.rows: Dict[str, List[Any]] = {}  # name -> [calls, incl ns, self ns, per-call self ns, spans ns]
-        self._stack: List[List[int]] = []  # per open call: [nested spans ns, nested calls]
-        self.floor_ns = self.outer_ns = 0.0
-        self.on = False
-
-    def wrap(self, name: str, f: Any) -> Any:
-        row = self.rows.setdefault(name, [0, 0, 0, [], []])
-        stack, pc, me = self._stack, time.perf_counter_ns, self
-
-        def timed(*a: Any, **k: Any) -> Any:
-            t_in = pc()
-            if not me.on:
-                return f(*a, **k)
-            stack.append([0, 0])
-            t0 = pc()
-            try:
-                return f(*a, **k)
-            finally:
-                d = pc() - t0
-                inner, n = stack.pop()
-                own = d - inner - me.floor_ns - n * me.outer_ns
-                row[0] += 1
-                row[1] += d - me.floor_ns
-                row[2] += own
-                row[3].append(own)
-                span = pc() - t_in
-                row[4].append(span)
-                if stack:
-                    stack[-1][0] += span
-                    stack[-1][1] += 1
-
-        return timed
-
-    def calibrate(self, n: int = 20000) -> None:
-        """floor_ns and outer_ns from a method that does nothing, called wrapped and bare, each call
-        timed from outside too: medians over the calls (a preempted call moves them little)."""
-        class Nop:
-            def f(self) -> None:
-                return None
-
-        bare = Nop().f
-        probe = self.wrap("(calibration)", Nop.f)
-        obj = Nop()
-        pc = time.perf_counter_ns
-        seen_bare, seen_wrapped = [], []
-        self.on = True
-        for _ in range(n):
-            a = pc()
-            bare()
-            b = pc()
-            probe(obj)
-            c = pc()
-            seen_bare.append(b - a)
-            seen_wrapped.append(c - b)
-        self.on = False
-        row = self.rows.pop("(calibration)")
-        med = statistics.median
-        self.floor_ns = med(row[3])  # what the timer reads around a call that does nothing
-        # what the caller sees of a timed call beyond the bare call, less the span the timer reports
-        self.outer_ns = max(0.0, med(seen_wrapped) - med(seen_bare) - med(row[4]))
-
-
-class _StandInCuda:
-    """``torch.cuda`` as ``CudaTimeline`` uses it, for a machine without CUDA: an event is reached
-    the moment it is recorded (an idle GPU). The step path's CUDA bookkeeping (marks, pushes,
-    resolves, the GPU branch of the step end) then runs here; only the driver calls are missing
-    (on the H200: create and record 6.6 us, a re-record 2.4 us, a query 0.7 us)."""
-
-    def __init__(self) -> None:
-        self.cuda = self
-
-    def current_stream(self, device: Any = None) -> None:
-        return None
-
-    def Event(self, enable_timing: bool = True) -> "_StandInEvent":  # noqa: N802 (torch.cuda.Event)
-        return _StandInEvent()
-
-
-class _StandInEvent:
-    __slots__ = ("t",)
-
-    def __init__(self) -> None:
-        self.t = None
-
-    def record(self, stream: Any = None) -> None:
-        self.t = time.perf_counter()
-
-    def query(self) -> bool:
-        return self.t is not None
-
-    def elapsed_time(self, end: "_StandInEvent") -> float:
-        return (end.t - self.t) * 1e3
-
-
-def _methods(steps: int, url: str, no_lints: bool = False, timeline: str = "none") -> Dict[str, Any]:
-    """One watched run of the trivial step with every METHODS entry wrapped (class attributes,
-    patched before watch() binds them, restored after): host microseconds per step in each.
-    ``timeline``: "none" (the CPU step), "stand-in" (the watch times the CPU step on a stand-in
-    CUDA timeline, ``_StandInCuda``) or "cuda" (the step on the GPU: real events)."""
-    import importlib
-
-    import torch
-    import torch.nn as nn
-
-    import ranksight
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    dev = torch.device("cuda" if timeline == "cuda" else "cpu")
-    model = nn.Linear(8, 8).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    warm = 50
-    data = [torch.randn(4, 8, device=dev)] * (steps + warm)
-    mt = _MethodTimer()
-    mt.calibrate()
-    saved = []
-    for mod_name, cls_name, attr in METHODS:
-        mod = importlib.import_module(f"ranksight.hooks.{mod_name}")
-        owner = getattr(mod, cls_name, None) if cls_name else mod
-        orig = getattr(owner, attr, None) if owner is not None else None
-        if orig is None:
-            continue
-        saved.append((owner, attr, owner.__dict__.get(attr)))
-        setattr(owner, attr, mt.wrap(f"{cls_name}.{attr}" if cls_name else attr, orig))
-    try:
-        loader = ranksight.watch(model, opt, data, agent=url, config=_quiet(no_lints))
-        w = ranksight.hooks.current()
-        if timeline == "stand-in" and w is not None:
-            from ranksight.hooks.timing import CudaTimeline
-
-            w._tl = w.comm.timeline = CudaTimeline(_StandInCuda(), "stand-in", w.settings.max_pending_events)
-            w.comm.comm_events = True
-            w._read_cuda_memory = lambda: None  # no torch.cuda here
-        patched = torch.autograd.backward
-        if w is not None:  # the hooks' backward wrapper around a timed real backward
-            real = mt.wrap(REAL_BACKWARD, getattr(patched, "__wrapped__", patched))
-            torch.autograd.backward = mt.wrap("backward wrapper", w._wrap_backward(real))
-        try:
-            it = iter(loader)
-            for _ in range(warm):
-                model(next(it)).sum().backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            mt.on = True
-            for x in it:
-                model(x).sum().backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            mt.on = False
-        finally:
-            torch.autograd.backward = patched
-            ranksight.unwatch()
-    finally:
-        for owner, attr, own in saved:
-            if own is None:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, own)
-    rows = []
-    for name, (calls, incl, own, per, _) in mt.rows.items():
-        if not calls or name == REAL_BACKWARD:
-            continue
-        p50 = max(0.0, statistics.median(per)) / 1e3
-        rows.append({"method": name, "calls_per_step": round(calls / steps, 3),
-                     "us_per_step": round(max(0.0, own) / steps / 1e3, 2),
-                     "us_per_step_p50": round(p50 * calls / steps, 2),
-                     "us_per_step_incl": round(max(0.0, incl) / steps / 1e3, 2), "us_per_call_p50": round(p50, 2)})
-    rows.sort(key=lambda r: -r["us_per_step_p50"])
-    return {"steps": steps, "gpu": timeline, "rows": rows,
-            "total_us_per_step": round(sum(r["us_per_step"] for r in rows), 2),
-            "total_us_per_step_p50": round(sum(r["us_per_step_p50"] for r in rows), 2),
-            "timer_floor_ns": round(mt.floor_ns, 1), "timer_outer_ns": round(mt.outer_ns, 1)}
 
 
 # ------------------------------------------------------------------------------------ DDP
@@ -573,8 +378,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         triv = _trivial(n["runs"], n["steps"], sink.url, no_lints=args.no_lints)
         inline = _trivial(max(5, n["runs"] // 2), n["steps"], sink.url, inline_send=True, no_lints=args.no_lints)
-        methods = [_methods(n["method_steps"], sink.url, args.no_lints, tl)
-                   for tl in _timelines()] if n["method_steps"] else []
+        methods = [hooks_methods.table(n["method_steps"], sink.url, _quiet(args.no_lints), tl)
+                   for tl in hooks_methods.timelines()] if n["method_steps"] else []
         ddp: Optional[Dict[str, Any]] = (_ddp(n["ddp_runs"], n["ddp_steps"], sink.url, args.no_lints,
                                               target_ms=args.ddp_step_ms) if n["ddp_runs"] else None)
     except RuntimeError as e:
@@ -608,42 +413,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     iqr = out["host_us_per_step_iqr"]
     print(f"host cost per step (trivial step, CPU time of the process): {out['host_us_per_step']:.1f} us "
-          f"(interquartile {iqr[0]:.1f}..{iqr[1]:.1f}; training thread {out['host_us_per_step_training_thread']:.1f} us, "
-          f"wall {out['host_wall_us_per_step']:.1f} us; median of {n['runs']} interleaved A/B runs x {n['steps']} steps)")
+          f"(interquartile {iqr[0]:.1f}..{iqr[1]:.1f}; training thread "
+          f"{out['host_us_per_step_training_thread']:.1f} us, wall {out['host_wall_us_per_step']:.1f} us; "
+          f"median of {n['runs']} interleaved A/B runs x {n['steps']} steps)")
     print(f"  trivial step {out['trivial_step_us']['plain']:.1f} -> {out['trivial_step_us']['watched']:.1f} us: "
           f"ratio {out['trivial_ratio']:.4f} (median of pair ratios; interquartile {out['trivial_ratio_iqr']}, "
           f"range {out['trivial_ratio_range']})")
     print(f"  with encode+send on the training thread instead: {out['host_us_per_step_inline_send']:.1f} us")
     for m in methods:
-        _print_methods(m)
+        hooks_methods.print_table(m)
     if ddp:
         print(f"2-rank gloo DDP step: ratio {out['overhead_ratio']:.4f}, interquartile {ddp['ratio_iqr']} "
               f"(plain {ddp['plain_ms']:.2f} ms, watched {ddp['watched_ms']:.2f} ms; median of {n['ddp_runs']} "
               f"A/B pair ratios x {n['ddp_steps']} steps); CPU time ratio {ddp['cpu_ratio']:.4f} "
               f"(+{ddp['cpu_us_added']:.0f} us per rank-step)")
-    print(f"load average {out['load_average']} ({out['mode']} run{'' if args.thorough else '; --thorough for the long one'})")
+    more = "" if args.thorough else "; --thorough for the long one"
+    print(f"load average {out['load_average']} ({out['mode']} run{more})")
     return 0
-
-
-def _timelines() -> List[str]:
-    """The method tables: the CPU step, the stand-in CUDA timeline, and the GPU step where CUDA is."""
-    import torch
-
-    return ["none", "stand-in"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def _print_methods(m: Dict[str, Any]) -> None:
-    gpu = {"stand-in": "a stand-in CUDA timeline (no driver calls)", "cuda": "on the GPU (real CUDA events)"}.get(
-        m["gpu"], "CPU timing")
-    print(f"host time in each hook method, one watched run of {m['steps']} trivial steps, {gpu} (counting "
-          f"timers, their own cost subtracted: {m['timer_floor_ns']:.0f} ns a call, {m['timer_outer_ns']:.0f} ns "
-          f"more for its caller); self time, nested calls in their own rows:")
-    print(f"  {'method':28s} {'calls/step':>10s} {'us/step p50':>11s} {'us/step mean':>12s} {'incl. mean':>10s}")
-    for r in m["rows"]:
-        print(f"  {r['method']:28s} {r['calls_per_step']:10.2f} {r['us_per_step_p50']:11.2f} {r['us_per_step']:12.2f} "
-              f"{r['us_per_step_incl']:10.2f}")
-    print(f"  {'total':28s} {'':10s} {m['total_us_per_step_p50']:11.2f} {m['total_us_per_step']:12.2f}")
-    print("  (p50: the median call's time x calls per step, robust to preemption on a shared box; mean: every call)")
 
 
 if __name__ == "__main__":

@@ -32,10 +32,11 @@ _CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import bench_hooks as B
+import hooks_methods as M
 steps, pairs = int(sys.argv[2]), int(sys.argv[3])
 sink = B._Sink()
 try:
-    tables = [B._methods(steps, sink.url, False, tl) for tl in ("none", "stand-in")]
+    tables = [M.table(steps, sink.url, B._quiet(False), tl) for tl in ("none", "stand-in")]
     triv = B._trivial(pairs, 300, sink.url)
 finally:
     sink.close()
