@@ -371,9 +371,8 @@ class StepPath:
             comm = dur if dur < v else v
             g[COMM] = v - comm
         comm += extra
-        losses = self.losses
-        if losses._pending:  # CUDA losses of earlier steps whose copy is done
-            losses.take(self._seq + 1)
+        if self.losses._pending:  # CUDA losses of earlier steps whose copy is done
+            self.losses.take(self._seq + 1)
         seq = self._seq = self._seq + 1
         # the step tuple: ("step", seq, t) and the per-step fields in their declared order
         # (ranksight/record.py, LAYOUT.index); each is accumulated in self._<key> or a local <key>
