@@ -19,9 +19,28 @@ Each run starts with untimed warm-up steps (after ``watch()`` for the watched ru
 count for the plain ones): the per-step cost is the steady state; ``watch()`` itself and the
 lints' one-time first-step checks happen once per job, not per step.
 
-Also reported: the medians behind both figures, the run counts, and for comparison the host
-cost when each step record is encoded and sent on the training thread instead of being handed
-to the background thread (``host_us_per_step_inline_send``).
+Also reported: the medians behind both figures, their interquartile ranges, the trivial step's
+watched / plain wall-time ratio (median of the pair ratios, interquartile, range), the run counts,
+and for comparison the host cost when each step record is encoded and sent on the training thread
+instead of being handed to the background thread (``host_us_per_step_inline_send``).
+
+methods            host time in each hook method per step (``hooks_methods.table``): one watched run of the
+                   trivial step with a counting timer (perf_counter_ns) around each method of
+                   ``METHODS`` and around the ``torch.autograd.backward`` wrapper (the real
+                   backward subtracted). A row's time is its own lines: calls nested in another
+                   timed call are subtracted from it (with their timers), so the rows add up to
+                   the hooks' host time per step. The timers' own cost is measured on a method
+                   that does nothing and subtracted. Two tables, and a third with the step on the
+                   GPU where CUDA is: the CPU step as it is, and the same step on a stand-in CUDA
+                   timeline (``_StandInCuda``: events reached when recorded), so the step path's
+                   CUDA bookkeeping (mark, push, resolve, the GPU branch of the step end) is
+                   measured on a machine without a GPU too; the driver calls themselves are not
+                   in it. "p50" is the median call's time times the calls per step (a preempted
+                   call on a shared box moves it little), "mean" every call's.
+
+The default run is the quick one (``QUICK``: about a minute on the 2-core box, under two when it
+is loaded); ``--thorough`` is the long one (``THOROUGH``), each option given overrides either.
+``bench/hooks_ab.py`` runs the method tables of two commits side by side.
 """
 from __future__ import annotations
 
@@ -33,6 +52,9 @@ import subprocess
 import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this script is loaded by its path: its sibling
+import hooks_methods  # noqa: E402
 
 DDP_WORKER = "--ddp-worker"  # argv[1] of the DDP rank processes this benchmark starts
 QUIET: Dict[str, Any] = {"hooks": {"table_every_steps": 0, "table_every_seconds": 0}}
@@ -47,18 +69,42 @@ def _quiet(no_lints: bool) -> Dict[str, Any]:
     return cfg
 
 
+# Run sizes: the quick default finishes in under two minutes on a loaded 2-core box; --thorough is
+# the long run (the figures in bench/RESULTS.md before the quick mode were measured with it).
+QUICK = {"runs": 10, "steps": 300, "ddp_runs": 7, "ddp_steps": 40, "method_steps": 1000}
+THOROUGH = {"runs": 21, "steps": 1000, "ddp_runs": 81, "ddp_steps": 120, "method_steps": 4000}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--runs", type=int, default=21, help="A/B pairs for the trivial step (default 21)")
-    p.add_argument("--steps", type=int, default=1000, help="steps per trivial run (default 1000)")
-    p.add_argument("--ddp-runs", type=int, default=81,
-                   help="A/B pairs for the DDP step (default 81: single pairs spread +-10%% on 2 cores, so the "
-                        "median needs this many to resolve 1%%; 0 skips it)")
-    p.add_argument("--ddp-steps", type=int, default=120, help="steps per DDP run (default 120)")
+    p.add_argument("--thorough", action="store_true",
+                   help="the long run: %(runs)d A/B pairs x %(steps)d trivial steps, %(ddp_runs)d DDP pairs x "
+                        "%(ddp_steps)d steps, %(method_steps)d steps for the per-method table" % THOROUGH)
+    p.add_argument("--runs", type=int, default=None,
+                   help="A/B pairs for the trivial step (default %d, --thorough %d)"
+                        % (QUICK["runs"], THOROUGH["runs"]))
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per trivial run (default %d, --thorough %d)" % (QUICK["steps"], THOROUGH["steps"]))
+    p.add_argument("--ddp-runs", type=int, default=None,
+                   help="A/B pairs for the DDP step (default %d, --thorough %d: single pairs spread +-10%%%% on 2 "
+                        "cores, so the median needs that many to resolve 1%%%%; 0 skips it)"
+                        % (QUICK["ddp_runs"], THOROUGH["ddp_runs"]))
+    p.add_argument("--ddp-steps", type=int, default=None,
+                   help="steps per DDP run (default %d, --thorough %d)" % (QUICK["ddp_steps"], THOROUGH["ddp_steps"]))
+    p.add_argument("--method-steps", type=int, default=None,
+                   help="steps of the watched run that times each hook method (default %d, --thorough %d; 0 skips "
+                        "the table)" % (QUICK["method_steps"], THOROUGH["method_steps"]))
     p.add_argument("--no-lints", action="store_true", help="measure the hooks with every setup lint off")
     p.add_argument("--ddp-step-ms", type=float, default=10.0,
                    help="scale the DDP step's batch so a plain step takes about this long (default 10, the "
                         "reference step length; 0 keeps batch 32)")
+
+
+def plan(args: argparse.Namespace) -> Dict[str, int]:
+    """The run sizes: each option given, else the quick default (or --thorough's)."""
+    base = THOROUGH if getattr(args, "thorough", False) else QUICK
+    out = {k: getattr(args, k, None) for k in base}
+    return {k: (base[k] if v is None else int(v)) for k, v in out.items()}
 
 
 _SINK_CODE = r"""
@@ -165,10 +211,19 @@ def _trivial(runs: int, steps: int, url: str, inline_send: bool = False, no_lint
             watch.append(watched())
             plain.append(loop(data))
     med = statistics.median
+    cpu = [1e6 * (w[0] - p[0]) for w, p in zip(watch, plain)]
+    ratios = [w[2] / p[2] for w, p in zip(watch, plain)]
     return {"plain_us": 1e6 * med(p[2] for p in plain), "watched_us": 1e6 * med(w[2] for w in watch),
-            "cpu_added_us": 1e6 * med(w[0] - p[0] for w, p in zip(watch, plain)),
+            "cpu_added_us": med(cpu), "cpu_added_iqr": _iqr(cpu),
             "main_added_us": 1e6 * med(w[1] - p[1] for w, p in zip(watch, plain)),
-            "wall_added_us": 1e6 * med(w[2] - p[2] for w, p in zip(watch, plain))}
+            "wall_added_us": 1e6 * med(w[2] - p[2] for w, p in zip(watch, plain)),
+            "ratio": med(ratios), "ratio_iqr": _iqr(ratios), "ratio_range": [min(ratios), max(ratios)]}
+
+
+def _iqr(xs: List[float]) -> List[float]:
+    """The first and third quartiles (both the one value for a single run)."""
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return [q[0], q[2]]
 
 
 # ------------------------------------------------------------------------------------ DDP
@@ -307,11 +362,13 @@ def _ddp(runs: int, steps: int, url: str, no_lints: bool = False, timeout: float
 def run(args: argparse.Namespace) -> int:
     from ranksight.console import error
 
+    n = plan(args)
     for name in ("runs", "steps", "ddp_steps"):
-        if getattr(args, name) < 1:
+        if n[name] < 1:
             return error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.ddp_runs < 0:
-        return error("--ddp-runs must be 0 or more")
+    for name in ("ddp_runs", "method_steps"):
+        if n[name] < 0:
+            return error(f"--{name.replace('_', '-')} must be 0 or more")
     import logging
 
     hooks_log = logging.getLogger("ranksight.hooks")
@@ -319,45 +376,59 @@ def run(args: argparse.Namespace) -> int:
     hooks_log.setLevel(logging.WARNING)  # one self-check line per A/B run is noise here
     sink = _Sink()
     try:
-        triv = _trivial(args.runs, args.steps, sink.url, no_lints=args.no_lints)
-        inline = _trivial(max(5, args.runs // 2), args.steps, sink.url, inline_send=True, no_lints=args.no_lints)
-        ddp: Optional[Dict[str, Any]] = (_ddp(args.ddp_runs, args.ddp_steps, sink.url, args.no_lints,
-                                              target_ms=args.ddp_step_ms) if args.ddp_runs else None)
+        triv = _trivial(n["runs"], n["steps"], sink.url, no_lints=args.no_lints)
+        inline = _trivial(max(5, n["runs"] // 2), n["steps"], sink.url, inline_send=True, no_lints=args.no_lints)
+        methods = [hooks_methods.table(n["method_steps"], sink.url, _quiet(args.no_lints), tl)
+                   for tl in hooks_methods.timelines()] if n["method_steps"] else []
+        ddp: Optional[Dict[str, Any]] = (_ddp(n["ddp_runs"], n["ddp_steps"], sink.url, args.no_lints,
+                                              target_ms=args.ddp_step_ms) if n["ddp_runs"] else None)
     except RuntimeError as e:
         return error(str(e), 1)
     finally:
         sink.close()
         hooks_log.setLevel(level)
     out: Dict[str, Any] = {
+        "mode": "thorough" if args.thorough else "quick",
         "host_us_per_step": round(triv["cpu_added_us"], 2),
         "overhead_ratio": round(ddp["ratio"], 4) if ddp else None,
+        "host_us_per_step_iqr": [round(x, 2) for x in triv["cpu_added_iqr"]],
         "host_us_per_step_training_thread": round(triv["main_added_us"], 2),
         "host_wall_us_per_step": round(triv["wall_added_us"], 2),
         "host_us_per_step_inline_send": round(inline["cpu_added_us"], 2),
         "trivial_step_us": {"plain": round(triv["plain_us"], 2), "watched": round(triv["watched_us"], 2)},
-        "trivial_runs": args.runs, "trivial_steps_per_run": args.steps,
-        "lints": not args.no_lints,
+        "trivial_ratio": round(triv["ratio"], 4), "trivial_ratio_iqr": [round(x, 4) for x in triv["ratio_iqr"]],
+        "trivial_ratio_range": [round(x, 4) for x in triv["ratio_range"]],
+        "trivial_runs": n["runs"], "trivial_steps_per_run": n["steps"], "inline_runs": max(5, n["runs"] // 2),
+        "lints": not args.no_lints, "load_average": [round(x, 2) for x in os.getloadavg()],
+        "methods": methods,
     }
     if ddp:
         out.update({"ddp_step_ms": {"plain": round(ddp["plain_ms"], 3), "watched": round(ddp["watched_ms"], 3)},
                     "ddp_ratio_of_medians": round(ddp["ratio_of_medians"], 4), "ddp_ratio_iqr": ddp["ratio_iqr"],
                     "ddp_pair_ratios": ddp["ratios"], "ddp_cpu_ratio": round(ddp["cpu_ratio"], 4),
                     "ddp_cpu_us_added_per_rank_step": round(ddp["cpu_us_added"], 1),
-                    "load_average": [round(x, 2) for x in os.getloadavg()],
-                    "ddp_runs": args.ddp_runs, "ddp_steps_per_run": args.ddp_steps, "ddp_batch": ddp["batch"]})
+                    "ddp_runs": n["ddp_runs"], "ddp_steps_per_run": n["ddp_steps"], "ddp_batch": ddp["batch"]})
     if args.json:
         print(json.dumps(out))
-    else:
-        print(f"host cost per step (trivial step, CPU time of the process): {out['host_us_per_step']:.1f} us "
-              f"(training thread {out['host_us_per_step_training_thread']:.1f} us, wall {out['host_wall_us_per_step']:.1f} us; "
-              f"plain step {out['trivial_step_us']['plain']:.1f} us; median of {args.runs} interleaved A/B runs "
-              f"x {args.steps} steps)")
-        print(f"  with encode+send on the training thread instead: {out['host_us_per_step_inline_send']:.1f} us")
-        if ddp:
-            print(f"2-rank gloo DDP step: ratio {out['overhead_ratio']:.4f}, interquartile {ddp['ratio_iqr']} "
-                  f"(plain {ddp['plain_ms']:.2f} ms, watched {ddp['watched_ms']:.2f} ms; median of {args.ddp_runs} "
-                  f"A/B pair ratios x {args.ddp_steps} steps); CPU time ratio {ddp['cpu_ratio']:.4f} "
-                  f"(+{ddp['cpu_us_added']:.0f} us per rank-step); load average {os.getloadavg()[0]:.1f}")
+        return 0
+    iqr = out["host_us_per_step_iqr"]
+    print(f"host cost per step (trivial step, CPU time of the process): {out['host_us_per_step']:.1f} us "
+          f"(interquartile {iqr[0]:.1f}..{iqr[1]:.1f}; training thread "
+          f"{out['host_us_per_step_training_thread']:.1f} us, wall {out['host_wall_us_per_step']:.1f} us; "
+          f"median of {n['runs']} interleaved A/B runs x {n['steps']} steps)")
+    print(f"  trivial step {out['trivial_step_us']['plain']:.1f} -> {out['trivial_step_us']['watched']:.1f} us: "
+          f"ratio {out['trivial_ratio']:.4f} (median of pair ratios; interquartile {out['trivial_ratio_iqr']}, "
+          f"range {out['trivial_ratio_range']})")
+    print(f"  with encode+send on the training thread instead: {out['host_us_per_step_inline_send']:.1f} us")
+    for m in methods:
+        hooks_methods.print_table(m)
+    if ddp:
+        print(f"2-rank gloo DDP step: ratio {out['overhead_ratio']:.4f}, interquartile {ddp['ratio_iqr']} "
+              f"(plain {ddp['plain_ms']:.2f} ms, watched {ddp['watched_ms']:.2f} ms; median of {n['ddp_runs']} "
+              f"A/B pair ratios x {n['ddp_steps']} steps); CPU time ratio {ddp['cpu_ratio']:.4f} "
+              f"(+{ddp['cpu_us_added']:.0f} us per rank-step)")
+    more = "" if args.thorough else "; --thorough for the long one"
+    print(f"load average {out['load_average']} ({out['mode']} run{more})")
     return 0
 
 

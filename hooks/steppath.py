@@ -17,6 +17,7 @@ from .timing import BWD, COMM, FWD, OPT, PBUSY, XCOMM
 
 log = logging.getLogger("ranksight.hooks")
 _perf = time.perf_counter
+_grad_enabled = torch.is_grad_enabled
 
 
 QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they are dropped and counted
@@ -189,7 +190,7 @@ class StepPath:
                 self._hook_error(f"epoch observer {getattr(fn, '__name__', fn)}", e)
 
     def _fwd_pre(self, module: Any, args: Any) -> None:
-        if not self._active or not torch.is_grad_enabled():
+        if not self._active or not _grad_enabled():
             return None
         try:
             t = _perf()
@@ -219,33 +220,36 @@ class StepPath:
             self._t_fwd = None
             self._phase = "other"
             self._phase_t = t
-            if self._tl is not None:
-                self._tl.push(FWD, self._ev_fwd, self._tl.mark(True))
+            tl = self._tl
+            if tl is not None:
+                tl.push(FWD, self._ev_fwd, tl.mark(True))
         except Exception as e:
             self._hook_error("forward hook", e)
         return None
 
     def _wrap_backward(self, orig: Callable) -> Callable:
         w = self
+        comm = self.comm  # (made before the hooks are installed, never replaced)
 
         def backward(*args: Any, **kwargs: Any) -> Any:
             if not w._active or w._in_bwd:  # nested backward (e.g. inside a hook): the outer one counts
                 return orig(*args, **kwargs)
             try:
-                w._in_bwd = w.comm.in_backward = True
+                w._in_bwd = comm.in_backward = True
                 t0 = _perf()
                 w._t_bwd = t0
                 w._phase = "backward"
                 w._phase_t = t0
-                ev0 = w._tl.mark(True) if w._tl is not None else None
+                tl = w._tl
+                ev0 = tl.mark(True) if tl is not None else None
             except Exception as e:
-                w._in_bwd = w.comm.in_backward = False
+                w._in_bwd = comm.in_backward = False
                 w._hook_error("backward start", e)
                 return orig(*args, **kwargs)
             try:
                 return orig(*args, **kwargs)
             finally:
-                w._in_bwd = w.comm.in_backward = False
+                w._in_bwd = comm.in_backward = False
                 try:
                     w._bwd_done(t0, ev0)
                 except Exception as e:
@@ -270,7 +274,9 @@ class StepPath:
                     comm, tail = r
                     self._dcomm += comm
                     self._dx += tail
-            self._bwd += max(0.0, t1 - t0 - tail)
+            d = t1 - t0 - tail
+            if d > 0:  # (max(0.0, d))
+                self._bwd += d
             lev = None
         self._phase = "other"
         self._phase_t = t1
@@ -306,12 +312,17 @@ class StepPath:
             return None
         try:
             t = _perf()
-            if self._t_opt is not None:
-                self._opt += t - self._t_opt
+            t_opt = self._t_opt
+            if t_opt is not None:
+                self._opt += t - t_opt
                 self._t_opt = None
-                if self._tl is not None:
-                    self._tl.push(OPT, self._ev_opt, self._tl.mark(True))
-            self._step_boundary(t)
+                tl = self._tl
+                if tl is not None:
+                    tl.push(OPT, self._ev_opt, tl.mark(True))
+            if self._defer_steps:
+                self._step_boundary(t)
+            else:  # (what _step_boundary does for an optimizer given to watch())
+                self._step_end(t)
         except Exception as e:
             self._hook_error("optimizer post-hook", e)
             try:  # start the next step clean; the error above is already counted and logged
@@ -321,7 +332,9 @@ class StepPath:
         return None
 
     def _step_end(self, t: float) -> None:
-        t0 = self._t0 if self._t0 is not None else self._t_start
+        t0 = self._t0
+        if t0 is None:
+            t0 = self._t_start
         dur = t - t0
         c = self.comm
         if c._intervals or c._exposed or c._extra:
@@ -333,34 +346,47 @@ class StepPath:
             hx += self._dx
         if self.pipeline is not None:
             self.pipeline.step_end()
-        if self._tl is None:
+        tl = self._tl
+        if tl is None:
             fwd, bwd, opt, xcomm, pbusy = self._fwd, self._bwd, self._opt, hx, self._pbusy
         else:
             # GPU spans, resolved from earlier steps' events: they may belong to an earlier step. A
             # value above this step's duration (several steps resolved at once) carries its excess
             # to the next record, so per-step values stay <= dur and the sums stay right.
             g = self._gacc
-            self._tl.resolve(self._gpu_add)
+            tl.resolve(g)  # adds each resolved interval's seconds to g[kind]
             g[COMM] += extra  # (the host union is meaningless for NCCL: launch returns at once)
             extra = 0.0
-            fwd, bwd, opt, xcomm, comm, pbusy = (min(g[k], dur) for k in (FWD, BWD, OPT, XCOMM, COMM, PBUSY))
-            g[PBUSY] -= pbusy
-            g[FWD] -= fwd
-            g[BWD] -= bwd
-            g[OPT] -= opt
-            g[XCOMM] -= xcomm
-            g[COMM] -= comm
+            v = g[FWD]
+            fwd = dur if dur < v else v  # min(v, dur)
+            g[FWD] = v - fwd
+            v = g[BWD]
+            bwd = dur if dur < v else v
+            g[BWD] = v - bwd
+            v = g[OPT]
+            opt = dur if dur < v else v
+            g[OPT] = v - opt
+            v = g[XCOMM]
+            xcomm = dur if dur < v else v
+            g[XCOMM] = v - xcomm
+            v = g[COMM]
+            comm = dur if dur < v else v
+            g[COMM] = v - comm
+            v = g[PBUSY]
+            pbusy = dur if dur < v else v
+            g[PBUSY] = v - pbusy
         comm += extra
         if self.losses._pending:  # CUDA losses of earlier steps whose copy is done
             self.losses.take(self._seq + 1)
-        self._seq += 1
+        seq = self._seq = self._seq + 1
         # the step tuple: ("step", seq, t) and the per-step fields in their declared order
         # (ranksight/record.py, LAYOUT.index); each is accumulated in self._<key> or a local <key>
-        rec = ("step", self._seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
+        rec = ("step", seq, t, dur, self._data, fwd, bwd, opt, self._b2o, comm if comm < dur else dur,
                xcomm if xcomm < dur else dur, self._ckpt, self._micro or 1, self._samples, self._tokens,
                self._loss, self._lossn, pbusy, self._pstep, self._pwprev, self._pwnext)
-        if len(self._queue) < QUEUE_CAP:
-            self._queue.append(rec)
+        q = self._queue
+        if len(q) < QUEUE_CAP:
+            q.append(rec)
         else:
             self.qdrop += 1
         self._reset_step(t)

@@ -120,7 +120,7 @@ class CudaTimeline:
     holds it has resolved it goes back to a free list and a later ``mark(own=True)`` re-records
     it, so the steady state creates and destroys no CUDA events (``POOL``; events handed to the
     communication tracker are never reused: a completion callback may still push them). ``push(kind, start, end)`` queues an interval; ``resolve(add)`` pops
-    finished intervals in order and calls ``add(kind, seconds)``. Communication and exposed
+    finished intervals in order and calls ``add(kind, seconds)`` (or adds to a dict ``add``). Communication and exposed
     communication intervals are placed on one GPU time axis (offsets from an anchor event)
     so overlapping spans are counted once (their union).
     """
@@ -138,56 +138,56 @@ class CudaTimeline:
         self.dropped = 0
         self.created = 0  # CUDA events created (bench/gpu/overhead.py reports it per step)
         self._pending: Deque[Tuple[str, Any, Any]] = deque()
-        self._free: List[Any] = []  # own events that every interval holding them has resolved
-        # id(own event) -> [the event, pending intervals that hold it]; the entry keeps the event alive,
-        # so its id is not reused by another object while it is here
+        self._free: List[List[Any]] = []  # entries of own events that every interval holding them has resolved
+        # id(own event) -> [the event, pending intervals that hold it], while the event is pending or free;
+        # the entry keeps the event alive, so its id is not reused by another object while it is here
         self._own: Dict[int, List[Any]] = {}
         self._union = {k: IntervalSet() for k in UNION_KINDS}
         self._anchor = self._cuda.Event(enable_timing=True)
         self._anchor.record(self._cuda.current_stream(device))
+        self._anchor_done = False  # the anchor's query() returned True (it is never recorded again)
 
     def mark(self, own: bool = False) -> Optional[Any]:
         if len(self._pending) >= self.max_pending:
             self.dropped += 1
             return None
-        free = self._free
-        if own and free:
-            ev = free.pop()
-            rr = self._rerecord
-            if rr is None or not rr(ev):
+        if own:  # the step path's marks: a free event re-recorded, the steady state
+            free = self._free
+            if free:
+                entry = free.pop()
+                ev = entry[0]
+                rr = self._rerecord
+                if rr is None or not rr(ev):
+                    ev.record(self._cuda.current_stream(self.device))
+                if self._own.get(id(ev)) is entry:  # (its entry stays while the event is in the pool)
+                    return ev
+            else:
+                ev = self._cuda.Event(enable_timing=True)
+                self.created += 1
                 ev.record(self._cuda.current_stream(self.device))
-        else:
-            ev = self._cuda.Event(enable_timing=True)
-            self.created += 1
-            ev.record(self._cuda.current_stream(self.device))
-        if own and self.POOL:
-            if len(self._own) >= 4 * self.max_pending:  # marked and never pushed (a hook that raised): forget
-                self._own.clear()
-            self._own[id(ev)] = [ev, 0]
+            if self.POOL:
+                owned = self._own
+                if len(owned) >= 4 * self.max_pending:  # marked and never pushed (a hook that raised): forget
+                    owned.clear()
+                owned[id(ev)] = [ev, 0]
+            return ev
+        ev = self._cuda.Event(enable_timing=True)
+        self.created += 1
+        ev.record(self._cuda.current_stream(self.device))
         return ev
 
     def push(self, kind: str, start: Optional[Any], end: Optional[Any]) -> None:
         if start is None or end is None:
             return  # already counted as dropped by mark()
         own = self._own
-        if own:
-            for ev in (start, end):
-                entry = own.get(id(ev))
-                if entry is not None and entry[0] is ev:
-                    entry[1] += 1
+        if own:  # each own event counts the pending intervals that hold it (twice when start is end)
+            entry = own.get(id(start))
+            if entry is not None and entry[0] is start:
+                entry[1] += 1
+            entry = own.get(id(end))
+            if entry is not None and entry[0] is end:
+                entry[1] += 1
         self._pending.append((kind, start, end))
-
-    def _done(self, ev: Any) -> None:
-        """An interval holding ``ev`` resolved: an own event no pending interval holds is free."""
-        own = self._own
-        entry = own.get(id(ev))
-        if entry is None or entry[0] is not ev:
-            return
-        entry[1] -= 1
-        if entry[1] <= 0:
-            del own[id(ev)]
-            if len(self._free) < self.max_pending:
-                self._free.append(ev)
 
     @property
     def pending(self) -> int:
@@ -201,28 +201,48 @@ class CudaTimeline:
         self._own.clear()
         self._anchor = None
 
-    def resolve(self, add: Callable[[str, float], None], limit: int = 1 << 30) -> int:
-        """Resolve finished intervals from the head of the queue. Never waits."""
-        n = 0
+    def resolve(self, add: Any, limit: int = 1 << 30) -> int:
+        """Resolve finished intervals from the head of the queue. Never waits. ``add``: called as
+        ``add(kind, seconds)`` for each, or a dict whose ``[kind]`` each is added to."""
         q = self._pending
         anchor = self._anchor
-        if anchor is None:  # released
+        if not q or anchor is None:  # nothing pending, or released
             return 0
+        acc = add if type(add) is dict else None
+        union = self._union
+        own = self._own
+        free = self._free
+        anchor_done = self._anchor_done
+        n = 0
         while q and n < limit:
             kind, s, e = q[0]
-            if not (e.query() and s.query() and anchor.query()):
+            if not (e.query() and s.query()):
                 break
+            if not anchor_done:  # the anchor is recorded once: reached once, it stays reached
+                if not anchor.query():
+                    break
+                anchor_done = self._anchor_done = True
             q.popleft()
             n += 1
-            u = self._union.get(kind)
+            u = union.get(kind)
             if u is not None:
                 dt = u.add(anchor.elapsed_time(s) / 1e3, anchor.elapsed_time(e) / 1e3)
             else:
                 dt = s.elapsed_time(e) / 1e3
-            if self._own:
-                self._done(s)
-                if e is not s:
-                    self._done(e)
+            if own:  # this interval no longer holds its events: an own event no pending interval holds is free
+                for ev in ((s,) if e is s else (s, e)):
+                    entry = own.get(id(ev))
+                    if entry is not None and entry[0] is ev:
+                        entry[1] -= 1
+                        if entry[1] <= 0:
+                            entry[1] = 0
+                            if len(free) < self.max_pending:
+                                free.append(entry)  # (its entry stays: no dict churn per event and step)
+                            else:
+                                del own[id(ev)]
             if dt > 0:
-                add(kind, dt)
+                if acc is not None:
+                    acc[kind] += dt
+                else:
+                    add(kind, dt)
         return n

@@ -69,6 +69,18 @@ def _is_integer(t: Any) -> bool:
 def batch_work(batch: Any, tokens_per_sample: int = 0) -> Tuple[int, int]:
     """(samples, tokens) of one batch; (0, 0) when it holds no tensor with a first dimension. One
     pass over the batch's tensors, stopping at the token tensor."""
+    if _TENSOR_TYPES.get(type(batch)):  # the batch is one tensor (a type seen before): the loop below, unrolled
+        shape = batch.shape
+        if not shape:
+            return 0, 0
+        samples = int(shape[0])
+        if tokens_per_sample:
+            return samples, samples * tokens_per_sample
+        if len(shape) >= 2:
+            known = _INTEGER.get(batch.dtype)
+            if known or (known is None and _is_integer(batch)):
+                return samples, samples * int(shape[1])
+        return samples, 0
     samples = -1
     for t in _tensors(batch):
         shape = t.shape

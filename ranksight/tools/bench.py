@@ -26,7 +26,8 @@ CHECKOUT_BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 # name -> (module or bench/ script path, help)
 INSTALLED: Dict[str, tuple] = {
-    "hooks": ("bench/bench_hooks.py", "host us per step and wall ratio of the hooks on a 2-rank gloo DDP step"),
+    "hooks": ("bench/bench_hooks.py", "host us per step of the hooks, by method, and their wall ratio on a 2-rank "
+                                      "gloo DDP step (quick by default; --thorough)"),
     "exporter": ("bench/bench_exporter.py", "agent scrape p50/p99, CPU, RSS and max ingest rate"),
 }
 
