@@ -88,6 +88,13 @@ def queries(cfg: Mapping[str, Any]) -> List[Tuple[str, str, str]]:
     return rows
 
 
+def feature_only(cfg: Mapping[str, Any]) -> Set[Tuple[str, str]]:
+    """(dashboard file name, panel title) of every panel in a feature's row (pipeline stages,
+    ranksight act): empty for a job that does not use the feature."""
+    build = _build_module()
+    return {(name, title) for name, fn in build.BOARDS for title in fn(cfg).feature}
+
+
 def abnormal_only(cfg: Mapping[str, Any]) -> Set[Tuple[str, str]]:
     """(dashboard file name, panel title) of every panel built with ``abnormal=True``: its queries
     return only abnormal series, so they are empty while the job and its nodes are healthy."""

@@ -156,9 +156,12 @@ class Threshold:
 
 @dataclass
 class Layout:
-    """Panel ids and positions for one dashboard, and the titles of its abnormal-only panels."""
+    """Panel ids and positions for one dashboard, the titles of its abnormal-only panels, and of
+    the panels of a feature's row (``Board.row(title, feature)``: series only for jobs using it)."""
     next_id: int = 1
     abnormal: List[str] = field(default_factory=list)
+    feature: List[str] = field(default_factory=list)
+    feature_now: str = ""  # the feature of the row being filled ("" for none)
 
     def take(self) -> int:
         i = self.next_id
@@ -195,6 +198,9 @@ def _base(p: Any, lay: Layout, title: str, desc: str, unit: str, queries: Sequen
     if abnormal:
         lay.abnormal.append(title)
         desc = f"{desc} {ABNORMAL}"
+    if lay.feature_now:
+        lay.feature.append(title)
+        desc = f"{desc} Only jobs that use {lay.feature_now} have these series."
     p = (p.id(lay.take()).title(title).description(desc).datasource(DS).unit(unit)
          .span(w).height(h))
     return _targets(p, queries)
@@ -348,7 +354,14 @@ class Board:
         """Titles of the panels that draw only abnormal series (empty while healthy)."""
         return tuple(self.lay.abnormal)
 
-    def row(self, title: str) -> List[Any]:
+    @property
+    def feature(self) -> Tuple[str, ...]:
+        """Titles of the panels in a feature's row: empty for a job that does not use the feature."""
+        return tuple(self.lay.feature)
+
+    def row(self, title: str, feature: str = "") -> List[Any]:
+        """A new row; ``feature``: its panels draw series only jobs using that feature have."""
+        self.lay.feature_now = feature
         panels: List[Any] = []
         self.rows.append((title, self.lay.take(), panels))
         return panels

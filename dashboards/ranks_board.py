@@ -142,7 +142,7 @@ def _pipeline_row(b: Board, cfg: Mapping[str, Any], by: Mapping[str, Any]) -> Bo
     bubble, straggler = by["pipeline-bubble"], by["pipeline-straggler"]
     R, t = triage.REC, cfg["thresholds"]
     stage = "{{job}} stage {{stage}} (rank {{rank}})"
-    rows = b.row("Pipeline stages")
+    rows = b.row("Pipeline stages", feature="pipeline parallelism (ranksight.watch(schedule, ...))")
     rows += [
         ts(b.lay, "Pipeline bubble share by stage",
            "Each pipeline stage's share of its schedule step spent not computing (1 - busy / step), with the "

@@ -152,7 +152,7 @@ def triage_board(cfg: Mapping[str, Any]) -> Board:
 
 def _actions_row(b: Board) -> None:
     """What `ranksight act` did with the verdicts (ranksight/tools/act.py), from its /metrics."""
-    panels = b.row("Actions")
+    panels = b.row("Actions", feature="ranksight act")
     panels += [
         ts(b.lay, "Actions on verdicts",
            "What `ranksight act` did with each verdict, by alert, action (the triage entry's: restart_workers, "

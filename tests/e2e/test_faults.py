@@ -265,14 +265,17 @@ def test_healthy_run_stays_quiet_and_triage_says_healthy(suite: Suite) -> None:
 
 # The dashboards' panels that cannot have data on a CPU machine: GPU (NVML) and RDMA metrics, and
 # MFU (the model FLOP/s over the GPU's peak, which only NVML names).
-_GPU_RDMA = re.compile(r"\b(ranksight_gpu_\w+|gpu:ranksight_\w+|ranksight_rdma_\w+|ranksight_mfu\b)")
+# The CUDA memory peaks' records too: they read only peaks above 0, none on a CPU. (GPU-hours are
+# ranks times hours: a CPU job has them.)
+_GPU_RDMA = re.compile(r"\b(ranksight_gpu_(?!hours)\w+|gpu:ranksight_\w+|ranksight_rdma_\w+|ranksight_mfu\b|"
+                       r"(rank|job):ranksight_cuda_memory_\w+)")
 # The firing-alerts panel is empty for a healthy job by definition; it must show the fault run's alerts.
 _FIRING = re.compile(r'ALERTS\{[^}]*alertstate="firing"')
 
 
 @pytest.mark.netns
 def test_every_dashboard_query_returns_data_from_the_real_runs(suite: Suite) -> None:
-    from ranksight.dashboards.generate import abnormal_only, queries, substitute
+    from ranksight.dashboards.generate import abnormal_only, feature_only, queries, substitute
 
     healthy = suite.observe("healthy")
     _check_ok(healthy)
@@ -285,9 +288,15 @@ def test_every_dashboard_query_returns_data_from_the_real_runs(suite: Suite) -> 
     abnormal = abnormal_only(suite.cfg)
     abnormal_panels = {(f, t, e) for f, t, e, _ in healthy.dashboards if (f, t) in abnormal}
     assert abnormal_panels - cpu_impossible, "no abnormal-only panel that a CPU machine can show"
-    assert empty - cpu_impossible - firing_panel - abnormal_panels == set(), \
+    # the rows of a feature no e2e job uses (pipeline stages, ranksight act): their own real-process
+    # tests (test_integrations_pipeline.py, test_act_recovery.py) run the feature
+    feature = feature_only(suite.cfg)
+    feature_panels = {(f, t, e) for f, t, e, _ in healthy.dashboards if (f, t) in feature}
+    assert feature_panels and feature_panels <= empty, "a feature panel shows data in a job without the feature"
+    assert empty - cpu_impossible - firing_panel - abnormal_panels - feature_panels == set(), \
         "dashboard queries without data from the healthy run:\n" + "\n".join(
-            f"{f} | {t} | {e}" for f, t, e in sorted(empty - cpu_impossible - firing_panel - abnormal_panels))
+            f"{f} | {t} | {e}" for f, t, e in sorted(empty - cpu_impossible - firing_panel - abnormal_panels
+                                                       - feature_panels))
     assert abnormal_panels <= empty, "an abnormal-only panel shows something during the healthy run: " + "; ".join(
         f"{f} | {t} | {e}" for f, t, e in sorted(abnormal_panels - empty))
     assert cpu_impossible <= empty, "a GPU/RDMA query returned data on a CPU machine?"
