@@ -15,7 +15,7 @@ from .model import Model
 EXTRA_LABEL_VALUES = {"quantile", "reason", "lint", "stat", "state", "xid", "counter", "device", "direction",
                       "port", "path", "collector", "result", "name", "uuid", "driver", "version", "python",
                       "category", "gpu", "where", "phase", "op", "pg", "dtype",
-                      "torch", "cuda", "nccl"}
+                      "torch", "cuda", "nccl", "stage", "strategy", "zero_stage"}
 
 
 def _scope(m: C.Metric) -> str:
@@ -110,6 +110,8 @@ class Generator:
             vals = (str(gpu), self._uuid(node, gpu).lower())
         elif m.short == "rank_versions_info":
             vals = ("2.11.0+cu130", "13.0", "2.27.7")
+        elif m.short == "rank_parallel_info":
+            vals = ("ddp", "")
         elif m.short == "build_info":
             vals = (__version__, "3.11.7")
         else:

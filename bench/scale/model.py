@@ -263,6 +263,17 @@ class Model:
     def _v_rank_versions_info(self, m, profile, v):
         return {(): self._const("1", self.T)}  # labels: _labels_extra (one build on every rank)
 
+    def _v_rank_parallel_info(self, m, profile, v):
+        return {(): self._const("1", self.T)}  # labels: _labels_extra (a DDP job)
+
+    # a pipeline stage's families: only for ranks watched as a stage (record.Field.gate), none here
+    def _v_pipeline_busy_seconds_total(self, m, profile, v):
+        return {}
+
+    _v_pipeline_step_seconds_total = _v_pipeline_wait_prev_seconds_total = _v_pipeline_busy_seconds_total
+    _v_pipeline_wait_next_seconds_total = _v_pipeline_stage = _v_pipeline_busy_seconds_total
+    _v_pipeline_stages = _v_pipeline_microbatches = _v_pipeline_busy_seconds_total
+
     def _v_rank_stalled(self, m, profile, v):
         return {(r,): self._const("0", self.T) for r in STALL_REASONS}
 

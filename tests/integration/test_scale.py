@@ -70,6 +70,8 @@ def test_generator_covers_the_catalog_and_the_agents_label_values():
         if m.short in ("gpu_xid_errors_total", "rank_finished", "rank_stall_where", "rank_collective_seq",
                        "rank_collective_wait_seconds"):
             continue  # exposed only after an XID, while a finished rank lingers, or while a rank is stuck
+        if m.short.startswith("pipeline_"):
+            continue  # exposed only for ranks watched as a pipeline stage: this job is data parallel
         if m.source != "agent":
             continue  # exposed by `ranksight act`, not by the agent
         if m.short == "lint_active" and scn.shape.lints_exposed == "active":
@@ -141,9 +143,12 @@ def test_the_agent_is_under_the_series_target_and_all_series_is_not():
 
 
 def _long_window_records() -> list:
-    """The records read over a range of another record (not backfilled), in rule-file order."""
+    """The records read over a range of another record (not backfilled), in rule-file order: the
+    step-time baseline, the NIC's day-best, and the loss before a resume (the last steady loss
+    mean within hours) with the jump ratio that reads it."""
+    longer = (triage.REC["nic_best_1d"], triage.REC["loss_pre_resume"], triage.REC["loss_resume_jump"])
     return [r.record for r in triage.recording_rules(config.load())
-            if r.group in goodput.CROSS_GROUP_READERS or r.record == triage.REC["nic_best_1d"]]
+            if r.group in goodput.CROSS_GROUP_READERS or r.record in longer]
 
 
 def test_expand_recording_rules_inlines_dependencies():
@@ -179,7 +184,11 @@ def test_end_to_end_small_run_backfills_and_times_every_query(tmp_path):
     assert se["per_rank"] == per["per_rank"] == se["prometheus_per_rank"]
     assert se["prometheus_total"] == r["generate"]["series"] - 4 * per["scrape"]
     # the recording rules were backfilled (rank-level ones exist for the probe rank)
-    rank_rules = [x for x in triage.recording_rules(config.load()) if x.record.startswith("rank:")]
+    # (not the pipeline stages' records, which a data-parallel job has no series for, nor the loss
+    # since a resume: none happened)
+    absent = set(_long_window_records()) | {triage.REC["loss_post_resume"]}
+    rank_rules = [x for x in triage.recording_rules(config.load()) if x.record.startswith("rank:")
+                  and x.record not in absent and not x.record.startswith("rank:ranksight_pipeline")]
     assert se["recorded_per_rank"] == len(rank_rules)
     # only the step-time baseline and the NIC day-best (windows over hours and days) are not backfilled
     assert r["backfill"]["rules_not_backfilled"] == _long_window_records()
