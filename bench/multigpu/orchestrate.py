@@ -173,20 +173,10 @@ class Orchestrator:
 
     def start_prometheus(self, target: str) -> Any:
         """Prometheus over the test-profile rules, scraping ``target`` every second (a Server)."""
-        from ranksight import config
         from ranksight.common import servers
-        from ranksight.tools.stack import deploy_dir, render_alert_files, render_prometheus_config
+        from ranksight.tools.stack_files import rules_prometheus
 
-        d = self.out / "prometheus"
-        (d / "rules").mkdir(parents=True, exist_ok=True)
-        for name, text in render_alert_files(config.load(None, "test")).items():
-            if name.endswith((".yml", ".yaml")) and name != "alertmanager.yml":
-                (d / "rules" / name).write_text(text)
-        (d / "prometheus.yml").write_text(render_prometheus_config(
-            (deploy_dir() / "prometheus.yml").read_text(), [target], "127.0.0.1:9", str(d / "rules" / "*.yml"),
-            "1s", "1s"))
-        server = servers.prometheus(d / "prometheus.yml", d / "data", d / "prometheus.log",
-                                    binary=self.prometheus_binary()).start()
+        server = rules_prometheus(self.out / "prometheus", [target], binary=self.prometheus_binary()).start()
         try:
             server.wait_ready(20.0)
         except servers.ServerError as e:  # the straggler check reads no rule and fails with the rest

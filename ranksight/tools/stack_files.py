@@ -63,3 +63,20 @@ def render_alert_files(cfg: Mapping[str, Any]) -> Dict[str, str]:
         raise StackError(f"cannot render the rules: ranksight.alerts.generate is not importable ({e})") from None
     return {k: v for k, v in generate.render(cfg).items()
             if ("/" not in k and k != generate.notify.FRAGMENT_FILE) or k.startswith(TEMPLATES_DIR + "/")}
+
+
+def rules_prometheus(d: Path, targets: Sequence[str], binary: Optional[str] = None, profile: str = "test",
+                     interval: str = "1s") -> Any:
+    """A Prometheus (``servers.Server``, not started) in ``d`` that scrapes ``targets`` and evaluates
+    ``profile``'s generated rules every ``interval``, its alerts sent nowhere: the checks that read
+    a rule's value from a real run (tests/gpu, bench/multigpu)."""
+    from ..common import servers
+
+    (d / "rules").mkdir(parents=True, exist_ok=True)
+    for name, text in render_alert_files(config.load(None, profile)).items():
+        if name.endswith((".yml", ".yaml")) and name != "alertmanager.yml":
+            (d / "rules" / name).write_text(text)
+    (d / "prometheus.yml").write_text(render_prometheus_config(
+        (deploy_dir() / "prometheus.yml").read_text(), list(targets), "127.0.0.1:9", str(d / "rules" / "*.yml"),
+        interval, interval))
+    return servers.prometheus(d / "prometheus.yml", d / "data", d / "prometheus.log", binary=binary)

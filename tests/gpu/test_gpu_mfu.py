@@ -51,20 +51,9 @@ def _prometheus_binary() -> str:
 
 
 def _start_prometheus(out: Path, target: str):
-    from ranksight import config
-    from ranksight.common import servers
-    from ranksight.tools.stack import deploy_dir, render_alert_files, render_prometheus_config
+    from ranksight.tools.stack_files import rules_prometheus
 
-    d = out / "prometheus"
-    (d / "rules").mkdir(parents=True, exist_ok=True)
-    for name, text in render_alert_files(config.load(None, "test")).items():
-        if name.endswith((".yml", ".yaml")) and name != "alertmanager.yml":
-            (d / "rules" / name).write_text(text)
-    (d / "prometheus.yml").write_text(render_prometheus_config(
-        (deploy_dir() / "prometheus.yml").read_text(), [target], "127.0.0.1:9", str(d / "rules" / "*.yml"),
-        "1s", "1s"))
-    server = servers.prometheus(d / "prometheus.yml", d / "data", d / "prometheus.log",
-                                binary=_prometheus_binary()).start()
+    server = rules_prometheus(out / "prometheus", [target], binary=_prometheus_binary()).start()
     server.wait_ready(30.0)
     return server
 
