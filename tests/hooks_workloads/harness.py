@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -71,3 +72,13 @@ def reap(procs: Sequence[subprocess.Popen]) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def per_rank(text: str, metric: Any, job: str = "hooks-test", extra: str = "") -> Dict[int, float]:
+    """``metric``'s (a catalog Metric) value of each rank of ``job`` on a metrics page, from the
+    series whose labels also hold ``extra`` (e.g. 'lint="partial_resume"')."""
+    out = {}
+    for labels, v in re.findall(r"^%s\{([^}]*)\} (\S+)$" % re.escape(metric.name), text, re.M):
+        if f'job="{job}"' in labels and extra in labels:
+            out[int(re.search(r'rank="(\d+)"', labels).group(1))] = float(v)
+    return out

@@ -5,7 +5,6 @@ DDP's all-reduce, so its first non-finite loss is one step later. A healthy run 
 step's finite loss on both ranks and no non-finite one."""
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import Dict, Optional
@@ -16,19 +15,11 @@ pytest.importorskip("torch")
 
 from ranksight import catalog as C  # noqa: E402
 
-from hooks_workloads.harness import run_ranks  # noqa: E402
+from hooks_workloads.harness import per_rank, run_ranks  # noqa: E402
 
 STEPS, NAN_STEP = 30, 5
 ARGS = ["--steps", str(STEPS), "--loss", "--slow-data-rank", "0", "--data-sleep", "0.05"]  # about 50 ms a step
 
-
-def per_rank(text: str, metric: C.Metric, job: str = "hooks-test") -> Dict[int, float]:
-    """``metric``'s value of each rank of ``job`` on a metrics page."""
-    out = {}
-    for labels, v in re.findall(r"^%s\{([^}]*)\} (\S+)$" % re.escape(metric.name), text, re.M):
-        if f'job="{job}"' in labels:
-            out[int(re.search(r'rank="(\d+)"', labels).group(1))] = float(v)
-    return out
 
 
 @pytest.mark.slow

@@ -14,18 +14,10 @@ pytest.importorskip("torch")
 
 from ranksight import catalog as C  # noqa: E402
 
-from hooks_workloads.harness import run_ranks  # noqa: E402
+from hooks_workloads.harness import per_rank, run_ranks  # noqa: E402
 
 STEPS = 16
 
-
-def per_rank(text: str, metric: C.Metric, job: str = "hooks-test") -> Dict[int, float]:
-    """``metric``'s value of each rank of ``job`` on a metrics page."""
-    out = {}
-    for labels, v in re.findall(r"^%s\{([^}]*)\} (\S+)$" % re.escape(metric.name), text, re.M):
-        if f'job="{job}"' in labels:
-            out[int(re.search(r'rank="(\d+)"', labels).group(1))] = float(v)
-    return out
 
 
 def ingest(text: str) -> Dict[str, float]:

@@ -9,7 +9,6 @@ with promtool in alerts/tests/loss.yml."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ from ranksight import catalog as C  # noqa: E402
 from ranksight.common.plumbing import wait_for  # noqa: E402
 from ranksight.triage import REC  # noqa: E402
 
-from hooks_workloads.harness import run_ranks  # noqa: E402
+from hooks_workloads.harness import per_rank as harness_per_rank, run_ranks  # noqa: E402
 
 JOB = "hooks-test"  # the harness's RANKSIGHT_JOB
 ALERT = "RanksightLossJumpAfterResume"
@@ -32,11 +31,7 @@ PACE = ["--step-sleep", "0.05", "--total", "200"]  # 40 steps: about 2 s of reco
 
 
 def per_rank(text: str, metric: C.Metric, extra: str = "") -> Dict[int, float]:
-    out = {}
-    for labels, v in re.findall(r"^%s\{([^}]*)\} (\S+)$" % re.escape(metric.name), text, re.M):
-        if f'job="{JOB}"' in labels and extra in labels:
-            out[int(re.search(r'rank="(\d+)"', labels).group(1))] = float(v)
-    return out
+    return harness_per_rank(text, metric, JOB, extra)
 
 
 def ok(res: List[dict]) -> None:
