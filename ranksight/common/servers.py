@@ -19,6 +19,8 @@ LocalStack, which the demo and the tests use), the tests' own servers and the be
     ``start(daemon)`` and ``wait_ready(timeout)`` apart; ``stop(grace)``; ``port``, ``url``,
     ``api`` (``PrometheusAPI`` or ``AlertmanagerAPI``), ``pid()``.
 ``error_line(log_path) -> str``: the last error-level line of a server log, else its last line.
+``wait_serving(proc, url, name, left, timeout)``: until a server's readiness URL answers, or one
+ServerError line naming it (also for the VictoriaMetrics binaries of ``tools/vmstack.py``).
 """
 from __future__ import annotations
 
@@ -82,6 +84,18 @@ def error_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
+def wait_serving(proc: Proc, url: str, name: str, left: float, timeout: float) -> None:
+    """Until ``url`` answers (``left`` seconds at most): ServerError naming ``name``, its log's
+    error line and the log when ``proc`` exits first or ``url`` does not answer in time
+    (``timeout``: the wait the message names)."""
+    ok, code = wait_http(url, max(left, 0.0), proc.popen)
+    if code is not None:
+        raise ServerError(f"{name} exited with code {code}: {error_line(proc.log_file)} (log: {proc.log_file})")
+    if not ok:
+        raise ServerError(f"{name} not ready after {timeout:.0f} s: {error_line(proc.log_file)} "
+                          f"(log: {proc.log_file})")
+
+
 class Server:
     """Prometheus or Alertmanager on 127.0.0.1 (``kind``); built by ``prometheus()`` or
     ``alertmanager()``. See the module doc."""
@@ -132,13 +146,7 @@ class Server:
         """Until /-/ready answers: ``timeout`` seconds, or until the monotonic ``deadline`` when one
         is given (a wait shared with another server; the message still says ``timeout``)."""
         left = (deadline if deadline is not None else time.monotonic() + timeout) - time.monotonic()
-        ok, code = wait_http(f"{self.url}/-/ready", max(left, 0.0), self.proc.popen)
-        if code is not None:
-            raise ServerError(f"{self.kind} exited with code {code}: {error_line(self.log_file)} "
-                              f"(log: {self.log_file})")
-        if not ok:
-            raise ServerError(f"{self.kind} not ready after {timeout:.0f} s: {error_line(self.log_file)} "
-                              f"(log: {self.log_file})")
+        wait_serving(self.proc, f"{self.url}/-/ready", self.kind, left, timeout)
 
     def launch(self, timeout: float = 30.0, daemon: bool = False) -> "Server":
         self.start(daemon)

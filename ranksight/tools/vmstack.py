@@ -34,9 +34,8 @@ import yaml
 
 from .. import config
 from ..common import servers
-from ..common.plumbing import (AlertmanagerAPI, PrometheusAPI, Proc, free_port, http_get, port_in_use, wait_http,
-                               wait_until)
-from ..common.servers import ServerError, error_line, find_binary
+from ..common.plumbing import AlertmanagerAPI, PrometheusAPI, Proc, free_port, http_get, port_in_use, wait_until
+from ..common.servers import ServerError, find_binary, wait_serving
 from .stack_files import ALERTMANAGER_FILE, deploy_dir, render_alert_files, render_prometheus_config
 
 ENGINE = "victoriametrics"
@@ -149,13 +148,7 @@ class VMServer:
         self.proc.start(daemon)
 
     def wait_ready(self, deadline: float, timeout: float) -> None:
-        ok, code = wait_http(f"{self.url}/health", max(deadline - time.monotonic(), 0.0), self.proc.popen)
-        if code is not None:
-            raise ServerError(f"{self.name} exited with code {code}: {error_line(self.proc.log_file)} "
-                              f"(log: {self.proc.log_file})")
-        if not ok:
-            raise ServerError(f"{self.name} not ready after {timeout:.0f} s: {error_line(self.proc.log_file)} "
-                              f"(log: {self.proc.log_file})")
+        wait_serving(self.proc, f"{self.url}/health", self.name, deadline - time.monotonic(), timeout)
 
     def stop(self) -> None:
         self.proc.stop()
