@@ -8,7 +8,7 @@ Each stage's compute is a fixed host delay: its layer sleeps ``--fwd`` seconds i
 ``--slow-stage``. Sleeping leaves the CPU free, so four ranks on a two-core machine keep the timing
 of the schedule itself (computing on the CPU they would take turns on the cores and the measured
 bubble would be the machine's, not the schedule's). The first step runs unwatched (the stages'
-shape inference and P2P set-up happen in it). Prints RESULT per rank."""
+shape inference and P2P set-up happen in it), and the ranks start the watched steps together. Prints RESULT per rank."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +25,20 @@ import torch.distributed as dist  # noqa: E402
 import ranksight  # noqa: E402
 
 WIDTH = 8
+
+
+def start_together(name: str) -> None:
+    """Every rank leaves here at the same moment, after its ``watch()``: a barrier on the
+    rendezvous store, not a collective, so the hooks record nothing for it. Started one after the
+    other, a stage that finished ``watch()`` late would find its first inputs already sent and its
+    first step's bubble would read short of the schedule's."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add(name, 1)
+    deadline = time.monotonic() + 60
+    while int(store.add(name, 0)) < dist.get_world_size():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: not every rank arrived in 60 s")
+        time.sleep(0.001)
 
 
 class Sleep(torch.autograd.Function):
@@ -81,6 +95,7 @@ def deepspeed_main(a: argparse.Namespace) -> None:
     dist.barrier()
     before = hooks_state()
     ranksight.watch(engine, None, None)
+    start_together("ds-watched")
     t0 = time.perf_counter()
     for _ in range(a.steps):
         engine.train_batch(data_iter=it)
@@ -146,6 +161,7 @@ def main() -> None:
     dist.barrier()
     before = hooks_state()
     loader = ranksight.watch(schedule, opt, batches[1:])
+    start_together("watched")
     t0 = time.perf_counter()
     for x, y in loader:
         step(x, y)
