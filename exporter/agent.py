@@ -167,7 +167,7 @@ class Agent:
             s.node, self._runs_snapshot,
             self.ingest.snapshot if self.receiver else None,
             self.table.__len__ if "ranks" in enabled else None,
-            self.end_counts.snapshot if "ranks" in enabled else None,
+            (lambda: self.end_counts.snapshot(self.access.enabled)) if "ranks" in enabled else None,
         )
         self.registry.register(_RegistryBridge(self))
         list(self.collect_all())  # a first pass logs what cannot run, before the first scrape

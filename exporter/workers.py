@@ -106,9 +106,11 @@ class Counts:
         with self.lock:
             self.counts[result] += 1
 
-    def snapshot(self) -> Dict[str, int]:
+    def snapshot(self, every: bool = True) -> Dict[str, int]:
+        """The counts; with ``every`` False only those above 0 (an agent without the endpoint exposes no
+        series until a request comes)."""
         with self.lock:
-            return dict(self.counts)
+            return {k: n for k, n in self.counts.items() if every or n}
 
 
 def parse(body: bytes) -> Tuple[str, str, Optional[List[int]], float]:

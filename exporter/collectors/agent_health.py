@@ -1,5 +1,7 @@
-"""The agent's own health: per-collector up and duration, ingest counters, tracked ranks and
-build info, the requests to end a job's workers. Always on, so it is not one of the collectors enabled by name (agent.collectors)."""
+"""The agent's own health: per-collector up and duration, ingest counters, tracked ranks, the
+requests to end a job's workers (every result from 0 where the endpoint is enabled, else only those
+that came) and build info. Always on, so it is not one of the collectors enabled by name
+(agent.collectors)."""
 from __future__ import annotations
 
 import platform
@@ -41,9 +43,10 @@ class AgentHealthCollector:
             f = family(C.TRACKED_RANKS)
             f.add_metric(node, self.tracked())
             out.append(f)
-        if self.end_counts is not None:
+        ends = self.end_counts() if self.end_counts is not None else {}
+        if ends:
             f = family(C.END_WORKERS_REQUESTS)
-            for result, n in self.end_counts().items():
+            for result, n in ends.items():
                 f.add_metric(node + [result], n)
             out.append(f)
         f = family(C.BUILD_INFO)
