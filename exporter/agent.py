@@ -4,7 +4,8 @@ Threads: one ingest receiver, one checker (heartbeat misses, stalls, TTL; it
 runs four times per heartbeat interval), the GPU sampler and XID threads, and
 the HTTP server (one thread per connection, so a slow client cannot block
 Prometheus; with a web config the TLS handshake and basic auth run on that thread too,
-see webconfig.py). A scrape runs every enabled collector in turn; the GPU collector
+see webconfig.py; so does a request to end a job's workers, grace included, see
+workers.py). A scrape runs every enabled collector in turn; the GPU collector
 only reads what its sampler stored.
 """
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """`ranksight exporter`: the node agent.
 
-Serves /metrics and /healthz, receives the hooks' datagrams (rank ingest,
-heartbeats, stalls) and runs the gpu, network, rdma and disk collectors.
+Serves /metrics, /healthz and /api/v1/ranks (and POST /api/v1/ranks/end for `ranksight act`
+where agent.act_token_file or agent.act_client_sans enables it: exporter/workers.py), receives
+the hooks' datagrams (rank ingest, heartbeats, stalls) and runs the gpu, network, rdma and disk
+collectors.
 Every flag overrides the matching key of the config's ``agent`` section.
 """
 from __future__ import annotations

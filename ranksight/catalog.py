@@ -383,7 +383,7 @@ ACT_RESULTS: Tuple[str, ...] = (
     "resolved",       # the verdict's resolve arrived: nothing (more) is done for it
     "rate_limited",   # a drain over act.max_drains_per_hour
     "last_nodes",     # a drain that would leave a job fewer than act.job_min_nodes nodes
-    "not_here",       # restart_workers: the culprit's ranks are not on this agent's node
+    "not_here",       # restart_workers, one fixed act.agent_url (a one-node setup): the culprit is not at that agent
 )
 ACT_REJECT_REASONS: Tuple[str, ...] = ("unauthorized", "malformed")
 # ranksight_end_workers_requests_total{result}: the agent's answer to a request to end a job's workers
