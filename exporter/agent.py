@@ -242,6 +242,25 @@ class Agent:
             return False, "ingest thread is not running"
         return True, "ok"
 
+    # ------------------------------------------------------------------ ending a job's workers
+    def end_workers(self, header: Optional[str], cert: Optional[Dict[str, Any]], tls: bool, peer: str,
+                    body: bytes) -> Tuple[int, Dict[str, Any]]:
+        """POST /api/v1/ranks/end on its connection's thread (exporter/workers.py): (status, JSON answer)."""
+        refused = self.access.check(header, cert, tls, peer)
+        if not refused and self.access.token is None and self.gate is not None and not self.gate.authorized(header):
+            refused = C.END_UNAUTHORIZED  # client SANs alone: the web config's basic auth still applies
+        if refused:
+            self.end_counts.add(refused)
+            if refused not in self._end_logged:  # once per kind: a flood must not flood the log
+                self._end_logged.add(refused)
+                log.warning("refused to end workers for %s: %s (counted; logged once)", peer, Access.why(refused))
+            return REFUSED_CODE[refused], {"error": Access.why(refused)}
+        code, doc, result = workers.serve(body, self.table.describe(time.monotonic()))
+        self.end_counts.add(result)
+        log.log(logging.WARNING if code == 200 else logging.INFO, "end workers for %s: %s", peer,
+                doc.get("detail") or doc.get("error"))
+        return code, doc
+
     # ------------------------------------------------------------------ scrape
     def _runs_snapshot(self) -> Dict[str, Tuple[bool, float]]:
         with self._runs_lock:
@@ -379,26 +398,8 @@ def _make_handler(agent: Agent):
                 self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
                 return
             tls = isinstance(self.request, ssl.SSLSocket)
-            header = self.headers.get("Authorization")
-            refused = agent.access.check(header, self.request.getpeercert() if tls else None, tls,
-                                         self.client_address[0])
-            if not refused and agent.access.token is None and gate is not None and not gate.authorized(header):
-                refused = C.END_UNAUTHORIZED  # client SANs alone: the web config's basic auth still applies
-            if refused:
-                agent.end_counts.add(refused)
-                if refused not in agent._end_logged:  # once per kind: a flood must not flood the log
-                    agent._end_logged.add(refused)
-                    log.warning("refused to end workers for %s: %s (counted; logged once)", self.client_address[0],
-                                Access.why(refused))
-                self._json(REFUSED_CODE[refused], {"error": Access.why(refused)})
-                return
-            code, doc, result = workers.serve(body, agent.table.describe(time.monotonic()))
-            agent.end_counts.add(result)
-            log.log(logging.WARNING if code == 200 else logging.INFO, "end workers for %s: %s",
-                    self.client_address[0], doc.get("detail") or doc.get("error"))
-            self._json(code, doc)
-
-        def _json(self, code: int, doc: Dict[str, Any]) -> None:
+            code, doc = agent.end_workers(self.headers.get("Authorization"), self.request.getpeercert() if tls else None,
+                                          tls, self.client_address[0], body)
             self._send(code, json.dumps(doc).encode(), "application/json")
 
         def _send(self, code: int, body: bytes, ctype: str, encoding: Optional[str] = None,
