@@ -260,7 +260,7 @@ class Actor:
             job = r.labels.get("job", "")
             r.agent_url = self.workers.url(r.labels)
             ranks = self.workers.ranks(r.agent_url, job, node)
-            r.pids = sorted(int(x["pid"]) for x in ranks if int(x.get("pid", -1)) > 0 and not x.get("finished"))
+            r.pids = sorted(x["pid"] for x in ranks if type(x.get("pid")) is int and x["pid"] > 0 and not x.get("finished"))
             if not r.pids:
                 raise (NotHere if self.workers.fixed else ActError)(
                     f"no rank of job {job} on node {node} at the agent {r.agent_url}")

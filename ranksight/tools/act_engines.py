@@ -84,7 +84,10 @@ class Workers:
     def ranks(self, url: str, job: str, node: str) -> List[Dict[str, Any]]:
         """The agent's ranks of ``job`` on ``node`` (job, rank, node, pid, up, stalled, step, ...)."""
         doc = self._open(url + RANKS_API)
-        return [r for r in doc.get("ranks", []) if r.get("job") == job and r.get("node") == node]
+        ranks = doc.get("ranks") if isinstance(doc, dict) else None
+        if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+            raise ActError(f"{url}{RANKS_API} answered no rank table: is it a ranksight agent?")
+        return [r for r in ranks if r.get("job") == job and r.get("node") == node]
 
     def _body(self, job: str, node: str, pids: Sequence[int]) -> bytes:
         return json.dumps({"job": job, "node": node, "pids": list(pids), "grace": self.grace}).encode()
@@ -100,7 +103,10 @@ class Workers:
     def end(self, url: str, job: str, node: str, pids: Sequence[int]) -> str:
         """Ask the agent to end ``pids``, the job's workers on its node (it signals only those it tracks as
         the job's ranks there). What happened, in words."""
-        return str(self._open(url + END_API, self._body(job, node, pids), timeout=self.grace + 30)["detail"])
+        doc = self._open(url + END_API, self._body(job, node, pids), timeout=self.grace + 30)
+        if not isinstance(doc, dict) or "detail" not in doc:
+            raise ActError(f"{url}{END_API} answered without a detail: is it a ranksight agent?")
+        return str(doc["detail"])
 
 
 _URL_VALUE = re.compile(r"[A-Za-z0-9._:\[\]-]+")  # a label value that may stand in a URL's host or port

@@ -20,6 +20,7 @@ import ssl
 import subprocess
 import sys
 import textwrap
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -38,11 +39,14 @@ pytestmark = pytest.mark.slow
 END = "/api/v1/ranks/end"
 
 # a worker: sends its hello (its own pid and start time, as the hooks do) every 0.3 s until killed
+# (with ignore-term FILE: until SIGKILL; a SIGTERM only makes FILE)
 WORKER = textwrap.dedent("""
-    import os, socket, sys, time
+    import os, signal, socket, sys, time
     import psutil
     from ranksight import protocol
     job, rank, node, port = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    if sys.argv[5:6] == ["ignore-term"]:  # note the SIGTERM in the file argv[6], and go on
+        signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[6], "w").close())
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rec = {"v": 2, "t": "hello", "job": job, "rank": rank, "lr": rank, "ws": 4, "node": node, "pid": os.getpid(),
            "info": {}, "dirs": {}, "pstart": psutil.Process().create_time(), "gpu": ""}
@@ -74,8 +78,8 @@ class Node:
     def url(self) -> str:
         return f"{self.scheme}://{self.instance}"
 
-    def worker(self, job: str, rank: int) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", WORKER, job, str(rank), self.name, str(self.udp)])
+    def worker(self, job: str, rank: int, *extra: str) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-c", WORKER, job, str(rank), self.name, str(self.udp), *extra])
         self.workers.append(p)
         return p
 
@@ -241,6 +245,33 @@ def test_without_the_token_or_the_listed_certificate_nothing_is_signalled_and_it
     finally:
         stray.kill()
         stray.wait()
+
+
+def test_the_grace_holds_only_its_own_connection_never_ingest_or_scrapes(cluster, pki, tmp_path):
+    """A worker that ignores SIGTERM: the request waits out its grace, then SIGKILL. Meanwhile the agent
+    keeps receiving datagrams and answering scrapes."""
+    nodes, _ = cluster
+    n1 = nodes["n1"]
+    ctx = client(pki, "act")
+    termed = tmp_path / "sigterm"
+    w = n1.worker("stubborn", 0, "ignore-term", str(termed))
+    listed(n1, ctx, "stubborn", 1)
+    answer: List[Tuple[int, dict]] = []
+    t = threading.Thread(target=lambda: answer.append(request(n1.url + END, ctx, TOKEN, {"job": "stubborn", "grace": 4})))
+
+    def datagrams() -> float:
+        text = urllib.request.urlopen(n1.url + "/metrics", timeout=10, context=ctx).read().decode()
+        return one(parse(text), C.INGEST_DATAGRAMS.name, result="ok")
+    t.start()
+    try:
+        wait_for(termed.exists, 10, "the SIGTERM (ignored)")
+        seen = [datagrams()]
+        wait_for(lambda: seen.append(datagrams()) or seen[-1] > seen[0], 10, "ingest while the request waits")
+        assert not answer and t.is_alive() and w.poll() is None  # the request still waits out its grace
+    finally:
+        t.join(30)
+    assert answer and answer[0][0] == 200 and answer[0][1]["killed"] == [w.pid], answer
+    assert w.wait(10) == -9
 
 
 def test_propose_shows_the_curl_line_that_ends_the_workers(cluster, pki, tmp_path):
