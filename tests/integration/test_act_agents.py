@@ -33,7 +33,7 @@ from ranksight import config
 from ranksight.tools.act import ActServer
 from support.alertmanager_webhook import TOKEN, am_alert, am_webhook, post
 from test_exporter_helpers import agent_cmd, free_port, one, parse, started, wait_for
-from test_exporter_webconfig import _cert, _write, pki  # noqa: F401  (the test CA and certificates)
+from test_exporter_webconfig import _cert, _hash, _write, pki  # noqa: F401  (the test CA and certificates)
 
 pytestmark = pytest.mark.slow
 END = "/api/v1/ranks/end"
@@ -100,7 +100,8 @@ def request(url: str, ctx: Optional[ssl.SSLContext], token: Optional[str] = None
         with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
             return r.status, json.load(r)
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+        text = e.read()
+        return e.code, json.loads(text) if e.headers.get("Content-Type") == "application/json" else {"error": text}
 
 
 def client(pki: Path, cert: Optional[str]) -> ssl.SSLContext:
@@ -308,6 +309,27 @@ def test_an_agent_without_the_endpoint_configured_refuses(pki, tmp_path):
         assert w.poll() is None
     finally:
         plain.stop()
+
+
+def test_the_token_stands_in_for_basic_auth(pki, tmp_path):
+    """An agent whose web config asks for basic auth: act's bearer token reads its ranks and ends workers;
+    without either, 401."""
+    tok = tmp_path / "t"
+    tok.write_text(TOKEN)
+    web = _write(pki, "agent-basic.yml", {"tls_server_config": {"cert_file": "server.crt", "key_file": "server.key"},
+                                          "basic_auth_users": {"prometheus": _hash("scrape-pw", 4)}})
+    n = Node("n5", tmp_path, web, {"RANKSIGHT__agent__act_token_file": str(tok)})
+    try:
+        ctx = client(pki, None)
+        w = n.worker("train", 0)
+        assert request(n.url + "/api/v1/ranks", ctx)[0] == 401
+        assert request(n.url + "/api/v1/ranks", ctx, "wrong")[0] == 401
+        listed(n, ctx, "train", 1)  # with the token
+        assert request(n.url + END, ctx, None, {"job": "train"})[0] == 401 and w.poll() is None
+        assert request(n.url + END, ctx, TOKEN, {"job": "train", "grace": 1})[0] == 200
+        assert w.wait(10) == -15
+    finally:
+        n.stop()
 
 
 def test_plain_http_from_another_host_is_refused(tmp_path):
