@@ -82,6 +82,7 @@ class AgentSettings:
     web_config: Optional[WebConfig] = None  # --web.config.file: TLS and basic auth; None: plain HTTP
     act_token: Optional[bytes] = None  # agent.act_token_file's token: POST /api/v1/ranks/end (exporter/workers.py)
     act_client_sans: Optional[List[str]] = None  # agent.act_client_sans
+    act_trust_udp_pids: bool = False  # agent.act_trust_udp_pids: a UDP sender's claimed pid may be signalled
 
 
 def parse_listen(s: str) -> Tuple[str, int]:
@@ -255,7 +256,8 @@ class Agent:
                 self._end_logged.add(refused)
                 log.warning("refused to end workers for %s: %s (counted; logged once)", peer, Access.why(refused))
             return REFUSED_CODE[refused], {"error": Access.why(refused)}
-        code, doc, result = workers.serve(body, self.table.describe(time.monotonic()))
+        code, doc, result = workers.serve(body, self.table.describe(time.monotonic()),
+                                          self.s.act_trust_udp_pids)
         self.end_counts.add(result)
         log.log(logging.WARNING if code == 200 else logging.INFO, "end workers for %s: %s", peer,
                 doc.get("detail") or doc.get("error"))

@@ -115,6 +115,7 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
         web_config=web,
         act_token=token,
         act_client_sans=sans,
+        act_trust_udp_pids=a["act_trust_udp_pids"],
     )
 
 

@@ -138,7 +138,9 @@ class Rank:
         self.lr = -1
         self.ws = 0
         self.labels: List[str] = []
-        self.pid = self.lpid = -1  # its pid, and the pid the agent sees (a unix-socket sender in a container)
+        # its pid as it says, and the pid the kernel gave the agent for it (a unix-socket sender's
+        # credentials; -1 over UDP, where the pid is only what the datagram claims)
+        self.pid = self.lpid = -1
         self.first_seen = now
         self.last_seen = now
         self.sums: Dict[str, float] = dict(kept.sums)
@@ -193,7 +195,7 @@ class Rank:
             self.expo = None
         self.ws = rec["ws"]
         pid = rec["pid"]
-        self.lpid = rec.get("lpid", pid)
+        self.lpid = rec.get("lpid", -1)
         sess = rec.get("sess", 0)
         if pid != self.pid or sess != self.sess:
             if self.pid != -1:
@@ -381,7 +383,7 @@ class Rank:
         """The rank as /api/v1/ranks shows it."""
         st = self.stack
         return {"job": self.job, "rank": self.rank, "node": self.node, "local_rank": self.lr, "pid": self.pid,
-                "local_pid": self.lpid, "pstart": self.pstart,
+                "local_pid": self.lpid if self.lpid > 0 else None, "pstart": self.pstart,
                 "up": self.up, "stalled": self.stalled, "phase": self.phase, "step": max(self.seq, self.hb_step),
                 "in_collective_s": self.coll if self.coll >= 0 else None,
                 "finished": self.finished is not None,

@@ -2,13 +2,16 @@
 `ranksight act` (ranksight/tools/act.py) calls on the culprit's node for RanksightRankStalled.
 
 The request is JSON: ``{"job": J, "node": N, "pids": [...], "grace": S}`` (node, pids and grace
-optional). The agent signals only processes it tracks as ranks of job J on its node (their hellos'
-pids, for a unix-socket sender the pid the agent sees; never a rank that finished), and of those only
-the requested pids when the request lists some: a requested pid that is not such a rank is never
-signalled, and a request left with none fails (409). A pid whose process started at another time than
-the rank's hello says (``pstart``) is a reused pid and is skipped. ``end`` sends SIGTERM, then SIGKILL
-to those still alive after the grace (at most MAX_GRACE); the elastic launcher (``torchrun
---max-restarts``) sees its workers fail and restarts them.
+optional). The agent signals only processes it tracks as ranks of job J on its node that have not
+finished, each by the pid the kernel gave the agent for it: a unix-socket sender's credentials
+(SO_PASSCRED; in a container, the pid the agent sees). Over UDP a rank's pid is only what its
+datagrams claim, and any local user can claim any pid: such a rank is signalled only with
+``agent.act_trust_udp_pids`` (every local user trusted). The process under the pid must have started
+when the rank's hello says (``pstart``; a reused or claimed pid of another process is skipped), and
+pid 1, the agent and its ancestors are never signalled. With ``pids`` in the request only those of
+the job's ranks are signalled (a requested pid that is not one is refused, and a request left with
+none fails: 409). ``end`` sends SIGTERM, then SIGKILL to those still alive after the grace (at most
+MAX_GRACE); the elastic launcher (``torchrun --max-restarts``) sees its workers fail and restarts them.
 
 Off unless configured: ``agent.act_token_file`` (the request carries ``Authorization: Bearer <token>``)
 and/or ``agent.act_client_sans`` (the request comes over the agent's TLS, ``--web.config.file``, with a
@@ -30,7 +33,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ranksight import catalog as C
 
@@ -142,32 +145,67 @@ def _started(pid: int) -> Optional[float]:
     return btime + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def choose(ranks: Iterable[Mapping[str, Any]], job: str, node: str,
-           pids: Optional[Sequence[int]]) -> Tuple[List[int], List[int]]:
-    """(local pids to signal, requested pids refused) among ``ranks`` (/api/v1/ranks entries): the job's
-    ranks on the node that have not finished, restricted to ``pids`` when given. EndError when none."""
-    mine = {int(r["pid"]): r for r in ranks
-            if r.get("job") == job and (not node or r.get("node") == node) and not r.get("finished")
-            and int(r.get("pid", -1)) > 0}
+def _ancestors() -> Set[int]:
+    """This process and its ancestors (never signalled: the agent must not end itself or its supervisor)."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return out
+
+
+def signal_pid(r: Mapping[str, Any], trust_claimed: bool) -> Optional[int]:
+    """The pid to signal for a rank (/api/v1/ranks entry): the kernel's (``local_pid``), else the claimed
+    one when claimed pids are trusted; None when neither."""
+    lp = r.get("local_pid")
+    if type(lp) is int and lp > 0:
+        return lp
+    p = r.get("pid")
+    return p if trust_claimed and type(p) is int and p > 0 else None
+
+
+def choose(ranks: Iterable[Mapping[str, Any]], job: str, node: str, pids: Optional[Sequence[int]],
+           trust_claimed: bool = False) -> Tuple[List[int], List[int]]:
+    """(pids to signal, requested pids refused) among ``ranks`` (/api/v1/ranks entries): the job's ranks
+    on the node that have not finished, by ``signal_pid``, restricted to ``pids`` when given, each a
+    process that started when its rank's hello says. EndError when none is left."""
     where = f"job {job}" + (f" on node {node}" if node else "")
+    mine: Dict[int, Mapping[str, Any]] = {}
+    claimed_only = 0
+    for r in ranks:
+        if r.get("job") != job or (node and r.get("node") != node) or r.get("finished"):
+            continue
+        p = signal_pid(r, trust_claimed)
+        if p is None:
+            claimed_only += 1
+        else:
+            mine[p] = r
     if not mine:
+        if claimed_only:
+            raise EndError(409, C.END_NO_RANKS, f"the ranks of {where} send over UDP, where a pid is only claimed: "
+                                                "this agent signals a pid the kernel gave it (unix-socket ingest) or, "
+                                                "with agent.act_trust_udp_pids, a claimed one")
         raise EndError(404, C.END_NO_RANKS, f"no rank of {where} at this agent")
     want = sorted(mine) if pids is None else sorted(set(pids))
     refused = [p for p in want if p not in mine]
+    protected = _ancestors()
     out = []
     for p in want:
         r = mine.get(p)
         if r is None:
             continue
-        local = int(r.get("local_pid") or p)
-        began, claimed = _started(local), float(r.get("pstart") or 0.0)
-        if claimed > 0 and began is not None and abs(began - claimed) > START_SLACK:
-            refused.append(p)  # the pid was reused: another process than the rank's
+        began, claimed = _started(p), float(r.get("pstart") or 0.0)
+        if p <= 1 or p in protected or claimed <= 0 or began is None or abs(began - claimed) > START_SLACK:
+            refused.append(p)  # gone, reused, another process than the rank's, or the agent's own line
             continue
-        out.append(local)
+        out.append(p)
     if not out:
-        raise EndError(409, C.END_NO_RANKS, f"pids {refused} are no longer ranks of {where}")
-    return out, refused
+        raise EndError(409, C.END_NO_RANKS, f"pids {sorted(refused)} are not running ranks of {where}")
+    return out, sorted(refused)
 
 
 def _signal(pid: int, sig: int) -> bool:
@@ -188,27 +226,46 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def end(pids: Sequence[int], grace: float) -> Tuple[List[int], List[int]]:
-    """SIGTERM every pid, SIGKILL those still alive after ``grace``: (terminated, killed)."""
-    alive = [p for p in pids if _signal(p, signal.SIGTERM)]
+def end(pids: Sequence[int], grace: float) -> Tuple[List[int], List[int], List[str]]:
+    """SIGTERM every pid, SIGKILL those still alive after ``grace``: (terminated, killed, errors). A pid
+    that cannot be signalled is an error line and the others go on."""
+    alive: List[int] = []
+    errors: List[str] = []
+    for p in pids:
+        try:
+            if _signal(p, signal.SIGTERM):
+                alive.append(p)
+        except EndError as e:
+            errors.append(str(e))
     if not alive:
-        raise EndError(410, C.END_FAILED, f"none of the pids {list(pids)} is running")
+        raise EndError(500 if errors else 410, C.END_FAILED, "; ".join(errors) or f"none of the pids {list(pids)} is running")
     deadline = time.monotonic() + grace
     while any(_alive(p) for p in alive) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return alive, [p for p in alive if _alive(p) and _signal(p, signal.SIGKILL)]
+    killed: List[int] = []
+    for p in alive:
+        if _alive(p):
+            try:
+                if _signal(p, signal.SIGKILL):
+                    killed.append(p)
+            except EndError as e:
+                errors.append(str(e))
+    return alive, killed, errors
 
 
-def serve(body: bytes, ranks: Iterable[Mapping[str, Any]]) -> Tuple[int, Dict[str, Any], str]:
+def serve(body: bytes, ranks: Iterable[Mapping[str, Any]],
+          trust_claimed: bool = False) -> Tuple[int, Dict[str, Any], str]:
     """One authorized request against the agent's ranks: (status, JSON answer, result label)."""
     try:
         job, node, pids, grace = parse(body)
-        chosen, refused = choose(ranks, job, node, pids)
-        termed, killed = end(chosen, grace)
+        chosen, refused = choose(ranks, job, node, pids, trust_claimed)
+        termed, killed, errors = end(chosen, grace)
     except EndError as e:
         return e.code, {"error": str(e)}, e.result
     detail = f"SIGTERM to {termed}" + (f", SIGKILL to {killed} after {grace:g} s" if killed else "")
     if refused:
-        detail += f"; not signalled (not ranks of job {job}): {refused}"
+        detail += f"; not signalled (not running ranks of job {job}): {refused}"
+    if errors:
+        detail += "; " + "; ".join(errors)
     return 200, {"job": job, "node": node, "terminated": termed, "killed": killed, "refused": refused,
-                 "detail": detail}, C.END_OK
+                 "errors": errors, "detail": detail}, C.END_OK

@@ -207,6 +207,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "act_client_sans": Opt([], "SANs (DNS, IP, email, URI) of the client certificates that may end a job's workers "
                                    "on this node, verified through web_config_file's RequireAndVerifyClientCert; "
                                    "with act_token_file both are required"),
+        "act_trust_udp_pids": Opt(False, "let POST /api/v1/ranks/end signal the pid a rank sending over UDP claims "
+                                         "(any local user can claim any pid: only where every local user is trusted); "
+                                         "off: only pids the kernel vouches for (unix-socket ingest)"),
     },
     "hooks": {
         "agent": Opt("udp://127.0.0.1:9946", "where to send: udp://host:port | unix:///path | off (env RANKSIGHT_AGENT)"),
@@ -300,9 +303,9 @@ SCHEMA["act"] = {  # `ranksight act` (ranksight/tools/act.py): the action each v
     "web_config_file": Opt("", "exporter-toolkit web config (TLS, client certificates) for `ranksight act`"),
     "engine": Opt("none", "where the jobs run, for drains: none | slurm | kubernetes"),
     "agent_url": Opt("http://127.0.0.1:9945", "the culprit node's agent, which lists the job's ranks and ends them: "
-                                              "a URL with {label} taken from the alert's labels "
-                                              "(https://{node}:9945, https://{instance}), or one fixed URL for a "
-                                              "one-node setup; plain http only to a loopback host"),
+                                              "https://{instance} (the alert's instance label: the agent Prometheus "
+                                              "scraped), or one fixed URL for a one-node setup; plain http only to a "
+                                              "loopback host"),
     "agent_token_file": Opt("", "file holding the bearer token sent to the agents (their agent.act_token_file)"),
     "agent_ca_file": Opt("", "CA file that verifies the agents' HTTPS certificates (empty: the system's CAs)"),
     "agent_cert_file": Opt("", "client certificate `ranksight act` presents to the agents (their agent.act_client_sans)"),
@@ -342,25 +345,41 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
 PEAK_DTYPES = ("bf16", "fp16", "tf32", "fp8")  # agent.peak_flops_dtype
 
 
-AGENT_URL_FIELD = re.compile(r"\{([^{}]*)\}")  # act.agent_url: {label} from the alert's labels
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+AGENT_URL_FIELD = re.compile(r"\{([^{}]*)\}")  # act.agent_url: {instance} from the alert's labels
+AGENT_URL_FIELDS = ("instance",)  # set by Prometheus (the scraped agent's address), not by the training job
+
+
+def loopback_host(host: str) -> bool:
+    """``host`` (a URL's hostname) is this machine's loopback: localhost or a loopback address."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]").split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _agent_url(where: str, value: Any) -> str:
-    """act.agent_url: http(s)://host[:port][/path] with {label} fields; plain http only to a loopback host."""
+    """act.agent_url: http(s)://host[:port] with {instance}, the alert's label Prometheus sets to the agent
+    it scraped; plain http only to a fixed loopback host."""
     from urllib.parse import urlsplit
 
     if not isinstance(value, str):
         raise ConfigError(f"config {where}: expected a URL, got {value!r}")
-    bad = [f for f in AGENT_URL_FIELD.findall(value) if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", f)]
+    fields = AGENT_URL_FIELD.findall(value)
     probe = AGENT_URL_FIELD.sub("x", value)
-    if bad or "{" in probe or "}" in probe:
-        raise ConfigError(f"config {where}: {value!r}: a field is {{label}}, a label name of the alert")
+    if "{" in probe or "}" in probe:
+        raise ConfigError(f"config {where}: {value!r}: a field is {{instance}}")
+    if any(f not in AGENT_URL_FIELDS for f in fields):
+        raise ConfigError(f"config {where}: {value!r}: the only field is {{instance}}, the agent's address as "
+                          "Prometheus scraped it; a rank's node and job labels are what the training process "
+                          "says, so they must not choose where act sends its token")
     u = urlsplit(probe)
     if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
-        raise ConfigError(f"config {where}: expected http(s)://HOST:PORT with {{label}} fields, got {value!r}")
-    host = u.hostname.lower()  # a {label} host ("x" here) is never loopback
-    if u.scheme == "http" and host not in LOOPBACK_HOSTS and not host.startswith("127."):
+        raise ConfigError(f"config {where}: expected http(s)://HOST:PORT or https://{{instance}}, got {value!r}")
+    if u.scheme == "http" and (fields or not loopback_host(u.hostname)):
         raise ConfigError(f"config {where}: {value!r}: plain http only to a loopback host; use https:// "
                           "(act.agent_ca_file) to reach another node's agent")
     return value

@@ -2,8 +2,8 @@
 ``action`` of the verdict's triage entry (ranksight/triage/, ``Entry.action``):
 
   restart_workers  (RanksightRankStalled)  end the job's workers on the culprit's node, through that node's
-                                           agent (act.agent_url, e.g. https://{node}:9945, filled from the
-                                           alert's labels); the elastic launcher restarts them from the last
+                                           agent (act.agent_url, https://{instance}: the agent Prometheus
+                                           scraped); the elastic launcher restarts them from the last
                                            checkpoint
   drain_node       (GPU XID, NIC, disk)    drain the node in the job's engine (Slurm, Kubernetes)
   record_recovery  (RanksightRankDown)     nothing to end: record the launcher's recovery when the rank is back
@@ -260,7 +260,7 @@ class Actor:
             job = r.labels.get("job", "")
             r.agent_url = self.workers.url(r.labels)
             ranks = self.workers.ranks(r.agent_url, job, node)
-            r.pids = sorted(x["pid"] for x in ranks if type(x.get("pid")) is int and x["pid"] > 0 and not x.get("finished"))
+            r.pids = sorted(p for p in (_pid(x) for x in ranks if not x.get("finished")) if p is not None)
             if not r.pids:
                 raise (NotHere if self.workers.fixed else ActError)(
                     f"no rank of job {job} on node {node} at the agent {r.agent_url}")
@@ -329,15 +329,26 @@ class Actor:
                 ranks = self.workers.ranks(r.agent_url, job, node)
             except ActError:
                 continue
-            fresh = [x for x in ranks if x["pid"] not in old and x.get("up")]
+            fresh = [x for x in ranks if _pid(x) not in old and x.get("up")]
             for x in fresh:
-                first.setdefault(x["pid"], x["step"])
-            if ranks and len(fresh) == len(ranks) and all(x["step"] > first[x["pid"]] for x in fresh):
+                first.setdefault(x["rank"], x["step"])
+            if ranks and len(fresh) == len(ranks) and all(x["step"] > first[x["rank"]] for x in fresh):
                 with self.lock:
                     r.recovered = time.time()
                     r.recover_s = round(r.recovered - (r.acted or r.received), 3)
-                    self._finish(r, "recovered", f"new pids {sorted(first)} stepping {r.recover_s:g} s after the restart")
+                    self._finish(r, "recovered", f"new pids {sorted(_pid(x) for x in fresh)} stepping "
+                                                 f"{r.recover_s:g} s after the restart")
                 return
+
+
+def _pid(rank: Mapping[str, Any]) -> Optional[int]:
+    """A rank's pid as its agent sees and signals it (/api/v1/ranks ``local_pid``, the kernel's), else
+    the pid it claims; None when neither is one."""
+    for k in ("local_pid", "pid"):
+        p = rank.get(k)
+        if type(p) is int and p > 0:
+            return p
+    return None
 
 
 def _where(labels: Mapping[str, str]) -> str:

@@ -1,7 +1,7 @@
 """What `ranksight act` runs (ranksight/tools/act.py decides when): end a job's workers on a node, and
 drain a node in the engine the job runs on.
 
-- ``Workers``: the culprit node's agent (act.agent_url, its {label} fields from the alert's labels), over
+- ``Workers``: the culprit node's agent (act.agent_url, its {instance} from the alert's labels), over
   HTTPS with act.agent_ca_file, an optional client certificate and the bearer token of
   act.agent_token_file: the job's ranks on the node, with their pids, from its ``/api/v1/ranks``, and
   ``end()``, its ``POST /api/v1/ranks/end``: the agent sends SIGTERM, then SIGKILL after the grace, to
@@ -24,10 +24,11 @@ import shlex
 import ssl
 import subprocess
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..config import AGENT_URL_FIELD
+from ..config import AGENT_URL_FIELD, loopback_host
 from ..errors import ConfigError
 
 RANKS_API = "/api/v1/ranks"  # the agent's rank table (exporter/ranks.py RANKS_API)
@@ -41,7 +42,7 @@ class ActError(Exception):
 # ---------------------------------------------------------------- ending a job's workers
 class Workers:
     """The culprit node's agent, over HTTPS (or plain HTTP to a loopback one): its ranks, and the end of a
-    job's workers there. ``url_template`` is act.agent_url, its {label} fields from the alert's labels."""
+    job's workers there. ``url_template`` is act.agent_url, its {instance} from the alert's labels."""
 
     def __init__(self, url_template: str, grace: float = 5.0, token_file: str = "", ca_file: str = "",
                  cert_file: str = "", key_file: str = "") -> None:
@@ -52,15 +53,20 @@ class Workers:
         self.context = _client_context(ca_file, cert_file, key_file)
 
     def url(self, labels: Mapping[str, str]) -> str:
-        """The agent URL for an alert: act.agent_url with each {label} from its labels. ActError when one is
-        missing or is no host name, address or port."""
+        """The agent URL for an alert: act.agent_url with {instance} from its labels. ActError when the label
+        is missing or no host and port, or when the URL would be plain http to another host."""
         def field(m: "re.Match[str]") -> str:
             v = labels.get(m.group(1), "")
             if not v or not _URL_VALUE.fullmatch(v):
                 raise ActError(f"act.agent_url {self.template}: the alert's label {m.group(1)} is "
                                f"{'missing' if not v else repr(v) + ', no host or port'}")
             return v
-        return AGENT_URL_FIELD.sub(field, self.template).rstrip("/")
+        url = AGENT_URL_FIELD.sub(field, self.template).rstrip("/")
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "https" and not loopback_host(parts.hostname or ""):  # (the config refuses it too)
+            raise ActError(f"act.agent_url {self.template}: {url} is plain http to another host: the token would "
+                           "travel in the clear")
+        return url
 
     def _open(self, url: str, body: Optional[bytes] = None, timeout: float = 10.0) -> Any:
         req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")

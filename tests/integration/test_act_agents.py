@@ -38,20 +38,23 @@ from test_exporter_webconfig import _cert, _hash, _write, pki  # noqa: F401  (th
 pytestmark = pytest.mark.slow
 END = "/api/v1/ranks/end"
 
-# a worker: sends its hello (its own pid and start time, as the hooks do) every 0.3 s until killed
+# a worker: sends its hello (its own pid and start time, as the hooks do) every 0.3 s until killed, to
+# the agent's unix socket (the kernel vouches for its pid) or its UDP port (the pid is only claimed)
 # (with ignore-term FILE: until SIGKILL; a SIGTERM only makes FILE)
 WORKER = textwrap.dedent("""
     import os, signal, socket, sys, time
     import psutil
     from ranksight import protocol
-    job, rank, node, port = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    job, rank, node, to = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     if sys.argv[5:6] == ["ignore-term"]:  # note the SIGTERM in the file argv[6], and go on
         signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[6], "w").close())
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    unix = to.startswith("/")  # the agent's unix socket, else its UDP port
+    s = socket.socket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_DGRAM)
+    dest = to if unix else ("127.0.0.1", int(to))
     rec = {"v": 2, "t": "hello", "job": job, "rank": rank, "lr": rank, "ws": 4, "node": node, "pid": os.getpid(),
            "info": {}, "dirs": {}, "pstart": psutil.Process().create_time(), "gpu": ""}
     while True:
-        s.sendto(protocol.encode(dict(rec, ts=time.time())), ("127.0.0.1", port))
+        s.sendto(protocol.encode(dict(rec, ts=time.time())), dest)
         time.sleep(0.3)
 """)
 
@@ -59,9 +62,13 @@ WORKER = textwrap.dedent("""
 class Node:
     """A real agent on 127.0.0.1 (https://localhost:PORT) and the workers that registered with it."""
 
-    def __init__(self, name: str, tmp: Path, web: Optional[Path], env: Dict[str, str], host: str = "127.0.0.1") -> None:
-        self.name, self.port, self.udp = name, free_port(), free_port(udp=True)
-        args = ["--listen", f"{host}:{self.port}", "--ingest", f"udp://127.0.0.1:{self.udp}",
+    def __init__(self, name: str, tmp: Path, web: Optional[Path], env: Dict[str, str], host: str = "127.0.0.1",
+                 udp: bool = False) -> None:
+        self.name, self.port = name, free_port()
+        # the unix socket by default: the agent signals a pid its sender's credentials vouch for
+        self.to = str(free_port(udp=True)) if udp else str(tmp / f"{name}.sock")
+        ingest = f"udp://127.0.0.1:{self.to}" if udp else f"unix://{self.to}"
+        args = ["--listen", f"{host}:{self.port}", "--ingest", ingest,
                 "--collectors", "ranks", "--node", name] + (["--web.config.file", str(web)] if web else [])
         self.proc = started(agent_cmd(*args), tmp / f"agent-{name}.log", env)
         self.scheme = "https" if web else "http"
@@ -79,7 +86,7 @@ class Node:
         return f"{self.scheme}://{self.instance}"
 
     def worker(self, job: str, rank: int, *extra: str) -> subprocess.Popen:
-        p = subprocess.Popen([sys.executable, "-c", WORKER, job, str(rank), self.name, str(self.udp), *extra])
+        p = subprocess.Popen([sys.executable, "-c", WORKER, job, str(rank), self.name, self.to, *extra])
         self.workers.append(p)
         return p
 
@@ -238,7 +245,7 @@ def test_without_the_token_or_the_listed_certificate_nothing_is_signalled_and_it
 
         # a pid that is not the job's rank is never signalled: alone it is refused, with a rank it is left out
         code, doc = request(n2.url + END, good, TOKEN, dict(body, pids=[stray.pid]))
-        assert code == 409 and doc["error"] == f"pids [{stray.pid}] are no longer ranks of job guarded on node n2"
+        assert code == 409 and doc["error"] == f"pids [{stray.pid}] are not running ranks of job guarded on node n2"
         code, doc = request(n2.url + END, good, TOKEN, dict(body, pids=[pids[0], stray.pid]))
         assert code == 200 and doc["terminated"] == [pids[0]] and doc["refused"] == [stray.pid], doc
         assert workers[0].wait(10) == -15 and workers[1].poll() is None and stray.poll() is None
@@ -258,7 +265,7 @@ def test_the_grace_holds_only_its_own_connection_never_ingest_or_scrapes(cluster
     w = n1.worker("stubborn", 0, "ignore-term", str(termed))
     listed(n1, ctx, "stubborn", 1)
     answer: List[Tuple[int, dict]] = []
-    t = threading.Thread(target=lambda: answer.append(request(n1.url + END, ctx, TOKEN, {"job": "stubborn", "grace": 4})))
+    t = threading.Thread(target=lambda: answer.append(request(n1.url + END, ctx, TOKEN, {"job": "stubborn", "grace": 20})))
 
     def datagrams() -> float:
         text = urllib.request.urlopen(n1.url + "/metrics", timeout=10, context=ctx).read().decode()
@@ -270,7 +277,7 @@ def test_the_grace_holds_only_its_own_connection_never_ingest_or_scrapes(cluster
         wait_for(lambda: seen.append(datagrams()) or seen[-1] > seen[0], 10, "ingest while the request waits")
         assert not answer and t.is_alive() and w.poll() is None  # the request still waits out its grace
     finally:
-        t.join(30)
+        t.join(60)
     assert answer and answer[0][0] == 200 and answer[0][1]["killed"] == [w.pid], answer
     assert w.wait(10) == -9
 
@@ -362,3 +369,25 @@ def _addresses() -> List[str]:
         return []
     finally:
         s.close()
+
+
+def test_a_udp_ranks_claimed_pid_is_signalled_only_where_claimed_pids_are_trusted(tmp_path):
+    """Over UDP a rank's pid is what its datagrams say. An agent signals it only with
+    agent.act_trust_udp_pids; without, it refuses and the worker runs on."""
+    tok = tmp_path / "t"
+    tok.write_text(TOKEN)
+    for trust in (False, True):
+        env = {"RANKSIGHT__agent__act_token_file": str(tok), "RANKSIGHT__agent__act_trust_udp_pids": str(trust).lower()}
+        n = Node(f"u{int(trust)}", tmp_path, None, env, udp=True)
+        try:
+            w = n.worker("train", 0)
+            wait_for(lambda: request(n.url + "/api/v1/ranks", None, TOKEN)[1]["ranks"], 20, "the worker listed")
+            code, doc = request(n.url + END, None, TOKEN, {"job": "train", "grace": 1})
+            if trust:
+                assert code == 200 and doc["terminated"] == [w.pid], doc
+                assert w.wait(10) == -15
+            else:
+                assert code == 409 and "over UDP, where a pid is only claimed" in doc["error"], doc
+                assert w.poll() is None
+        finally:
+            n.stop()

@@ -63,9 +63,11 @@ def _expected_batch(rank: int, epoch: int, pos: int) -> List[int]:
 def test_a_hang_is_ended_by_act_and_the_job_resumes_from_its_checkpoint(agent, local_stack, tmp_path):
     token = tmp_path / "act-token"
     token.write_text("act-recovery-token\n")
-    # the agent ends the job's workers for act: its endpoint enabled by the bearer token act sends
+    # the agent ends the job's workers for act: its endpoint enabled by the bearer token act sends; the
+    # ranks send over UDP, so their pids are claimed, trusted on this single-user machine
     a = agent(collectors="ranks", env={"RANKSIGHT__agent__stall_min_seconds": "3",
-                                       "RANKSIGHT__agent__act_token_file": str(token)})
+                                       "RANKSIGHT__agent__act_token_file": str(token),
+                                       "RANKSIGHT__agent__act_trust_udp_pids": "true"})
     act_env = {"RANKSIGHT__act__listen": "127.0.0.1:0", "RANKSIGHT__act__token_file": str(token),
                "RANKSIGHT__act__agent_url": a.url, "RANKSIGHT__act__agent_token_file": str(token), "RANKSIGHT__act__modes": "{RanksightRankStalled: auto}",
                "RANKSIGHT__act__dry_run": "false", "RANKSIGHT__act__kill_grace_seconds": "3"}

@@ -29,6 +29,14 @@ from support.alertmanager_webhook import TOKEN, am_alert, am_webhook, post
 
 
 
+def rank_of(proc: subprocess.Popen, job: str, rank: int, step: int) -> Dict[str, Any]:
+    """A rank on n1 as the agent lists a unix-socket sender: its pid as the kernel gave it, its start time."""
+    import psutil
+
+    return {"job": job, "rank": rank, "node": "n1", "pid": proc.pid, "local_pid": proc.pid, "up": True, "step": step,
+            "pstart": psutil.Process(proc.pid).create_time()}
+
+
 class Agent:
     """/api/v1/ranks as the node agent serves it (exporter/ranks.py Rank.describe), and its POST
     /api/v1/ranks/end answered by the agent's own code (exporter/workers.py serve) over these ranks."""
@@ -164,8 +172,7 @@ def test_each_rule_auto(act):
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        s.agent.ranks = [{"job": "j", "rank": 1, "node": "n1", "pid": worker.pid, "up": True, "step": 7},
-                         {"job": "k", "rank": 0, "node": "n1", "pid": other.pid, "up": True, "step": 3}]
+        s.agent.ranks = [rank_of(worker, "j", 1, 7), rank_of(other, "k", 0, 3)]
         post(s, am_webhook(am_alert("RanksightRankStalled", job="j", rank="1", node="n1", local_rank="1")))
         assert worker.wait(10) == -15 and other.poll() is None  # SIGTERM to the culprit job's worker only
         post(s, am_webhook(am_alert("RanksightDiskFilling", node="n2", path="/ckpt")))
@@ -325,7 +332,7 @@ def test_a_late_approval_signals_only_pids_that_are_still_the_jobs_ranks(act):
     s = act(dry_run="false")
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        s.agent.ranks = [{"job": "j", "rank": 1, "node": "n1", "pid": worker.pid, "up": True, "step": 7}]
+        s.agent.ranks = [rank_of(worker, "j", 1, 7)]
         body = post(s, am_webhook(am_alert("RanksightRankStalled", job="j", rank="1", node="n1")))[1]
         rid = body["results"][0]["id"]
         rec = s.actor.ledger.by_id(rid)
@@ -333,9 +340,10 @@ def test_a_late_approval_signals_only_pids_that_are_still_the_jobs_ranks(act):
         assert rec.command == (f"curl -sS --fail-with-body -H \"Authorization: Bearer $(cat {s.token_file})\" "
                                "-H 'Content-Type: application/json' -d '{\"job\": \"j\", \"node\": \"n1\", "
                                f"\"pids\": [{worker.pid}], \"grace\": 2.0}}' {s.agent.url}/api/v1/ranks/end"), rec.command
-        s.agent.ranks = [dict(s.agent.ranks[0], pid=worker.pid + 100000)]  # restarted meanwhile: another pid
+        # restarted meanwhile: another process under another pid
+        s.agent.ranks = [dict(s.agent.ranks[0], pid=worker.pid + 100000, local_pid=worker.pid + 100000)]
         code, rec = post(s, {}, path=f"/api/v1/approve/{rid}")
-        assert code == 200 and rec["state"] == "failed" and "no longer ranks" in rec["detail"], rec
+        assert code == 200 and rec["state"] == "failed" and "not running ranks" in rec["detail"], rec
         assert worker.poll() is None
         assert post(s, {}, path="/api/v1/approve/nope")[0] == 404
     finally:

@@ -39,11 +39,14 @@ def one_error(capsys, argv, env, monkeypatch) -> str:
 
 @pytest.mark.parametrize("url, want", [
     ("http://node-3:9945", "plain http only to a loopback host"),
-    ("http://{node}:9945", "plain http only to a loopback host"),
-    ("https://{no-de}:9945", "a field is {label}"),
-    ("https://{node:9945", "a field is {label}"),
-    ("ftp://{node}", "expected http(s)://HOST:PORT"),
-    ("https://{node}:9945/?x=1", "expected http(s)://HOST:PORT"),
+    ("http://{instance}", "plain http only to a loopback host"),
+    ("http://127.0.0.1.nip.io:9945", "plain http only to a loopback host"),  # a name, not a loopback address
+    ("https://{node}:9945", "the only field is {instance}"),  # the training process names its node
+    ("https://{instance}/{job}", "the only field is {instance}"),
+    ("https://{inst-ance}", "the only field is {instance}"),
+    ("https://{instance", "a field is {instance}"),
+    ("ftp://{instance}", "expected http(s)://HOST:PORT"),
+    ("https://{instance}/?x=1", "expected http(s)://HOST:PORT"),
 ])
 def test_a_bad_agent_url_is_one_line(url, want):
     with pytest.raises(config.ConfigError, match=r"config act\.agent_url: .*" + want.replace("(", r"\(")
@@ -52,22 +55,26 @@ def test_a_bad_agent_url_is_one_line(url, want):
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9945", "http://localhost:9945", "http://[::1]:9945",
-                                 "https://{node}:9945", "https://{instance}", "https://agents.example/{node}"])
+                                 "http://127.0.0.2:9945", "https://{instance}", "https://agents.example:9945"])
 def test_good_agent_urls(url):
     assert config.validate("act", "agent_url", url) == url
 
 
 def test_the_agent_url_of_an_alert(pki):
-    w = Workers("https://{node}:9945", ca_file=str(pki / "ca.crt"))
-    assert not w.fixed and w.url({"node": "gpu-017", "job": "j"}) == "https://gpu-017:9945"
-    assert Workers("https://{instance}").url({"instance": "10.0.0.7:9945"}) == "https://10.0.0.7:9945"
-    assert Workers("https://[{node}]:9945").url({"node": "fd00::7"}) == "https://[fd00::7]:9945"
+    w = Workers("https://{instance}", ca_file=str(pki / "ca.crt"))
+    assert not w.fixed and w.url({"instance": "10.0.0.7:9945", "node": "evil.example"}) == "https://10.0.0.7:9945"
+    assert w.url({"instance": "[fd00::7]:9945"}) == "https://[fd00::7]:9945"
     assert Workers("http://127.0.0.1:9945").fixed  # one agent: a one-node setup
-    with pytest.raises(ActError, match="the alert's label node is missing"):
+    with pytest.raises(ActError, match="the alert's label instance is missing"):
         w.url({"job": "j"})
     for evil in ("evil.example/x", "a@b", "n1?x", "n 1"):  # a label value never adds a path, user or query
         with pytest.raises(ActError, match="no host or port"):
-            w.url({"node": evil})
+            w.url({"instance": evil})
+    # a URL that the config would refuse is refused again once filled: never the token in the clear
+    loose = Workers("https://{instance}")
+    loose.template = "http://{instance}"
+    with pytest.raises(ActError, match="plain http to another host"):
+        loose.url({"instance": "10.0.0.7:9945"})
 
 
 def test_bad_act_agent_keys_are_one_line(clean_env, capsys, tmp_path, pki):
@@ -110,7 +117,7 @@ def test_bad_agent_endpoint_keys_are_one_line(clean_env, capsys, tmp_path, pki):
 def test_describe_lists_the_keys():
     keys = {(s, k) for s, k, _, _ in config.describe()}
     assert {("act", "agent_token_file"), ("act", "agent_ca_file"), ("act", "agent_cert_file"), ("act", "agent_key_file"),
-            ("agent", "act_token_file"), ("agent", "act_client_sans")} <= keys
+            ("agent", "act_token_file"), ("agent", "act_client_sans"), ("agent", "act_trust_udp_pids")} <= keys
 
 
 def test_a_request_body_that_is_not_the_shape_is_refused():
@@ -128,8 +135,9 @@ def test_only_the_jobs_live_ranks_on_the_node_are_chosen():
     import psutil
 
     p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    q = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        born = psutil.Process(p.pid).create_time()
+        born, qborn = psutil.Process(p.pid).create_time(), psutil.Process(q.pid).create_time()
         ranks = [{"job": "j", "node": "n1", "pid": p.pid, "local_pid": p.pid, "pstart": born},
                  {"job": "j", "node": "n1", "pid": 11, "finished": True},      # exited cleanly: never signalled
                  {"job": "j", "node": "n2", "pid": 12},                        # another node
@@ -138,16 +146,50 @@ def test_only_the_jobs_live_ranks_on_the_node_are_chosen():
         assert workers.choose(ranks, "j", "n1", [p.pid, 12, 13, 1]) == ([p.pid], [1, 12, 13])
         with pytest.raises(EndError, match=r"no rank of job j on node n3 at this agent"):
             workers.choose(ranks, "j", "n3", None)
-        with pytest.raises(EndError, match=r"pids \[13\] are no longer ranks of job j on node n1") as e:
+        with pytest.raises(EndError, match=r"pids \[13\] are not running ranks of job j on node n1") as e:
             workers.choose(ranks, "j", "n1", [13])
         assert e.value.code == 409
         # the pid now belongs to a process that started at another time than the rank's: a reused pid
         ranks[0]["pstart"] = born - 3600
-        with pytest.raises(EndError, match="no longer ranks"):
+        with pytest.raises(EndError, match="not running ranks"):
             workers.choose(ranks, "j", "n1", None)
-        # a unix-socket sender in a container: the pid the agent sees is the one signalled
+        # no start time in the hello: never signalled
+        ranks[0]["pstart"] = 0
+        with pytest.raises(EndError, match="not running ranks"):
+            workers.choose(ranks, "j", "n1", None)
+        # two ranks in two containers, each its own pid 7: each signalled by the pid the agent sees
         ranks[0].update(pid=7, pstart=born)
-        assert workers.choose(ranks, "j", "n1", [7]) == ([p.pid], [])
+        ranks.append({"job": "j", "node": "n1", "pid": 7, "local_pid": q.pid, "pstart": qborn})
+        assert workers.choose(ranks, "j", "n1", None) == (sorted([p.pid, q.pid]), [])
+        assert p.poll() is None and q.poll() is None
+    finally:
+        for x in (p, q):
+            x.kill()
+            x.wait()
+
+
+def test_a_claimed_pid_is_signalled_only_where_claimed_pids_are_trusted():
+    """A UDP rank's pid is what its datagrams say: any local user can claim any process. The agent
+    signals it only with agent.act_trust_udp_pids, and never pid 1, itself or its ancestors, nor a
+    process that started at another time than the claim says."""
+    import os
+
+    import psutil
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        born = psutil.Process(p.pid).create_time()
+        me = psutil.Process(os.getpid())
+        ranks = [{"job": "j", "node": "n1", "pid": p.pid, "pstart": born}]
+        with pytest.raises(EndError, match="over UDP, where a pid is only claimed") as e:
+            workers.choose(ranks, "j", "n1", None)
+        assert e.value.code == 409
+        assert workers.choose(ranks, "j", "n1", None, trust_claimed=True) == ([p.pid], [])
+        for pid, start in ((os.getpid(), me.create_time()), (me.ppid(), psutil.Process(me.ppid()).create_time()),
+                           (1, psutil.Process(1).create_time())):
+            claim = [{"job": "j", "node": "n1", "pid": pid, "pstart": start}]
+            with pytest.raises(EndError, match="not running ranks"):
+                workers.choose(claim, "j", "n1", None, trust_claimed=True)
         assert p.poll() is None
     finally:
         p.kill()
