@@ -1,7 +1,8 @@
-"""Hooks that a copy of their module or optimizer does not carry.
+"""Hooks that a copy of their module does not carry.
 
-A hook registered on a user's object lives in that object's state, so ``copy.deepcopy`` (an EMA or
-teacher copy of the model) and pickling (``torch.save`` of a whole module) copy it too. A bound
+A hook registered on a module lives in the module's state, so ``copy.deepcopy`` (an EMA or teacher
+copy of the model) and pickling (``torch.save`` of a whole module) copy it too (an optimizer's
+``__getstate__`` leaves its step hooks out: its copies carry none). A bound
 method of the watch would drag the watch along (it holds locks and threads: the copy fails), and
 a copied hook would report the copy's forward passes as the watched model's. ``CopySafe`` wraps
 the hook: copied or unpickled, it is a no-op."""
