@@ -95,8 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 f"{demo_act.RECOVER_LIMIT:g} s of the fault), 2 bad usage or a\nport/binary problem, 130 interrupted")
     p.add_argument("--fault", choices=FAULTS, default=None, metavar="FAULT",
                    help=f"fault to inject (default {DEFAULT_FAULT}; with --act hang): {', '.join(FAULTS)}; see below")
-    p.add_argument("--fault-after", type=float, default=30.0, metavar="S",
-                   help="the healthy phase: the fault starts this many seconds after the first step (default 30)")
+    p.add_argument("--fault-after", type=float, default=None, metavar="S",
+                   help="the healthy phase: the fault starts this many seconds after the first step (default 30; "
+                        f"with --act {demo_act.FAULT_AFTER:g})")
     p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="at most this many seconds of training, from the first step (default 120; startup adds "
                         "~10-20 s); with a fault the job stops once the cause has fired and muted its symptoms; "
@@ -235,9 +236,11 @@ def _port(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
-def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
+def report_path(run_dir: Path, stack: Optional[LocalStack],
+                act: Optional["demo_act.ActProcess"] = None) -> Optional[Path]:
     """Write the run report of this demo (``ranksight report`` on the demo's job, from its
-    Prometheus) and return its report.html; None, with one line saying why, when it cannot."""
+    Prometheus; with ``act``, its Actions section) and return its report.html; None, with one line
+    saying why, when it cannot."""
     if stack is None:
         return None
     try:
@@ -247,7 +250,9 @@ def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
         say(f"report        not written: {e} (pip install 'ranksight[report]')")
         return None
     try:
-        _, html = write_report(stack.prom_url, JOB, out=str(run_dir / "report"), profile="test")
+        _, html = write_report(stack.prom_url, JOB, out=str(run_dir / "report"), profile="test",
+                               act=act.url if act is not None else None,
+                               act_token_file=str(act.token_file) if act is not None else None)
     except (ReportError, ApiError) as e:
         say(f"report        not written: {e}")
         return None
@@ -260,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             return error(problem)
     args.fault = args.fault or DEFAULT_FAULT
+    if args.fault_after is None:
+        args.fault_after = 30.0
     if args.duration is None and not args.act:
         args.duration = 120.0
     if args.strategy == "deepspeed":
@@ -440,7 +447,7 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
 def _end(args: argparse.Namespace, run_dir: Path, agent: AgentProcess, stack: Optional[LocalStack],
          state: Dict[str, int], verdict: int) -> int:
     """The run report, then with --keep the kept agent and stack; the exit status."""
-    path = report_path(run_dir, stack)
+    path = report_path(run_dir, stack, getattr(args, "act_server", None))
     if path is not None:
         say(f"report        {path}")
     if args.keep and stack is not None:

@@ -43,6 +43,7 @@ from .stack import AgentProcess, LocalStack, StackError
 
 FAULT = "hang"  # the only fault --act takes, and the one it implies
 RESTARTS = 3  # torchrun --max-restarts
+FAULT_AFTER = 20.0  # the default healthy phase: a few checkpoints written before the hang
 CHECKPOINT_EVERY = 50  # steps between the job's checkpoints (~2-3 s on 2 busy cores)
 TRAIN_AFTER_RESUME = 15.0  # default: the job trains --fault-after + this many seconds in all
 RECOVER_LIMIT = 120.0  # the fault to the first step after the resume, at most
@@ -66,6 +67,8 @@ def check(args: argparse.Namespace) -> Optional[str]:
         return "--act: the job resumes from the checkpoint files of --strategy ddp or fsdp; DeepSpeed writes its own: " \
                "use --strategy ddp or fsdp"
     args.fault = FAULT
+    if args.fault_after is None:
+        args.fault_after = FAULT_AFTER
     if args.duration is not None and args.duration <= args.fault_after:
         return f"--act: --duration (the seconds the job trains in all) must exceed --fault-after ({args.fault_after:g})"
     return None

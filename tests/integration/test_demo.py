@@ -202,4 +202,6 @@ def test_demo_act_ends_the_hang_and_the_job_resumes_from_its_checkpoint(tmp_path
                                                          re.M).group(1)))
     assert float(split["stalled"]) > 5 and float(split["recovery"]) > 1 and "productive" in split, out
     assert re.search(r"^report +\S+report\.html$", out, re.M), out
+    md = (run_dir / "report" / "report.md").read_text()  # the report lists the action and its result
+    assert "## Actions" in md and re.search(r"\| rank 1 node \S+ \| restart_workers \| auto \| ", md), md
     _no_leftovers(run_dir)

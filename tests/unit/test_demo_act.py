@@ -41,7 +41,8 @@ def test_act_alone_implies_the_hang_and_a_resumable_job(tmp_path):
     assert flags["--checkpoint-every"] == str(demo_act.CHECKPOINT_EVERY)
     assert flags["--checkpoint-dir"] == str(tmp_path / "checkpoints")
     # the job trains the healthy phase and then TRAIN_AFTER_RESUME seconds, counted across the restart
-    assert float(flags["--duration"]) == 30.0 + demo_act.TRAIN_AFTER_RESUME
+    assert float(flags["--fault-after"]) == demo_act.FAULT_AFTER
+    assert float(flags["--duration"]) == demo_act.FAULT_AFTER + demo_act.TRAIN_AFTER_RESUME
     explicit = _args("--act", "--fault", "hang", "--fault-after", "10", "--duration", "40", "--rank-to-fault", "0")
     assert demo_act.check(explicit) is None
     flags = dict(zip(*[iter(demo_act.job_args(explicit, tmp_path))] * 2))
@@ -50,7 +51,8 @@ def test_act_alone_implies_the_hang_and_a_resumable_job(tmp_path):
 
 def test_without_act_the_defaults_stay():
     args = _args()
-    assert args.fault is None and args.duration is None and not args.act  # run() resolves straggler and 120 s
+    # run() resolves straggler, 30 s and 120 s
+    assert args.fault is None and args.fault_after is None and args.duration is None and not args.act
 
 
 def test_help_documents_act(capsys):
