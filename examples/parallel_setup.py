@@ -55,7 +55,6 @@ class Parallel:
                  "scheduler": self.scheduler.state_dict(), **extra}
         write(ckpt_dir / (f"last-rank{rank}.pt" if self.sharded else "last.pt"), state)
 
-
     def load(self, ckpt_dir: Path, rank: int) -> Optional[Dict[str, Any]]:
         """The checkpoint ``save`` wrote (DDP: rank 0's file, read by every rank; FSDP: this rank's
         shard), loaded into the model, the optimizer and the LR schedule; the whole state, or None

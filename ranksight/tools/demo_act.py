@@ -64,13 +64,14 @@ def check(args: argparse.Namespace) -> Optional[str]:
     if args.fault not in (None, FAULT):
         return f"--act ends a hang: it takes --fault {FAULT} (its default), not --fault {args.fault}"
     if args.strategy == "deepspeed":
-        return "--act: the job resumes from the checkpoint files of --strategy ddp or fsdp; DeepSpeed writes its own: " \
-               "use --strategy ddp or fsdp"
+        return ("--act: the job resumes from the checkpoint files of --strategy ddp or fsdp; DeepSpeed writes its "
+                "own: use --strategy ddp or fsdp")
     args.fault = FAULT
     if args.fault_after is None:
         args.fault_after = FAULT_AFTER
     if args.duration is not None and args.duration <= args.fault_after:
-        return f"--act: --duration (the seconds the job trains in all) must exceed --fault-after ({args.fault_after:g})"
+        return (f"--act: --duration (the seconds the job trains in all) must exceed --fault-after "
+                f"({args.fault_after:g})")
     return None
 
 
@@ -113,7 +114,8 @@ class ActProcess:
         wait_until(ready, timeout, 0.1)
         if self.proc.exited() is not None or not ready():
             self.stop()
-            raise StackError(f"ranksight act did not start: {last_line(self.proc.log_file)} (log: {self.proc.log_file})")
+            raise StackError(f"ranksight act did not start: {last_line(self.proc.log_file)} "
+                             f"(log: {self.proc.log_file})")
         return self
 
     def stop(self) -> None:
@@ -209,8 +211,8 @@ def _where(labels: Mapping[str, str]) -> str:
 
 
 class Watch:
-    """What the demo prints while the job runs, beside the alerts: the ledger's records that are more
-    than a page, and the job's new workers as the agent lists them."""
+    """What the demo prints while the job runs, beside the alerts: the ledger's records of verdicts
+    with an action (not a page), and the job's new workers as the agent lists them."""
 
     def __init__(self, act: ActProcess, agent: AgentProcess) -> None:
         self.act, self.agent = act, agent
@@ -226,7 +228,7 @@ class Watch:
         except (OSError, ValueError):
             return
         for r in records:
-            if r["state"] == "paged" or self.told.get(r["id"]) == r["state"]:
+            if r["action"] == triage.ACT_PAGE or self.told.get(r["id"]) == r["state"]:
                 continue
             self.told[r["id"]] = r["state"]
             self.records[r["id"]] = r
@@ -234,8 +236,8 @@ class Watch:
                 say(f"ranksight demo {t:>6}: act     {r['action']} {r['id']} {r['state']}: {r['detail']}")
                 continue
             cmd = f" `{r['command']}`" if r["command"] else ""
-            say(f"ranksight demo {t:>6}: act     {r['verdict']} on {_where(r['labels'])}: {r['action']} ({r['mode']}) "
-                f"{r['state']}{cmd}" + (f" ({r['detail']})" if r["detail"] else ""))
+            say(f"ranksight demo {t:>6}: act     {r['verdict']} on {_where(r['labels'])}: {r['action']} "
+                f"({r['mode']}) {r['state']}{cmd}" + (f" ({r['detail']})" if r["detail"] else ""))
 
     def _workers(self, t: str) -> None:
         try:
@@ -344,4 +346,5 @@ def _goodput(stack: LocalStack) -> None:
         return
     wall = sum(split.values())
     parts = [f"{c} {split[c]:.1f}" for c in catalog.GOODPUT_CATEGORIES if split.get(c, 0.0) >= 0.05]
-    say(f"goodput       {split.get('productive', 0.0) / wall:.0%} of {wall:.0f} s per rank; seconds: {', '.join(parts)}")
+    share = split.get("productive", 0.0) / wall
+    say(f"goodput       {share:.0%} of {wall:.0f} s per rank; seconds: {', '.join(parts)}")
