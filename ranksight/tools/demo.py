@@ -94,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "again\nafter the resume and finished), 1 it was not (--act: not within "
                 f"{demo_act.RECOVER_LIMIT:g} s of the fault), 2 bad usage or a\nport/binary problem, 130 interrupted")
     p.add_argument("--fault", choices=FAULTS, default=None, metavar="FAULT",
-                   help=f"fault to inject (default {DEFAULT_FAULT}; with --act hang): {', '.join(FAULTS)}; see below")
+                   help=f"fault to inject (default {DEFAULT_FAULT}): {', '.join(FAULTS)}; see below (--act: hang)")
     p.add_argument("--fault-after", type=float, default=None, metavar="S",
                    help="the healthy phase: the fault starts this many seconds after the first step (default 30; "
                         f"with --act {demo_act.FAULT_AFTER:g})")
