@@ -338,7 +338,7 @@ def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path, ports: Dict[st
     started.append(agent)
     agent.start()
     if args.act:
-        cfg = demo_act.start(args, cfg, run_dir, agent, started)
+        cfg = demo_act.start(args, run_dir, agent, started)
     stack: Optional[LocalStack] = None
     try:
         stack = LocalStack(stack_dir, targets=[agent.target], files=render_alert_files(cfg), cfg=cfg,
@@ -393,7 +393,7 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
         env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"),
                                                        "ignore:Failed to initialize NumPy:UserWarning"]))
     if args.act and stack is not None:
-        verdict = demo_act.run(args, cfg, run_dir, agent, stack, script, env, started, _stepping)
+        verdict = demo_act.run(args, run_dir, agent, stack, script, env, started, _stepping)
         return _end(args, run_dir, agent, stack, state, verdict)
     job_args = ["--duration", f"{args.duration:g}", "--fault", fault, "--rank-to-fault", str(bad),
                 "--fault-after", f"{after:g}", "--checkpoint-dir", str(run_dir / "checkpoints"),

@@ -46,6 +46,7 @@ RESTARTS = 3  # torchrun --max-restarts
 FAULT_AFTER = 20.0  # the default healthy phase: a few checkpoints written before the hang
 CHECKPOINT_EVERY = 50  # steps between the job's checkpoints (~2-3 s on 2 busy cores)
 TRAIN_AFTER_RESUME = 15.0  # default: the job trains --fault-after + this many seconds in all
+STARTUP_SECONDS = 90.0  # the launch to the first step, at most
 RECOVER_LIMIT = 120.0  # the fault to the first step after the resume, at most
 FINISH_LIMIT = 90.0  # the first step after the resume to the job's end, at most
 STOP_SECONDS = 20.0  # SIGTERM to torchrun (it ends its workers), then SIGKILL
@@ -122,8 +123,7 @@ class ActProcess:
         self.proc.stop()
 
 
-def start(args: argparse.Namespace, cfg: Mapping, run_dir: Path, agent: AgentProcess,
-          started: List[object]) -> Mapping:
+def start(args: argparse.Namespace, run_dir: Path, agent: AgentProcess, started: List[object]) -> Mapping:
     """Start `ranksight act`; the config whose Alertmanager posts every verdict to it."""
     act = ActProcess(run_dir, agent, args.config)
     started.append(act)
@@ -159,6 +159,7 @@ class ElasticJob:
         self.log = open(run_dir / "torchrun.log", "w", buffering=1)
         self.lock = threading.Lock()
         self.echoed: Dict[str, float] = {}  # line -> when it last went to the console
+        self.stopping = False  # once the demo stops torchrun, its output goes to the log only
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts",
                str(RESTARTS), "--monitor-interval", "0.5", str(script), *args]
@@ -180,7 +181,8 @@ class ElasticJob:
                     m = rx.match(line)
                     if m and name not in self.events:
                         self.events[name] = (now, time.time(), int(m.group(1)))
-                echo = not _TORCHRUN_LOG.match(line) and now - self.echoed.get(line, -1e9) > SAME_LINE_SECONDS
+                echo = not (self.stopping or _TORCHRUN_LOG.match(line)) and \
+                    now - self.echoed.get(line, -1e9) > SAME_LINE_SECONDS
                 if echo:
                     self.echoed[line] = now
             if echo:
@@ -191,6 +193,7 @@ class ElasticJob:
 
     def stop(self) -> None:
         workers = _children(self.proc.pid) if self.running() else []
+        self.stopping = True
         if self.running():
             self.proc.send_signal(signal.SIGTERM)  # torchrun ends its workers
             if not wait_until(lambda: not self.running(), STOP_SECONDS, 0.1):
@@ -260,8 +263,8 @@ def job_args(args: argparse.Namespace, run_dir: Path) -> List[str]:
             "--checkpoint-every", str(CHECKPOINT_EVERY), "--resume", "--strategy", args.strategy]
 
 
-def run(args: argparse.Namespace, cfg: Mapping, run_dir: Path, agent: AgentProcess, stack: LocalStack,
-        script: Path, env: Mapping[str, str], started: List[object], stepping: Any) -> int:
+def run(args: argparse.Namespace, run_dir: Path, agent: AgentProcess, stack: LocalStack, script: Path,
+        env: Mapping[str, str], started: List[object], stepping: Any) -> int:
     """The job under torchrun until it ends or a limit passes; the summary; the exit status."""
     job = ElasticJob(script, run_dir, job_args(args, run_dir), env)
     started.append(job)
@@ -276,8 +279,8 @@ def run(args: argparse.Namespace, cfg: Mapping, run_dir: Path, agent: AgentProce
         alerts.fault_started = alerts.fault_started or "hang" in ev
         alerts.tick(stack)
         watch.tick(f"t+{now - alerts.t0:.0f}s" if alerts.t0 is not None else "startup")
-        if first is None and now - launched > 90.0:
-            why = "the job took no step within 90 s of its launch"
+        if first is None and now - launched > STARTUP_SECONDS:
+            why = f"the job took no step within {STARTUP_SECONDS:g} s of its launch"
         elif "hang" in ev and "again" not in ev and now - ev["hang"][0] > RECOVER_LIMIT:
             why = f"the job did not train again within {RECOVER_LIMIT:g} s of the fault"
         elif "again" in ev and now - ev["again"][0] > FINISH_LIMIT:
@@ -289,11 +292,11 @@ def run(args: argparse.Namespace, cfg: Mapping, run_dir: Path, agent: AgentProce
             break
         time.sleep(1.0)
     job.stop()
-    return _summary(args, cfg, stack, alerts, watch, job, why)
+    return _summary(args, stack, alerts, watch, job, why)
 
 
-def _summary(args: argparse.Namespace, cfg: Mapping, stack: LocalStack, alerts: AlertLog, watch: Watch,
-             job: ElasticJob, why: str) -> int:
+def _summary(args: argparse.Namespace, stack: LocalStack, alerts: AlertLog, watch: Watch, job: ElasticJob,
+             why: str) -> int:
     ev, bad = job.events, args.rank_to_fault
     if "hang" in ev and alerts.named(FAULT, bad) is None:
         wait_until(lambda: alerts.tick(stack) or alerts.named(FAULT, bad) is not None, args.settle, 2.0)
@@ -341,7 +344,7 @@ def _goodput(stack: LocalStack) -> None:
         say(f"goodput       not read: {e}")
         return
     split = {r["metric"].get("category", "?"): float(r["value"][1]) for r in rows}
-    if not split:
+    if not split or sum(split.values()) <= 0:
         say("goodput       not recorded yet")
         return
     wall = sum(split.values())
