@@ -29,7 +29,8 @@ PHASE_SHARE = (("dur", 1.0), ("data", 0.05), ("fwd", 0.3), ("bwd", 0.4), ("opt",
                ("comm", 0.2), ("xcomm", 0.02))
 # the values a "steps" record carries once, at its last step (record.py's cumulative and current fields)
 LAST = dict(retries=0, ooms=0, mres=1 << 34, malloc=1 << 33, mpeak=3 << 32, mrpeak=1 << 34, herr=0, hdrop=0, wrss=0,
-            restart=0, fpt=42_000_000_000, lnan=0, lnanstep=0, resumed=0, rstep=0, total=100_000)
+            restart=0, fpt=42_000_000_000, lnan=0, lnanstep=0, pstage=0, pstages=0, pmb=0, resumed=0, rstep=0,
+            total=100_000)
 # a step's work and loss: 8 samples of 4,096 tokens, one loss reading of about 2
 STEP_WORK = dict(micro=1, samples=8, tokens=32768, lossn=1, loss=2.0)
 LAYOUT = P.SENDER_LAYOUTS[P.VERSION, False]  # the hooks' "steps" encoder, with their default settings
@@ -124,7 +125,7 @@ class Player:
         self.totals = Totals()
         self.seq = 0
         self.prefix = P.encode(dict(ident, v=layout.version, t="steps")).decode()[:-1] + ","
-        self.last = [LAST[k] for k in layout.last]
+        self.last = [LAST.get(k, 0) for k in layout.last]  # a field added to the record sends 0, as a rank without it does
         self.fill = P.STEPS_FILL_FIRST  # steps a datagram holds, measured on each record sent (as the hooks do)
 
     def steps(self, durs: List[float], ts: float) -> bytes:

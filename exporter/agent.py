@@ -4,13 +4,15 @@ Threads: one ingest receiver, one checker (heartbeat misses, stalls, TTL; it
 runs four times per heartbeat interval), the GPU sampler and XID threads, and
 the HTTP server (one thread per connection, so a slow client cannot block
 Prometheus; with a web config the TLS handshake and basic auth run on that thread too,
-see webconfig.py). A scrape runs every enabled collector in turn; the GPU collector
+see webconfig.py; so does a request to end a job's workers, grace included, see
+workers.py). A scrape runs every enabled collector in turn; the GPU collector
 only reads what its sampler stored.
 """
 from __future__ import annotations
 
 import errno
 import gzip
+import hmac
 import json
 import logging
 import socket
@@ -38,6 +40,8 @@ from ranksight.address import parse_address
 from .ingest import Ingest, IngestError, Receiver
 from .ranks import RANKS_API, RankSettings, RankTable
 from .webconfig import Gate, WebConfig, WebConfigError
+from .workers import END_API, MAX_BODY, REFUSED_CODE, Access, Counts, bearer
+from . import workers
 
 log = logging.getLogger("ranksight.exporter")
 
@@ -76,6 +80,8 @@ class AgentSettings:
     peak_tflops: float = _AGENT["peak_tflops"]
     peak_tflops_by_name: Dict[str, float] = field(default_factory=lambda: dict(_AGENT["peak_tflops_by_name"]))
     web_config: Optional[WebConfig] = None  # --web.config.file: TLS and basic auth; None: plain HTTP
+    act_token: Optional[bytes] = None  # agent.act_token_file's token: POST /api/v1/ranks/end (exporter/workers.py)
+    act_client_sans: Optional[List[str]] = None  # agent.act_client_sans
 
 
 def parse_listen(s: str) -> Tuple[str, int]:
@@ -133,6 +139,9 @@ class Agent:
         self.registry = CollectorRegistry(auto_describe=False)
         self.listen_address = ""
         self.gate: Optional[Gate] = None
+        self.access = Access(settings.act_token, settings.act_client_sans)
+        self.end_counts = Counts()
+        self._end_logged: set = set()
         self.started = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -159,6 +168,7 @@ class Agent:
             s.node, self._runs_snapshot,
             self.ingest.snapshot if self.receiver else None,
             self.table.__len__ if "ranks" in enabled else None,
+            (lambda: self.end_counts.snapshot(self.access.enabled)) if "ranks" in enabled else None,
         )
         self.registry.register(_RegistryBridge(self))
         list(self.collect_all())  # a first pass logs what cannot run, before the first scrape
@@ -171,6 +181,11 @@ class Agent:
         scheme = "https" if self.gate is not None and self.gate.tls else "http"
         web = f" ({self.s.web_config.describe()})" if self.s.web_config is not None else ""
         log.info("serving %s://%s/metrics%s", scheme, self.listen_address, web)
+        if self.access.enabled:
+            log.info("ending a job's workers on request: %s%s (%s)", END_API, "" if "ranks" in enabled else
+                     " (no ranks tracked: the ranks collector is off)", " and ".join(
+                         w for w, on in (("bearer token", self.access.token is not None),
+                                         ("client certificate SAN", self.access.sans is not None)) if on))
         if self.receiver is not None:
             creds = "" if self.receiver.bound.kind != "unix" else \
                 f"; sender credentials checked, queue {self.receiver.qlen} datagrams"
@@ -226,6 +241,25 @@ class Agent:
         if self.receiver is not None and not self.receiver.alive():
             return False, "ingest thread is not running"
         return True, "ok"
+
+    # ------------------------------------------------------------------ ending a job's workers
+    def end_workers(self, header: Optional[str], cert: Optional[Dict[str, Any]], tls: bool, peer: str,
+                    body: bytes) -> Tuple[int, Dict[str, Any]]:
+        """POST /api/v1/ranks/end on its connection's thread (exporter/workers.py): (status, JSON answer)."""
+        refused = self.access.check(header, cert, tls, peer)
+        if not refused and self.access.token is None and self.gate is not None and not self.gate.authorized(header):
+            refused = C.END_UNAUTHORIZED  # client SANs alone: the web config's basic auth still applies
+        if refused:
+            self.end_counts.add(refused)
+            if refused not in self._end_logged:  # once per kind: a flood must not flood the log
+                self._end_logged.add(refused)
+                log.warning("refused to end workers for %s: %s (counted; logged once)", peer, Access.why(refused))
+            return REFUSED_CODE[refused], {"error": Access.why(refused)}
+        code, doc, result = workers.serve(body, self.table.describe(time.monotonic()))
+        self.end_counts.add(result)
+        log.log(logging.WARNING if code == 200 else logging.INFO, "end workers for %s: %s", peer,
+                doc.get("detail") or doc.get("error"))
+        return code, doc
 
     # ------------------------------------------------------------------ scrape
     def _runs_snapshot(self) -> Dict[str, Tuple[bool, float]]:
@@ -315,7 +349,7 @@ def _make_handler(agent: Agent):
                 if not gate.allow():
                     self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
                     return
-                if not gate.authorized(self.headers.get("Authorization")):
+                if not self._authorized():
                     self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8", auth=True)
                     return
             path = urlsplit(self.path).path
@@ -340,6 +374,33 @@ def _make_handler(agent: Agent):
                                 b'<a href="/healthz">/healthz</a></body></html>\n', "text/html")
             else:
                 self._send(404, b"not found\n", "text/plain; charset=utf-8")
+
+        def _authorized(self) -> bool:
+            """The web config's basic auth, or the bearer token of agent.act_token_file in its place."""
+            header = self.headers.get("Authorization")
+            token = agent.access.token
+            return (token is not None and hmac.compare_digest(bearer(header), token)) or gate.authorized(header)
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_BODY:
+                self.close_connection = True
+                self._send(413 if length > MAX_BODY else 400, b"bad Content-Length\n", "text/plain; charset=utf-8")
+                return
+            body = self.rfile.read(length)
+            if urlsplit(self.path).path != END_API:
+                self._send(404, b"not found\n", "text/plain; charset=utf-8")
+                return
+            if gate is not None and not gate.allow():
+                self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
+                return
+            tls = isinstance(self.request, ssl.SSLSocket)
+            code, doc = agent.end_workers(self.headers.get("Authorization"), self.request.getpeercert() if tls else None,
+                                          tls, self.client_address[0], body)
+            self._send(code, json.dumps(doc).encode(), "application/json")
 
         def _send(self, code: int, body: bytes, ctype: str, encoding: Optional[str] = None,
                   auth: bool = False) -> None:

@@ -145,6 +145,7 @@ class Ingest:
         pid, uid, _ = cred
         if pid == 0 or (rec["pid"] != pid and rec["pid"] not in self._namespace_pids(pid)):
             return "pid"
+        rec["lpid"] = pid  # the pid the agent sees: the one it may signal (exporter/workers.py)
         job = rec["job"]
         owner = self.owners.get(job)
         if owner == uid:

@@ -1,7 +1,9 @@
 """`ranksight exporter`: the node agent.
 
-Serves /metrics and /healthz, receives the hooks' datagrams (rank ingest,
-heartbeats, stalls) and runs the gpu, network, rdma and disk collectors.
+Serves /metrics, /healthz and /api/v1/ranks (and POST /api/v1/ranks/end for `ranksight act`
+where agent.act_token_file or agent.act_client_sans enables it: exporter/workers.py), receives
+the hooks' datagrams (rank ingest, heartbeats, stalls) and runs the gpu, network, rdma and disk
+collectors.
 Every flag overrides the matching key of the config's ``agent`` section.
 """
 from __future__ import annotations
@@ -13,7 +15,8 @@ import re
 import signal
 import socket
 import threading
-from typing import List, Optional
+from pathlib import Path
+from typing import List, Optional, Tuple
 
 from ranksight import config as cfgmod
 from ranksight.config import ConfigError
@@ -22,7 +25,7 @@ from ranksight.console import error
 
 from .agent import COLLECTORS, Agent, AgentError, AgentSettings, parse_listen
 from .ranks import RankSettings
-from .webconfig import WebConfigError
+from .webconfig import WebConfig, WebConfigError
 from .webconfig import load as load_web_config
 
 log = logging.getLogger("ranksight.exporter")
@@ -84,6 +87,7 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
             web = load_web_config(a["web_config_file"])
         except WebConfigError as e:
             raise ConfigError(str(e)) from None
+    token, sans = _act_access(a, web)
     watch: List[str] = list(a["watch_paths"]) + list(args.watch_path or [])
     t = cfg["thresholds"]
     if t["gpu_swing_low"] >= t["gpu_swing_high"]:
@@ -109,7 +113,27 @@ def settings_from(args: argparse.Namespace) -> AgentSettings:
         peak_tflops=a["peak_tflops"],
         peak_tflops_by_name=a["peak_tflops_by_name"],
         web_config=web,
+        act_token=token,
+        act_client_sans=sans,
     )
+
+
+def _act_access(a: dict, web: Optional[WebConfig]) -> Tuple[Optional[bytes], Optional[List[str]]]:
+    """agent.act_token_file's token and agent.act_client_sans (None: not configured). ConfigError otherwise."""
+    token = None
+    if a["act_token_file"]:
+        try:
+            token = Path(a["act_token_file"]).read_text(encoding="utf-8").strip().encode()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"config agent.act_token_file: cannot read {a['act_token_file']}: "
+                              f"{getattr(e, 'strerror', None) or e}") from None
+        if not token:
+            raise ConfigError(f"config agent.act_token_file: {a['act_token_file']} is empty")
+    sans = [x.strip() for x in a["act_client_sans"] if x.strip()] or None
+    if sans is not None and (web is None or web.tls is None or web.tls.client_auth_type == "NoClientCert"):
+        raise ConfigError("config agent.act_client_sans: needs --web.config.file (agent.web_config_file) with "
+                          "tls_server_config client_auth_type RequireAndVerifyClientCert")
+    return token, sans
 
 
 def serve(settings: AgentSettings, nvml: Optional[object] = None, stop: Optional[threading.Event] = None) -> int:

@@ -115,7 +115,7 @@ class Rank:
     """State of one (job, rank)."""
 
     __slots__ = (
-        "job", "rank", "node", "lr", "ws", "labels", "pid", "first_seen", "last_seen",
+        "job", "rank", "node", "lr", "ws", "labels", "pid", "lpid", "first_seen", "last_seen",
         # the step record's fields by key (ranksight/record.py): sums of the per-step fields (and
         # "steps", "ckpt_bytes", "ckpt_fail"), histograms by "hist" key, cumulative fields turned
         # into counters (key -> [total, last]) and the current readings
@@ -138,7 +138,7 @@ class Rank:
         self.lr = -1
         self.ws = 0
         self.labels: List[str] = []
-        self.pid = -1
+        self.pid = self.lpid = -1  # its pid, and the pid the agent sees (a unix-socket sender in a container)
         self.first_seen = now
         self.last_seen = now
         self.sums: Dict[str, float] = dict(kept.sums)
@@ -193,6 +193,7 @@ class Rank:
             self.expo = None
         self.ws = rec["ws"]
         pid = rec["pid"]
+        self.lpid = rec.get("lpid", pid)
         sess = rec.get("sess", 0)
         if pid != self.pid or sess != self.sess:
             if self.pid != -1:
@@ -380,6 +381,7 @@ class Rank:
         """The rank as /api/v1/ranks shows it."""
         st = self.stack
         return {"job": self.job, "rank": self.rank, "node": self.node, "local_rank": self.lr, "pid": self.pid,
+                "local_pid": self.lpid, "pstart": self.pstart,
                 "up": self.up, "stalled": self.stalled, "phase": self.phase, "step": max(self.seq, self.hb_step),
                 "in_collective_s": self.coll if self.coll >= 0 else None,
                 "finished": self.finished is not None,

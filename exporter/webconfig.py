@@ -466,20 +466,7 @@ class Gate:
     def san_ok(self, cert: Optional[Mapping[str, Any]]) -> bool:
         """client_allowed_sans: some DNS, IP, email or URI SAN of the client certificate is listed."""
         allowed = self.wc.tls.client_allowed_sans if self.wc.tls is not None else None
-        if allowed is None:
-            return True
-        if not cert:
-            return False
-        want = set(allowed)
-        for kind, value in cert.get("subjectAltName", ()):
-            if kind == "IP Address":
-                try:
-                    value = str(ipaddress.ip_address(value.strip()))
-                except ValueError:
-                    pass
-            if value in want:
-                return True
-        return False
+        return allowed is None or has_san(cert, allowed)
 
     # ---------------------------------------------------------------- requests
     def allow(self) -> bool:
@@ -536,6 +523,22 @@ class Gate:
             return False
         finally:
             self._bcrypt.release()
+
+
+def has_san(cert: Optional[Mapping[str, Any]], allowed: List[str]) -> bool:
+    """Some DNS, IP, email or URI SAN of a verified peer certificate (``getpeercert()``) is in ``allowed``."""
+    if not cert:
+        return False
+    want = set(allowed)
+    for kind, value in cert.get("subjectAltName", ()):
+        if kind == "IP Address":
+            try:
+                value = str(ipaddress.ip_address(value.strip()))
+            except ValueError:
+                pass
+        if value in want:
+            return True
+    return False
 
 
 def _basic(header: Optional[str]) -> Optional[Tuple[bytes, bytes]]:

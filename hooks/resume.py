@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, FrozenSet, List, Mapping, Optional
 
+from .copysafe import CopySafe
 from .patch import Patcher, like
 
 _STEP = re.compile(r"^(global_?step|step|steps|iteration|iter|num_updates|train_steps?|optimizer_steps?)$")
@@ -95,29 +96,6 @@ def counters(obj: Mapping) -> tuple:
     return step, epoch
 
 
-class _Hook:
-    """A load post-hook that a copy of its module or optimizer does not carry: ``copy.deepcopy`` (an
-    EMA copy of the model) and pickling (``torch.save`` of a whole module) make a no-op of it, so
-    neither reaches this watch's state (which holds a lock and cannot be copied)."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Optional[Callable[..., None]] = None):
-        self.fn = fn
-
-    def __call__(self, *args: Any) -> None:
-        fn = self.fn
-        if fn is not None:
-            fn(*args)
-        return None
-
-    def __deepcopy__(self, memo: Any) -> "_Hook":
-        return _Hook()
-
-    def __reduce__(self) -> tuple:
-        return (_Hook, ())
-
-
 class ResumeWatch:
     """The watcher's view of checkpoint restores: ``install(patcher)`` patches ``torch.load``,
     ``attach_model``/``attach_optimizer`` register the load post-hooks (handles appended to the
@@ -178,11 +156,11 @@ class ResumeWatch:
         if id(inner) in self._model_ids or not hasattr(inner, "register_load_state_dict_post_hook"):
             return
         self._model_ids.add(id(inner))
-        handles.append(inner.register_load_state_dict_post_hook(_Hook(self._model_loaded)))
+        handles.append(inner.register_load_state_dict_post_hook(CopySafe(self._model_loaded)))
 
     def attach_optimizer(self, opt: Any, handles: List[Any]) -> None:
         if hasattr(opt, "register_load_state_dict_post_hook"):
-            handles.append(opt.register_load_state_dict_post_hook(_Hook(self._opt_loaded)))
+            handles.append(opt.register_load_state_dict_post_hook(CopySafe(self._opt_loaded)))
 
     def mark(self, step: int) -> None:
         """A resume the hooks did not see but a framework reports (its trainer starts at ``step`` > 0,

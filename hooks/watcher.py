@@ -65,6 +65,7 @@ from .resume import Resume, ResumeWatch  # noqa: F401 (public here)
 from .closing import (BYE_COPIES, CLOSE_GPU_MAX, CLOSE_GPU_WAIT, JOIN_SECONDS, SEND_LOCK_WAIT,  # noqa: F401 (public here)
                       Closing)
 from .comm import CommTracker, FlightRecorder
+from .copysafe import CopySafe
 from .identity import Identity
 from .loss import LossReader
 from . import parallel
@@ -295,8 +296,8 @@ class Watcher(StepPath, Background, Closing):
         if not hasattr(model, "register_forward_pre_hook"):
             log.warning("ranksight: the model is not an nn.Module; forward/backward are not timed")
         elif self._forward_hooks:
-            self._handles.append(model.register_forward_pre_hook(self._fwd_pre, prepend=True))
-            self._handles.append(model.register_forward_hook(self._fwd_post, prepend=True))
+            self._handles.append(model.register_forward_pre_hook(CopySafe(self._fwd_pre), prepend=True))
+            self._handles.append(model.register_forward_hook(CopySafe(self._fwd_post), prepend=True))
         try:
             import torch.distributed as dist
 

@@ -277,6 +277,9 @@ COLLECTOR_DURATION = _m("collector_duration_seconds", "gauge", "seconds", N + ("
 INGEST_DATAGRAMS = _m("ingest_datagrams_total", "counter", "count", N + ("result",),
                       "Datagrams received by the agent; result=ok|malformed|oversize|rejected|overflow.")
 TRACKED_RANKS = _m("tracked_ranks", "gauge", "count", N, "Ranks currently tracked by the agent.")
+END_WORKERS_REQUESTS = _m("end_workers_requests_total", "counter", "count", N + ("result",),
+                          "Requests to end a job's workers on this node (POST /api/v1/ranks/end, from `ranksight "
+                          "act`); result one of END_RESULTS: ok, or why nothing or not all was signalled.")
 BUILD_INFO = _m("build_info", "gauge", "info", N + ("version", "python"), "ranksight agent build info; always 1.")
 
 # ---------------------------------------------------------------- per rank: checkpoint in progress
@@ -380,6 +383,18 @@ ACT_RESULTS: Tuple[str, ...] = (
     "resolved",       # the verdict's resolve arrived: nothing (more) is done for it
     "rate_limited",   # a drain over act.max_drains_per_hour
     "last_nodes",     # a drain that would leave a job fewer than act.job_min_nodes nodes
-    "not_here",       # restart_workers: the culprit's ranks are not on this agent's node
+    "not_here",       # restart_workers, one fixed act.agent_url (a one-node setup): the culprit is not at that agent
 )
 ACT_REJECT_REASONS: Tuple[str, ...] = ("unauthorized", "malformed")
+# ranksight_end_workers_requests_total{result}: the agent's answer to a request to end a job's workers
+END_OK, END_UNAUTHORIZED, END_FORBIDDEN, END_DISABLED = "ok", "unauthorized", "forbidden", "disabled"
+END_MALFORMED, END_NO_RANKS, END_FAILED = "malformed", "no_ranks", "failed"
+END_RESULTS: Tuple[str, ...] = (
+    END_OK,            # the job's workers were signalled
+    END_UNAUTHORIZED,  # no or a wrong bearer token (401)
+    END_FORBIDDEN,     # a client certificate without one of agent.act_client_sans, or plain HTTP from another host (403)
+    END_DISABLED,      # the endpoint is not enabled on this agent (403)
+    END_MALFORMED,     # not the request's JSON shape (400)
+    END_NO_RANKS,      # no rank of the job on this node, or none of the requested pids is one (404, 409)
+    END_FAILED,        # the signals failed (no permission, the processes already gone)
+)

@@ -201,6 +201,12 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                        "table and peak_tflops (a device missing from the table gets no MFU)"),
         "web_config_file": Opt("", "exporter-toolkit web config file (TLS, client certificates, basic auth) for "
                                    "/metrics and /healthz; empty: plain HTTP (--web.config.file)"),
+        "act_token_file": Opt("", "file holding the bearer token `ranksight act` sends to end a job's workers on this "
+                                  "node (POST /api/v1/ranks/end; the same token as act.agent_token_file); empty and "
+                                  "no act_client_sans: the endpoint is off"),
+        "act_client_sans": Opt([], "SANs (DNS, IP, email, URI) of the client certificates that may end a job's workers "
+                                   "on this node, verified through web_config_file's RequireAndVerifyClientCert; "
+                                   "with act_token_file both are required"),
     },
     "hooks": {
         "agent": Opt("udp://127.0.0.1:9946", "where to send: udp://host:port | unix:///path | off (env RANKSIGHT_AGENT)"),
@@ -293,9 +299,16 @@ SCHEMA["act"] = {  # `ranksight act` (ranksight/tools/act.py): the action each v
                           "may replace it"),
     "web_config_file": Opt("", "exporter-toolkit web config (TLS, client certificates) for `ranksight act`"),
     "engine": Opt("none", "where the jobs run, for drains: none | slurm | kubernetes"),
-    "agent_url": Opt("http://127.0.0.1:9945", "the node agent beside `ranksight act`: its /api/v1/ranks gives "
-                                              "each rank's pid"),
-    "kill_grace_seconds": Opt(5.0, "restart_workers: SIGTERM, then SIGKILL after this many seconds", 0, 3600),
+    "agent_url": Opt("http://127.0.0.1:9945", "the culprit node's agent, which lists the job's ranks and ends them: "
+                                              "a URL with {label} taken from the alert's labels "
+                                              "(https://{node}:9945, https://{instance}), or one fixed URL for a "
+                                              "one-node setup; plain http only to a loopback host"),
+    "agent_token_file": Opt("", "file holding the bearer token sent to the agents (their agent.act_token_file)"),
+    "agent_ca_file": Opt("", "CA file that verifies the agents' HTTPS certificates (empty: the system's CAs)"),
+    "agent_cert_file": Opt("", "client certificate `ranksight act` presents to the agents (their agent.act_client_sans)"),
+    "agent_key_file": Opt("", "the private key of agent_cert_file"),
+    "kill_grace_seconds": Opt(5.0, "restart_workers: the agent sends SIGTERM, then SIGKILL after this many seconds",
+                              0, 600),
     "kube_pod_selector": Opt("", "kubernetes: label selector of the training pods to evict from a drained node"),
     "ledger_file": Opt("", "JSON-lines ledger of every verdict and action (kept across restarts); empty: memory"),
 }
@@ -327,6 +340,30 @@ PROFILES: Dict[str, Dict[str, Dict[str, Any]]] = {
 
 
 PEAK_DTYPES = ("bf16", "fp16", "tf32", "fp8")  # agent.peak_flops_dtype
+
+
+AGENT_URL_FIELD = re.compile(r"\{([^{}]*)\}")  # act.agent_url: {label} from the alert's labels
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def _agent_url(where: str, value: Any) -> str:
+    """act.agent_url: http(s)://host[:port][/path] with {label} fields; plain http only to a loopback host."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, str):
+        raise ConfigError(f"config {where}: expected a URL, got {value!r}")
+    bad = [f for f in AGENT_URL_FIELD.findall(value) if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", f)]
+    probe = AGENT_URL_FIELD.sub("x", value)
+    if bad or "{" in probe or "}" in probe:
+        raise ConfigError(f"config {where}: {value!r}: a field is {{label}}, a label name of the alert")
+    u = urlsplit(probe)
+    if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+        raise ConfigError(f"config {where}: expected http(s)://HOST:PORT with {{label}} fields, got {value!r}")
+    host = u.hostname.lower()  # a {label} host ("x" here) is never loopback
+    if u.scheme == "http" and host not in LOOPBACK_HOSTS and not host.startswith("127."):
+        raise ConfigError(f"config {where}: {value!r}: plain http only to a loopback host; use https:// "
+                          "(act.agent_ca_file) to reach another node's agent")
+    return value
 
 
 def _peak_by_name(where: str, value: Any) -> Dict[str, float]:
@@ -373,6 +410,8 @@ def validate(section: str, key: str, value: Any) -> Any:
         raise ConfigError(f"config {where}: expected one of {', '.join(PEAK_DTYPES)}, got {value!r}")
     if (section, key) == ("act", "modes"):
         return _act_modes(where, value)
+    if (section, key) == ("act", "agent_url"):
+        return _agent_url(where, value)
     if (section, key) == ("act", "mode") and value is False:  # YAML 1.1 reads an unquoted off as false
         value = "off"
     if (section, key) in (("act", "mode"), ("act", "engine")) and value not in (ACT_MODES if key == "mode" else ACT_ENGINES):

@@ -17,6 +17,7 @@ from ranksight import catalog as C
 from ranksight import protocol, triage
 
 from .. import settings as hook_settings
+from ..copysafe import CopySafe
 from .facts import LoaderFacts, loader_facts
 
 log = logging.getLogger("ranksight.hooks.lints")
@@ -351,7 +352,7 @@ class LintsCore:
         self._digest_done = not need_digest
         self._batch_done = not need_batch
         if need_digest or need_batch:
-            self._fwd_handle = m.register_forward_pre_hook(self._fwd_pre)
+            self._fwd_handle = m.register_forward_pre_hook(CopySafe(self._fwd_pre))
 
 
     def _fwd_pre(self, module: Any, args: Any) -> None:

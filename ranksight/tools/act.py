@@ -1,8 +1,10 @@
 """`ranksight act`: an Alertmanager webhook receiver that acts on each verdict by one policy, the
 ``action`` of the verdict's triage entry (ranksight/triage/, ``Entry.action``):
 
-  restart_workers  (RanksightRankStalled)  end the job's workers on the culprit's node; the elastic launcher
-                                           restarts them from the last checkpoint
+  restart_workers  (RanksightRankStalled)  end the job's workers on the culprit's node, through that node's
+                                           agent (act.agent_url, e.g. https://{node}:9945, filled from the
+                                           alert's labels); the elastic launcher restarts them from the last
+                                           checkpoint
   drain_node       (GPU XID, NIC, disk)    drain the node in the job's engine (Slurm, Kubernetes)
   record_recovery  (RanksightRankDown)     nothing to end: record the launcher's recovery when the rank is back
   page             (everything else)       nothing: Alertmanager's own receivers page
@@ -50,7 +52,7 @@ RECOVERY_TIMEOUT = 600.0  # a restart's recovery is watched this long
 
 
 class NotHere(ActError):
-    """The culprit's ranks are not on this agent's node (restart_workers acts only on its own node)."""
+    """A one-node setup (one fixed act.agent_url): the culprit's ranks are not at that agent."""
 
 
 @dataclass
@@ -71,6 +73,8 @@ class Record:
     recovered: Optional[float] = None
     recover_s: Optional[float] = None
     pids: List[int] = field(default_factory=list)
+    node: str = ""  # the culprit's node
+    agent_url: str = ""  # restart_workers: the agent of that node that listed and ends the workers
 
 
 class Ledger:
@@ -149,7 +153,8 @@ class Actor:
         self.ledger.save(r)
         self.counters.count(r.verdict, r.action, state)
         how = {"proposed": f"; approve with: ranksight act approve {r.id}"}.get(state, "")
-        log.info("act %s %s %s %s: %s%s%s", r.id, r.verdict, _where(r.labels), r.action, state,
+        log.info("act %s %s %s %s: %s%s%s", r.id, r.verdict,
+                 _where(r.labels) + (f" agent {r.agent_url}" if r.agent_url else ""), r.action, state,
                  f": {r.command}" if r.command and state in ("proposed", "dry_run", "done") else "",
                  (f" ({r.detail})" if r.detail else "") + how)
         return r
@@ -184,7 +189,8 @@ class Actor:
                 self.counters.count(verdict, action, "duplicate")
                 return r
             r = Record(id=hashlib.sha256(key.encode()).hexdigest()[:10], key=key, verdict=verdict, action=action,
-                       mode=self.mode(verdict), labels=labels, received=time.time(), state="")
+                       mode=self.mode(verdict), labels=labels, received=time.time(), state="",
+                       node=labels.get("node", ""))
             if action == triage.ACT_PAGE or r.mode == "off":
                 return self._finish(r, "paged")
             if action == triage.ACT_RECOVERY:
@@ -237,7 +243,8 @@ class Actor:
 
     def _rank_back(self, r: Record) -> Optional[str]:
         try:
-            ranks = self.workers.ranks(r.labels.get("job", ""), r.labels.get("node", ""))
+            r.agent_url = r.agent_url or self.workers.url(r.labels)
+            ranks = self.workers.ranks(r.agent_url, r.labels.get("job", ""), r.labels.get("node", ""))
         except ActError:
             return None
         for x in ranks:
@@ -250,11 +257,14 @@ class Actor:
         if not node:
             raise ActError("the alert carries no node label")
         if r.action == triage.ACT_RESTART:
-            ranks = self.workers.ranks(r.labels.get("job", ""), node)
-            r.pids = sorted(int(x["pid"]) for x in ranks if int(x.get("pid", -1)) > 0)
+            job = r.labels.get("job", "")
+            r.agent_url = self.workers.url(r.labels)
+            ranks = self.workers.ranks(r.agent_url, job, node)
+            r.pids = sorted(x["pid"] for x in ranks if type(x.get("pid")) is int and x["pid"] > 0 and not x.get("finished"))
             if not r.pids:
-                raise NotHere(f"no rank of job {r.labels.get('job')} on node {node} at this node's agent")
-            return Workers.command(r.pids)
+                raise (NotHere if self.workers.fixed else ActError)(
+                    f"no rank of job {job} on node {node} at the agent {r.agent_url}")
+            return self.workers.command(r.agent_url, job, node, r.pids)
         return self.engine.drain_command(node, f"ranksight: {r.verdict}")
 
     def approve(self, rid: str) -> Record:
@@ -279,9 +289,8 @@ class Actor:
         if self.cfg["dry_run"]:
             return self._finish(r, "dry_run", "act.dry_run: not run")
         try:
-            if r.action == triage.ACT_RESTART:
-                self._still_ranks(r)
-                detail = self.workers.end(r.pids)
+            if r.action == triage.ACT_RESTART:  # the agent signals only pids that are still the job's ranks
+                detail = self.workers.end(r.agent_url, r.labels.get("job", ""), r.labels["node"], r.pids)
             else:
                 detail = self.engine.drain(r.labels["node"], f"ranksight: {r.verdict}")
         except ActError as e:
@@ -290,15 +299,6 @@ class Actor:
         if r.action == triage.ACT_RESTART:
             threading.Thread(target=self._watch_restart, args=(r,), daemon=True).start()
         return r
-
-    def _still_ranks(self, r: Record) -> None:
-        """Only pids the agent still lists as the job's ranks on the node are signalled (a proposal approved
-        late must not reach a process that reused a pid)."""
-        now = {int(x["pid"]) for x in self.workers.ranks(r.labels.get("job", ""), r.labels["node"])}
-        gone = [p for p in r.pids if p not in now]
-        r.pids = [p for p in r.pids if p in now]
-        if not r.pids:
-            raise ActError(f"pids {gone} are no longer ranks of job {r.labels.get('job')} on {r.labels['node']}")
 
     def _drain_refused(self, r: Record) -> Optional[Tuple[str, str]]:
         now = time.time()
@@ -326,7 +326,7 @@ class Actor:
         while time.time() < deadline:
             time.sleep(0.25)
             try:
-                ranks = self.workers.ranks(job, node)
+                ranks = self.workers.ranks(r.agent_url, job, node)
             except ActError:
                 continue
             fresh = [x for x in ranks if x["pid"] not in old and x.get("up")]
@@ -467,8 +467,9 @@ class ActServer:
         host, _, port = a["listen"].rpartition(":")
         if not (host and port.isdigit() and int(port) < 65536):
             raise ConfigError(f"config act.listen: expected host:port, got {a['listen']!r}")
-        self.actor = Actor(cfg, engine if engine is not None else make_engine(cfg),
-                           Workers(a["agent_url"], a["kill_grace_seconds"]), Ledger(a["ledger_file"]))
+        workers = Workers(a["agent_url"], a["kill_grace_seconds"], a["agent_token_file"], a["agent_ca_file"],
+                          a["agent_cert_file"], a["agent_key_file"])
+        self.actor = Actor(cfg, engine if engine is not None else make_engine(cfg), workers, Ledger(a["ledger_file"]))
         try:
             self.http = _Server((host.strip("[]"), int(port)), _handler(self.actor, token, gate))
         except OSError as e:

@@ -1,11 +1,13 @@
 """What `ranksight act` runs (ranksight/tools/act.py decides when): end a job's workers on a node, and
 drain a node in the engine the job runs on.
 
-- ``Workers``: the ranks of a job on a node, with their pids, read from the node agent's
-  ``/api/v1/ranks`` (each rank's hello carries its pid); ``end()`` sends SIGTERM, then SIGKILL after a
-  grace. The elastic launcher (``torchrun --max-restarts``) sees its workers fail and restarts them,
-  and they resume from their last checkpoint. Signals reach only processes on this machine, so
-  `ranksight act` runs beside the agent of the node whose ranks it ends.
+- ``Workers``: the culprit node's agent (act.agent_url, its {label} fields from the alert's labels), over
+  HTTPS with act.agent_ca_file, an optional client certificate and the bearer token of
+  act.agent_token_file: the job's ranks on the node, with their pids, from its ``/api/v1/ranks``, and
+  ``end()``, its ``POST /api/v1/ranks/end``: the agent sends SIGTERM, then SIGKILL after the grace, to
+  the processes it tracks as the job's ranks on its node (exporter/workers.py). The elastic launcher
+  (``torchrun --max-restarts``) sees its workers fail and restarts them, and they resume from their
+  last checkpoint. One `ranksight act` acts on every node.
 - ``SlurmEngine``: ``scontrol update NodeName=<node> State=DRAIN Reason="ranksight: <alert>"``; the jobs
   on a node from ``squeue -w``, their nodes from ``scontrol show hostnames``, the drained ones from
   ``sinfo``.
@@ -17,17 +19,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
-import signal
+import ssl
 import subprocess
+import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..common.plumbing import wait_until
+from ..config import AGENT_URL_FIELD
 from ..errors import ConfigError
 
 RANKS_API = "/api/v1/ranks"  # the agent's rank table (exporter/ranks.py RANKS_API)
+END_API = RANKS_API + "/end"  # the agent's end of a job's workers (exporter/workers.py END_API)
 
 
 class ActError(Exception):
@@ -35,50 +39,105 @@ class ActError(Exception):
 
 
 # ---------------------------------------------------------------- ending a job's workers
-@dataclass
 class Workers:
-    agent_url: str
-    grace: float = 5.0
+    """The culprit node's agent, over HTTPS (or plain HTTP to a loopback one): its ranks, and the end of a
+    job's workers there. ``url_template`` is act.agent_url, its {label} fields from the alert's labels."""
 
-    def ranks(self, job: str, node: str) -> List[Dict[str, Any]]:
-        """The agent's ranks of ``job`` on ``node`` (job, rank, node, pid, up, stalled, step, ...)."""
+    def __init__(self, url_template: str, grace: float = 5.0, token_file: str = "", ca_file: str = "",
+                 cert_file: str = "", key_file: str = "") -> None:
+        self.template, self.grace = url_template, grace
+        self.token_file, self.ca_file, self.cert_file, self.key_file = token_file, ca_file, cert_file, key_file
+        self.fixed = not AGENT_URL_FIELD.search(url_template)  # one agent for every alert: a one-node setup
+        self.token = _read_token("act.agent_token_file", token_file) if token_file else None
+        self.context = _client_context(ca_file, cert_file, key_file)
+
+    def url(self, labels: Mapping[str, str]) -> str:
+        """The agent URL for an alert: act.agent_url with each {label} from its labels. ActError when one is
+        missing or is no host name, address or port."""
+        def field(m: "re.Match[str]") -> str:
+            v = labels.get(m.group(1), "")
+            if not v or not _URL_VALUE.fullmatch(v):
+                raise ActError(f"act.agent_url {self.template}: the alert's label {m.group(1)} is "
+                               f"{'missing' if not v else repr(v) + ', no host or port'}")
+            return v
+        return AGENT_URL_FIELD.sub(field, self.template).rstrip("/")
+
+    def _open(self, url: str, body: Optional[bytes] = None, timeout: float = 10.0) -> Any:
+        req = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET")
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        if self.token is not None:
+            req.add_header("Authorization", "Bearer " + self.token)
+        ctx = self.context if url.startswith("https:") else None
         try:
-            with urllib.request.urlopen(self.agent_url.rstrip("/") + RANKS_API, timeout=5) as r:
-                doc = json.load(r)
-        except (OSError, ValueError) as e:
-            raise ActError(f"cannot read the agent's ranks at {self.agent_url}{RANKS_API}: {e}") from None
-        return [r for r in doc.get("ranks", []) if r.get("job") == job and r.get("node") == node]
+            with urllib.request.urlopen(req, timeout=timeout, context=ctx) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            try:
+                why = json.loads(e.read() or b"null")["error"]
+            except (ValueError, TypeError, KeyError, OSError):
+                why = e.reason
+            raise ActError(f"agent {url} answered {e.code}: {why}") from None
+        except (OSError, ValueError) as e:  # ssl.SSLError and URLError are OSErrors
+            raise ActError(f"cannot reach the agent at {url}: {getattr(e, 'reason', None) or e}") from None
 
-    @staticmethod
-    def command(pids: Sequence[int]) -> str:
-        return "kill -TERM " + " ".join(str(p) for p in pids)
+    def ranks(self, url: str, job: str, node: str) -> List[Dict[str, Any]]:
+        """The agent's ranks of ``job`` on ``node`` (job, rank, node, pid, up, stalled, step, ...)."""
+        doc = self._open(url + RANKS_API)
+        ranks = doc.get("ranks") if isinstance(doc, dict) else None
+        if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+            raise ActError(f"{url}{RANKS_API} answered no rank table: is it a ranksight agent?")
+        return [r for r in ranks if r.get("job") == job and r.get("node") == node]
 
-    def end(self, pids: Sequence[int]) -> str:
-        """SIGTERM every pid, SIGKILL those still alive after the grace. What happened, in words."""
-        alive = [p for p in pids if _signal(p, signal.SIGTERM)]
-        if not alive:
-            raise ActError(f"none of the pids {list(pids)} is running on this machine")
-        wait_until(lambda: not any(_alive(p) for p in alive), self.grace, 0.05)
-        killed = [p for p in alive if _alive(p) and _signal(p, signal.SIGKILL)]
-        return f"SIGTERM to {alive}" + (f", SIGKILL to {killed} after {self.grace:g} s" if killed else "")
+    def _body(self, job: str, node: str, pids: Sequence[int]) -> bytes:
+        return json.dumps({"job": job, "node": node, "pids": list(pids), "grace": self.grace}).encode()
+
+    def command(self, url: str, job: str, node: str, pids: Sequence[int]) -> str:
+        """The curl line that asks the agent what ``end`` asks (the token read from its file)."""
+        tls = "".join(f" --{k} {shlex.quote(v)}" for k, v in (("cacert", self.ca_file), ("cert", self.cert_file),
+                                                             ("key", self.key_file)) if v)
+        auth = f' -H "Authorization: Bearer $(cat {shlex.quote(self.token_file)})"' if self.token_file else ""
+        return (f"curl -sS --fail-with-body{tls}{auth} -H 'Content-Type: application/json' "
+                f"-d {shlex.quote(self._body(job, node, pids).decode())} {shlex.quote(url + END_API)}")
+
+    def end(self, url: str, job: str, node: str, pids: Sequence[int]) -> str:
+        """Ask the agent to end ``pids``, the job's workers on its node (it signals only those it tracks as
+        the job's ranks there). What happened, in words."""
+        doc = self._open(url + END_API, self._body(job, node, pids), timeout=self.grace + 30)
+        if not isinstance(doc, dict) or "detail" not in doc:
+            raise ActError(f"{url}{END_API} answered without a detail: is it a ranksight agent?")
+        return str(doc["detail"])
 
 
-def _signal(pid: int, sig: int) -> bool:
+_URL_VALUE = re.compile(r"[A-Za-z0-9._:\[\]-]+")  # a label value that may stand in a URL's host or port
+
+
+def _read_token(key: str, path: str) -> str:
     try:
-        os.kill(pid, sig)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError as e:
-        raise ActError(f"cannot signal pid {pid}: {e.strerror}") from None
+        tok = open(path, encoding="utf-8").read().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config {key}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not tok:
+        raise ConfigError(f"config {key}: {path} is empty")
+    return tok
 
 
-def _alive(pid: int) -> bool:
+def _client_context(ca_file: str, cert_file: str, key_file: str) -> ssl.SSLContext:
+    """The TLS client context for the agents: their CA (or the system's) and our client certificate."""
+    if bool(cert_file) != bool(key_file):
+        raise ConfigError("config act.agent_cert_file and act.agent_key_file: set both or neither")
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+        ctx = ssl.create_default_context(cafile=ca_file or None)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"config act.agent_ca_file: cannot load {ca_file}: {getattr(e, 'strerror', None) or e}") \
+            from None
+    if cert_file:
+        try:
+            ctx.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"config act.agent_cert_file: cannot load {cert_file} with {key_file}: "
+                              f"{getattr(e, 'strerror', None) or e}") from None
+    return ctx
 
 
 # ---------------------------------------------------------------- draining a node

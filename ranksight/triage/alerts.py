@@ -278,9 +278,12 @@ def _rank_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             # on a peer that writes a checkpoint) no rank completes steps, and the rates hold the
             # steps from before the stall for a whole rate window, a stale ratio that the stall's
             # own alerts explain.
+            # Not judged on a pipeline stage (RanksightPipelineStraggler judges stages): its peers
+            # are other stages, which differ by design, and its exposed comm is its P2P waits.
             expr=with_gpu(f"label_replace((({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
                           f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
-                          f" > {t['straggler_min_step_share']:g})) unless on (job) ({C.RANK_STALLED} == 1), "
+                          f" > {t['straggler_min_step_share']:g})) unless on (job) ({C.RANK_STALLED} == 1) "
+                          f"unless on ({RANK_BY}) ({C.PIPELINE_STAGES} > 1), "
                           f"\"comm\", \"waiting\", \"\", \"\")"),
             for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu", "comm"),
             indicator=REC["straggler"], op=">", scope=RANK_SCOPE,

@@ -5,11 +5,12 @@ Real parts: a 2-rank gloo DDP job under ``torchrun --max-restarts 3 --rdzv-backe
 step count, sampler epoch and position); a real node agent it sends to; Debian's Prometheus running
 the generated rules (test profile) and Alertmanager whose config `ranksight rules` rendered, its
 webhook receiver (``alerting.receivers``) pointed at a real `ranksight act` server with the bearer
-token from its ``credentials_file``; `ranksight act` in ``auto`` for RanksightRankStalled, not a dry run.
+token from its ``credentials_file``; `ranksight act` in ``auto`` for RanksightRankStalled, not a dry run,
+acting through the agent's end-workers endpoint (enabled by ``agent.act_token_file``).
 
 Rank 1 hangs at step 35 outside any collective (rank 0 blocks in the all-reduce). The agent marks it
-stalled, Prometheus fires RanksightRankStalled, Alertmanager posts it, `ranksight act` signals the
-job's workers on the node (pids from the agent's /api/v1/ranks), torchrun restarts them, and they
+stalled, Prometheus fires RanksightRankStalled, Alertmanager posts it, `ranksight act` asks the agent
+(pids from its /api/v1/ranks) to end the job's workers on the node, torchrun restarts them, and they
 resume from the step-30 checkpoint. Asserted: the resume loaded exactly the checkpoint's step, Adam
 state, parameters, epoch and position; the first step after the resume trains on the batch the
 sampler gives at that position; the job finishes its 60 steps; the ledger records the restart and
@@ -62,9 +63,11 @@ def _expected_batch(rank: int, epoch: int, pos: int) -> List[int]:
 def test_a_hang_is_ended_by_act_and_the_job_resumes_from_its_checkpoint(agent, local_stack, tmp_path):
     token = tmp_path / "act-token"
     token.write_text("act-recovery-token\n")
-    a = agent(collectors="ranks", env={"RANKSIGHT__agent__stall_min_seconds": "3"})
+    # the agent ends the job's workers for act: its endpoint enabled by the bearer token act sends
+    a = agent(collectors="ranks", env={"RANKSIGHT__agent__stall_min_seconds": "3",
+                                       "RANKSIGHT__agent__act_token_file": str(token)})
     act_env = {"RANKSIGHT__act__listen": "127.0.0.1:0", "RANKSIGHT__act__token_file": str(token),
-               "RANKSIGHT__act__agent_url": a.url, "RANKSIGHT__act__modes": "{RanksightRankStalled: auto}",
+               "RANKSIGHT__act__agent_url": a.url, "RANKSIGHT__act__agent_token_file": str(token), "RANKSIGHT__act__modes": "{RanksightRankStalled: auto}",
                "RANKSIGHT__act__dry_run": "false", "RANKSIGHT__act__kill_grace_seconds": "3"}
     server = ActServer(config.load(None, "test", env=act_env)).start()
     try:

@@ -488,7 +488,11 @@ def test_dcp_async_save_blocks_its_step_for_the_staging_and_records_the_write(rx
     (c,) = rx.of("ckpt")  # DCP's own torch.save calls on its writer thread are not checkpoints
     assert c["src"] == "dcp" and c["ok"] and c["dur"] >= 0.6
     shares = [s["ckpt"] for s in rx.steps()]
-    assert len(shares) == 12 and 0 < max(shares) < 0.3 and sum(1 for x in shares if x > 0) == 1
+    # the launching step holds the staging only: the record's duration is the staging plus the
+    # write's 0.6 s sleep and more, so the step's share is at most that less 0.6 s (a fixed bound
+    # such as 0.3 s failed when a loaded machine made the staging itself slower)
+    assert len(shares) == 12 and sum(1 for x in shares if x > 0) == 1
+    assert 0 < max(shares) <= c["dur"] - 0.6 + 0.02, (max(shares), c["dur"])
     tot = rx.of("bye")[-1]["tot"]
     assert tot["ckpt"] == pytest.approx(sum(shares), abs=1e-6)
     assert tot["ckpt_s"] == pytest.approx(c["dur"], abs=1e-6)

@@ -20,6 +20,7 @@ import pytest
 from ranksight import catalog as C
 from ranksight import config, triage
 from ranksight.cli import main
+from ranksight.exporter import workers
 from ranksight.common.plumbing import wait_until
 from ranksight.tools.act import ActServer
 from ranksight.tools.act_engines import Engine
@@ -29,16 +30,27 @@ from support.alertmanager_webhook import TOKEN, am_alert, am_webhook, post
 
 
 class Agent:
-    """/api/v1/ranks as the node agent serves it (exporter/ranks.py Rank.describe)."""
+    """/api/v1/ranks as the node agent serves it (exporter/ranks.py Rank.describe), and its POST
+    /api/v1/ranks/end answered by the agent's own code (exporter/workers.py serve) over these ranks."""
 
     def __init__(self) -> None:
         self.ranks: List[Dict[str, Any]] = []
+        self.ends: List[Dict[str, Any]] = []
         owner = self
 
         class H(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                body = json.dumps({"ranks": owner.ranks}).encode()
-                self.send_response(200)
+                self._send(200, {"ranks": owner.ranks})
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                owner.ends.append(json.loads(body))
+                code, doc, _ = workers.serve(body, owner.ranks)
+                self._send(code, doc)
+
+            def _send(self, code: int, doc: Any) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -80,6 +92,7 @@ def act(tmp_path):
         tok = tmp_path / "token"
         tok.write_text(TOKEN + "\n")
         env = {"RANKSIGHT__act__listen": "127.0.0.1:0", "RANKSIGHT__act__token_file": str(tok),
+               "RANKSIGHT__act__agent_token_file": str(tok),
                "RANKSIGHT__act__agent_url": agent.url, "RANKSIGHT__act__kill_grace_seconds": "2"}
         env.update({f"RANKSIGHT__act__{k}": str(v) for k, v in act_cfg.items()})
         cfg = config.load(None, "test", env=env)
@@ -315,7 +328,11 @@ def test_a_late_approval_signals_only_pids_that_are_still_the_jobs_ranks(act):
         s.agent.ranks = [{"job": "j", "rank": 1, "node": "n1", "pid": worker.pid, "up": True, "step": 7}]
         body = post(s, am_webhook(am_alert("RanksightRankStalled", job="j", rank="1", node="n1")))[1]
         rid = body["results"][0]["id"]
-        assert s.actor.ledger.by_id(rid).command == f"kill -TERM {worker.pid}"
+        rec = s.actor.ledger.by_id(rid)
+        assert rec.agent_url == s.agent.url and rec.node == "n1", rec
+        assert rec.command == (f"curl -sS --fail-with-body -H \"Authorization: Bearer $(cat {s.token_file})\" "
+                               "-H 'Content-Type: application/json' -d '{\"job\": \"j\", \"node\": \"n1\", "
+                               f"\"pids\": [{worker.pid}], \"grace\": 2.0}}' {s.agent.url}/api/v1/ranks/end"), rec.command
         s.agent.ranks = [dict(s.agent.ranks[0], pid=worker.pid + 100000)]  # restarted meanwhile: another pid
         code, rec = post(s, {}, path=f"/api/v1/approve/{rid}")
         assert code == 200 and rec["state"] == "failed" and "no longer ranks" in rec["detail"], rec

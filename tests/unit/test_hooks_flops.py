@@ -2,6 +2,8 @@
 from the watched model, checked against hand calculations; and what a real watch sends."""
 from __future__ import annotations
 
+import socket
+import time
 
 import pytest
 
@@ -101,6 +103,18 @@ def test_a_watch_sends_the_value_in_every_steps_record_and_its_source_in_the_hel
     assert hello["info"]["fpt_source"] == ("declared" if declared else "estimate_6n_attn")
 
 
+def first_hello(raw: Raw, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            rec = P.decode(raw.sock.recv(65536))
+        except socket.timeout:
+            continue
+        if rec["t"] == "hello":
+            return rec
+    raise AssertionError(f"no hello in {timeout:g} s")
+
+
 def test_a_model_found_after_watch_is_counted_once_it_is_known(clean_watch_env):
     """ranksight.watch() finds the model at its first optimizer step; the hello (sent at start)
     said "unknown", the step records carry 6·N once the model is known."""
@@ -111,6 +125,9 @@ def test_a_model_found_after_watch_is_counted_once_it_is_known(clean_watch_env):
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     cfg = {"hooks": {"heartbeat_seconds": 0.2, "table_every_steps": 0, "table_every_seconds": 0}}
     ranksight.watch(agent=raw.url, config=cfg)
+    # the background thread sends the hello as it starts; the loop waits for it, so the model is
+    # found after the hello went out (were the first step first, the hello would carry the count)
+    hello = first_hello(raw)
     for x, y in loader:
         loss = torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
@@ -118,6 +135,6 @@ def test_a_model_found_after_watch_is_counted_once_it_is_known(clean_watch_env):
         opt.step()
     ranksight.unwatch()
     recs = [P.decode(d) for d in raw.drain()]
-    assert next(r for r in recs if r["t"] == "hello")["info"]["fpt_source"] == "unknown"
+    assert hello["info"]["fpt_source"] == "unknown"
     fpt = [r["fpt"] for r in recs if r["t"] == "steps"]
     assert fpt and fpt[-1] == 6 * (16 * 32 + 32 + 32 * 8 + 8) and set(fpt) <= {0, fpt[-1]}
