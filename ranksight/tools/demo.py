@@ -331,10 +331,10 @@ def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path, ports: Dict[st
         for old in ("prometheus-data", "alertmanager-data"):  # a kept stack starts empty
             shutil.rmtree(stack_dir / old, ignore_errors=True)
     # a hang must be called within seconds, not the production 30 s
+    env = {"RANKSIGHT__agent__stall_min_seconds": "10", "RANKSIGHT__agent__stall_p99_factor": "5",
+           **(demo_act.agent_env(run_dir) if args.act else {})}  # --act: the agent ends workers for act
     agent = AgentProcess(run_dir, listen_port=ports.get("listen_port", 0), ingest_port=ports.get("ingest_port", 0),
-                         collectors=_collectors(),
-                         env={"RANKSIGHT__agent__stall_min_seconds": "10", "RANKSIGHT__agent__stall_p99_factor": "5"},
-                         nice=STACK_NICE)
+                         collectors=_collectors(), env=env, nice=STACK_NICE)
     started.append(agent)
     agent.start()
     if args.act:

@@ -51,6 +51,7 @@ RECOVER_LIMIT = 120.0  # the fault to the first step after the resume, at most
 FINISH_LIMIT = 90.0  # the first step after the resume to the job's end, at most
 STOP_SECONDS = 20.0  # SIGTERM to torchrun (it ends its workers), then SIGKILL
 SAME_LINE_SECONDS = 5.0  # a line the other rank printed this recently goes to the log only
+TOKEN_FILE = "act-token"  # in the run dir: Alertmanager's bearer token to act, and act's to the agent
 ROUTES = "{critical: act, warning: act, info: act, lint: none}"
 _TORCHRUN_LOG = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")  # torchrun's own log lines: the log file only
 _EVENTS = {  # the job's lines the demo times (examples/train_ddp.py)
@@ -76,16 +77,25 @@ def check(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
+def agent_env(run_dir: Path) -> Dict[str, str]:
+    """The agent's setting that turns on its end-workers endpoint for `ranksight act`: the bearer token
+    (``<run dir>/act-token``, written here) that act sends to it, and Alertmanager to act."""
+    token = run_dir / TOKEN_FILE
+    token.write_text(secrets.token_hex(16) + "\n")
+    token.chmod(0o600)
+    return {"RANKSIGHT__agent__act_token_file": str(token)}
+
+
 class ActProcess:
-    """A real `ranksight act` on a free loopback port, beside the demo's agent."""
+    """A real `ranksight act` on a free loopback port, beside the demo's agent (which ends the job's
+    workers when act asks, with the token of ``agent_env``)."""
 
     def __init__(self, run_dir: Path, agent: AgentProcess, config_path: Optional[str]):
-        self.token_file = run_dir / "act-token"
-        self.token_file.write_text(secrets.token_hex(16) + "\n")
-        self.token_file.chmod(0o600)
+        self.token_file = run_dir / TOKEN_FILE
         self.port = free_port()
         env = dict(os.environ, PYTHONUNBUFFERED="1", **{f"RANKSIGHT__act__{k}": v for k, v in {
             "listen": f"127.0.0.1:{self.port}", "token_file": str(self.token_file), "agent_url": agent.url,
+            "agent_token_file": str(self.token_file),
             "mode": "propose", "modes": "{RanksightRankStalled: auto}", "dry_run": "false", "engine": "none",
             "kill_grace_seconds": "5", "ledger_file": str(run_dir / "act-ledger.jsonl")}.items()})
         if config_path:
@@ -238,9 +248,11 @@ class Watch:
             if r["state"] == "recovered":
                 say(f"ranksight demo {t:>6}: act     {r['action']} {r['id']} {r['state']}: {r['detail']}")
                 continue
-            cmd = f" `{r['command']}`" if r["command"] else ""
+            pids = f", pids {r['pids']}" if r["pids"] else ""
             say(f"ranksight demo {t:>6}: act     {r['verdict']} on {_where(r['labels'])}: {r['action']} "
-                f"({r['mode']}) {r['state']}{cmd}" + (f" ({r['detail']})" if r["detail"] else ""))
+                f"({r['mode']}) {r['state']}{pids}" + (f" ({r['detail']})" if r["detail"] else ""))
+            if r["command"]:
+                say(f"ranksight demo {t:>6}: act     command: {r['command']}")
 
     def _workers(self, t: str) -> None:
         try:
@@ -311,9 +323,8 @@ def _summary(args: argparse.Namespace, stack: LocalStack, alerts: AlertLog, watc
     acted = [r for r in watch.records.values() if r["action"] == triage.ACT_RESTART]
     say("actions of ranksight act (its ledger):" if watch.records else "actions of ranksight act: none")
     for r in watch.records.values():
-        pids = f" pids {r['pids']}" if r["pids"] else ""
-        say(f"  {r['id']} {r['verdict']:<22} {_where(r['labels'])}  {r['action']} ({r['mode']}): {r['state']}"
-            f"{pids}{'  ' + r['command'] if r['command'] else ''}")
+        pids = f", pids {r['pids']}" if r["pids"] else ""
+        say(f"  {r['id']} {r['verdict']:<22} {_where(r['labels'])}  {r['action']} ({r['mode']}): {r['state']}{pids}")
     hit = alerts.named(FAULT, bad)
     ok = "again" in ev and job.proc.returncode == 0 and not why
     if hit is not None:
@@ -322,7 +333,8 @@ def _summary(args: argparse.Namespace, stack: LocalStack, alerts: AlertLog, watc
         say(f"verdict: the hang on rank {bad} was NOT named (expected RanksightRankStalled)")
     if acted:
         r = acted[0]
-        say(f"         ranksight act ran `{r['command']}` ({r['state']}); torchrun restarted the workers")
+        say(f"         ranksight act ended the job's workers, pids {r['pids']} ({r['state']}); torchrun restarted "
+            "them")
     if "resume" in ev:
         say(f"         the job resumed from checkpoint step {ev['resume'][2]}")
     if "hang" in ev and "again" in ev:

@@ -179,8 +179,9 @@ def test_demo_act_ends_the_hang_and_the_job_resumes_from_its_checkpoint(tmp_path
     fired = re.search(r"ranksight demo +t\+\d+s: FIRING  RanksightRankStalled +job=demo rank=1 node=(\S+)", out)
     assert fired, out
     acted = re.search(r"ranksight demo +t\+\d+s: act +RanksightRankStalled on job=demo rank=1 node=(\S+): "
-                      r"restart_workers \(auto\) done `kill -TERM (\d+) (\d+)` \(SIGTERM to \[(\d+), (\d+)\]", out)
-    assert acted and acted.group(1) == fired.group(1), out
+                      r"restart_workers \(auto\) done, pids \[(\d+), (\d+)\] \(SIGTERM to \[(\d+), (\d+)\]", out)
+    assert acted and acted.group(1) == fired.group(1) and acted.group(2, 3) == acted.group(4, 5), out
+    assert re.search(r"ranksight demo +t\+\d+s: act +command: \S", out), out  # the ledger's command
     old = {acted.group(2), acted.group(3)}
     restarted = re.search(r"restart torchrun started new workers, pids \[(\d+), (\d+)\] \(were \[(\d+), (\d+)\]", out)
     assert restarted and {restarted.group(3), restarted.group(4)} == old, out
