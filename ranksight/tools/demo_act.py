@@ -78,12 +78,13 @@ def check(args: argparse.Namespace) -> Optional[str]:
 
 
 def agent_env(run_dir: Path) -> Dict[str, str]:
-    """The agent's setting that turns on its end-workers endpoint for `ranksight act`: the bearer token
-    (``<run dir>/act-token``, written here) that act sends to it, and Alertmanager to act."""
+    """The agent's settings that turn on its end-workers endpoint for `ranksight act`: the bearer token
+    (``<run dir>/act-token``, written here) that act sends to it, and Alertmanager to act; and the pids
+    the demo's ranks claim over UDP trusted (the demo's own machine and user)."""
     token = run_dir / TOKEN_FILE
     token.write_text(secrets.token_hex(16) + "\n")
     token.chmod(0o600)
-    return {"RANKSIGHT__agent__act_token_file": str(token)}
+    return {"RANKSIGHT__agent__act_token_file": str(token), "RANKSIGHT__agent__act_trust_udp_pids": "true"}
 
 
 class ActProcess:
