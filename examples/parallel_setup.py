@@ -7,7 +7,7 @@ training loop one shape for all three: the module to call, the optimizer to give
 DeepSpeed's engine steps its optimizer itself (``engine.backward``, ``engine.step``) and writes its
 checkpoint on every rank (``engine.save_checkpoint``: each rank its ZeRO shard); DDP and FSDP step
 the optimizer and the LR schedule in the loop, and rank 0 (DDP) or every rank (FSDP: its shard)
-writes the checkpoint file."""
+writes the checkpoint file; ``load`` reads it back (DDP and FSDP) for a resume."""
 from __future__ import annotations
 
 import os
@@ -54,6 +54,19 @@ class Parallel:
         state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "scheduler": self.scheduler.state_dict(), **extra}
         write(ckpt_dir / (f"last-rank{rank}.pt" if self.sharded else "last.pt"), state)
+
+    def load(self, ckpt_dir: Path, rank: int) -> Optional[Dict[str, Any]]:
+        """The checkpoint ``save`` wrote (DDP: rank 0's file, read by every rank; FSDP: this rank's
+        shard), loaded into the model, the optimizer and the LR schedule; the whole state, or None
+        when there is none. DeepSpeed's own checkpoints are not read here."""
+        path = ckpt_dir / (f"last-rank{rank}.pt" if self.sharded else "last.pt")
+        if self.engine is not None or not path.is_file():
+            return None
+        state = torch.load(path, weights_only=not self.sharded)  # FSDP's shards are DTensors
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        return state
 
 
 def _optimizer(kind: str, params: Any, lr: float) -> torch.optim.Optimizer:

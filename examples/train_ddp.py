@@ -42,6 +42,16 @@ the first step, default 10 for kill-rank and hang, 0 for the others):
 Every rank agrees when to stop: the stop flag travels with the periodic loss
 all-reduce, so no rank leaves while its peer waits in a collective. SIGUSR1 asks for
 that stop early (``ranksight demo`` ends the job that way once it has its verdict).
+
+Resume (``--resume``, DDP and FSDP): a checkpoint holds the model, the optimizer and its LR
+schedule, the step, the sampler's epoch and position in it, the RNG state and the seconds trained
+so far. A process that finds one in ``--checkpoint-dir`` continues from it: the same step, epoch
+and next batch as the uninterrupted run, and ``--duration`` counts the seconds trained before it.
+Under an elastic launcher that restarts failed workers, a hung job whose workers are ended
+(``ranksight act``) resumes from its last checkpoint; a restarted worker injects no fault::
+
+    torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 --max-restarts 3 \
+        examples/train_ddp.py --resume --checkpoint-every 50 --fault hang --fault-after 30 --duration 45
 """
 from __future__ import annotations
 
@@ -54,6 +64,7 @@ import signal
 import statistics
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -87,6 +98,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=100, help="rank 0 prints the loss every N steps (0: never)")
     p.add_argument("--checkpoint-every", type=int, default=200, help="rank 0 checkpoints every N steps (0: never)")
     p.add_argument("--checkpoint-dir", default="run/checkpoints", help="where rank 0 writes last.pt")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint-dir's checkpoint when there is one (DDP, FSDP; see above)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device-ms", type=float, default=0.0, metavar="MS",
                    help="simulated device time per step: the host waits this long in each step, as for a GPU's "
@@ -119,6 +132,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
         p.error("--checkpoint-mbps must be 0 or more")
     if args.strategy == "deepspeed" and args.fault in ("slow-checkpoint", "long-checkpoint"):
         p.error(f"--fault {args.fault} writes its own checkpoint file; DeepSpeed writes its own: use --strategy ddp")
+    if args.strategy == "deepspeed" and args.resume:
+        p.error("--resume reads the checkpoint files of --strategy ddp or fsdp")
     if args.fault == "long-checkpoint" and not args.checkpoint_mbps:
         args.checkpoint_mbps = 0.4
     if args.fault == "comm-heavy":  # large gradients, tiny compute
@@ -150,6 +165,40 @@ class TokenSequences(Dataset):
         if self.read_delay:
             time.sleep(self.read_delay)
         return self.x[i], self.y[i]
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch part-way: ``skip`` samples of this rank's share
+    of the epoch (the batches trained before a checkpoint) are left out, so the next batch is the
+    one the uninterrupted run would take. Set it after a resume, back to 0 for the next epoch."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.skip = 0
+
+    def __iter__(self):
+        return iter(list(super().__iter__())[self.skip:])
+
+    def __len__(self) -> int:
+        return super().__len__() - self.skip
+
+
+def init_distributed(timeout_s: float) -> int:
+    """The gloo process group; the launcher's restart count (0 outside an elastic launcher). Under
+    torchrun the ranks meet on the launcher's store under one key prefix per restart: the store
+    keeps the keys of the round before, where a restarted rank would read its dead peer's address."""
+    timeout = timedelta(seconds=timeout_s)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is None:
+        dist.init_process_group("gloo", timeout=timeout)
+        return 0
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    master = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=master,
+                          timeout=timedelta(seconds=min(timeout_s, 300)))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"restart{restart}", store), rank=rank,
+                            world_size=world, timeout=timeout)
+    return int(restart)
 
 
 def make_model(dim: int, hidden: int, classes: int) -> nn.Module:
@@ -229,6 +278,30 @@ def save_checkpoint(path: Path, state: Dict, sync: bool, mbps: float = 0.0) -> N
     os.replace(tmp, path)
 
 
+def resume(par, ckpt_dir: Path, rank: int, sampler: ResumableSampler, batch: int, restart: int) -> tuple:
+    """(step, epoch, batches into the epoch, seconds trained) of the checkpoint in ``ckpt_dir``,
+    loaded into the model, optimizer, LR schedule, RNG and sampler; zeros without one. The ranks
+    check that they restored the same step."""
+    state = par.load(ckpt_dir, rank)
+    if state is None:
+        at = (0, 0, 0, 0.0)
+    else:
+        torch.set_rng_state(state["rng"])
+        at = (state["step"], state["sampler"]["epoch"], state["sampler"]["pos"], state["trained_s"])
+    steps = torch.tensor([at[0], -at[0]])
+    dist.all_reduce(steps, op=dist.ReduceOp.MIN)
+    if steps[0] != -steps[1]:
+        raise SystemExit(f"train_ddp: the ranks' checkpoints hold different steps ({steps[0]} to {-steps[1]})")
+    sampler.skip = at[2] * batch
+    again = f", worker restart {restart}" if restart else ""
+    if rank == 0 and state is not None:
+        say(f"train_ddp: resumed from checkpoint step {at[0]} (epoch {at[1]}, batch {at[2]} of the epoch, "
+            f"{at[3]:.0f} s trained before){again}")
+    elif rank == 0 and restart:
+        say(f"train_ddp: no checkpoint in {ckpt_dir} yet: starting over from step 0{again}")
+    return at
+
+
 def main(argv: Optional[list] = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)  # one core per rank
@@ -237,13 +310,15 @@ def main(argv: Optional[list] = None) -> int:
     # cycles, and the step time would creep 4x within two minutes (21 ms -> 88 ms) for no reason a
     # real job shares.
     torch.set_flush_denormal(True)
-    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=args.timeout))
+    restart = init_distributed(args.timeout)
+    if restart and args.fault != "comm-heavy":
+        args.fault = "none"  # a restarted worker injects no fault (comm-heavy is the model's shape)
     rank, world = dist.get_rank(), dist.get_world_size()
     faulty = args.fault != "none" and rank == args.rank_to_fault % world
     torch.manual_seed(args.seed)  # same initial weights on every rank
 
     data = TokenSequences(n=16 * world * args.batch_seqs, seq_len=args.seq_len, seed=args.seed)
-    sampler = DistributedSampler(data, shuffle=True, seed=args.seed, drop_last=True)
+    sampler = ResumableSampler(data, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(data, batch_size=args.batch_seqs, sampler=sampler, drop_last=True)
     plain = make_model(64, args.hidden, 8)
     shadow = copy.deepcopy(plain)  # the straggler's extra compute, outside the parallel model
@@ -274,7 +349,10 @@ def main(argv: Optional[list] = None) -> int:
 
     asked: list = []  # SIGUSR1: stop at the next loss all-reduce, on every rank
     signal.signal(signal.SIGUSR1, lambda signum, frame: asked.append(signum))
-    step, epoch, loss_sum, start, stop = 0, 0, 0.0, None, False
+    step, epoch, pos, trained = (resume(par, ckpt_dir, rank, sampler, args.batch_seqs, restart) if args.resume
+                                 else (0, 0, 0, 0.0))
+    resumed, per_epoch = step, len(data) // world // args.batch_seqs
+    loss_sum, start, stop = 0.0, None, False
     fault_on = args.fault == "comm-heavy"  # the model's shape: on from the start
     long_done = False
     while not stop:
@@ -303,8 +381,10 @@ def main(argv: Optional[list] = None) -> int:
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
             ranksight.loss(loss)  # optional: the loss, recorded without a device sync (loss health alerts)
             par.backward_step(loss)  # zero_grad, backward, optimizer and LR steps (DeepSpeed: its engine's)
-            step += 1
+            step, pos = step + 1, pos + 1
             loss_sum += loss.item()
+            if rank == 0 and (resumed or restart) and step == resumed + 1:
+                say(f"train_ddp: step {step} trained: training again after the resume")
 
             slow = slow_ckpt and fault_on
             every = min(args.checkpoint_every or 10, 10) if slow else args.checkpoint_every
@@ -314,8 +394,10 @@ def main(argv: Optional[list] = None) -> int:
                     say(f"train_ddp: rank 0 writes a {pad_mb:g} MB checkpoint at {args.checkpoint_mbps:g} MB/s (fault)")
                 own = not (slow_ckpt or long_ckpt)  # no checkpoint fault: every write as the flags say
                 sync, mbps = args.checkpoint_sync or slow, args.checkpoint_mbps if own or long_now else 0.0
+                at = (epoch + 1, 0) if pos == per_epoch else (epoch, pos)  # where the next batch comes from
                 par.save(ckpt_dir, rank, {
-                    "step": step, "epoch": epoch, "sampler": {"epoch": epoch, "seed": args.seed},
+                    "step": step, "epoch": at[0], "sampler": {"epoch": at[0], "pos": at[1], "seed": args.seed},
+                    "trained_s": trained + time.monotonic() - start,
                     "rng": torch.get_rng_state(), "extra": pad if own or slow or long_now else pad[:0]},
                     lambda path, state: save_checkpoint(path, state, sync=sync, mbps=mbps))
             long_done = long_done or long_now
@@ -325,16 +407,17 @@ def main(argv: Optional[list] = None) -> int:
             stop = bool(args.steps) and step >= args.steps  # the same on every rank
             if step % 10 == 0:  # every rank takes part: average loss and the shared "time is up" flag
                 elapsed = time.monotonic() - start
-                time_up = bool(args.duration) and elapsed >= args.duration
+                time_up = bool(args.duration) and trained + elapsed >= args.duration
                 t = torch.tensor([loss_sum / 10, float(time_up or bool(asked))])
                 dist.all_reduce(t)
                 loss_sum, stop = 0.0, stop or bool(t[1] > 0)
                 if rank == 0 and args.log_every and (step % args.log_every == 0 or stop):
-                    say(f"train_ddp: step {step} loss {t[0].item() / world:.4f} ({step / elapsed:.1f} steps/s, "
-                        f"{step * world * args.batch_seqs / elapsed:.0f} samples/s)")
+                    done = step - resumed
+                    say(f"train_ddp: step {step} loss {t[0].item() / world:.4f} ({done / elapsed:.1f} steps/s, "
+                        f"{done * world * args.batch_seqs / elapsed:.0f} samples/s)")
             if stop:
                 break
-        epoch += 1
+        epoch, pos, sampler.skip = epoch + 1, 0, 0
     dist.destroy_process_group()
     return 0
 

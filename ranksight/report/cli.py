@@ -129,7 +129,8 @@ def build(args: argparse.Namespace, now: Optional[float] = None) -> Tuple[write.
     rep = write.Report(args.job, prom.url, run, summary, fired, make.verdict(args.job, summary, fired, flags, base),
                        base, note, flags)
     if getattr(args, "act", None):
-        rep.actions = _actions(args.act, cfg["act"]["token_file"], args.job, run, args.timeout)
+        token = getattr(args, "act_token_file", None) or cfg["act"]["token_file"]
+        rep.actions = _actions(args.act, token, args.job, run, args.timeout)
     out = Path(args.out) if args.out else Path(f"ranksight-report-{re.sub(r'[^A-Za-z0-9_.-]', '_', args.job)}")
     from . import panels
 
@@ -175,11 +176,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write_report(prometheus: str, job: str, out: str, profile: str = "default", start: Optional[float] = None,
-                 end: Optional[float] = None, config_path: Optional[str] = None) -> Tuple[str, Path]:
+                 end: Optional[float] = None, config_path: Optional[str] = None, act: Optional[str] = None,
+                 act_token_file: Optional[str] = None) -> Tuple[str, Path]:
     """The report as a library call (``ranksight demo`` ends with it): returns (verdict, report.html).
-    Raises ``make.ReportError`` (one line, ``.code``) or ``ApiError`` (Prometheus unreachable)."""
+    ``act``: a running `ranksight act` whose actions it lists (its token from ``act_token_file``, else
+    the config's ``act.token_file``). Raises ``make.ReportError`` (one line, ``.code``) or ``ApiError``
+    (Prometheus unreachable)."""
     args = argparse.Namespace(prometheus=prometheus, job=job, start=None if start is None else str(start),
                               end=None if end is None else str(end), baseline=None, lookback=DEFAULT_LOOKBACK,
-                              out=out, dashboard=None, config=config_path, profile=profile, timeout=15.0)
+                              out=out, dashboard=None, config=config_path, profile=profile, timeout=15.0, act=act,
+                              act_token_file=act_token_file)
     rep, out_dir = build(args)
     return rep.verdict, write.write(rep, out_dir)["html"]

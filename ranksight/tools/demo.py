@@ -15,6 +15,11 @@ prints the verdict: the cause, the symptoms it muted, and the next check and run
 triage entry. Exit 0 when the cause was named (``--fault none``: when no alert fired), 1
 otherwise.
 
+``--act`` (``demo_act.py``) shows the loop that ends a hang: ``ranksight act`` beside the agent,
+Alertmanager posting to it, the job under ``torchrun --max-restarts 3`` checkpointing as it trains; the
+injected hang is named, `ranksight act` ends the workers, torchrun restarts them and they resume from
+the last checkpoint; it prints the time from the fault to training again.
+
 ``--keep`` runs everything on the fixed default ports (agent :9945 and udp :9946,
 Prometheus :9090, Alertmanager :9093, the stack's files in ``run/stack``, where
 ``ranksight stack status|down`` look) and, after the verdict, keeps the agent and the
@@ -41,6 +46,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 from .. import catalog, config, triage
 from ..common.plumbing import ApiError, free_port, port_in_use, set_pdeathsig, wait_until
 from ..console import error
+from . import demo_act
 from .demo_alerts import EXPECTED, EXPECTED_ENTRIES, JOB, AlertLog, SeenAlert, say  # noqa: F401 (public here)
 from .triage_text import runbook_path
 from .stack import (DEFAULT_ALERTMANAGER_PORT, DEFAULT_PROMETHEUS_PORT, AgentProcess, LocalStack, MissingBinary,
@@ -82,15 +88,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "and the verdict: the cause, the symptoms it muted, and the next check.")
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = ("faults:\n" + "\n".join(f"  {k:<16} {v}" for k, v in FAULT_HELP.items()) +
-                "\n\nexit status: 0 the injected cause was named (--fault none: no alert fired), 1 it was not,\n"
-                "2 bad usage or a port/binary problem, 130 interrupted")
-    p.add_argument("--fault", choices=FAULTS, default=DEFAULT_FAULT, metavar="FAULT",
-                   help=f"fault to inject (default {DEFAULT_FAULT}): {', '.join(FAULTS)}; see below")
-    p.add_argument("--fault-after", type=float, default=30.0, metavar="S",
-                   help="the healthy phase: the fault starts this many seconds after the first step (default 30)")
-    p.add_argument("--duration", type=float, default=120.0, metavar="S",
+                "\n\n--act: ranksight act restarts the hung job's workers (torchrun --max-restarts 3) and they resume "
+                "from\nthe last checkpoint; it takes --fault hang only (its default), --strategy ddp or fsdp\n"
+                "\nexit status: 0 the injected cause was named (--fault none: no alert fired; --act: the job trained "
+                "again\nafter the resume and finished), 1 it was not (--act: not within "
+                f"{demo_act.RECOVER_LIMIT:g} s of the fault), 2 bad usage or a\nport/binary problem, 130 interrupted")
+    p.add_argument("--fault", choices=FAULTS, default=None, metavar="FAULT",
+                   help=f"fault to inject (default {DEFAULT_FAULT}): {', '.join(FAULTS)}; see below (--act: hang)")
+    p.add_argument("--fault-after", type=float, default=None, metavar="S",
+                   help="the healthy phase: the fault starts this many seconds after the first step (default 30; "
+                        f"with --act {demo_act.FAULT_AFTER:g})")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
                    help="at most this many seconds of training, from the first step (default 120; startup adds "
-                        "~10-20 s); with a fault the job stops once the cause has fired and muted its symptoms")
+                        "~10-20 s); with a fault the job stops once the cause has fired and muted its symptoms; "
+                        f"with --act the seconds the job trains in all (default --fault-after + "
+                        f"{demo_act.TRAIN_AFTER_RESUME:g})")
     p.add_argument("--keep", action="store_true",
                    help="fixed ports (agent :9945, udp :9946, Prometheus :9090, Alertmanager :9093; stack files in "
                         f"{KEEP_DIR}); after the verdict keep the agent and stack running until Ctrl-C or "
@@ -106,6 +118,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "engine on CPU, needs deepspeed installed)")
     p.add_argument("--zero-stage", type=int, choices=(1, 2, 3), default=2,
                    help="--strategy deepspeed: the ZeRO stage (default 2)")
+    p.add_argument("--act", action="store_true",
+                   help="end the injected hang with `ranksight act` (auto for RanksightRankStalled, not a dry run): "
+                        "the job runs under torchrun --max-restarts 3, checkpoints every "
+                        f"{demo_act.CHECKPOINT_EVERY} steps and resumes from the last checkpoint; prints the time from "
+                        "the fault to training again")
 
 
 class Job:
@@ -219,9 +236,11 @@ def _port(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
-def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
+def report_path(run_dir: Path, stack: Optional[LocalStack],
+                act: Optional["demo_act.ActProcess"] = None) -> Optional[Path]:
     """Write the run report of this demo (``ranksight report`` on the demo's job, from its
-    Prometheus) and return its report.html; None, with one line saying why, when it cannot."""
+    Prometheus; with ``act``, its Actions section) and return its report.html; None, with one line
+    saying why, when it cannot."""
     if stack is None:
         return None
     try:
@@ -231,7 +250,9 @@ def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
         say(f"report        not written: {e} (pip install 'ranksight[report]')")
         return None
     try:
-        _, html = write_report(stack.prom_url, JOB, out=str(run_dir / "report"), profile="test")
+        _, html = write_report(stack.prom_url, JOB, out=str(run_dir / "report"), profile="test",
+                               act=act.url if act is not None else None,
+                               act_token_file=str(act.token_file) if act is not None else None)
     except (ReportError, ApiError) as e:
         say(f"report        not written: {e}")
         return None
@@ -239,6 +260,15 @@ def report_path(run_dir: Path, stack: Optional[LocalStack]) -> Optional[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.act:
+        problem = demo_act.check(args)
+        if problem:
+            return error(problem)
+    args.fault = args.fault or DEFAULT_FAULT
+    if args.fault_after is None:
+        args.fault_after = 30.0
+    if args.duration is None and not args.act:
+        args.duration = 120.0
     if args.strategy == "deepspeed":
         if args.fault in OWN_CHECKPOINT_FAULTS:
             return error(f"--fault {args.fault} writes its own checkpoint file, DeepSpeed writes its own: "
@@ -248,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
                          "DS_BUILD_OPS=0 needs no compiler)")
     for flag, v, lo in (("--duration", args.duration, 0.0), ("--fault-after", args.fault_after, -1e-9),
                         ("--settle", args.settle, -1e-9)):
-        if not v > lo or v != v:
+        if v is not None and (not v > lo or v != v):
             return error(f"{flag} must be {'positive' if lo == 0 else '0 or more'}")
     started: List[object] = []
 
@@ -292,20 +322,23 @@ def _keep_ports() -> Dict[str, int]:
 
 
 def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path, ports: Dict[str, int],
-           started: List[object]) -> Tuple[AgentProcess, Optional[LocalStack]]:
-    """The agent and the stack: free ports, or with --keep the fixed default ones in run/stack."""
+           started: List[object]) -> Tuple[AgentProcess, Optional[LocalStack], Mapping]:
+    """The agent, with --act `ranksight act`, and the stack: free ports, or with --keep the fixed
+    default ones in run/stack. The config the stack runs (with --act, its webhook receiver)."""
     stack_dir = run_dir / "stack"
     if args.keep:
         stack_dir = Path(KEEP_DIR).resolve()
         for old in ("prometheus-data", "alertmanager-data"):  # a kept stack starts empty
             shutil.rmtree(stack_dir / old, ignore_errors=True)
     # a hang must be called within seconds, not the production 30 s
+    env = {"RANKSIGHT__agent__stall_min_seconds": "10", "RANKSIGHT__agent__stall_p99_factor": "5",
+           **(demo_act.agent_env(run_dir) if args.act else {})}  # --act: the agent ends workers for act
     agent = AgentProcess(run_dir, listen_port=ports.get("listen_port", 0), ingest_port=ports.get("ingest_port", 0),
-                         collectors=_collectors(),
-                         env={"RANKSIGHT__agent__stall_min_seconds": "10", "RANKSIGHT__agent__stall_p99_factor": "5"},
-                         nice=STACK_NICE)
+                         collectors=_collectors(), env=env, nice=STACK_NICE)
     started.append(agent)
     agent.start()
+    if args.act:
+        cfg = demo_act.start(args, run_dir, agent, started)
     stack: Optional[LocalStack] = None
     try:
         stack = LocalStack(stack_dir, targets=[agent.target], files=render_alert_files(cfg), cfg=cfg,
@@ -318,10 +351,10 @@ def _start(args: argparse.Namespace, cfg: Mapping, run_dir: Path, ports: Dict[st
         stack.start()
     except MissingBinary as e:
         stack = None
-        if args.keep:
+        if args.keep or args.act:
             raise
         say(f"ranksight demo: no local stack ({e}); running the agent and the job only")
-    return agent, stack
+    return agent, stack, cfg
 
 
 def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int]) -> int:
@@ -332,11 +365,15 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    agent, stack = _start(args, cfg, run_dir, ports, started)
+    agent, stack, cfg = _start(args, cfg, run_dir, ports, started)
     fault, bad = args.fault, args.rank_to_fault
     after = 0.0 if fault in ("none", "comm-heavy") else args.fault_after
     what = STRATEGY_NAMES[args.strategy].format(z=args.zero_stage)
-    if fault == "none":
+    if args.act:
+        say(f"ranksight demo: a 2-rank CPU {what} job under torchrun --max-restarts {demo_act.RESTARTS}, healthy for "
+            f"{after:g} s, then fault hang ({EXPECTED[fault][2].format(r=bad)}); ranksight act restarts its workers "
+            "and they resume from the last checkpoint")
+    elif fault == "none":
         say(f"ranksight demo: a 2-rank CPU {what} job, healthy for up to {args.duration:g} s (no fault)")
     else:
         phase = f"healthy for {after:g} s, then" if after else "from the start:"
@@ -345,9 +382,19 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
     if stack is not None:
         say(f"prometheus    {stack.prom_url}/alerts")
         say(f"alertmanager  {stack.am_url}")
+    if args.act:
+        say(f"act           {args.act_server.url}   (auto for RanksightRankStalled; token {args.act_server.token_file})")
     say(f"logs          {run_dir}")
     say()
 
+    env = dict(os.environ, RANKSIGHT_AGENT=agent.ingest, RANKSIGHT_JOB=JOB, OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    if not _has_numpy():  # torch warns at import when numpy is absent; harmless for this job
+        env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"),
+                                                       "ignore:Failed to initialize NumPy:UserWarning"]))
+    if args.act and stack is not None:
+        verdict = demo_act.run(args, run_dir, agent, stack, script, env, started, _stepping)
+        return _end(args, run_dir, agent, stack, state, verdict)
     job_args = ["--duration", f"{args.duration:g}", "--fault", fault, "--rank-to-fault", str(bad),
                 "--fault-after", f"{after:g}", "--checkpoint-dir", str(run_dir / "checkpoints"),
                 "--strategy", args.strategy, "--zero-stage", str(args.zero_stage)]
@@ -356,11 +403,6 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
         # CommBound's 30% even when the machine's other load slows both ranks (the verdict shows the
         # CommBound the straggler mutes)
         job_args += ["--straggler-extra", f"{DEMO_STRAGGLER_EXTRA:g}"]
-    env = dict(os.environ, RANKSIGHT_AGENT=agent.ingest, RANKSIGHT_JOB=JOB, OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
-    if not _has_numpy():  # torch warns at import when numpy is absent; harmless for this job
-        env["PYTHONWARNINGS"] = ",".join(filter(None, [env.get("PYTHONWARNINGS"),
-                                                       "ignore:Failed to initialize NumPy:UserWarning"]))
     job = Job(script, run_dir, job_args, env)
     started.append(job)
     alerts = AlertLog()
@@ -399,8 +441,13 @@ def _run(args: argparse.Namespace, started: List[object], state: Dict[str, int])
     else:
         job.finish()
     codes = job.returncodes()
-    verdict = _verdict(args, cfg, stack, alerts, codes)
-    path = report_path(run_dir, stack)
+    return _end(args, run_dir, agent, stack, state, _verdict(args, cfg, stack, alerts, codes))
+
+
+def _end(args: argparse.Namespace, run_dir: Path, agent: AgentProcess, stack: Optional[LocalStack],
+         state: Dict[str, int], verdict: int) -> int:
+    """The run report, then with --keep the kept agent and stack; the exit status."""
+    path = report_path(run_dir, stack, getattr(args, "act_server", None))
     if path is not None:
         say(f"report        {path}")
     if args.keep and stack is not None:

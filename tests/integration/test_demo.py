@@ -162,3 +162,47 @@ def test_demo_strategy_deepspeed_with_a_checkpoint_fault_is_one_line():
     assert p.returncode == 2 and p.stderr.strip() == (
         "ranksight: error: --fault slow-checkpoint writes its own checkpoint file, DeepSpeed writes its own: "
         "use --strategy ddp or fsdp for it"), p.stderr
+
+
+@pytest.mark.slow
+def test_demo_act_ends_the_hang_and_the_job_resumes_from_its_checkpoint(tmp_path):
+    """``--act``: a real `ranksight act` beside the agent, Alertmanager's webhook receiver pointed at it,
+    the job under torchrun --max-restarts 3. The hang on rank 1 is named (RanksightRankStalled), act
+    ends the job's workers, torchrun restarts them, they resume from a checkpoint and finish; the
+    demo prints the time from the fault to training again."""
+    require_binary("prometheus"), require_binary("alertmanager")
+    run_dir = tmp_path / "demo"
+    p = demo("--act", "--run-dir", str(run_dir), timeout=360)
+    out = p.stdout
+    assert p.returncode == 0, out + p.stderr
+    assert "then fault hang" in out.splitlines()[0] and re.search(r"^act +http://127\.0\.0\.1:\d+ ", out, re.M), out
+    fired = re.search(r"ranksight demo +t\+\d+s: FIRING  RanksightRankStalled +job=demo rank=1 node=(\S+)", out)
+    assert fired, out
+    acted = re.search(r"ranksight demo +t\+\d+s: act +RanksightRankStalled on job=demo rank=1 node=(\S+): "
+                      r"restart_workers \(auto\) done, pids \[(\d+), (\d+)\] \(SIGTERM to \[(\d+), (\d+)\]", out)
+    assert acted and acted.group(1) == fired.group(1) and acted.group(2, 3) == acted.group(4, 5), out
+    assert re.search(r"ranksight demo +t\+\d+s: act +command: \S", out), out  # the ledger's command
+    old = {acted.group(2), acted.group(3)}
+    restarted = re.search(r"restart torchrun started new workers, pids \[(\d+), (\d+)\] \(were \[(\d+), (\d+)\]", out)
+    assert restarted and {restarted.group(3), restarted.group(4)} == old, out
+    assert not {restarted.group(1), restarted.group(2)} & old, out
+    assert re.search(r"act +restart_workers \w+ recovered: new pids", out), out
+    # the resume: the checkpoint's step (a multiple of the checkpoint interval), then the next step trains
+    step = int(re.search(r"^train_ddp: resumed from checkpoint step (\d+) .*worker restart 1$", out, re.M).group(1))
+    assert step > 0 and step % 50 == 0, out
+    assert f"train_ddp: step {step + 1} trained: training again after the resume" in out, out
+    assert out.index("FIRING  RanksightRankStalled") < out.index("restart_workers (auto) done") < \
+        out.index("train_ddp: resumed from checkpoint") < out.index("fault to training again"), out
+    assert "torchrun exit code: 0 (workers restarted 1 time(s))" in out, out
+    assert re.search(rf"^ +the job resumed from checkpoint step {step}$", out, re.M), out
+    t = float(re.search(rf"^fault to training again: ([\d.]+) s \(the hang to the first step after the resume, "
+                        rf"step {step + 1}; ranksight act acted [\d.]+ s after it\)$", out, re.M).group(1))
+    print(f"\nfault to training again: {t:.1f} s")
+    assert 0 < t <= 120, out
+    split = dict(re.findall(r"(\w+) ([\d.]+)", re.search(r"^goodput +\d+% of \d+ s per rank; seconds: (.*)$", out,
+                                                         re.M).group(1)))
+    assert float(split["stalled"]) > 5 and float(split["recovery"]) > 1 and "productive" in split, out
+    assert re.search(r"^report +\S+report\.html$", out, re.M), out
+    md = (run_dir / "report" / "report.md").read_text()  # the report lists the action and its result
+    assert "## Actions" in md and re.search(r"\| rank 1 node \S+ \| restart_workers \| auto \| ", md), md
+    _no_leftovers(run_dir)
