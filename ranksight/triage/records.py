@@ -185,11 +185,13 @@ def _resume_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     carries them across processes), so the series' sum over readings would be the mean of the whole
     run. The loss sum and readings are therefore also recorded while no restore is recent
     (``loss_steady_sum``, ``loss_steady_readings``, per node), and after a restore their last values
-    on that node (the counters when the new process's first record arrived) are subtracted: the
-    mean of the steps since. Where the node has no such values (the rank came back on another node,
-    whose series start from 0) or the counters went below them (the agent forgot the rank or
-    restarted), the series' own counters are the steps since. ``loss_resume_min_readings`` applies to
-    the readings since the restore."""
+    on that node (the counters at the last evaluation before the restore's marker arrived) are
+    subtracted: the mean of the steps since. Where the node has no such values (the rank came back on
+    another node, whose series start from 0) or the counters are below them (the agent forgot the
+    rank or restarted: its counters start from 0 too), the series' own counters are the steps since;
+    a new process that, within ``windows.loss_resume``, passes the readings its forgotten predecessor
+    made is judged on the difference. ``loss_resume_min_readings`` applies to the readings since the
+    restore."""
     w = cfg["windows"]
     recent = recent_resume(cfg)
     least = f"{cfg['thresholds']['loss_resume_min_readings']:g}"
