@@ -71,10 +71,12 @@ REC = {
     "pipe_ideal": "rank:ranksight_pipeline_bubble_ideal:ratio",
     "pipe_busy_median": "job:ranksight_pipeline_busy_seconds:median",
     "pipe_straggler": "rank:ranksight_pipeline_straggler:ratio",
-    # the loss after a checkpoint restore: a rank's short mean while no restore is recent (the
-    # "before" of a later resume), the last of those before the restore, the mean since the restore
-    # (the new process's counters), and their ratio
+    # the loss after a checkpoint restore: a rank's short mean, loss sum and readings while no restore
+    # is recent (the "before" of a later resume), the last mean before the restore, the mean since the
+    # restore (the counters minus their last steady values on the node), and their ratio
     "loss_steady": "rank:ranksight_loss:mean_steady",
+    "loss_steady_sum": "rank:ranksight_loss_sum:steady",
+    "loss_steady_readings": "rank:ranksight_loss_readings:steady",
     "loss_pre_resume": "rank:ranksight_loss:mean_before_resume",
     "loss_post_resume": "rank:ranksight_loss:mean_since_resume",
     "loss_resume_jump": "rank:ranksight_loss_resume_jump:ratio",

@@ -178,20 +178,40 @@ def _resume_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     record). "Before": the rank's short-window mean, recorded as ``loss_steady`` only while no restore
     is recent; its last value within ``windows.loss_resume_lookback`` is the mean of the last steps
     before the restart (the restore stops the steady series at the evaluation its marker arrives).
-    "After": the new process's own counters, sum over readings: the mean of every step since it
-    started, with no window to mix in the old process's steps (and the process's own series only: the
-    old process may linger on its agent). Before and after are matched on (job, rank): a restarted
-    rank may come back on another node."""
+    Before and after are matched on (job, rank): a restarted rank may come back on another node.
+
+    "After": the mean of every step since the restore, sum over readings. A rank that comes back on
+    the same node within the agent's ``rank_ttl_seconds`` continues its counters there (the agent
+    carries them across processes), so the series' sum over readings would be the mean of the whole
+    run. The loss sum and readings are therefore also recorded while no restore is recent
+    (``loss_steady_sum``, ``loss_steady_readings``, per node), and after a restore their last values
+    on that node (the counters at the last evaluation before the restore's marker arrived) are
+    subtracted: the mean of the steps since. Where the node has no such values (the rank came back on
+    another node, whose series start from 0) or the counters are below them (the agent forgot the
+    rank or restarted: its counters start from 0 too), the series' own counters are the steps since;
+    a new process that, within ``windows.loss_resume``, passes the readings its forgotten predecessor
+    made is judged on the difference. ``loss_resume_min_readings`` applies to the readings since the
+    restore."""
     w = cfg["windows"]
     recent = recent_resume(cfg)
-    t = cfg["thresholds"]
+    least = f"{cfg['thresholds']['loss_resume_min_readings']:g}"
+    node = "on (job, node, rank) group_left ()"
+
+    def base(record: str) -> str:  # a steady counter's last value on the rank's node
+        return f"max by (job, node, rank) (last_over_time({REC[record]}[{w['loss_resume_lookback']}]))"
+
+    since_base = (f"(({C.LOSS_SUM} - {node} {base('loss_steady_sum')}) / "
+                  f"(({C.LOSS_READINGS} - {node} {base('loss_steady_readings')}) >= {least}))")
+    own = (f"(({C.LOSS_SUM} / ({C.LOSS_READINGS} >= {least})) unless on (job, node, rank) "
+           f"({C.LOSS_READINGS} >= {node} {base('loss_steady_readings')}))")
     return [
         Recording(REC["loss_steady"], f"{REC['loss_short']} unless on (job, rank) {recent}"),
+        Recording(REC["loss_steady_sum"], f"{C.LOSS_SUM} unless on (job, rank) {recent}"),
+        Recording(REC["loss_steady_readings"], f"{C.LOSS_READINGS} unless on (job, rank) {recent}"),
         Recording(REC["loss_pre_resume"],
                   f"max by (job, rank) (last_over_time({REC['loss_steady']}[{w['loss_resume_lookback']}])) "
                   f"and on (job, rank) {recent}"),
-        Recording(REC["loss_post_resume"],
-                  f"({C.LOSS_SUM} / ({C.LOSS_READINGS} >= {t['loss_resume_min_readings']:g})) and {recent}"),
+        Recording(REC["loss_post_resume"], f"({since_base} or {own}) and {recent}"),
         Recording(REC["loss_resume_jump"],
                   f"{REC['loss_post_resume']} / on (job, rank) group_left () ({REC['loss_pre_resume']} > 0)"),
     ]

@@ -144,9 +144,10 @@ def test_the_agent_is_under_the_series_target_and_all_series_is_not():
 
 def _long_window_records() -> list:
     """The records read over a range of another record (not backfilled), in rule-file order: the
-    step-time baseline, the NIC's day-best, and the loss before a resume (the last steady loss
-    mean within hours) with the jump ratio that reads it."""
-    longer = (triage.REC["nic_best_1d"], triage.REC["loss_pre_resume"], triage.REC["loss_resume_jump"])
+    step-time baseline, the NIC's day-best, and the loss before and since a resume (the last steady
+    loss mean and counters within hours) with the jump ratio that reads them."""
+    longer = (triage.REC["nic_best_1d"], triage.REC["loss_pre_resume"], triage.REC["loss_post_resume"],
+              triage.REC["loss_resume_jump"])
     return [r.record for r in triage.recording_rules(config.load())
             if r.group in goodput.CROSS_GROUP_READERS or r.record in longer]
 
