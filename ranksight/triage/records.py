@@ -157,11 +157,15 @@ def _loss_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     (``offset``), so that the spike itself is not in its reference."""
     short, long = cfg["windows"]["loss_short"], cfg["windows"]["loss_long"]
     before = f"[{long}] offset {short}"
+    full = f"({REC['loss_short']} and on ({RANK_BY}) ({C.LOSS_READINGS} offset {short}))"
     return [
         Recording(REC["loss_short"], f"{_rate(C.LOSS_SUM, short)} / ({_rate(C.LOSS_READINGS, short)} > 0)"),
         Recording(REC["loss_before"], f"rate({C.LOSS_SUM}{before}) / (rate({C.LOSS_READINGS}{before}) > 0)"),
         Recording(REC["loss_spike"], f"{REC['loss_short']} / ({REC['loss_before']} > 0)"),
-        Recording(REC["loss_spread"], f"max by (job) ({REC['loss_short']}) / (min by (job) ({REC['loss_short']}) > 0)"),
+        # only ranks whose loss series already existed a window ago: every rank's mean is then over the
+        # same span of time. A rank whose series began inside the window has its mean over a shorter,
+        # later span, and early in a run, while the loss falls fast, that alone reads as a spread
+        Recording(REC["loss_spread"], f"max by (job) ({full}) / (min by (job) ({full}) > 0)"),
     ] + _resume_rules(cfg)
 
 
