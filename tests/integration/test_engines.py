@@ -20,7 +20,11 @@ Bounds (docs/SCALING.md, "VictoriaMetrics"):
   to the window's end, so it reads low by at most (g - s/2) / w, g the newest sample's age (at most
   the sample interval s plus the scrape interval plus a scrape's lateness), w the rate window.
   VictoriaMetrics divides by the samples' own span. Here s = 2 s, the scrape interval 1 s, a
-  scrape up to 1 s late on a loaded machine, w = 30 s: 1% + 3/30.
+  scrape up to 1 s late on a loaded machine, w = 30 s: 1% + 3/30. That holds for a counter of
+  constant rate. A histogram bucket's counter rises in bursts (a GPU's samples land in one bucket
+  while its utilization stays there), so the edge span can hold more than its share: each bucket
+  series gets 1% + 3/30 times its peak local rate (over two samples) within the window over its
+  mean rate there, measured on Prometheus.
 """
 from __future__ import annotations
 
@@ -66,6 +70,16 @@ def _derived(rules: Dict[str, str], pattern: str) -> Set[str]:
         if not more:
             return out
         out |= more
+
+
+def _burst(api, expr: str) -> Dict[Tuple[Tuple[str, str], ...], float]:
+    """A histogram-bucket rate record (``expr`` over ``[RATE_WINDOW s]``): per series, its peak local
+    rate (over two steps) within the window over its mean rate. A bucket's increments come in bursts
+    (a GPU's samples land in one bucket while its utilization stays there), so the edge spans whose
+    timing the engines place differently can carry up to this many times a steady counter's share."""
+    local = expr.replace(f"[{RATE_WINDOW}s]", f"[{2 * STEP}s]")
+    return {tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__")): float(s["value"][1])
+            for s in api.query(f"max_over_time(({local})[{RATE_WINDOW}s:{STEP}s]) / ({expr})")}
 
 
 def _series(api, record: str) -> Dict[Tuple[Tuple[str, str], ...], Tuple[float, float]]:
@@ -118,16 +132,20 @@ def test_rules_agree_on_prometheus_and_victoriametrics(tmp_path: Path) -> None:
                                f"only VictoriaMetrics {sorted(set(v) - set(p))[:2]}")
                     continue
                 bound = RATE_BOUND if record in rate_based else REL
-                worst = 0.0
+                burst = _burst(prom.prom, exprs[record]) if record.endswith("_bucket:rate") else {}
+                assert burst or not record.endswith("_bucket:rate") or not p, f"{record}: no burst figures"
+                worst, over = 0.0, 0.0
                 for k, (pv, pt) in p.items():
                     vv, vt = v[k]
                     if record in time_based:
                         pv, vv = pv - pt, vv - vt
                     size = magnitude.get(record) or max(abs(pv), abs(vv), 1e-9)
                     diff = abs(pv - vv) / size if pv != vv else 0.0
-                    worst = max(worst, diff)
-                report.append(f"{record} {len(p)} series, worst {worst:.4f} (bound {bound:.3f})")
-                if worst > bound:
+                    mine = REL + (bound - REL) * max(1.0, burst.get(k, 1.0))
+                    worst, over = max(worst, diff), max(over, diff - mine)
+                spread = f", bursts up to {max(burst.values()):.2f}x" if burst else ""
+                report.append(f"{record} {len(p)} series, worst {worst:.4f} (bound {bound:.3f}{spread})")
+                if over > 0:
                     bad.append(report[-1])
     assert len(records) > 60 and not bad, "\n".join(bad + ["--"] + report)
     assert p_alerts == v_alerts, (sorted(p_alerts), sorted(v_alerts))
