@@ -262,11 +262,15 @@ class Watch:
             return
         pids = sorted(int(x["pid"]) for x in ranks if x.get("job") == JOB and x.get("up") and not x.get("finished"))
         if len(pids) == 2 and pids != self.pids:
-            if self.pids is not None and not set(pids) & set(self.pids):
+            # a set only replaces the last one when all of it is new: while the agent has seen one new
+            # worker's hello and not yet the other's, it lists one new and one old pid
+            if self.pids is None:
+                self.pids = pids
+            elif not set(pids) & set(self.pids):
                 self.restarts += 1
                 say(f"ranksight demo {t:>6}: restart torchrun started new workers, pids {pids} (were {self.pids}; "
                     f"restart {self.restarts} of at most {RESTARTS})")
-            self.pids = pids
+                self.pids = pids
 
 
 def job_args(args: argparse.Namespace, run_dir: Path) -> List[str]:
