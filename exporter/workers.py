@@ -31,11 +31,13 @@ import json
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+import psutil
+
 from ranksight import catalog as C
+from ranksight.common.plumbing import wait_until
 
 from .webconfig import has_san
 
@@ -134,15 +136,12 @@ def parse(body: bytes) -> Tuple[str, str, Optional[List[int]], float]:
 
 
 def _started(pid: int) -> Optional[float]:
-    """Unix time the process ``pid`` started (as psutil's create_time), None when it is gone."""
+    """Unix time the process ``pid`` started, None when it is gone: psutil's ``create_time``, the same
+    reading the hooks send as the hello's ``pstart`` (hooks/sender.py), so a rank's own process matches."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            btime = next(int(ln.split()[1]) for ln in f if ln.startswith("btime "))
-    except (OSError, IndexError, ValueError, StopIteration):
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, OSError, ValueError):
         return None
-    return btime + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _ancestors() -> Set[int]:
@@ -239,9 +238,7 @@ def end(pids: Sequence[int], grace: float) -> Tuple[List[int], List[int], List[s
             errors.append(str(e))
     if not alive:
         raise EndError(500 if errors else 410, C.END_FAILED, "; ".join(errors) or f"none of the pids {list(pids)} is running")
-    deadline = time.monotonic() + grace
-    while any(_alive(p) for p in alive) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not any(_alive(p) for p in alive), grace, 0.05)
     killed: List[int] = []
     for p in alive:
         if _alive(p):
