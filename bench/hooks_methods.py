@@ -18,7 +18,8 @@ METHODS = (("steppath", "_TimedIter", "__next__"), ("steppath", None, "batch_wor
            ("watcher", "Watcher", "_bwd_done"), ("watcher", "Watcher", "_opt_pre"),
            ("watcher", "Watcher", "_opt_post"), ("watcher", "Watcher", "_step_boundary"),
            ("watcher", "Watcher", "_close_pending"), ("watcher", "Watcher", "_step_end"),
-           ("watcher", "Watcher", "_reset_step"), ("timing", "CudaTimeline", "mark"),
+           ("watcher", "Watcher", "_reset_step"), ("watcher", "Watcher", "_sampled"),
+           ("timing", "CudaTimeline", "step_end"), ("timing", "CudaTimeline", "mark"),
            ("timing", "CudaTimeline", "push"), ("timing", "CudaTimeline", "resolve"),
            ("comm", "CommTracker", "take"), ("comm", "DDPStats", "poll"), ("loss", "LossReader", "take"))
 REAL_BACKWARD = "(torch.autograd.backward itself)"
@@ -162,7 +163,9 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
         if timeline == "stand-in" and w is not None:
             from ranksight.hooks.timing import CudaTimeline
 
-            w._tl = w.comm.timeline = CudaTimeline(_StandInCuda(), "stand-in", w.settings.max_pending_events)
+            s = w.settings
+            w._tl = w.comm.timeline = CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events,
+                                                   s.gpu_timing_every, s.gpu_timing_seconds)
             w.comm.comm_events = True
             w._read_cuda_memory = lambda: None  # no torch.cuda here
         patched = torch.autograd.backward

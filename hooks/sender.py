@@ -135,7 +135,8 @@ class Background:
         try:
             rec = dict(self._base, t="hello", ts=time.time(), info=dict(self.selfcheck), dirs=self._hello_dirs,
                        pstart=round(_process_start(), 3),
-                       gpu=_gpu_uuid(self._tl.device) if self._tl is not None else "")
+                       gpu=_gpu_uuid(self._tl.device) if self._tl is not None else "",
+                       gpu_every=self._tl.every if self._tl is not None else 0)
             self._transport.send(selfcheck.fit(rec))
         except Exception as e:
             self._hook_error("hello record", e)

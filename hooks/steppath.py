@@ -13,7 +13,7 @@ from ranksight import protocol
 
 from .patch import like
 from .work import batch_work
-from .timing import BWD, COMM, FWD, OPT, PBUSY, XCOMM
+from .timing import BWD, COMM, FWD, OPT, PBUSY, SPAN, XCOMM
 
 log = logging.getLogger("ranksight.hooks")
 _perf = time.perf_counter
@@ -349,6 +349,9 @@ class StepPath:
         tl = self._tl
         if tl is None:
             fwd, bwd, opt, xcomm, pbusy = self._fwd, self._bwd, self._opt, hx, self._pbusy
+        elif tl.every > 1:
+            fwd, bwd, opt, comm, xcomm, pbusy = self._sampled(tl, dur)
+            tl.step_end(t)
         else:
             # GPU spans, resolved from earlier steps' events: they may belong to an earlier step. A
             # value above this step's duration (several steps resolved at once) carries its excess
@@ -390,6 +393,46 @@ class StepPath:
         else:
             self.qdrop += 1
         self._reset_step(t)
+
+    def _sampled(self, tl: Any, dur: float) -> tuple:
+        """Sampled timing: this step's GPU phases are the latest resolved timed step's shares of
+        its GPU span times this step's host duration; a value above ``dur`` carries its excess to
+        the next step, as the exact path's do. The steps that end before the first timed step
+        (the second) has resolved, a step or more later, carry none: the warm-up's time is not
+        guessed from later steps' shares."""
+        win = self._gwin
+        tl.resolve(win)
+        span = win[SPAN]
+        sh = self._gshare
+        g = self._gacc
+        if span > 0:  # a timed step resolved: its shares replace the last ones
+            for k in sh:
+                sh[k] = win[k] / span
+                win[k] = 0.0
+            win[SPAN] = 0.0
+            self._gknown = True
+        elif not self._gknown:
+            return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        d = dur
+        v = sh[FWD] * d + g[FWD]
+        fwd = d if d < v else v  # min(v, dur)
+        g[FWD] = v - fwd
+        v = sh[BWD] * d + g[BWD]
+        bwd = d if d < v else v
+        g[BWD] = v - bwd
+        v = sh[OPT] * d + g[OPT]
+        opt = d if d < v else v
+        g[OPT] = v - opt
+        v = sh[COMM] * d + g[COMM]
+        comm = d if d < v else v
+        g[COMM] = v - comm
+        v = sh[XCOMM] * d + g[XCOMM]
+        xcomm = d if d < v else v
+        g[XCOMM] = v - xcomm
+        v = sh[PBUSY] * d + g[PBUSY]
+        pbusy = d if d < v else v
+        g[PBUSY] = v - pbusy
+        return fwd, bwd, opt, comm, xcomm, pbusy
 
     def _reset_step(self, t: float) -> None:
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0

@@ -109,6 +109,9 @@ def driver_recorder(torch_mod: Any, device: Any) -> Optional[Callable[[Any], boo
 FWD, BWD, OPT, XCOMM, COMM = "fwd", "bwd", "opt", "xcomm", "comm"
 PBUSY = "pbusy"  # a pipeline stage's compute chunk (hooks/pipeline.py)
 UNION_KINDS = (COMM, XCOMM)
+# Sampled timing: a timed step's GPU span, from an event at its start to one at its end (the GPU
+# time the step took, idle gaps included); its phases' seconds over it are the step's shares
+SPAN = "span"
 
 
 class CudaTimeline:
@@ -123,6 +126,15 @@ class CudaTimeline:
     finished intervals in order and calls ``add(kind, seconds)`` (or adds to a dict ``add``). Communication and exposed
     communication intervals are placed on one GPU time axis (offsets from an anchor event)
     so overlapping spans are counted once (their union).
+
+    Sampled timing (``every`` > 1): only some steps are timed. ``mark()`` returns None on the
+    others (not a drop: nothing is recorded, nothing is pushed), so a step that is not timed
+    costs the step path one attribute read per mark. ``step_end(t)``, called at each step's end,
+    closes a timed step with a ``SPAN`` interval (an event at its start, one at its end) and
+    decides whether the next step is timed: one step in ``every``, and at least one each
+    ``every_s`` seconds. ``resolve()`` stops after a ``SPAN``, so the caller reads one timed
+    step's phases and span at a time (``hooks/steppath.py`` turns them into shares). The first
+    step is never timed (it has no start event; it also holds the warm-up).
     """
 
     POOL = True  # reuse own events (bench/gpu/overhead.py compares it with fresh events)
@@ -130,7 +142,7 @@ class CudaTimeline:
     # see driver_recorder) or "torch" (Event.record). bench/gpu/overhead.py --record-ab compares them.
     RECORD = "driver"
 
-    def __init__(self, torch_mod: Any, device: Any, max_pending: int):
+    def __init__(self, torch_mod: Any, device: Any, max_pending: int, every: int = 1, every_s: float = 0.0):
         self._cuda = torch_mod.cuda
         self.device = device
         self._rerecord = driver_recorder(torch_mod, device) if self.RECORD == "driver" else None
@@ -146,8 +158,32 @@ class CudaTimeline:
         self._anchor = self._cuda.Event(enable_timing=True)
         self._anchor.record(self._cuda.current_stream(device))
         self._anchor_done = False  # the anchor's query() returned True (it is never recorded again)
+        self.every = max(1, int(every))  # 1: every step timed (no spans; the step path carries the exact seconds)
+        self.every_s = float(every_s)
+        self.on = self.every == 1  # the step in progress is timed: mark() records events
+        self._n = self.every  # steps ended since the last timed one (so the second step is timed)
+        self._last = float("-inf")  # host time the last timed step ended
+        self._span0: Optional[Any] = None  # the timed step's start event
+
+    def step_end(self, t: float) -> None:
+        """Sampled timing: the step ending at host time ``t`` is over. A timed one is closed with
+        its ``SPAN``; the next step is timed when ``every`` steps ended since the last timed one or
+        ``every_s`` seconds passed, and then its start event is recorded now."""
+        if self.on:
+            s0 = self._span0
+            if s0 is not None:
+                self.push(SPAN, s0, self.mark(True))
+                self._span0 = None
+            self._last = t
+            self._n = 0
+        self._n += 1
+        self.on = on = self._n >= self.every or t - self._last >= self.every_s
+        if on:
+            self._span0 = self.mark(True)
 
     def mark(self, own: bool = False) -> Optional[Any]:
+        if not self.on:  # sampled timing, a step that is not timed
+            return None
         if len(self._pending) >= self.max_pending:
             self.dropped += 1
             return None
@@ -194,8 +230,12 @@ class CudaTimeline:
         return len(self._pending)
 
     def release(self) -> None:
-        """Drop every event (the watch ended): they are destroyed here, in this process, now."""
-        self.dropped += len(self._pending)
+        """Drop every event (the watch ended): they are destroyed here, in this process, now.
+        Pending intervals count as dropped, but under sampled timing (the shares of the timed
+        steps before stand for them)."""
+        if self.every == 1:
+            self.dropped += len(self._pending)
+        self.on = False
         self._pending.clear()
         self._free.clear()
         self._own.clear()
@@ -203,7 +243,8 @@ class CudaTimeline:
 
     def resolve(self, add: Any, limit: int = 1 << 30) -> int:
         """Resolve finished intervals from the head of the queue. Never waits. ``add``: called as
-        ``add(kind, seconds)`` for each, or a dict whose ``[kind]`` each is added to."""
+        ``add(kind, seconds)`` for each, or a dict whose ``[kind]`` each is added to. It stops
+        after a ``SPAN`` interval (sampled timing: one timed step at a time)."""
         q = self._pending
         anchor = self._anchor
         if not q or anchor is None:  # nothing pending, or released
@@ -240,9 +281,13 @@ class CudaTimeline:
                                 free.append(entry)  # (its entry stays: no dict churn per event and step)
                             else:
                                 del own[id(ev)]
+            if kind is SPAN:  # (a span of 0 still ends its step: a GPU that did nothing in it)
+                dt = dt if dt > 0 else 1e-9
             if dt > 0:
                 if acc is not None:
                     acc[kind] += dt
                 else:
                     add(kind, dt)
+            if kind is SPAN:
+                break
         return n

@@ -70,7 +70,7 @@ from .identity import Identity
 from .loss import LossReader
 from . import parallel
 from .patch import Patcher
-from .timing import BWD, COMM, FWD, OPT, PBUSY, XCOMM, CudaTimeline
+from .timing import BWD, COMM, FWD, OPT, PBUSY, SPAN, XCOMM, CudaTimeline
 from .settings import Settings, load_settings  # noqa: F401 (public here)
 from .sender import LAYOUT, STEPS_PER_RECORD, TICK_SECONDS, Background, enc_fields  # noqa: F401 (public here)
 from .steppath import QUEUE_CAP, StepPath, WatchedLoader, _TimedIter, timed_next  # noqa: F401 (public here)
@@ -160,6 +160,11 @@ class Watcher(StepPath, Background, Closing):
         self._phase_t = self._t_start
         self._ev_fwd = self._ev_opt = None
         self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0, PBUSY: 0.0}
+        # sampled timing (hooks.gpu_timing_every > 1): the timed step being resolved (its phases'
+        # seconds and its SPAN), and the latest resolved step's phases as shares of its span
+        self._gwin: Dict[str, float] = dict(self._gacc, **{SPAN: 0.0})
+        self._gshare: Dict[str, float] = dict(self._gacc)
+        self._gknown = False  # a timed step resolved: the shares hold
         self._queue: Deque[tuple] = deque()
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
         self.totals = Totals()
@@ -180,7 +185,7 @@ class Watcher(StepPath, Background, Closing):
         self._tl: Optional[CudaTimeline] = None
         dev = self._cuda_device(model)
         if dev is not None:
-            self._tl = CudaTimeline(torch, dev, settings.max_pending_events)
+            self._tl = self._timeline(dev)
         # the Flight Recorder: in-flight collectives for the heartbeat (any backend it records),
         # and NCCL collective durations when TORCH_NCCL_ENABLE_TIMING=1 (self._fr)
         self._fr_status: Optional[FlightRecorder] = None
@@ -274,6 +279,10 @@ class Watcher(StepPath, Background, Closing):
             except Exception as e:
                 self._hook_error("checkpoint setup", e)
 
+    def _timeline(self, dev: Any) -> CudaTimeline:
+        s = self.settings
+        return CudaTimeline(torch, dev, s.max_pending_events, s.gpu_timing_every, s.gpu_timing_seconds)
+
     def _attach_model(self, model: Any) -> None:
         """Time ``model``'s forward (its module hooks, unless a framework callback drives
         ``_fwd_pre``/``_fwd_post`` itself) and its DDP all-reduce. At ``watch()`` for a model that
@@ -282,7 +291,7 @@ class Watcher(StepPath, Background, Closing):
         if self._tl is None:  # a model found after watch(): CUDA may have started since
             dev = self._cuda_device(model)
             if dev is not None:
-                self._tl = CudaTimeline(torch, dev, self.settings.max_pending_events)
+                self._tl = self._timeline(dev)
                 self.comm.timeline = self._tl
                 self.comm.comm_events = not self._fr_on
         try:

@@ -84,6 +84,8 @@ identity (all records)
 "hello" (v2) also carries:
   pstart  float process start time (unix seconds; startup = first step - this)
   gpu     str   the CUDA device's UUID as NVML prints it ("GPU-…"), "" without CUDA
+  gpu_every int (optional, default 0) steps per step timed with CUDA events (hooks.gpu_timing_every;
+          0: no CUDA timing); the other steps' GPU phases are the timed steps' shares (hooks/timing.py)
 
 Totals (v2). The sender keeps cumulative totals of everything it sent since ``watch()``: the
 background thread adds each step and checkpoint record to them as it sends it, and every
@@ -487,6 +489,8 @@ def decode(data: bytes, phases: bool = True, checks: Optional[Dict[int, Checks]]
             if not isinstance(gpu, str) or len(gpu) > 96:
                 raise ProtocolError(C.INGEST_REJECTED, "bad gpu")
             out["gpu"] = gpu
+            if "gpu_every" in rec:
+                out["gpu_every"] = _int(rec, "gpu_every", 0, MAX_COUNT)
     return out
 
 

@@ -117,7 +117,11 @@ def sum_fields(records: List[Dict[str, Any]], lo: int, hi: int,
 
 
 # every step's phase times: the GPU scripts sum them from the records they receive
-QUIET_HOOKS = with_detail({"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0}})
+# Every step timed with CUDA events (hooks.gpu_timing_every 1): the profiler checks compare each phase's
+# seconds over a few measured steps, which only every-step timing gives exactly. The default sampled
+# timing is checked against it by bench/gpu/sampled.py (tests/gpu/test_gpu_sampled.py).
+QUIET_HOOKS = with_detail({"hooks": {"heartbeat_seconds": 0.05, "table_every_steps": 0, "table_every_seconds": 0,
+                                     "gpu_timing_every": 1}})
 
 
 def fr_dump() -> Optional[Dict[str, Any]]:

@@ -274,8 +274,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-ab", action="store_true",
                    help="also compare torch's Event.record with the driver's cuEventRecord for re-recorded events "
                         "(host breakdown, tiny model, batch-8 step)")
+    p.add_argument("--timing-ab", action="store_true",
+                   help="every step timed with CUDA events (A, hooks.gpu_timing_every 1) against the default sampled "
+                        "timing (B): host breakdown of each, the host-bound tiny model and the default step A/B")
     p.add_argument("--out", help="write the full result JSON here")
     return p
+
+
+def _timing_arm(b_arm: Optional[bool]) -> None:
+    """A: every step timed with CUDA events (hooks.gpu_timing_every 1), B: the default sampled timing."""
+    if b_arm is False:
+        DEFAULT_HOOKS["hooks"]["gpu_timing_every"] = 1
+    else:
+        DEFAULT_HOOKS["hooks"].pop("gpu_timing_every", None)
 
 
 def _record_arm(b_arm: Optional[bool]) -> None:
@@ -371,6 +382,17 @@ def _default_model(a: argparse.Namespace, b: "Bench", torch: Any, device: Any, m
         W.log(f"overhead: batch-8 step, torch (A) vs driver (B) re-records, {a.reps} pairs")
         out["step_async_record_ab"] = b.interleave(model, opt, x, "async", a.reps, arms=_record_arm)
         save()
+    if a.timing_ab and device.type == "cuda":
+        _timing_arm(False)
+        try:
+            out["host_breakdown_every_step"] = host_breakdown(b, model, opt, x)
+        finally:
+            _timing_arm(None)
+        save()
+        for mode in modes:
+            W.log(f"overhead: {mode} loop, every step (A) vs sampled (B) CUDA timing, {a.reps} pairs")
+            out[f"step_{mode}_timing_ab"] = b.interleave(model, opt, x, mode, a.reps, arms=_timing_arm)
+            save()
     for mode in modes:
         W.log(f"overhead: {mode} loop, {a.reps} pairs x {a.steps} steps")
         out[f"step_{mode}"] = b.interleave(model, opt, x, mode, a.reps)
@@ -417,6 +439,12 @@ def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: D
         t["spec"] = W.spec_dict(tspec)
         out["host_bound_tiny_record_ab"] = t
         save()
+    if a.timing_ab and device.type == "cuda":
+        W.log(f"overhead: host-bound tiny model, every step (A) vs sampled (B) CUDA timing, {a.tiny_reps} pairs")
+        t = tb.interleave(tm, to, tx, "async", a.tiny_reps, arms=_timing_arm)
+        t["spec"] = W.spec_dict(tspec)
+        out["host_bound_tiny_timing_ab"] = t
+        save()
 
 
 def render(out: Dict[str, Any]) -> str:
@@ -429,23 +457,27 @@ def render(out: Dict[str, Any]) -> str:
         lines.append(f"one event: create+record {ec['create_record_us']:.2f} us, query {ec['query_us']:.2f} us, "
                      f"elapsed_time {ec['elapsed_time_us']:.2f} us, re-record {ec['rerecord_us']:.2f} us"
                      + (f", re-record by the driver {ec['rerecord_driver_us']:.2f} us" if "rerecord_driver_us" in ec else ""))
-    lines.append(f"{'loop':<18}{'plain ms':>10}{'hooks ms':>10}{'ratio (med of pairs)':>22}{'p25..p75':>16}{'delta us':>10}")
+    lines.append(f"{'loop':<26}{'plain ms':>10}{'hooks ms':>10}{'ratio (med of pairs)':>22}{'p25..p75':>16}{'delta us':>10}")
     for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny", "host_bound_tiny_pool_ab",
-                "step_async_record_ab", "host_bound_tiny_record_ab"):
+                "step_async_record_ab", "host_bound_tiny_record_ab", "step_async_timing_ab", "step_sync_timing_ab",
+                "host_bound_tiny_timing_ab"):
         r = out.get(key)
         if not r:
             continue
-        lines.append(f"{key:<18}{r['plain_ms_median']:>10.3f}{r['instrumented_ms_median']:>10.3f}"
+        lines.append(f"{key:<26}{r['plain_ms_median']:>10.3f}{r['instrumented_ms_median']:>10.3f}"
                      f"{r['ratio_median_of_pairs']:>22.4f}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
                      f"{r['delta_us_per_step_median']:>10.1f}")
-    for key in ("host_breakdown", "host_breakdown_fresh_events", "host_breakdown_torch_record"):
+    for key in ("host_breakdown", "host_breakdown_fresh_events", "host_breakdown_torch_record",
+                "host_breakdown_every_step"):
         hb = out.get(key)
         if hb:
             lines.append(f"{key}: mark() {hb['mark_us_per_call']:.2f} us per call in the loop, "
                          f"{hb['created_per_step']:.2f} events created per step")
-    hb = out.get("host_breakdown")
-    if hb:
-        lines.append(f"hooks' host time per step (one instrumented run, {hb['steps']} steps): "
+    for key, what in (("host_breakdown", "the default timing"), ("host_breakdown_every_step", "every step timed")):
+        hb = out.get(key)
+        if not hb:
+            continue
+        lines.append(f"hooks' host time per step, {what} (one instrumented run, {hb['steps']} steps): "
                      f"{hb['hooks_total_us_per_step']:.1f} us in the hook methods")
         for k, v in hb["by_function"].items():
             lines.append(f"  {k:<34}{v['us_per_step']:>8.1f} us/step  {v['calls_per_step']:>5.1f} calls/step")

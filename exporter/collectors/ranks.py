@@ -90,6 +90,7 @@ class RanksCollector:
         f_lint = family(C.LINT_ACTIVE)
         f_fin = family(C.RANK_FINISHED)
         f_pstart = family(C.PROCESS_START)
+        f_gev = family(C.GPU_TIMING_EVERY)
         f_gpu = family(C.RANK_GPU_INFO)
         f_ver = family(C.RANK_VERSIONS)
         f_par = family(C.RANK_PARALLEL)
@@ -134,6 +135,7 @@ class RanksCollector:
                 pstart = r.pstart
                 gpu = uuids.get(r.gpu_uuid) if r.gpu_uuid else None
                 uuid = r.gpu_uuid
+                gev = r.gpu_every
                 vers = r.versions
                 par = r.parallel
                 gp = goodput.Snapshot(r.gp, now)
@@ -167,6 +169,8 @@ class RanksCollector:
                 add(f_fin, base, 1.0)
             if pstart > 0:
                 add(f_pstart, base, pstart)
+            if gev > 0:
+                add(f_gev, base, float(gev))
             if gpu is not None:
                 add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)
             if vers is not None:
@@ -181,7 +185,7 @@ class RanksCollector:
                 add(f_cseq, cl, float(st.cw["seq"]))
                 add(f_cwait, cl, st.cw["wait"] + max(0.0, now - st.at))
         return ([f for f, _ in counters] + [f for f, _ in cums] + [f for f, _ in gauges] + [f for f, _ in optional]
-                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gpu, f_ver, f_par,
+                + [f for f, _ in hists] + [f_q, f_up, f_stall, f_ckpt_now, f_lint, f_fin, f_pstart, f_gev, f_gpu, f_ver, f_par,
                                            f_where, f_cseq, f_cwait] + f_gp.all())
 
 
