@@ -121,8 +121,7 @@ class Rank:
         # into counters (key -> [total, last]) and the current readings
         "kept", "sums", "hists", "cum", "cur", "win",
         "last_step_ts", "last_progress", "seq", "sess", "carried", "carried_h", "recv", "lost", "lost_carried", "finished", "pstart", "gpu_uuid",
-        "gpu_every",
-        "versions", "parallel",
+        "gpu_every", "versions", "parallel",
         # checkpoints
         "ckpt_rec", "last_ckpt_ts", "last_ckpt_dur", "ckpt_since",
         # heartbeats
@@ -158,8 +157,7 @@ class Rank:
         self.carried_h: Dict[str, Tuple[List[int], float]] = {}
         self.finished: Optional[float] = None  # agent clock at a clean exit ("bye"); the linger runs from here
         self.pstart = 0.0
-        self.gpu_uuid = ""
-        self.gpu_every = 0  # steps per CUDA-timed step (the hello's gpu_every; 0: no CUDA timing)
+        self.gpu_uuid, self.gpu_every = "", 0  # the hello's GPU and steps per CUDA-timed step (0: none)
         self.versions: Optional[Tuple[str, str, str]] = None  # torch, CUDA, NCCL from the hello's info
         self.parallel: Optional[Tuple[str, str]] = None  # strategy, ZeRO stage from the hello's info
         self.cum: Dict[str, List[int]] = {k: [0, 0] for k in kept.cumulative}

@@ -402,6 +402,7 @@ class Watcher(StepPath, Background, Closing):
         return {"steps": self._seq, "herr": self.herr, "hdrop": self._tl.dropped if self._tl else 0,
                 "qdrop": self.qdrop, "sent": tr.sent if tr else 0, "send_errors": tr.errors if tr else 0,
                 "ddp_comm_hook": self.comm.ddp_hooked, "gpu": self._tl is not None,
+                "gpu_every": self._tl.every if self._tl is not None else 0,
                 "flight_recorder": self._fr_on, "ddp_stats": self._ddp_stats is not None, "phase": self._phase,
                 "ddp_stats_read": ds.samples if ds else 0, "ddp_stats_estimated": ds.estimated if ds else 0,
                 "ddp_stats_resyncs": ds.resyncs if ds else 0, "gpu_unsent": self.gpu_unsent,

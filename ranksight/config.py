@@ -230,7 +230,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "gpu_timing_every": Opt(16, "CUDA: time one step in N with CUDA events (sampled timing); the other "
                                     "steps' forward, backward, optimizer, communication and pipeline times are "
                                     "the last timed step's shares of its GPU time times their own host duration "
-                                    "(ranksight_gpu_timing_every_steps says which); 1: every step timed", 1, 1e6),
+                                    "(the agent exposes N per rank); 1: every step timed", 1, 1e6),
         "gpu_timing_seconds": Opt(1.0, "... and at least one step each this many seconds (slow steps are all "
                                        "timed; 0: every step)", 0, 1e6),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "

@@ -77,15 +77,13 @@ identity (all records)
   info  object (<= 1 level; GPU names, CUDA/NCCL versions, dirs' free bytes, "strategy", "zero_stage")
   dirs  object {"tmp": path, "log": path, "checkpoint": path} (paths may be "")
 
-"bye"   clean exit. v2: carries the final ``tot`` and ``hist`` (as "hb"); the agent keeps the rank's
-        final series for ``agent.rank_linger_seconds``, marked finished (no misses, no down), then
-        forgets it. v1: the agent forgets the rank at once.
+"bye"   clean exit. v2: carries the final ``tot`` and ``hist`` (as "hb"); the agent keeps the rank's final series
+        for ``agent.rank_linger_seconds``, marked finished (no misses, no down), then forgets it (v1: at once).
 
 "hello" (v2) also carries:
   pstart  float process start time (unix seconds; startup = first step - this)
   gpu     str   the CUDA device's UUID as NVML prints it ("GPU-…"), "" without CUDA
-  gpu_every int (optional, default 0) steps per step timed with CUDA events (hooks.gpu_timing_every;
-          0: no CUDA timing); the other steps' GPU phases are the timed steps' shares (hooks/timing.py)
+  gpu_every int (optional) steps per CUDA-timed step (hooks.gpu_timing_every; 0 or absent: none)
 
 Totals (v2). The sender keeps cumulative totals of everything it sent since ``watch()``: the
 background thread adds each step and checkpoint record to them as it sends it, and every
@@ -95,24 +93,22 @@ heartbeat brings the true values back.
 
   tot: "steps" int and the sum of each per-step field of the step record under its key
         (record.py), but "ckpt", which is optional (the time saves blocked the steps; an async
-        save's background write is in "ckpt_s" but not here; without it the agent counts the
-        checkpoint records' seconds); "ckpt_s" float, "ckpt_bytes", "ckpt_n", "ckpt_fail" int
-        (checkpoint records: seconds, bytes of the successful ones, count, failures); "lck",
-        "lckd" float (optional: unix time and duration of the last successful checkpoint)
-  hist: [int, ...] non-cumulative bucket counts, +Inf last (len = buckets + 1), of each per-step
-        field the record declares a histogram for (its "hist" key: "step", "data", "b2o") and
-        of the checkpoint records' write seconds ("ckpt")
+        save's background write is in "ckpt_s" but not here; without it the agent counts the checkpoint
+        records' seconds); "ckpt_s" float, "ckpt_bytes", "ckpt_n", "ckpt_fail" int (checkpoint records:
+        seconds, bytes of the successful ones, count, failures); "lck", "lckd" float (optional: unix
+        time and duration of the last successful checkpoint)
+  hist: [int, ...] non-cumulative bucket counts, +Inf last (len = buckets + 1), of each per-step field the
+        record declares a histogram for (its "hist" key: "step", "data", "b2o") and of "ckpt" records' seconds
 
-Versions. Node agents and training images upgrade on their own schedules. The agent accepts
-every version in ``ACCEPTED``: version 1 records have the old meaning (step records are deltas
-the agent sums; "bye" forgets the rank at once); version 2 "steps" records carry every per-step
-list, version 3 ones only "dur" and "first" unless asked for step detail; version 4 adds the
-step's work ("samples", "tokens") and the training loss ("loss", "lossn": their sums in the totals,
-their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); 5 the
-CUDA allocator's peaks ("mpeak", "mrpeak"), a pipeline stage's ("pbusy", "pstep", "pwprev", "pwnext" per
-step, step detail; "pstage", "pstages", "pmb" at the last step), a restore ("resumed", "rstep": its time,
-step) and the run's length ("total"); other records are the same in 2 to 5. An unknown version is
-rejected and logged once: the hooks send ``hooks.protocol`` (``SENDABLE``: 5, or 4, 3, 2 for older agents).
+Versions. Node agents and training images upgrade on their own schedules. The agent accepts every version in
+``ACCEPTED``: version 1 records have the old meaning (step records are deltas the agent sums; "bye" forgets the rank
+at once); version 2 "steps" records carry every per-step list, version 3 ones only "dur" and "first" unless asked for
+step detail; version 4 adds the step's work ("samples", "tokens") and the training loss ("loss", "lossn": their sums
+in the totals, their lists as step detail; "lnan", "lnanstep": the non-finite losses and the first one's step); 5 the
+CUDA allocator's peaks ("mpeak", "mrpeak"), a pipeline stage's ("pbusy", "pstep", "pwprev", "pwnext" per step, step
+detail; "pstage", "pstages", "pmb" at the last step), a restore ("resumed", "rstep": its time, step) and the run's
+length ("total"); other records are the same in 2 to 5. An unknown version is rejected and logged once: the hooks send
+``hooks.protocol`` (``SENDABLE``: 5, or 4, 3, 2 for older agents).
 """
 from __future__ import annotations
 
@@ -489,7 +485,7 @@ def decode(data: bytes, phases: bool = True, checks: Optional[Dict[int, Checks]]
             if not isinstance(gpu, str) or len(gpu) > 96:
                 raise ProtocolError(C.INGEST_REJECTED, "bad gpu")
             out["gpu"] = gpu
-            if "gpu_every" in rec:
+            if "gpu_every" in rec:  # (absent from older senders' hellos: decoded as they were)
                 out["gpu_every"] = _int(rec, "gpu_every", 0, MAX_COUNT)
     return out
 

@@ -1,0 +1,51 @@
+"""Sampled GPU timing on the real GPU (``bench/gpu/sampled.py``): the default hooks (one step in
+16 timed with CUDA events) against every step timed, the same loop interleaved, DDP on NCCL:
+
+* no synchronization under ``set_sync_debug_mode("error")`` and no hook error, either way;
+* each phase's share of step time (what the dashboards and rules read) agrees within 10% of the
+  every-step share, or 2 points for a small share, on the default, GPU-bound and host-bound steps;
+* the sampled runs record at most a sixth of the every-step runs' CUDA events.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import pytest
+
+from gpu_fixtures import gpu_results, run_script_once  # noqa: F401  (fixture; puts bench/gpu on sys.path)
+import gpu_workload as W
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason=W.NO_CUDA)]
+
+WORKLOADS = ("default", "gpu_bound", "host_bound_tiny")
+_CACHE: Dict[str, Dict[str, Any]] = {}
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory, gpu_results):
+    d = tmp_path_factory.mktemp("sampled")
+    return run_script_once(_CACHE, "sampled", ["sampled.py"], d / "sampled.json", gpu_results, "sampled", 400)
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_no_sync_and_no_hook_error_either_way(result, name):
+    r = result[name]
+    assert r["errors"] == [], r["errors"][0]
+    assert r["herr"] == 0
+    assert all(run["every"] == 1 for run in r["runs"]["every"])
+    assert all(run["every"] == 16 for run in r["runs"]["sampled"])
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+@pytest.mark.parametrize("phase", ("fwd", "bwd", "opt", "xcomm", "comm"))
+def test_sampled_shares_agree_with_every_step_timing(result, name, phase):
+    r = result[name]
+    every, sampled = r["every"][phase], r["sampled"][phase]
+    assert abs(sampled - every) <= max(0.10 * every, 0.02), (
+        f"{name} {phase}: every step {every:.3f} of step time, sampled {sampled:.3f}")
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_sampled_timing_records_a_fraction_of_the_events(result, name):
+    r = result[name]
+    assert 0 < r["sampled"]["events_per_step"] <= r["every"]["events_per_step"] / 6, r
