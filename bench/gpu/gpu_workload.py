@@ -229,6 +229,23 @@ def quantile(xs: List[float], q: float) -> float:
     return s[f] + (s[c] - s[f]) * (k - f)
 
 
+def abba(pairs: int) -> List[tuple]:
+    """The arms' order of each interleaved pair: (plain, watched), then (watched, plain), ..."""
+    return [(False, True) if i % 2 == 0 else (True, False) for i in range(pairs)]
+
+
+def ratio_summary(plain_s: List[float], watched_s: List[float]) -> Dict[str, Any]:
+    """The per-pair ratios (watched / plain step time) of interleaved pairs: their median, p25,
+    p75, min and max, the ratio of the medians, and each arm's median and every pair in ms."""
+    ratios = [b / a for a, b in zip(plain_s, watched_s)]
+    mp, mi = median(plain_s), median(watched_s)
+    return {"plain_ms_median": mp * 1e3, "instrumented_ms_median": mi * 1e3,
+            "ratio_median_of_pairs": median(ratios), "ratio_of_medians": mi / mp,
+            "ratio_p25": quantile(ratios, 0.25), "ratio_p75": quantile(ratios, 0.75),
+            "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "ratios": ratios, "plain_ms": [p * 1e3 for p in plain_s], "instrumented_ms": [i * 1e3 for i in watched_s]}
+
+
 def batches(x: Any, n: int) -> List[Any]:
     """A loader of ``n`` steps over one pre-made device batch (no input pipeline in these runs)."""
     return [x] * n

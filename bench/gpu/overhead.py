@@ -130,8 +130,7 @@ class Bench:
         cpu_p: List[float] = []
         cpu_i: List[float] = []
         herr = 0
-        for rep in range(reps):
-            order = (False, True) if rep % 2 == 0 else (True, False)
+        for order in W.abba(reps):
             for watched in order:
                 if arms is not None:
                     r = baseline_run(watched)
@@ -146,19 +145,12 @@ class Bench:
                 (inst if watched else plain).append(r["step_s"])
                 (cpu_i if watched else cpu_p).append(r["cpu_s"])
                 herr = max(herr, r["herr"])
-        ratios = [b / a for a, b in zip(plain, inst)]
         diffs = [b - a for a, b in zip(plain, inst)]
-        mp, mi = W.median(plain), W.median(inst)
         return {
-            "mode": mode, "reps": reps, "steps_per_run": self.steps,
-            "plain_ms_median": mp * 1e3, "instrumented_ms_median": mi * 1e3,
-            "ratio_median_of_pairs": W.median(ratios), "ratio_of_medians": mi / mp,
-            "ratio_p25": W.quantile(ratios, 0.25), "ratio_p75": W.quantile(ratios, 0.75),
-            "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "mode": mode, "reps": reps, "steps_per_run": self.steps, **W.ratio_summary(plain, inst),
             "delta_us_per_step_median": W.median(diffs) * 1e6,
             "main_thread_cpu_us_per_step": {"plain": W.median(cpu_p) * 1e6, "instrumented": W.median(cpu_i) * 1e6},
             "hook_errors": herr,
-            "ratios": ratios, "plain_ms": [p * 1e3 for p in plain], "instrumented_ms": [i * 1e3 for i in inst],
         }
 
 
