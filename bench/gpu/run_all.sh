@@ -16,6 +16,8 @@
 #              bench/gpu/integrations.py overhead_hf|overhead_lightning: the framework callbacks'
 #              overhead on a GPU-bound step (RANKSIGHT_INTEGRATIONS_ARGS, e.g. "--pairs 8"); not in
 #              the default set
+#   strategies bench/gpu/strategies.py: the hooks' overhead under DDP, FSDP, ZeRO-1/2/3 and a pipeline
+#              (RANKSIGHT_STRATEGIES_ARGS; deepspeed from .devbin, carry it); not in the default set
 # Everything lands in a staging folder that is packed into $OUT/gpu_results.tgz after each stage
 # (so a stage killed at the deadline still leaves the earlier results), with the log beside it.
 set -uo pipefail
@@ -74,5 +76,6 @@ stage nvml 100 $PY bench/gpu/record_nvml.py --out "$R/h200_nvml_trace_2026-11-29
 stage overhead 200 $PY bench/gpu/overhead.py --out "$R/overhead.json" ${RANKSIGHT_OVERHEAD_ARGS:-}
 stage integrations_hf 180 $PY bench/gpu/integrations.py overhead_hf --out "$R/integrations_hf.json" ${RANKSIGHT_INTEGRATIONS_ARGS:-}
 stage integrations_lightning 180 $PY bench/gpu/integrations.py overhead_lightning --out "$R/integrations_lightning.json" ${RANKSIGHT_INTEGRATIONS_ARGS:-}
+stage strategies 420 $PY bench/gpu/strategies.py --out "$R/strategies.json" ${RANKSIGHT_STRATEGIES_ARGS:-}
 log "done"
 pack

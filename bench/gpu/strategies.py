@@ -21,6 +21,8 @@ What it does
     is ``ranksight.watch(model_or_engine_or_schedule, optimizer, loader)`` with the default hooks
     config, ``ranksight.unwatch()`` after it. The hooks send to one real ``ranksight exporter``
     subprocess started here (``--agent off``: nowhere).
+  * Each run waits ``--settle`` seconds before its first step (watched: the hooks' start-up threads
+    run a few hundred ms; on the 2-core CPU box a real agent and no wait tripled a short run).
   * Each watched run's hooks must count every step (``stats()["steps"] == warm + steps``) with no
     hook errors.
 
@@ -260,6 +262,21 @@ def render(results: List[Dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def agent_datagrams(text: str) -> Dict[str, float]:
+    """The agent's datagrams received, by result (ok, malformed, rejected, ...)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ranksight import catalog
+
+    out: Dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name == catalog.INGEST_DATAGRAMS.name:
+                k = smp.labels.get("result", "")
+                out[k] = out.get(k, 0.0) + smp.value
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=10, help="interleaved plain/watched pairs per strategy (default 10)")
@@ -267,7 +284,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warm", type=int, default=3, help="untimed steps at the start of each run (default 3)")
     p.add_argument("--micro", type=int, default=4, help="the pipeline's micro-batches per step (default 4)")
     p.add_argument("--settle", type=float, default=None,
-                   help="seconds each run waits before its steps (default 0.5 on cuda, 0 on cpu)")
+                   help="seconds each run waits after watch() (or its plain twin) before its steps, so the hooks' "
+                        "start-up threads are not billed per step (default 0.8 on cuda, as overhead.py; 0 on cpu)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: a smoke run on gloo with ModelSpec.tiny()")
     p.add_argument("--agent", choices=("real", "off"), default="real",
@@ -290,7 +308,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad or not a.strategies:
         p.error(f"--strategies takes some of {','.join(STRATEGIES)}; got {bad or 'none'}")
     if a.settle is None:
-        a.settle = 0.5 if a.device == "cuda" else 0.0
+        a.settle = 0.8 if a.device == "cuda" else 0.0
     if a.one:
         W.write_json(a.out, run_one(a))
         return 0
@@ -307,15 +325,21 @@ def main(argv: Optional[List[str]] = None) -> int:
                              name="agent").start(timeout=60)
         ingest = agent.ingest
     t0 = time.perf_counter()
+    datagrams: Dict[str, float] = {}
     try:
         results = run_all(a, ingest, Path(tmp.name))
+        if agent is not None:
+            datagrams = agent_datagrams(agent.metrics_text())
     finally:
         if agent is not None:
             agent.stop()
     out = {"versions": W.versions(), "agent": a.agent, "device": a.device, "command": " ".join(sys.argv),
-           "wall_s": time.perf_counter() - t0, "strategies": results}
+           "wall_s": time.perf_counter() - t0, "strategies": results, "agent_datagrams": datagrams}
     W.write_json(a.out, out)
     print(render(results))
+    if agent is not None:
+        print("agent's datagrams by result: " + (", ".join(f"{k} {v:.0f}" for k, v in sorted(datagrams.items()))
+                                                or "none"))
     print(f"total wall time {out['wall_s']:.1f} s; ratio = median over pairs of watched / plain step time")
     return 0
 
