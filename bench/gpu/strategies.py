@@ -8,7 +8,8 @@ What it does
     variables on a free loopback port; NCCL on CUDA, gloo on CPU), so process groups and
     DeepSpeed's global state never outlive one strategy.
   * The step: the default ``gpu_workload.ModelSpec`` (8 layers, 1024 wide, bf16, batch 8 x 512,
-    AdamW) for every strategy, so the ratios compare; ``--device cpu`` takes ``ModelSpec.tiny()`` with batch 2.
+    AdamW) for every strategy, so the ratios compare; ``--device cpu`` takes ``ModelSpec.tiny()``
+    with batch 2 and 2 layers.
       ddp       ``DistributedDataParallel``
       fsdp      FSDP2 ``fully_shard`` on each encoder layer and on the model
       zero1..3  a DeepSpeed engine of that ZeRO stage (bf16, the client ``torch.optim.AdamW``),
@@ -16,6 +17,9 @@ What it does
       pipeline  ``torch.distributed.pipelining``: with world size 1 one ``PipelineStage``
                 (``num_stages=1``) under ``ScheduleGPipe`` with ``--micro`` micro-batches; a
                 second stage would need a second rank, so the stages' P2P waits are not exercised.
+      pipeline2 (only when named in ``--strategies``) the encoder's layers split into 2 stages on the
+                one rank under ``ScheduleInterleaved1F1B``: torch passes activations and gradients
+                between adjacent stages of one rank in memory, so there is no P2P here either.
   * In one subprocess plain and watched runs of the same model alternate in ABBA order
     (``--pairs`` pairs; a run is ``--warm`` untimed then ``--steps`` timed steps); a watched run
     is ``ranksight.watch(model_or_engine_or_schedule, optimizer, loader)`` with the default hooks
@@ -52,9 +56,12 @@ sys.path.insert(0, str(HERE))
 import gpu_workload as W  # noqa: E402
 
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3", "pipeline")
+EXTRA = ("pipeline2",)  # run only when named in --strategies
 DEFAULT_HOOKS = {"hooks": {}}  # the built-in defaults, as bench/gpu/overhead.py
 DEVBIN = W.REPO / ".devbin"
-CPU_BATCH = 2  # the CPU smoke's batch (ModelSpec.tiny() has 1): the pipeline splits it into 2 micro-batches
+# the CPU smoke's batch and layers (ModelSpec.tiny() has 1 of each): the pipelines split the batch into
+# 2 micro-batches, pipeline2 the layers into 2 stages
+CPU_BATCH, CPU_LAYERS = 2, 2
 
 
 # ---------------------------------------------------------------------- one strategy (the subprocess)
@@ -113,6 +120,22 @@ def setup(strategy: str, device: Any, spec: W.ModelSpec, micro: int) -> Tuple[An
             opt.zero_grad(set_to_none=True)
 
         return schedule, opt, x, pp_step, lambda: None
+    if strategy == "pipeline2":
+        from torch import nn
+        from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+        half = len(model.layers) // 2
+        parts = [nn.Sequential(*model.layers[:half]), nn.Sequential(*model.layers[half:])]
+        stages = [PipelineStage(m, i, 2, device) for i, m in enumerate(parts)]
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=micro,
+                                           loss_fn=lambda out, _y: out.float().square().mean())
+
+        def pp2_step(xb: Any) -> None:
+            schedule.step(xb, target=xb)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return schedule, opt, x, pp2_step, lambda: None
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
@@ -155,7 +178,8 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
     else:
         torch.set_num_threads(1)
         dist.init_process_group("gloo")
-    spec = W.ModelSpec() if device.type == "cuda" else dataclasses.replace(W.ModelSpec.tiny(), batch=CPU_BATCH)
+    tiny = dataclasses.replace(W.ModelSpec.tiny(), batch=CPU_BATCH, layers=CPU_LAYERS)
+    spec = W.ModelSpec() if device.type == "cuda" else tiny
     a.micro = min(a.micro, spec.batch)  # a micro-batch holds one sample at least
     t_start = time.perf_counter()
     target, opt, x, step, close = setup(a.one, device, spec, a.micro)
@@ -180,6 +204,9 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
                            "setup_and_runs_s": time.perf_counter() - t_start, **W.ratio_summary(plain, watched)}
     if a.one == "pipeline":
         res["pipeline"] = f"1 stage (world size 1), ScheduleGPipe, {a.micro} micro-batches"
+    if a.one == "pipeline2":
+        res["pipeline"] = (f"2 stages on the one rank (world size 1, no P2P: torch hands a stage's output to the "
+                           f"next in memory), ScheduleInterleaved1F1B, {a.micro} micro-batches")
     if a.one.startswith("zero"):
         import deepspeed
 
@@ -290,10 +317,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="cpu: a smoke run on gloo with ModelSpec.tiny()")
     p.add_argument("--agent", choices=("real", "off"), default="real",
                    help="send to a real `ranksight exporter` subprocess (default) or nowhere")
-    p.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated (default all six)")
+    p.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help="comma-separated (default the six: " + ",".join(STRATEGIES) + "; pipeline2 only when named)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per strategy's subprocess (default 300)")
     p.add_argument("--out", help="write the result JSON here")
-    p.add_argument("--one", choices=STRATEGIES, help=argparse.SUPPRESS)  # the subprocess: one strategy
+    p.add_argument("--one", choices=STRATEGIES + EXTRA, help=argparse.SUPPRESS)  # the subprocess: one strategy
     p.add_argument("--ingest", default="off", help=argparse.SUPPRESS)  # the subprocess: the agent's address
     return p
 
@@ -304,9 +332,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     a.strategies = [s for s in a.strategies.split(",") if s]
     if a.pairs < 1 or a.steps < 1 or a.warm < 0 or a.micro < 1:
         p.error("--pairs, --steps and --micro must be >= 1, --warm >= 0")
-    bad = [s for s in a.strategies if s not in STRATEGIES]
+    bad = [s for s in a.strategies if s not in STRATEGIES + EXTRA]
     if bad or not a.strategies:
-        p.error(f"--strategies takes some of {','.join(STRATEGIES)}; got {bad or 'none'}")
+        p.error(f"--strategies takes some of {','.join(STRATEGIES + EXTRA)}; got {bad or 'none'}")
     if a.settle is None:
         a.settle = 0.8 if a.device == "cuda" else 0.0
     if a.one:

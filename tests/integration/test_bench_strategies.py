@@ -1,7 +1,8 @@
-"""bench/gpu/strategies.py's CPU smoke: every strategy (DDP, FSDP, DeepSpeed ZeRO-1/2/3, a pipeline)
-in its own gloo subprocess, plain and watched runs in ABBA pairs; its JSON holds each strategy's
-pairs, positive ratios, no hook errors and the hooks' exact step count; bad arguments are one
-`error:` line and exit 2. No speed is asserted: the figures are the GPU run's."""
+"""bench/gpu/strategies.py's CPU smoke: every strategy (DDP, FSDP, DeepSpeed ZeRO-1/2/3, a pipeline of
+one stage and one of two stages on the rank) in its own gloo subprocess, plain and watched runs in
+ABBA pairs; its JSON holds each strategy's pairs, positive ratios, no hook errors and the hooks'
+exact step count; bad arguments are one `error:` line and exit 2. No speed is asserted: the figures
+are the GPU run's."""
 from __future__ import annotations
 
 import importlib.util
@@ -14,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu" / "strategies.py"
-STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3", "pipeline")
+STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3", "pipeline", "pipeline2")
 PAIRS, STEPS, WARM = 2, 4, 3
 
 
@@ -26,7 +27,8 @@ def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_strategy_with_exact_steps_and_no_hook_errors(tmp_path):
     out = tmp_path / "strategies.json"
-    r = _run("--device", "cpu", "--agent", "off", "--pairs", str(PAIRS), "--steps", str(STEPS), "--out", str(out))
+    r = _run("--device", "cpu", "--agent", "off", "--pairs", str(PAIRS), "--steps", str(STEPS), "--out", str(out),
+             "--strategies", ",".join(STRATEGIES))
     assert r.returncode == 0, r.stderr[-3000:]
     res = {s["strategy"]: s for s in json.loads(out.read_text())["strategies"]}
     assert sorted(res) == sorted(STRATEGIES)
@@ -46,11 +48,11 @@ def test_cpu_smoke_runs_every_strategy_with_exact_steps_and_no_hook_errors(tmp_p
     saw = {n: s["hooks_saw"] for n, s in res.items() if "skipped" not in s}
     assert saw["ddp"]["parallel"]["strategy"] == "ddp"
     assert saw["fsdp"]["parallel"]["strategy"] == "fsdp"
-    assert saw["pipeline"]["pipeline"] is True
+    assert saw["pipeline"]["pipeline"] is True and saw["pipeline2"]["pipeline"] is True
     for stage in (1, 2, 3):
         if f"zero{stage}" in saw:
             assert saw[f"zero{stage}"]["parallel"] == {"strategy": "deepspeed", "zero_stage": str(stage)}
-    assert "ratio" in r.stdout and "1 stage (world size 1)" in r.stdout
+    assert "ratio" in r.stdout and "1 stage (world size 1)" in r.stdout and "2 stages on the one rank" in r.stdout
 
 
 @pytest.mark.parametrize("args", [("--pairs", "0"), ("--steps", "0"), ("--strategies", "ddp,tp")])
