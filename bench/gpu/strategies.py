@@ -238,8 +238,10 @@ def last_error(text: str) -> str:
     return (errs or lines or ["no output"])[-1][:400]
 
 
-def run_all(a: argparse.Namespace, ingest: str, tmp: Path) -> List[Dict[str, Any]]:
-    results = []
+def run_all(a: argparse.Namespace, ingest: str, tmp: Path,
+            save: Callable[[List[Dict[str, Any]]], None]) -> List[Dict[str, Any]]:
+    """Each strategy's subprocess in turn; ``save`` gets the results so far after each."""
+    results: List[Dict[str, Any]] = []
     env = child_env(a.device)
     for s in a.strategies:
         out = tmp / f"{s}.json"
@@ -260,8 +262,11 @@ def run_all(a: argparse.Namespace, ingest: str, tmp: Path) -> List[Dict[str, Any
         else:
             r = {"strategy": s, "skipped": f"rc {rc}: {last_error(err)}", "stderr_tail": err[-3000:]}
         r["wall_s"] = wall
-        W.log(f"{s}: {wall:.1f} s" + (f", skipped: {r['skipped']}" if "skipped" in r else ""))
+        left = len(a.strategies) - len(results) - 1
+        W.log(f"{s}: {wall:.1f} s" + (f", skipped: {r['skipped']}" if "skipped" in r else "")
+              + (f"; the {left} left: about {left * wall:.0f} s more at this pace" if left else ""))
         results.append(r)
+        save(results)
     return results
 
 
@@ -354,15 +359,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         ingest = agent.ingest
     t0 = time.perf_counter()
     datagrams: Dict[str, float] = {}
-    try:
-        results = run_all(a, ingest, Path(tmp.name))
+    head = {"versions": W.versions(), "agent": a.agent, "device": a.device, "command": " ".join(sys.argv)}
+    try:  # the JSON after each strategy: a run cut at its time limit keeps what it measured
+        results = run_all(a, ingest, Path(tmp.name), lambda rs: W.write_json(a.out, dict(head, strategies=rs)))
         if agent is not None:
             datagrams = agent_datagrams(agent.metrics_text())
     finally:
         if agent is not None:
             agent.stop()
-    out = {"versions": W.versions(), "agent": a.agent, "device": a.device, "command": " ".join(sys.argv),
-           "wall_s": time.perf_counter() - t0, "strategies": results, "agent_datagrams": datagrams}
+    out = dict(head, wall_s=time.perf_counter() - t0, strategies=results, agent_datagrams=datagrams)
     W.write_json(a.out, out)
     print(render(results))
     if agent is not None:
