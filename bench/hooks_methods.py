@@ -164,8 +164,10 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
             from ranksight.hooks.timing import CudaTimeline
 
             s = w.settings
-            w._tl = w.comm.timeline = CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events,
-                                                   s.gpu_timing_every, s.gpu_timing_seconds)
+            every = (getattr(s, "gpu_timing_every", 1), getattr(s, "gpu_timing_seconds", 0.0))
+            # (the watch's sampled timing; bench/hooks_ab.py also runs commits whose timeline times every step)
+            w._tl = w.comm.timeline = (CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events, *every)
+                                       if every[0] > 1 else CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events))
             w.comm.comm_events = True
             w._read_cuda_memory = lambda: None  # no torch.cuda here
         patched = torch.autograd.backward
