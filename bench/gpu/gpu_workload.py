@@ -254,3 +254,28 @@ def batches(x: Any, n: int) -> List[Any]:
 def log(msg: str) -> None:
     sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {msg}\n")
     sys.stderr.flush()
+
+
+DEVBIN = REPO / ".devbin"
+
+
+def with_deepspeed(env: Dict[str, str]) -> Dict[str, str]:
+    """``env`` with deepspeed importable by ``sys.executable``: as it is where deepspeed is installed,
+    else with ``.devbin/py-deepspeed`` (``bench/gpu/deepspeed_prepare.sh``: deepspeed and the
+    pure-Python packages it imports) on ``PYTHONPATH``, and, where this Python has no pydantic of
+    its own, ``.devbin/py-deepspeed-cpXY`` (pydantic with its compiled core for this CPython X.Y)."""
+    import subprocess
+
+    def imports(mod: str, e: Dict[str, str]) -> bool:
+        return subprocess.run([sys.executable, "-c", f"import {mod}"], env=e, capture_output=True).returncode == 0
+
+    env = dict(env)
+    if imports("deepspeed", env):
+        return env
+    extra = [str(DEVBIN / "py-deepspeed")]
+    core = DEVBIN / f"py-deepspeed-cp{sys.version_info[0]}{sys.version_info[1]}"
+    if core.is_dir() and not imports("pydantic", env):
+        extra.append(str(core))
+    env["PYTHONPATH"] = os.pathsep.join(extra + [p for p in (env.get("PYTHONPATH"),) if p])
+    return env
+

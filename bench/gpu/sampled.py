@@ -2,8 +2,8 @@
 
     python bench/gpu/sampled.py [--steps 96] [--rounds 2] [--out sampled.json]
 
-The default hooks time one step in ``hooks.gpu_timing_every`` (16) with CUDA events and give the
-others the timed step's shares of its GPU span times their own host duration. This runs the same
+``hooks.gpu_timing_every: 16`` times one step in 16 with CUDA events and gives the others the
+timed step's shares of its GPU span times their own host duration. This runs the same
 loop watched both ways, interleaved (every step, sampled, sampled, every step, ...), on the GPU
 workloads of ``gpu_workload.py``, DDP on an NCCL world of 1 (so the gradient all-reduce and its
 exposed tail are there), under ``torch.cuda.set_sync_debug_mode("error")``, and reports per
@@ -29,17 +29,14 @@ sys.path.insert(0, str(HERE))
 import gpu_workload as W  # noqa: E402
 
 PHASES = ("fwd", "bwd", "opt", "xcomm", "comm")
-ARMS = {"every": 1, "sampled": None}  # hooks.gpu_timing_every (None: the default)
+ARMS = {"every": 1, "sampled": 16}  # hooks.gpu_timing_every
 
 
-def _config(every: Optional[int]) -> Dict[str, Any]:
-    hooks = {k: v for k, v in W.QUIET_HOOKS["hooks"].items() if k != "gpu_timing_every"}
-    if every is not None:
-        hooks["gpu_timing_every"] = every
-    return dict(W.QUIET_HOOKS, hooks=hooks)
+def _config(every: int) -> Dict[str, Any]:
+    return dict(W.QUIET_HOOKS, hooks=dict(W.QUIET_HOOKS["hooks"], gpu_timing_every=every))
 
 
-def one_run(torch: Any, model: Any, opt: Any, x: Any, every: Optional[int], steps: int, warm: int) -> Dict[str, Any]:
+def one_run(torch: Any, model: Any, opt: Any, x: Any, every: int, steps: int, warm: int) -> Dict[str, Any]:
     import ranksight
     from ranksight import hooks as rs_hooks
 

@@ -58,7 +58,7 @@ import gpu_workload as W  # noqa: E402
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3", "pipeline")
 EXTRA = ("pipeline2",)  # run only when named in --strategies
 DEFAULT_HOOKS = {"hooks": {}}  # the built-in defaults, as bench/gpu/overhead.py
-DEVBIN = W.REPO / ".devbin"
+DEVBIN = W.DEVBIN
 # the CPU smoke's batch and layers (ModelSpec.tiny() has 1 of each): the pipelines split the batch into
 # 2 micro-batches, pipeline2 the layers into 2 stages
 CPU_BATCH, CPU_LAYERS = 2, 2
@@ -222,14 +222,7 @@ def child_env(device: str) -> Dict[str, str]:
     if device == "cpu":
         env.setdefault("DS_ACCELERATOR", "cpu")
     env.setdefault("DS_BUILD_OPS", "0")
-    probe = subprocess.run([sys.executable, "-c", "import deepspeed"], env=env, capture_output=True)
-    if probe.returncode != 0:
-        extra = [str(DEVBIN / "py-deepspeed")]
-        if sys.version_info[:2] == (3, 11) and (DEVBIN / "py-deepspeed-cp311").is_dir():
-            if subprocess.run([sys.executable, "-c", "import pydantic"], env=env, capture_output=True).returncode:
-                extra.append(str(DEVBIN / "py-deepspeed-cp311"))
-        env["PYTHONPATH"] = os.pathsep.join(extra + [p for p in (env.get("PYTHONPATH"),) if p])
-    return env
+    return W.with_deepspeed(env)
 
 
 def last_error(text: str) -> str:

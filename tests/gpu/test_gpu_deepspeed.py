@@ -25,11 +25,12 @@ How deepspeed gets to the GPU machine (torch + CUDA there, no network, no deepsp
 ``bash bench/gpu/deepspeed_prepare.sh``: it copies this venv's deepspeed (installed with
 ``DS_BUILD_OPS=0``: pure Python; nothing here builds an op: the client ``torch.optim.AdamW``, no
 fused kernel) with the pure-Python packages it imports into ``.devbin/py-deepspeed/``, and
-pydantic's compiled core (CPython 3.11) into ``.devbin/py-deepspeed-cp311/``. The device call
+pydantic with its compiled core for CPython 3.11 (this venv's) and 3.12 (the GPU machine's: a wheel
+from the package index) into ``.devbin/py-deepspeed-cp311/`` and ``-cp312/``. The device call
 carries ``.devbin`` (``carry=[".devbin"]``). There, the subprocesses get ``.devbin/py-deepspeed`` on
-their ``PYTHONPATH`` when ``import deepspeed`` fails without it, and the cp311 folder only under a
-Python 3.11 without a pydantic of its own; ``bench/gpu/checkout_env.sh`` makes the checkout
-importable as ``ranksight`` as for every GPU test. The HF cases need transformers there too.
+their ``PYTHONPATH`` when ``import deepspeed`` fails without it, and the folder of the running
+CPython where it has no pydantic of its own (``gpu_workload.with_deepspeed``);
+``bench/gpu/checkout_env.sh`` makes the checkout importable as ``ranksight`` as for every GPU test. The HF cases need transformers there too.
 """
 from __future__ import annotations
 
@@ -49,26 +50,16 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason
 TOLERANCE = 0.15  # hook phase times agree with torch.profiler within 15%
 STAGES = (2, 3)
 _CACHE: Dict[str, Dict[str, Any]] = {}
-PURE = REPO / ".devbin" / "py-deepspeed"
-CORE = REPO / ".devbin" / "py-deepspeed-cp311"
-
-
-def _imports(mod: str, env: Dict[str, str]) -> bool:
-    return subprocess.run([sys.executable, "-c", f"import {mod}"], env=env, capture_output=True).returncode == 0
 
 
 def deepspeed_env() -> Dict[str, str]:
     """The subprocesses' environment: deepspeed importable, from ``.devbin`` where it is not installed."""
-    env = dict(os.environ, RANKSIGHT_AGENT="off")
-    if _imports("deepspeed", env):
-        return env
-    extra = [str(PURE)]
-    if sys.version_info[:2] == (3, 11) and CORE.is_dir() and not _imports("pydantic", env):
-        extra.append(str(CORE))
-    env["PYTHONPATH"] = os.pathsep.join(extra + [p for p in (env.get("PYTHONPATH"),) if p])
-    if not PURE.is_dir() or not _imports("deepspeed", env):
+    env = W.with_deepspeed(dict(os.environ, RANKSIGHT_AGENT="off"))
+    probe = subprocess.run([sys.executable, "-c", "import deepspeed"], env=env, capture_output=True, text=True)
+    if probe.returncode != 0:
         pytest.fail("deepspeed is not importable here: run `bash bench/gpu/deepspeed_prepare.sh` where it is "
-                    "installed (DS_BUILD_OPS=0) and carry .devbin to this machine", pytrace=False)
+                    "installed (DS_BUILD_OPS=0) and carry .devbin to this machine; the import said: "
+                    + (probe.stderr.strip().splitlines() or ["nothing"])[-1], pytrace=False)
     return env
 
 
