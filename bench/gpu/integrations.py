@@ -56,9 +56,30 @@ def _our_dirs() -> tuple:
     return tuple(os.path.dirname(os.path.realpath(m.__file__)) + os.sep for m in (ranksight.hooks, ranksight.integrations))
 
 
-def _ours(stack: List[traceback.FrameSummary]) -> bool:
-    dirs = _our_dirs()
-    return any(os.path.realpath(f.filename).startswith(dirs) for f in stack)
+def _lib_dirs() -> tuple:
+    """torch's folder and the standard library's: frames that only pass a sync through."""
+    import sysconfig
+
+    import torch
+
+    return tuple(os.path.realpath(d) + os.sep for d in (os.path.dirname(torch.__file__),
+                                                         sysconfig.get_paths()["stdlib"]))
+
+
+def _ours(stack: List[traceback.FrameSummary], dirs: Optional[tuple] = None, libs: Optional[tuple] = None) -> bool:
+    """The sync is ranksight's: the innermost frame of the stack (outermost first) that is not
+    torch's or the standard library's is in ranksight's hooks or integrations. A framework's own
+    sync (DeepSpeed's overflow check and gradient norm, a Trainer's logging) has the framework's
+    frame there, even when it runs inside a call the hooks wrap (the engine's step, the backward)."""
+    dirs = _our_dirs() if dirs is None else dirs
+    libs = _lib_dirs() if libs is None else libs
+    for f in reversed(stack):
+        path = os.path.realpath(f.filename)
+        if path.startswith(dirs):
+            return True
+        if not path.startswith(libs):
+            return False
+    return False
 
 
 class SyncRecorder:
