@@ -7,9 +7,10 @@ What it does
   * Each strategy runs in its own subprocess (``--one STRATEGY``), world size 1 (torchrun's
     variables on a free loopback port; NCCL on CUDA, gloo on CPU), so process groups and
     DeepSpeed's global state never outlive one strategy.
-  * The step: the default ``gpu_workload.ModelSpec`` (8 layers, 1024 wide, bf16, batch 8 x 512,
-    AdamW) for every strategy, so the ratios compare; ``--device cpu`` takes ``ModelSpec.tiny()``
-    with batch 2 and 2 layers.
+  * The step: ``gpu_workload.ModelSpec`` (8 layers, 1024 wide, bf16, x 512 tokens, AdamW) with
+    ``--batch`` rows (default 32: a GPU-bound step, as a large model's is; at 8 the host and the
+    GPU are about even and the hooks' host time lands on the step) for every strategy, so the
+    ratios compare; ``--device cpu`` takes ``ModelSpec.tiny()`` with batch 2 and 2 layers.
       ddp       ``DistributedDataParallel``
       fsdp      FSDP2 ``fully_shard`` on each encoder layer and on the model
       zero1..3  a DeepSpeed engine of that ZeRO stage (bf16, the client ``torch.optim.AdamW``),
@@ -179,7 +180,7 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
         torch.set_num_threads(1)
         dist.init_process_group("gloo")
     tiny = dataclasses.replace(W.ModelSpec.tiny(), batch=CPU_BATCH, layers=CPU_LAYERS)
-    spec = W.ModelSpec() if device.type == "cuda" else tiny
+    spec = W.ModelSpec(batch=a.batch) if device.type == "cuda" else tiny
     a.micro = min(a.micro, spec.batch)  # a micro-batch holds one sample at least
     t_start = time.perf_counter()
     target, opt, x, step, close = setup(a.one, device, spec, a.micro)
@@ -240,7 +241,7 @@ def run_all(a: argparse.Namespace, ingest: str, tmp: Path,
         out = tmp / f"{s}.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", s, "--out", str(out), "--device", a.device,
                "--pairs", str(a.pairs), "--steps", str(a.steps), "--warm", str(a.warm), "--micro", str(a.micro),
-               "--settle", str(a.settle), "--ingest", ingest]
+               "--settle", str(a.settle), "--ingest", ingest, "--batch", str(a.batch)]
         env["MASTER_PORT"] = str(W.free_port())
         t0 = time.perf_counter()
         W.log(f"{s}: {a.pairs} pairs of {a.warm}+{a.steps} steps")
@@ -307,6 +308,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pairs", type=int, default=10, help="interleaved plain/watched pairs per strategy (default 10)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
     p.add_argument("--warm", type=int, default=3, help="untimed steps at the start of each run (default 3)")
+    p.add_argument("--batch", type=int, default=32, help="rows per step on cuda (default 32: GPU-bound)")
     p.add_argument("--micro", type=int, default=4, help="the pipeline's micro-batches per step (default 4)")
     p.add_argument("--settle", type=float, default=None,
                    help="seconds each run waits after watch() (or its plain twin) before its steps, so the hooks' "
@@ -328,8 +330,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
     a.strategies = [s for s in a.strategies.split(",") if s]
-    if a.pairs < 1 or a.steps < 1 or a.warm < 0 or a.micro < 1:
-        p.error("--pairs, --steps and --micro must be >= 1, --warm >= 0")
+    if a.pairs < 1 or a.steps < 1 or a.warm < 0 or a.micro < 1 or a.batch < 1:
+        p.error("--pairs, --steps, --micro and --batch must be >= 1, --warm >= 0")
     bad = [s for s in a.strategies if s not in STRATEGIES + EXTRA]
     if bad or not a.strategies:
         p.error(f"--strategies takes some of {','.join(STRATEGIES + EXTRA)}; got {bad or 'none'}")
