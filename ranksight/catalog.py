@@ -213,12 +213,11 @@ RANK_PARALLEL = _m("rank_parallel_info", "gauge", "info", R + ("strategy", "zero
                    "ZeRO stage 0-3, empty for the other strategies); always 1. No series until the rank knows its "
                    "model (watch() finds it at the end of the first step).")
 GPU_TIMING_EVERY = _m("gpu_timing_every_steps", "gauge", "count", R,
-                      "Steps per step timed with CUDA events, from the rank's hello (hooks.gpu_timing_every): 1, "
-                      "every step's GPU phases measured; N > 1, one step in N (and at least one each "
-                      "hooks.gpu_timing_seconds), and the other steps' forward, backward, optimizer, comm, exposed "
-                      "comm and pipeline busy seconds are the last timed step's shares of its GPU time times their "
-                      "own step time. Sums and shares over a window keep their meaning; a single step's phases are "
-                      "estimates. No series for a rank without CUDA timing.")
+                      "Steps per step timed with CUDA events, from the rank's hello (hooks.gpu_timing_every), for "
+                      "a rank that samples: one step in N (and at least one each hooks.gpu_timing_seconds) is "
+                      "timed, and the other steps' forward, backward, optimizer, comm, exposed comm and pipeline "
+                      "busy seconds are the last timed step's shares of its GPU time times their own step time "
+                      "(estimates). No series for a rank that times every step (the default) or has no CUDA.")
 DATALOADER_WORKERS_RSS = _m("dataloader_workers_rss_bytes", "gauge", "bytes", R,
                             "Total RSS of the rank's DataLoader worker processes.")
 

@@ -169,7 +169,7 @@ class RanksCollector:
                 add(f_fin, base, 1.0)
             if pstart > 0:
                 add(f_pstart, base, pstart)
-            if gev > 0:
+            if gev > 1:  # (sampling only: a rank timed every step has no series)
                 add(f_gev, base, float(gev))
             if gpu is not None:
                 add(f_gpu, base.plus("gpu", gpu).plus("uuid", uuid), 1.0)

@@ -170,7 +170,8 @@ def test_the_agent_exposes_the_sampling_from_the_hello_and_rejects_a_bad_value()
     for bad in ("16", -1, 1.5, True):
         with pytest.raises(P.ProtocolError):
             P.decode(_hello({"gpu_every": bad}))
-    table = RankTable(RankSettings())
-    assert table.apply(P.decode(_hello({})), 1000.0) == "ok"  # a CPU rank, or an older sender: no series
-    got = parse(TextWriter().render(RanksCollector(table, clock=lambda: 1000.0).collect()).decode())
-    assert not series(got, C.GPU_TIMING_EVERY.name)
+    for every_step in ({}, {"gpu_every": 0}, {"gpu_every": 1}):  # an older sender, a CPU rank, every step timed
+        table = RankTable(RankSettings())
+        assert table.apply(P.decode(_hello(every_step)), 1000.0) == "ok"
+        got = parse(TextWriter().render(RanksCollector(table, clock=lambda: 1000.0).collect()).decode())
+        assert not series(got, C.GPU_TIMING_EVERY.name), every_step
