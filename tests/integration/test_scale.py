@@ -68,8 +68,9 @@ def test_generator_covers_the_catalog_and_the_agents_label_values():
     names = {n for n, _ in series}
     for m in C.CATALOG.values():
         if m.short in ("gpu_xid_errors_total", "rank_finished", "rank_stall_where", "rank_collective_seq",
-                       "rank_collective_wait_seconds"):
-            continue  # exposed only after an XID, while a finished rank lingers, or while a rank is stuck
+                       "rank_collective_wait_seconds", "gpu_timing_every_steps"):
+            continue  # exposed only after an XID, while a finished rank lingers, while a rank is stuck,
+            # or for a rank that samples its GPU timing
         if m.short.startswith("pipeline_"):
             continue  # exposed only for ranks watched as a pipeline stage: this job is data parallel
         if m.source != "agent":
