@@ -231,7 +231,7 @@ class CudaTimeline:
 
     def release(self) -> None:
         """Drop every event (the watch ended): they are destroyed here, in this process, now.
-        Pending intervals count as dropped, but under sampled timing (the shares of the timed
+        Pending intervals count as dropped, except under sampled timing (the shares of the timed
         steps before stand for them)."""
         if self.every == 1:
             self.dropped += len(self._pending)
