@@ -413,7 +413,7 @@ class StepPath:
             self._gknown = True
         elif not self._gknown:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        d = dur
+        d = dur  # (unrolled like the exact path below: no loop or tuple building on the step path)
         v = sh[FWD] * d + g[FWD]
         fwd = d if d < v else v  # min(v, dur)
         g[FWD] = v - fwd

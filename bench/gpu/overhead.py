@@ -273,6 +273,16 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _breakdown_of_arm_a(b: "Bench", model: Any, opt: Any, x: Any,
+                        arm: Callable[[Optional[bool]], None]) -> Dict[str, Any]:
+    """``host_breakdown`` with an A/B's arm A set (``arm(False)``), then the default back (``arm(None)``)."""
+    arm(False)
+    try:
+        return host_breakdown(b, model, opt, x)
+    finally:
+        arm(None)
+
+
 def _timing_arm(b_arm: Optional[bool]) -> None:
     """A: every step timed with CUDA events (hooks.gpu_timing_every 1), B: the default sampled timing."""
     if b_arm is False:
@@ -365,21 +375,13 @@ def _default_model(a: argparse.Namespace, b: "Bench", torch: Any, device: Any, m
             CudaTimeline.POOL = True
         save()
     if a.record_ab and device.type == "cuda":
-        _record_arm(False)
-        try:
-            out["host_breakdown_torch_record"] = host_breakdown(b, model, opt, x)
-        finally:
-            _record_arm(None)
+        out["host_breakdown_torch_record"] = _breakdown_of_arm_a(b, model, opt, x, _record_arm)
         save()
         W.log(f"overhead: batch-8 step, torch (A) vs driver (B) re-records, {a.reps} pairs")
         out["step_async_record_ab"] = b.interleave(model, opt, x, "async", a.reps, arms=_record_arm)
         save()
     if a.timing_ab and device.type == "cuda":
-        _timing_arm(False)
-        try:
-            out["host_breakdown_every_step"] = host_breakdown(b, model, opt, x)
-        finally:
-            _timing_arm(None)
+        out["host_breakdown_every_step"] = _breakdown_of_arm_a(b, model, opt, x, _timing_arm)
         save()
         for mode in modes:
             W.log(f"overhead: {mode} loop, every step (A) vs sampled (B) CUDA timing, {a.reps} pairs")

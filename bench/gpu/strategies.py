@@ -59,7 +59,6 @@ import gpu_workload as W  # noqa: E402
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3", "pipeline")
 EXTRA = ("pipeline2",)  # run only when named in --strategies
 DEFAULT_HOOKS = {"hooks": {}}  # the built-in defaults, as bench/gpu/overhead.py
-DEVBIN = W.DEVBIN
 # the CPU smoke's batch and layers (ModelSpec.tiny() has 1 of each): the pipelines split the batch into
 # 2 micro-batches, pipeline2 the layers into 2 stages
 CPU_BATCH, CPU_LAYERS = 2, 2
@@ -70,6 +69,20 @@ def _ds_config(stage: int, batch: int, bf16: bool) -> Dict[str, Any]:
     return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
             "zero_optimization": {"stage": stage}, "bf16": {"enabled": bf16}, "steps_per_print": 10 ** 9,
             "wall_clock_breakdown": False}
+
+
+def _pipeline_loss(out: Any, _target: Any) -> Any:
+    return out.float().square().mean()  # (gpu_workload.train_step's loss)
+
+
+def _schedule_step(schedule: Any, opt: Any) -> Callable:
+    """One training step of a pipelining schedule: its forward and backward, then the optimizer."""
+    def step(xb: Any) -> None:
+        schedule.step(xb, target=xb)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
 
 
 def setup(strategy: str, device: Any, spec: W.ModelSpec, micro: int) -> Tuple[Any, Any, Any, Callable, Callable]:
@@ -111,16 +124,8 @@ def setup(strategy: str, device: Any, spec: W.ModelSpec, micro: int) -> Tuple[An
     if strategy == "pipeline":
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-        stage = PipelineStage(model, 0, 1, device)
-        schedule = ScheduleGPipe(stage, n_microbatches=micro,
-                                 loss_fn=lambda out, _y: out.float().square().mean())
-
-        def pp_step(xb: Any) -> None:
-            schedule.step(xb, target=xb)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        return schedule, opt, x, pp_step, lambda: None
+        schedule = ScheduleGPipe(PipelineStage(model, 0, 1, device), n_microbatches=micro, loss_fn=_pipeline_loss)
+        return schedule, opt, x, _schedule_step(schedule, opt), lambda: None
     if strategy == "pipeline2":
         from torch import nn
         from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
@@ -128,15 +133,8 @@ def setup(strategy: str, device: Any, spec: W.ModelSpec, micro: int) -> Tuple[An
         half = len(model.layers) // 2
         parts = [nn.Sequential(*model.layers[:half]), nn.Sequential(*model.layers[half:])]
         stages = [PipelineStage(m, i, 2, device) for i, m in enumerate(parts)]
-        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=micro,
-                                           loss_fn=lambda out, _y: out.float().square().mean())
-
-        def pp2_step(xb: Any) -> None:
-            schedule.step(xb, target=xb)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        return schedule, opt, x, pp2_step, lambda: None
+        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=micro, loss_fn=_pipeline_loss)
+        return schedule, opt, x, _schedule_step(schedule, opt), lambda: None
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
