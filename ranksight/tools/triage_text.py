@@ -70,10 +70,12 @@ def gate(e: Entry, cfg: Mapping[str, Any]) -> str:
     def straggler() -> str:
         also = ", and the job not comm-bound by itself" if triage.REC["job_comm_min"] in e.expr else ""
         return (f"also needs the extra busy time over {t['straggler_min_step_share']:.0%} of the step{also}, "
-                f"and no rank of the job stalled")
+                f"the rank stepping for a whole {w['rate']} rate window, and no rank of the job stalled")
 
     needs = {
         "straggler": straggler,
+        "comm-bound": lambda: f"a rank that waits for a peer is judged once it has stepped for a whole {w['rate']} "
+                              f"rate window",
         "goodput-low": lambda: f"judged once the job's goodput has {w['goodput_min_wall']} of history",
         "step-time-regression": lambda: f"judged once the job's step time has {w['step_smooth']} of history",
         "tcp-retransmits": lambda: f"also needs over {t['retransmit_min_rate']:g} retransmits/s",

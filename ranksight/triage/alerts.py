@@ -17,7 +17,7 @@ from .lints import lint_entries
 from .model import (ACT_DRAIN, ACT_RECOVERY, ACT_RESTART, DESYNC_POS, GPU_DESC, HW_COLLECTORS, NODE_DESC, RANK_DESC, RUNBOOK_BASE, SCRAPE_JOB,
                     STALL_WHERE, THROTTLE_REASONS, VAL, Entry, Inhibit, with_gpu)
 from .prose import prose
-from .names import RANK_BY, REC
+from .names import RANK_BY, REC, stepped_a_window
 
 # Description templates that read records when Prometheus renders an active alert's annotations
 # (every evaluation, for each pending and firing instance): only for alerts with few instances.
@@ -68,6 +68,7 @@ def _step_signals(cfg: Mapping[str, Any]) -> List[Entry]:
     network retransmits."""
     t, d = cfg["thresholds"], cfg["durations"]
     rate_w = cfg["windows"]["rate"]
+    settled = stepped_a_window(C.STEPS, rate_w)  # the ranks past their start-up steps
     retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
                    f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
     # each rank over the comm share, valued at its job's comm minimum (RanksightCommBound)
@@ -115,10 +116,12 @@ def _step_signals(cfg: Mapping[str, Any]) -> List[Entry]:
             # rank over the share: the page says which of the two it is without a query in its
             # description, which Prometheus would run for each of thousands of waiting ranks on every
             # evaluation (8,190 behind two stragglers took 5.9 s where the join takes milliseconds).
+            # "waiting" is judged once the rank has stepped for a whole rate window, as the straggler
+            # it waits for is (names.stepped_a_window): a start-up skew names neither.
             expr=f"label_replace({comm_over} and on (job) ({REC['job_comm_min']} > {t['comm_share']:g}), "
                  f"\"comm\", \"own\", \"\", \"\") or "
-                 f"label_replace({comm_over} unless on (job) ({REC['job_comm_min']} > {t['comm_share']:g}), "
-                 f"\"comm\", \"waiting\", \"\", \"\")",
+                 f"label_replace(({comm_over} unless on (job) ({REC['job_comm_min']} > {t['comm_share']:g})) "
+                 f"and on ({RANK_BY}) {settled}, \"comm\", \"waiting\", \"\", \"\")",
             for_=d["comm_bound"], threshold=t["comm_share"], unit="ratio", joined=("comm",),
             indicator=REC["comm_share"], op=">", scope=RANK_SCOPE,
             summary="Collectives take over {:.0%} of step time: the job is communication-bound".format(t["comm_share"]),
@@ -222,6 +225,7 @@ def _rank_causes(cfg: Mapping[str, Any]) -> List[Entry]:
     """The extra causes a rank's own series name: a hang, a blocked collective, a desync, a straggler,
     allocator fragmentation."""
     t, d, w = cfg["thresholds"], cfg["durations"], cfg["windows"]
+    settled = stepped_a_window(C.STEPS, w["rate"])  # the ranks past their start-up steps
     retries = REC["alloc_retries"]
     # distinct (op, sequence number) positions per group: count_values turns the number into a label
     desync = f"count by (job, pg) (count_values by (job, pg, op) (\"seq\", {C.RANK_COLLECTIVE_SEQ}))"
@@ -280,9 +284,11 @@ def _rank_causes(cfg: Mapping[str, Any]) -> List[Entry]:
             # own alerts explain.
             # Not judged on a pipeline stage (RanksightPipelineStraggler judges stages): its peers
             # are other stages, which differ by design, and its exposed comm is its P2P waits.
+            # Judged once the rank has stepped for a whole rate window (names.stepped_a_window).
             expr=with_gpu(f"label_replace((({REC['straggler']} > {t['straggler_ratio']:g}) and on ({RANK_BY}) "
                           f"(({REC['busy']} - on (job) group_left () {REC['busy_median']}) / ({REC['step_mean']} > 0)"
-                          f" > {t['straggler_min_step_share']:g})) unless on (job) ({C.RANK_STALLED} == 1) "
+                          f" > {t['straggler_min_step_share']:g}) and on ({RANK_BY}) {settled})"
+                          f" unless on (job) ({C.RANK_STALLED} == 1) "
                           f"unless on ({RANK_BY}) ({C.PIPELINE_STAGES} > 1), "
                           f"\"comm\", \"waiting\", \"\", \"\")"),
             for_=d["straggler"], threshold=t["straggler_ratio"], unit="ratio", joined=("gpu", "comm"),

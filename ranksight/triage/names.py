@@ -144,6 +144,16 @@ REC = {
 RANK_BY = "job, node, rank, local_rank"
 
 
+def stepped_a_window(steps: str, window: str) -> str:
+    """The ranks whose steps counter (``steps``) was past 0 a whole rate ``window`` ago. A verdict
+    that compares ranks' rates is judged only on them: until then a rank's rates hold its start-up
+    steps (allocation, compilation, the first collectives), whose skew between ranks is neither a
+    straggler nor a rank waiting for one. This matters where for: is shorter than the window (the
+    test profile: 10 s against 30 s); under the default profile (10m against 5m) a start-up skew
+    leaves the window before for: ends, and the gate only delays a verdict at a job's start."""
+    return f"({steps} offset {window} > 0)"
+
+
 # Recording-rule groups, in the order they are written. Prometheus evaluates groups concurrently
 # and the rules of one group in order (a rule reads the earlier rules' results of the same
 # evaluation), so rules that read each other share a group. Groups whose panels draw 5-minute

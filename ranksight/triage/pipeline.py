@@ -18,7 +18,7 @@ from typing import Any, List, Mapping
 
 from .. import catalog as C
 from .model import RANK_DESC, VAL, Entry, Inhibit, Recording
-from .names import RANK_BY, REC
+from .names import RANK_BY, REC, stepped_a_window
 from .prose import prose
 
 SCOPE = ("job", "node", "rank", "stage")
@@ -55,7 +55,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
 def entries(cfg: Mapping[str, Any]) -> List[Entry]:
     """RanksightPipelineStraggler (a cause: it mutes the bubble it makes on the other stages) and
     RanksightPipelineBubble."""
-    t, d = cfg["thresholds"], cfg["durations"]
+    t, d, w = cfg["thresholds"], cfg["durations"], cfg["windows"]
     busy, med = REC["pipe_busy"], REC["pipe_busy_median"]
     ratio, gap = t["pipeline_straggler_ratio"], t["pipeline_straggler_min_share"]
     excess = t["pipeline_bubble_excess"]
@@ -66,9 +66,11 @@ def entries(cfg: Mapping[str, Any]) -> List[Entry]:
             title="Pipeline straggler stage", severity="warning",
             # the stage computes over the ratio times its peers' median, and the difference is a real
             # share of wall time (a 2 ms gap on 10 ms of compute is noise); judged only while the job
-            # steps (a stalled rank's rates hold the steps from before the stall)
+            # steps (a stalled rank's rates hold the steps from before the stall), and once the rank
+            # has stepped for a whole rate window (names.stepped_a_window)
             expr=(f"(({REC['pipe_straggler']} > {ratio:g}) and on ({RANK_BY}, stage) "
-                  f"({busy} - on (job) group_left () {med} > {gap:g})) unless on (job) ({C.RANK_STALLED} == 1)"),
+                  f"({busy} - on (job) group_left () {med} > {gap:g}) and on ({RANK_BY}) "
+                  f"{stepped_a_window(C.STEPS, w['rate'])}) unless on (job) ({C.RANK_STALLED} == 1)"),
             for_=d["pipeline_straggler"], threshold=ratio, unit="ratio",
             indicator=REC["pipe_straggler"], op=">", scope=SCOPE,
             summary="One pipeline stage computes over {:.0%} longer than its peers: the others wait for it".format(

@@ -29,7 +29,9 @@ log = logging.getLogger("tests.e2e")
 
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT = 90.0  # launch -> first step seen by Prometheus (torch import, gloo rendezvous)
-SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to fire (their own for:)
+# after the cause fires, how long the symptoms may take to fire: their own for:, and a peer's
+# RanksightCommBound comm="waiting" is judged once the rank has stepped for a whole rate window (30 s)
+SYMPTOM_WAIT = 45.0
 HEALTHY_WATCH = 30.0  # a healthy run is watched this long after its first step (rate window + for:)
 FAULT_AFTER = 3.0  # kill-rank / hang: seconds after the first step
 POLL = 0.5
@@ -90,37 +92,42 @@ class Observation:
 R0, R1 = {"rank": "0"}, {"rank": "1"}
 HOST_A, HOST_B = "e2e-host-a", "e2e-host-b"
 
+STRAGGLER_DETECT_S = 50.0  # first step -> RanksightStraggler: a 30 s window of steps, 10 s for:, scrapes
+
 CASES: Dict[str, Case] = {c.name: c for c in (
     Case("slow-data", "slow-data", "RanksightDataloaderBound", R1,
          symptoms=(("RanksightCommBound", R0),),
          # 6 ms per sequence read: rank 1 waits ~half its step on data, rank 0 ~half in the all-reduce
          args=("--slow-data-seconds", "0.006")),
     # The straggler matrix: the extra compute is a share of the rank's own measured compute per step,
-    # so each case means the same on a faster or slower machine. Each is named within 30 s and stays
-    # active while it is watched (hold).
+    # so each case means the same on a faster or slower machine. Each is named within 50 s and stays
+    # active while it is watched (hold): RanksightStraggler judges a rank once it has stepped for a
+    # whole rate window (30 s in the test profile), then waits its for: (10 s).
     # strong: twice as slow; its peer waits about half of every step (CommBound, muted by it)
     Case("straggler", "straggler", "RanksightStraggler", R1, symptoms=(("RanksightCommBound", R0),),
-         args=("--straggler-extra", "1.0"), detect_limit=30.0, hold=15.0),
+         args=("--straggler-extra", "1.0"), detect_limit=STRAGGLER_DETECT_S, hold=15.0),
     # mild: 25% slower; in a job of 2 ranks and of 4 (the peers' median is then of three). Four
     # single-threaded ranks on 2 cores would share the CPU and read each other's slices as busy time
     # (healthy ranks 0.86-1.12x of each other, the straggler's extra CPU diluted to 1.1-1.2x), so the
     # 4-rank job is device-bound as on GPUs: 80 ms of each step is simulated device time (the host
     # waits), and the straggler's device is 25% slower along with its host compute.
     Case("straggler-mild", "straggler", "RanksightStraggler", R1, args=("--straggler-extra", "0.25"),
-         detect_limit=30.0, hold=15.0),
-    Case("straggler-mild-4", "straggler", "RanksightStraggler", R1, world=4, detect_limit=30.0, hold=15.0,
+         detect_limit=STRAGGLER_DETECT_S, hold=15.0),
+    Case("straggler-mild-4", "straggler", "RanksightStraggler", R1, world=4, detect_limit=STRAGGLER_DETECT_S,
+         hold=15.0,
          args=("--straggler-extra", "0.25", "--device-ms", "80", "--hidden", "128", "--batch-seqs", "8")),
     # a straggler (1.5x) on a comm-heavy model (the comm-wide shape): even the straggler spends over
     # 30% of its step in collectives, so the comm share pages too, as the job's own cost (comm="own")
     Case("straggler-comm", "straggler", "RanksightCommBound", {},
-         also=(("RanksightStraggler", R1),), detect_limit=30.0, hold=15.0,
+         also=(("RanksightStraggler", R1),), detect_limit=STRAGGLER_DETECT_S, hold=15.0,
          args=("--straggler-extra", "0.5", "--hidden", "1280", "--batch-seqs", "1", "--seq-len", "32",
                "--optimizer", "sgd", "--checkpoint-every", "0")),
     Case("comm-heavy", "comm-heavy", "RanksightCommBound", {}),
-    # Comm-bound by shape, not by fault: wide layers, a small batch, a ~60 ms step with comm over half
-    # of it on both ranks. Scheduling noise moves the ranks' busy times apart by 20-50%; that must not
-    # page as a straggler (which would mute the comm-bound page). Watched 30 s past detection.
-    Case("comm-wide", "none", "RanksightCommBound", {}, hold=30.0, detect_limit=30.0,
+    # Comm-bound by shape, not by fault: wide layers, a small batch, a 25-60 ms step with comm over half
+    # of it on both ranks. Start-up steps and scheduling noise move the ranks' busy times apart (one
+    # rank read 1.1-1.24x for the first 10-20 s); that must not page as a straggler (which would mute
+    # the comm-bound page). Watched 40 s past detection: past the time a straggler could first fire.
+    Case("comm-wide", "none", "RanksightCommBound", {}, hold=40.0, detect_limit=30.0,
          args=("--hidden", "1280", "--batch-seqs", "1", "--seq-len", "32", "--optimizer", "sgd",
                "--checkpoint-every", "0")),
     Case("kill-rank", "kill-rank", "RanksightRankDown", R1, symptoms=(("RanksightHeartbeatMissed", R1),),
