@@ -32,7 +32,8 @@ from e2e_harness import host_agent, start_stack, triage_cli  # noqa: E402
 from ranksight.common.plumbing import free_port, wait_for  # noqa: E402
 from e2e_harness import cfg_test_profile  # noqa: E402
 
-from ranksight import protocol  # noqa: E402
+from ranksight import catalog as C, protocol  # noqa: E402
+from ranksight.triage.names import stepped_a_window  # noqa: E402
 
 PERIOD = 0.05  # seconds between simulated steps
 
@@ -150,6 +151,11 @@ def world(tmp_path_factory) -> Iterator[dict]:
         # a few scrapes of steady state, then the hang: rank 1 stuck outside any collective, rank 0 blocked in one
         wait_for(lambda: len(stack.prom.query(
             'count by (job) (rank:ranksight_comm_share:ratio_rate{job=~"tri-.*"})')) == 6, 30, "rates of every job")
+        # the verdicts that compare ranks (straggler, a waiting comm share) judge a rank once it has
+        # stepped for a whole rate window
+        settled = stepped_a_window(f'{C.STEPS}{{job=~"tri-.*"}}', cfg_test_profile()["windows"]["rate"])
+        wait_for(lambda: len(stack.prom.query(f"count by (job, rank) ({settled})")) == 12, 60,
+                 "a whole rate window of steps on every rank")
         now = time.time()
         sender.set("tri-hang", 1, RankPlay(stepping=False, hang_since=now))
         sender.set("tri-hang", 0, RankPlay(stepping=False, coll=0.0))
