@@ -74,6 +74,9 @@ def gate(e: Entry, cfg: Mapping[str, Any]) -> str:
 
     needs = {
         "straggler": straggler,
+        "pipeline-straggler": lambda: (f"also needs the extra busy time over {t['pipeline_straggler_min_share']:.0%} "
+                                       f"of wall time, the rank stepping for a whole {w['rate']} rate window, and no "
+                                       f"rank of the job stalled"),
         "comm-bound": lambda: f"a rank that waits for a peer is judged once it has stepped for a whole {w['rate']} "
                               f"rate window",
         "goodput-low": lambda: f"judged once the job's goodput has {w['goodput_min_wall']} of history",

@@ -145,13 +145,17 @@ RANK_BY = "job, node, rank, local_rank"
 
 
 def stepped_a_window(steps: str, window: str) -> str:
-    """The ranks whose steps counter (``steps``) was past 0 a whole rate ``window`` ago. A verdict
-    that compares ranks' rates is judged only on them: until then a rank's rates hold its start-up
-    steps (allocation, compilation, the first collectives), whose skew between ranks is neither a
-    straggler nor a rank waiting for one. This matters where for: is shorter than the window (the
-    test profile: 10 s against 30 s); under the default profile (10m against 5m) a start-up skew
-    leaves the window before for: ends, and the gate only delays a verdict at a job's start."""
-    return f"({steps} offset {window} > 0)"
+    """The ranks whose steps counter (``steps``) was past 0 a whole rate ``window`` ago: their rate
+    window no longer reaches back before their first step. A verdict that compares ranks' rates is
+    judged only on them. Before that a rank's rates are its start-up steps (allocation, compilation,
+    the first collectives) and little else, and their skew between ranks is neither a straggler nor
+    a rank waiting for one; after it, they are diluted by a whole window of steady steps. This
+    matters where for: is shorter than the window (the test profile: 10 s against 30 s); under the
+    default profile (10m against 5m) a start-up skew leaves the window before for: ends, and the
+    gate only delays a verdict at a job's start. The last value within a window before that (not
+    the instant one) so that a missed scrape a window ago does not reset a firing alert. The agent
+    carries a restarted rank's counters (same job, rank and node), so a restart is not gated."""
+    return f"(last_over_time({steps}[{window}] offset {window}) > 0)"
 
 
 # Recording-rule groups, in the order they are written. Prometheus evaluates groups concurrently

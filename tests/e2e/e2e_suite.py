@@ -29,10 +29,10 @@ log = logging.getLogger("tests.e2e")
 
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT = 90.0  # launch -> first step seen by Prometheus (torch import, gloo rendezvous)
-# after the cause fires, how long the symptoms may take to fire: their own for:, and a peer's
-# RanksightCommBound comm="waiting" is judged once the rank has stepped for a whole rate window (30 s)
-SYMPTOM_WAIT = 45.0
-HEALTHY_WATCH = 30.0  # a healthy run is watched this long after its first step (rate window + for:)
+SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to fire (their own for:)
+# a healthy run is watched this long after its first step: past the time a verdict that compares
+# ranks could first fire (a 30 s window of steps, 10 s for:), with scrapes and evaluations to spare
+HEALTHY_WATCH = 55.0
 FAULT_AFTER = 3.0  # kill-rank / hang: seconds after the first step
 POLL = 0.5
 SETTLE_LIMIT = 10.0  # at most this long for Alertmanager to hold what Prometheus fires (sent after each 1 s evaluation)
@@ -325,7 +325,9 @@ class Suite:
                 obs.cause_gaps.append(round(time.monotonic() - fault_start, 1))
             return [a for a in alerts if a["labels"]["alertname"] == alert and _labels_match(a["labels"], sel)]
 
-        deadline = time.monotonic() + SYMPTOM_WAIT
+        # a peer's RanksightCommBound comm="waiting" is judged once it has stepped for a whole rate
+        # window, as a straggler is: not before the straggler matrix's bound from the first step
+        deadline = max(time.monotonic() + SYMPTOM_WAIT, first + STRAGGLER_DETECT_S + 10)
         also_deadline = fault_start + case.detect_limit + DETECT_EXTRA_S + 15  # each further cause has the same bound as the first
         for alert, labels in case.also:  # the other causes of a compound fault: loud
             sel = {"job": job.name, **labels}

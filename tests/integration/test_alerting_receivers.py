@@ -158,7 +158,7 @@ def test_pages_carry_the_verdict_and_follow_the_severity_routes(receivers, agent
         slack, mail = receivers["slack"], receivers["mail"]
         got = wait_until(lambda: "RanksightStraggler" in _alerts_in(slack.messages(), "oc-straggler")
                          and "RanksightRankStalled" in _alerts_in(mail.messages(), "oc-hang")
-                         and slack.events(), 75, 0.5)
+                         and slack.events(), 100, 0.5)  # the straggler: a 30 s window of steps, 10 s for:, group_wait
         assert got, (f"slack: {slack.messages()}\nmail: {mail.messages()}\npagerduty: {slack.events()}\n"
                      f"alertmanager: {[(x['labels'], x['status']) for x in stack.am.alerts()]}")
 

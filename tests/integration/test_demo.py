@@ -43,8 +43,8 @@ def test_demo_healthy_run_fires_nothing(tmp_path):
 
 
 KEPT = """
-ranksight demo --keep --fault-after 8 --duration 60 --run-dir demo > demo.out 2>&1 &
-for i in $(seq 240); do grep -q "^  triage " demo.out 2>/dev/null && break; kill -0 $! || break; sleep 0.5; done
+ranksight demo --keep --fault-after 8 --duration 90 --run-dir demo > demo.out 2>&1 &
+for i in $(seq 360); do grep -q "^  triage " demo.out 2>/dev/null && break; kill -0 $! || break; sleep 0.5; done
 $(sed -n 's/^  triage *//p' demo.out) > triage.out 2>&1; echo "triage rc $?" >> triage.out
 ranksight stack status > status.out 2>&1; echo "status rc $?" >> status.out
 ranksight stack down > down.out 2>&1; echo "down rc $?" >> down.out
