@@ -28,13 +28,14 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 import e2e_suite as S  # noqa: E402
 from ranksight.config import duration_seconds  # noqa: E402
+from ranksight.triage.names import REC  # noqa: E402
 
 EXPRS = {
-    "ratio": "rank:ranksight_straggler:ratio",
-    "busy": "rank:ranksight_busy_seconds_per_step:rate",
-    "step": "rank:ranksight_step_duration_seconds:mean_rate",
-    "exposed_comm": "rank:ranksight_exposed_comm_seconds:rate / rank:ranksight_steps:rate",
-    "comm": "rank:ranksight_comm_seconds:rate / rank:ranksight_steps:rate",
+    "ratio": REC["straggler"],
+    "busy": REC["busy"],
+    "step": REC["step_mean"],
+    "exposed_comm": f"{REC['xcomm']} / {REC['steps']}",
+    "comm": f"{REC['comm']} / {REC['steps']}",
 }
 
 
