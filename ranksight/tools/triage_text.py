@@ -67,16 +67,17 @@ def gate(e: Entry, cfg: Mapping[str, Any]) -> str:
     why a value past the threshold may not alert. Read off the alert's expression where it varies."""
     t, w = cfg.get("thresholds", {}), cfg.get("windows", {})
 
+    def settled() -> str:  # read inside the try below: a config without windows.rate gets the plain line
+        return f"the rank stepping for a whole {w['rate']} rate window, and no rank of the job stalled"
+
     def straggler() -> str:
         also = ", and the job not comm-bound by itself" if triage.REC["job_comm_min"] in e.expr else ""
-        return (f"also needs the extra busy time over {t['straggler_min_step_share']:.0%} of the step{also}, "
-                f"the rank stepping for a whole {w['rate']} rate window, and no rank of the job stalled")
+        return f"also needs the extra busy time over {t['straggler_min_step_share']:.0%} of the step{also}, {settled()}"
 
     needs = {
         "straggler": straggler,
         "pipeline-straggler": lambda: (f"also needs the extra busy time over {t['pipeline_straggler_min_share']:.0%} "
-                                       f"of wall time, the rank stepping for a whole {w['rate']} rate window, and no "
-                                       f"rank of the job stalled"),
+                                       f"of wall time, {settled()}"),
         "comm-bound": lambda: f"a rank that waits for a peer is judged once it has stepped for a whole {w['rate']} "
                               f"rate window",
         "goodput-low": lambda: f"judged once the job's goodput has {w['goodput_min_wall']} of history",

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from e2e_harness import (DETECT_EXTRA_S, Agent, AgentProcess, Job, LocalStack, am_find, host_agent, start_stack,
                          cfg_test_profile, triage_cli)
 from ranksight.common.plumbing import GiveUp, wait_for
+from ranksight.config import duration_seconds
 from e2e_netns import Hosts
 
 log = logging.getLogger("tests.e2e")
@@ -30,9 +31,14 @@ log = logging.getLogger("tests.e2e")
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT = 90.0  # launch -> first step seen by Prometheus (torch import, gloo rendezvous)
 SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to fire (their own for:)
-# a healthy run is watched this long after its first step: past the time a verdict that compares
-# ranks could first fire (a 30 s window of steps, 10 s for:), with scrapes and evaluations to spare
-HEALTHY_WATCH = 55.0
+# A verdict that compares ranks (RanksightStraggler, a waiting RanksightCommBound) can first fire a
+# whole rate window of steps plus its for: after a job's first step (30 + 10 s in the test profile).
+_TEST_CFG = cfg_test_profile()
+CROSS_RANK_FIRST_S = (duration_seconds(_TEST_CFG["windows"]["rate"])
+                      + duration_seconds(_TEST_CFG["durations"]["straggler"]))
+# a healthy run is watched this long after its first step: past that time, with scrapes and
+# evaluations to spare
+HEALTHY_WATCH = CROSS_RANK_FIRST_S + 15
 FAULT_AFTER = 3.0  # kill-rank / hang: seconds after the first step
 POLL = 0.5
 SETTLE_LIMIT = 10.0  # at most this long for Alertmanager to hold what Prometheus fires (sent after each 1 s evaluation)
@@ -92,7 +98,7 @@ class Observation:
 R0, R1 = {"rank": "0"}, {"rank": "1"}
 HOST_A, HOST_B = "e2e-host-a", "e2e-host-b"
 
-STRAGGLER_DETECT_S = 50.0  # first step -> RanksightStraggler: a 30 s window of steps, 10 s for:, scrapes
+STRAGGLER_DETECT_S = CROSS_RANK_FIRST_S + 10  # first step -> RanksightStraggler in Alertmanager
 
 CASES: Dict[str, Case] = {c.name: c for c in (
     Case("slow-data", "slow-data", "RanksightDataloaderBound", R1,
