@@ -78,8 +78,7 @@ def gate(e: Entry, cfg: Mapping[str, Any]) -> str:
         "straggler": straggler,
         "pipeline-straggler": lambda: (f"also needs the extra busy time over {t['pipeline_straggler_min_share']:.0%} "
                                        f"of wall time, {settled()}"),
-        "comm-bound": lambda: f"a rank that waits for a peer is judged once it has stepped for a whole {w['rate']} "
-                              f"rate window",
+        "comm-bound": lambda: f"judged once the rank has stepped for a whole {w['rate']} rate window",
         "goodput-low": lambda: f"judged once the job's goodput has {w['goodput_min_wall']} of history",
         "step-time-regression": lambda: f"judged once the job's step time has {w['step_smooth']} of history",
         "tcp-retransmits": lambda: f"also needs over {t['retransmit_min_rate']:g} retransmits/s",

@@ -132,8 +132,9 @@ CASES: Dict[str, Case] = {c.name: c for c in (
     # Comm-bound by shape, not by fault: wide layers, a small batch, a 25-60 ms step with comm over half
     # of it on both ranks. Start-up steps and scheduling noise move the ranks' busy times apart (one
     # rank read 1.1-1.24x for the first 10-20 s); that must not page as a straggler (which would mute
-    # the comm-bound page). Watched 40 s past detection: past the time a straggler could first fire.
-    Case("comm-wide", "none", "RanksightCommBound", {}, hold=40.0, detect_limit=30.0,
+    # the comm-bound page). CommBound judges a rank once it has stepped for a whole rate window, as
+    # RanksightStraggler does, so both have the straggler matrix's bound; watched 40 s past detection.
+    Case("comm-wide", "none", "RanksightCommBound", {}, hold=40.0, detect_limit=STRAGGLER_DETECT_S,
          args=("--hidden", "1280", "--batch-seqs", "1", "--seq-len", "32", "--optimizer", "sgd",
                "--checkpoint-every", "0")),
     Case("kill-rank", "kill-rank", "RanksightRankDown", R1, symptoms=(("RanksightHeartbeatMissed", R1),),
@@ -331,8 +332,8 @@ class Suite:
                 obs.cause_gaps.append(round(time.monotonic() - fault_start, 1))
             return [a for a in alerts if a["labels"]["alertname"] == alert and _labels_match(a["labels"], sel)]
 
-        # a peer's RanksightCommBound comm="waiting" is judged once it has stepped for a whole rate
-        # window, as a straggler is: not before the straggler matrix's bound from the first step
+        # a peer's RanksightCommBound is judged once it has stepped for a whole rate window, as a
+        # straggler is: not before the straggler matrix's bound from the first step
         deadline = max(time.monotonic() + SYMPTOM_WAIT, first + STRAGGLER_DETECT_S + 10)
         also_deadline = fault_start + case.detect_limit + DETECT_EXTRA_S + 15  # each further cause has the same bound as the first
         for alert, labels in case.also:  # the other causes of a compound fault: loud

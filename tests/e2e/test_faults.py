@@ -68,7 +68,7 @@ def _check_ok(obs: Observation) -> None:
 @pytest.mark.parametrize("name", FAULTS)
 def test_fault_fires_in_time_on_the_right_rank(suite: Suite, name: str) -> None:
     """The cause is active in Alertmanager within the case's bound (60 s; 50 s for the straggler
-    matrix, 30 s for comm-wide; plus DETECT_EXTRA_S on the VictoriaMetrics layout) on the right rank or host."""
+    matrix and comm-wide; plus DETECT_EXTRA_S on the VictoriaMetrics layout) on the right rank or host."""
     case, obs = CASES[name], suite.observe(name)
     _check_ok(obs)
     assert obs.detect_s <= case.detect_limit + DETECT_EXTRA_S, obs.explain()
