@@ -74,6 +74,7 @@ def test_by_hand_block_runs_as_written(tmp_path):
     assert "prometheus    http://127.0.0.1:9090" in out and "alertmanager  http://127.0.0.1:9093" in out, out
     assert "ranksight step time, job" in out and "train_ddp: step" in out, out  # the job ran, instrumented
     assert "cause: RanksightStraggler" in out and re.search(r"Straggler rank .*rank=1", out), out
+    assert "also abnormal and unexplained" not in out, out  # one cause: the peer's comm share is its symptom
     assert re.search(r"^prometheus +running", out, re.M) and "ranksight stack: stopped" in out, out
     assert not list(tmp_path.glob("run/stack/*.pid")), "the block left the stack running"
 
