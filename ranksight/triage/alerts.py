@@ -71,10 +71,9 @@ def _step_signals(cfg: Mapping[str, Any]) -> List[Entry]:
     settled = stepped_a_window(C.STEPS, rate_w)  # the ranks past their start-up steps
     retrans_bad = (f"({REC['retrans']} > {t['retransmit_ratio']:g}) and on (node) "
                    f"(rate({C.NET_TCP_RETRANS}[{rate_w}]) > {t['retransmit_min_rate']:g})")
-    # each rank over the comm share that has stepped for a whole rate window, valued at its job's
-    # comm minimum (RanksightCommBound)
-    comm_over = (f"(((0 * ({REC['comm_share']} > {t['comm_share']:g})) + on (job) group_left () "
-                 f"{REC['job_comm_min']}) and on ({RANK_BY}) {settled})")
+    # each rank over the comm share, valued at its job's comm minimum (RanksightCommBound)
+    comm_over = (f"((0 * ({REC['comm_share']} > {t['comm_share']:g})) + on (job) group_left () "
+                 f"{REC['job_comm_min']})")
     return [
         # ------------------------------------------------------------ 1. dataloader wait
         Entry(
@@ -118,13 +117,14 @@ def _step_signals(cfg: Mapping[str, Any]) -> List[Entry]:
             # description, which Prometheus would run for each of thousands of waiting ranks on every
             # evaluation (8,190 behind two stragglers took 5.9 s where the join takes milliseconds).
             # Both are judged once the rank has stepped for a whole rate window, as a straggler is
-            # (names.stepped_a_window): in its first window a rank's shares are its start-up steps,
-            # where each rank waits for the others' start and even the least-waiting one can read
-            # over the share; that skew is neither the job's comm cost nor a wait for a straggler.
-            expr=f"label_replace({comm_over} and on (job) ({REC['job_comm_min']} > {t['comm_share']:g}), "
+            # (names.stepped_a_window, read once for both labels): in its first window a rank's shares
+            # are its start-up steps, where each rank waits for the others' start and even the
+            # least-waiting one can read over the share; that skew is neither the job's comm cost nor
+            # a wait for a straggler.
+            expr=f"(label_replace({comm_over} and on (job) ({REC['job_comm_min']} > {t['comm_share']:g}), "
                  f"\"comm\", \"own\", \"\", \"\") or "
                  f"label_replace({comm_over} unless on (job) ({REC['job_comm_min']} > {t['comm_share']:g}), "
-                 f"\"comm\", \"waiting\", \"\", \"\")",
+                 f"\"comm\", \"waiting\", \"\", \"\")) and on ({RANK_BY}) {settled}",
             for_=d["comm_bound"], threshold=t["comm_share"], unit="ratio", joined=("comm",),
             indicator=REC["comm_share"], op=">", scope=RANK_SCOPE,
             summary="Collectives take over {:.0%} of step time: the job is communication-bound".format(t["comm_share"]),

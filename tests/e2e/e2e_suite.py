@@ -31,7 +31,7 @@ log = logging.getLogger("tests.e2e")
 HERE = Path(__file__).resolve().parent
 STARTUP_TIMEOUT = 90.0  # launch -> first step seen by Prometheus (torch import, gloo rendezvous)
 SYMPTOM_WAIT = 30.0  # after the cause fires, how long the symptoms may take to fire (their own for:)
-# A verdict that compares ranks (RanksightStraggler, a waiting RanksightCommBound) can first fire a
+# A verdict on a rank's step shares (RanksightStraggler, RanksightCommBound) can first fire a
 # whole rate window of steps plus its for: after a job's first step (30 + 10 s in the test profile).
 _TEST_CFG = cfg_test_profile()
 CROSS_RANK_FIRST_S = (duration_seconds(_TEST_CFG["windows"]["rate"])
