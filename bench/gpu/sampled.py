@@ -54,6 +54,7 @@ def one_run(torch: Any, model: Any, opt: Any, x: Any, every: int, steps: int, wa
             return ev
 
         tl.mark = counting
+    timed = _watch_timed_steps(tl) if tl is not None and every > 1 else None
     errors: List[str] = []
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -73,9 +74,55 @@ def one_run(torch: Any, model: Any, opt: Any, x: Any, every: int, steps: int, wa
     recs = rec.steps()
     rec.close()
     s = W.sum_fields(recs, warm + 1, warm + steps + 1, fields=("dur",) + PHASES)
-    return {"shares": {k: s[k] / s["dur"] for k in PHASES if s["dur"] > 0}, "dur_s": s["dur"],
-            "records": s["records"], "events_per_step": marked[0] / (warm + steps + 1),
-            "every": stats.get("gpu_every"), "herr": stats.get("herr", 0), "sync_debug_errors": errors}
+    out = {"shares": {k: s[k] / s["dur"] for k in PHASES if s["dur"] > 0}, "dur_s": s["dur"],
+           "records": s["records"], "events_per_step": marked[0] / (warm + steps + 1),
+           "every": stats.get("gpu_every"), "herr": stats.get("herr", 0), "sync_debug_errors": errors}
+    # per step, in ms: every step's own phases (from its record), or each timed step's raw GPU
+    # phases with its GPU span and its host duration (what the sampled shares are made of)
+    if timed is None:
+        sel = [r for r in recs if warm + 1 <= r["seq"] <= warm + steps + 1]
+        out["per_step_ms"] = {k: W.median([r.get(k, 0.0) * 1e3 for r in sel]) for k in ("dur",) + PHASES}
+    else:
+        out["timed_steps"] = timed[1:]  # (the first is the warm-up's)
+        out["per_timed_step_ms"] = {k: W.median([t[k] for t in timed[1:]]) for k in ("host", "span") + PHASES}
+    return out
+
+
+def _watch_timed_steps(tl: Any) -> List[Dict[str, float]]:
+    """Sampled timing: each timed step's resolved GPU seconds by kind (its phases and its span) and
+    its host duration, in ms, as they resolve (wraps the timeline's resolve and step_end)."""
+    from ranksight.hooks.timing import SPAN
+
+    out: List[Dict[str, float]] = []
+    acc: Dict[str, float] = {}
+    hosts: List[float] = []
+    last = [None]
+    resolve, step_end = tl.resolve, tl.step_end
+
+    def watched_resolve(add: Any, limit: int = 1 << 30) -> int:
+        if type(add) is not dict:  # (the watch's close drains with a callable)
+            return resolve(add, limit)
+        mine = {k: 0.0 for k in add}
+        n = resolve(mine, limit)
+        for k, v in mine.items():
+            add[k] += v
+            acc[k] = acc.get(k, 0.0) + v * 1e3
+        if mine.get(SPAN, 0.0) > 0:
+            row = {k: acc.get(k, 0.0) for k in PHASES}
+            row["span"] = acc.get(SPAN, 0.0)
+            row["host"] = hosts.pop(0) if hosts else float("nan")
+            out.append(row)
+            acc.clear()
+        return n
+
+    def watched_step_end(t: float) -> None:
+        if tl.on and last[0] is not None:
+            hosts.append((t - last[0]) * 1e3)
+        last[0] = t
+        step_end(t)
+
+    tl.resolve, tl.step_end = watched_resolve, watched_step_end
+    return out
 
 
 def workload(torch: Any, name: str, spec: Any, dev: Any, steps: int, warm: int, rounds: int) -> Dict[str, Any]:
@@ -96,11 +143,18 @@ def workload(torch: Any, name: str, spec: Any, dev: Any, steps: int, warm: int, 
         out[arm] = {k: W.median([r["shares"].get(k, 0.0) for r in rs]) for k in PHASES}
         out[arm]["events_per_step"] = W.median([r["events_per_step"] for r in rs])
         out[arm]["step_ms"] = W.median([r["dur_s"] / max(1, r["records"]) for r in rs]) * 1e3
+    out["every"]["per_step_ms"] = {k: W.median([r["per_step_ms"][k] for r in runs["every"]])
+                                   for k in runs["every"][0]["per_step_ms"]}
+    out["sampled"]["per_timed_step_ms"] = {k: W.median([r["per_timed_step_ms"][k] for r in runs["sampled"]])
+                                           for k in runs["sampled"][0]["per_timed_step_ms"]}
     out["errors"] = [e for rs in runs.values() for r in rs for e in r["sync_debug_errors"]]
     out["herr"] = max(r["herr"] for rs in runs.values() for r in rs)
     W.log(f"sampled: {name}: " + ", ".join(
         f"{k} {out['every'][k]:.3f}/{out['sampled'][k]:.3f}" for k in PHASES)
         + f"; events/step {out['every']['events_per_step']:.2f}/{out['sampled']['events_per_step']:.2f}")
+    e, t = out["every"]["per_step_ms"], out["sampled"]["per_timed_step_ms"]
+    W.log(f"sampled: {name}: ms per step, every step / a timed step: host {e['dur']:.2f}/{t['host']:.2f} "
+          f"(its GPU span {t['span']:.2f}), " + ", ".join(f"{k} {e[k]:.2f}/{t[k]:.2f}" for k in PHASES))
     return out
 
 
