@@ -16,6 +16,9 @@ core=.devbin/py-deepspeed-cp311
 rm -rf "$pure" "$core" && mkdir -p "$pure" "$core"
 where() { $PY -c "import importlib.util as u; print(list(u.find_spec(\"$1\").submodule_search_locations)[0])"; }
 for mod in deepspeed hjson einops cpuinfo msgpack; do cp -r "$(where $mod)" "$pure/"; done
+# deepspeed's metadata too: Accelerate (the HF Trainer's deepspeed=) takes deepspeed as installed
+# only where importlib.metadata finds its distribution
+cp -r "$($PY -c 'import importlib.metadata as m; print(m.distribution("deepspeed")._path)')" "$pure/"
 for mod in pydantic pydantic_core annotated_types typing_inspection; do cp -r "$(where $mod)" "$core/"; done
 # the GPU machine's CPython 3.12: the same pydantic with pydantic_core's cp312 wheel from the package index
 core12=.devbin/py-deepspeed-cp312

@@ -3,8 +3,9 @@
 * a plain engine, ZeRO-2 and ZeRO-3, watched with ``ranksight.watch(engine, optimizer, loader)``:
   every measured step is a step record, the engine's model steps and the hooks' agree, no hook
   error, no synchronization from a ranksight frame, and the forward, backward (with its exposed
-  tail) and optimizer (the model step) agree within 15% with the profiler's event span and kernel
-  span of each phase's range;
+  tail) and optimizer (the model step) agree within 15% with the profiler's event span of each
+  phase's range, and with its kernel span, except the optimizer's, which exceeds its kernel span by
+  the GPU's measured wait for the engine's host work before its first kernel, and by nothing else;
 * the Hugging Face Trainer with ``deepspeed=`` ZeRO-2 and ZeRO-3 and ``RanksightCallback``: the
   callback's watch adopts the Trainer's engine, so the step records are exactly the Trainer's
   optimizer steps and DeepSpeed's model steps (no double counting: the global optimizer hooks that
@@ -98,9 +99,20 @@ def test_engine_phases_agree_with_the_profiler(case, stage, phase, span):
     r = case("engine", stage)
     c = r["compare"][f"{phase}_event" if span == "event" else phase]
     assert c["profiler_s"] > 0, f"the profiler saw no GPU work in the {phase} ranges"
-    assert c["rel_diff"] <= TOLERANCE, (
-        f"ZeRO-{stage} {phase}: hooks {c['hooks_s'] * 1e3:.3f} ms vs profiler {span} span "
-        f"{c['profiler_s'] * 1e3:.3f} ms over {r['steps']} steps ({c['rel_diff']:.1%} apart)")
+    msg = (f"ZeRO-{stage} {phase}: hooks {c['hooks_s'] * 1e3:.3f} ms vs profiler {span} span "
+           f"{c['profiler_s'] * 1e3:.3f} ms over {r['steps']} steps ({c['rel_diff']:.1%} apart)")
+    if phase == "opt" and span == "kernel":
+        # the engine's step starts with host work (ZeRO's partition bookkeeping, the gradient norm)
+        # before its first kernel: the event pair counts the GPU waiting for it, the kernel span does
+        # not. As for DDP's optimizer (test_gpu_hooks.py), the difference must be that measured wait
+        # (the profiler's event span less its kernel span) and nothing else
+        ev = r["compare"]["opt_event"]
+        wait = ev["profiler_s"] - c["profiler_s"]
+        extra = c["hooks_s"] - c["profiler_s"]
+        assert wait >= 0 and abs(extra - wait) <= TOLERANCE * c["profiler_s"], (
+            msg + f"; the GPU waited {wait * 1e3:.3f} ms for the host")
+        return
+    assert c["rel_diff"] <= TOLERANCE, msg
 
 
 @pytest.mark.parametrize("stage", STAGES)
