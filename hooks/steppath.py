@@ -350,7 +350,7 @@ class StepPath:
         if tl is None:
             fwd, bwd, opt, xcomm, pbusy = self._fwd, self._bwd, self._opt, hx, self._pbusy
         elif tl.every > 1:
-            fwd, bwd, opt, comm, xcomm, pbusy = self._sampled(tl, dur)
+            fwd, bwd, opt, comm, xcomm, pbusy = self._sampled(tl, dur, t)
             tl.step_end(t)
         else:
             # GPU spans, resolved from earlier steps' events: they may belong to an earlier step. A
@@ -394,22 +394,19 @@ class StepPath:
             self.qdrop += 1
         self._reset_step(t)
 
-    def _sampled(self, tl: Any, dur: float) -> tuple:
-        """Sampled timing: this step's GPU phases are the latest resolved timed step's shares of
-        its GPU span times this step's host duration; a value above ``dur`` carries its excess to
-        the next step, as the exact path's do. The steps that end before the first timed step
-        (the second) has resolved, a step or more later, carry none: the warm-up's time is not
-        guessed from later steps' shares."""
+    def _sampled(self, tl: Any, dur: float, t: float) -> tuple:
+        """Sampled timing: this step's GPU phases are the shares of the GPU span over the timed
+        steps resolved in the last seconds (``SpanShares``: their sums over the sum of their
+        spans) times this step's host duration, which ends at ``t``; a value above ``dur`` carries its excess to the next step, as the
+        exact path's do. The steps that end before the first timed step (the second) has
+        resolved, a step or more later, carry none: the warm-up's time is not guessed from later
+        steps' shares."""
         win = self._gwin
         tl.resolve(win)
-        span = win[SPAN]
         sh = self._gshare
         g = self._gacc
-        if span > 0:  # a timed step resolved: its shares replace the last ones
-            for k in sh:
-                sh[k] = win[k] / span
-                win[k] = 0.0
-            win[SPAN] = 0.0
+        if win[SPAN] > 0:  # a timed step resolved: it joins the shares' window
+            self._gshares.add(win, sh, t)
             self._gknown = True
         elif not self._gknown:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0

@@ -8,6 +8,7 @@ when it is full, a new interval is dropped and counted (``dropped``, sent as ``h
 """
 from __future__ import annotations
 
+import random
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
@@ -112,6 +113,55 @@ UNION_KINDS = (COMM, XCOMM)
 # Sampled timing: a timed step's GPU span, from an event at its start to one at its end (the GPU
 # time the step took, idle gaps included); its phases' seconds over it are the step's shares
 SPAN = "span"
+# Sampled timing: the shares are the sums of the phases of the timed steps that ended in the last
+# this many seconds over the sum of their spans (SpanShares), of at most SHARE_ROWS timed steps: a
+# sixth of the default 5 m rate window the rules read the phases over
+SHARE_WINDOW_S = 30.0
+SHARE_ROWS = 1024
+
+
+class SpanShares:
+    """Sampled timing's shares: each phase's seconds over the GPU span, summed over the timed steps
+    of the last ``window_s`` seconds (at least the latest one, at most ``rows``). A ratio of sums
+    weighs a long step by its length, as the rates the rules and dashboards read do (a phase's
+    seconds over the step seconds): a timed step with a host stall inside one phase moves the
+    shares by its weight among many, where its shares alone would stand for every step until the
+    next timed one, and the mean of such per-step shares would under-weigh the long steps. The
+    steps that are not timed still get the shares, so a stall in one of them is spread over the
+    phases in their usual proportions; the timed ones make up for it on average, within a bias
+    that falls with the number of timed steps in the window."""
+
+    def __init__(self, kinds: Iterable[str], window_s: float = SHARE_WINDOW_S, rows: int = SHARE_ROWS):
+        self.kinds = tuple(kinds)
+        self.window_s = float(window_s)
+        self._rows: Deque[Tuple[float, ...]] = deque(maxlen=max(1, int(rows)))
+        self._sums = [0.0] * (len(self.kinds) + 1)  # each kind's, then the spans'
+
+    def add(self, win: Dict[str, float], out: Dict[str, float], t: float = 0.0) -> None:
+        """A timed step resolved at host time ``t``: its seconds by kind and its ``SPAN`` in
+        ``win`` (zeroed here); the window's shares written to ``out``. Once per timed step."""
+        kinds, rows, sums = self.kinds, self._rows, self._sums
+        if len(rows) == rows.maxlen:
+            self._drop()
+        row = tuple(win[k] for k in kinds) + (win[SPAN], t)
+        rows.append(row)
+        for i in range(len(sums)):
+            sums[i] += row[i]
+        for k in win:
+            win[k] = 0.0
+        cut = t - self.window_s
+        while len(rows) > 1 and rows[0][-1] < cut:
+            self._drop()
+        total = sums[-1]
+        for i, k in enumerate(kinds):
+            v = sums[i] / total if total > 0 else 0.0
+            out[k] = v if v > 0 else 0.0
+
+    def _drop(self) -> None:
+        old = self._rows.popleft()
+        sums = self._sums
+        for i in range(len(sums)):
+            sums[i] -= old[i]
 
 
 class CudaTimeline:
@@ -131,10 +181,14 @@ class CudaTimeline:
     others (not a drop: nothing is recorded, nothing is pushed), so a step that is not timed
     costs the step path one attribute read per mark. ``step_end(t)``, called at each step's end,
     closes a timed step with a ``SPAN`` interval (an event at its start, one at its end) and
-    decides whether the next step is timed: one step in ``every``, and at least one each
-    ``every_s`` seconds. ``resolve()`` stops after a ``SPAN``, so the caller reads one timed
-    step's phases and span at a time (``hooks/steppath.py`` turns them into shares). The first
-    step is never timed (it has no start event; it also holds the warm-up).
+    decides whether the next step is timed: one step in ``every`` on average, and at least one
+    each ``every_s`` seconds. The gap after a timed step is drawn uniformly from 1 to
+    2 x ``every`` - 1 steps (``seed``: the draws'), so the timed steps do not keep step with work
+    the training loop does every N steps (logging that synchronizes every 32 or 500 steps, say),
+    which a fixed stride would always or never time. ``resolve()`` stops after a ``SPAN``, so the
+    caller reads one timed step's phases and span at a time (``SpanShares`` turns them into
+    shares). The second step is the first timed one (the first has no start event; it also holds
+    the warm-up).
     """
 
     POOL = True  # reuse own events (bench/gpu/overhead.py compares it with fresh events)
@@ -142,7 +196,8 @@ class CudaTimeline:
     # see driver_recorder) or "torch" (Event.record). bench/gpu/overhead.py --record-ab compares them.
     RECORD = "driver"
 
-    def __init__(self, torch_mod: Any, device: Any, max_pending: int, every: int = 1, every_s: float = 0.0):
+    def __init__(self, torch_mod: Any, device: Any, max_pending: int, every: int = 1, every_s: float = 0.0,
+                 seed: Optional[int] = None):
         self._cuda = torch_mod.cuda
         self.device = device
         self._rerecord = driver_recorder(torch_mod, device) if self.RECORD == "driver" else None
@@ -162,13 +217,16 @@ class CudaTimeline:
         self.every_s = float(every_s)
         self.on = self.every == 1  # the step in progress is timed: mark() records events
         self._n = self.every  # steps ended since the last timed one (so the second step is timed)
+        self._gap = self.every  # the steps from one timed step to the next (drawn at each timed one)
+        self._draw = random.Random(seed).randint
         self._last = float("-inf")  # host time the last timed step ended
         self._span0: Optional[Any] = None  # the timed step's start event
 
     def step_end(self, t: float) -> None:
         """Sampled timing: the step ending at host time ``t`` is over. A timed one is closed with
-        its ``SPAN``; the next step is timed when ``every`` steps ended since the last timed one or
-        ``every_s`` seconds passed, and then its start event is recorded now."""
+        its ``SPAN`` and draws the gap to the next; the next step is timed when that many steps
+        ended since the last timed one or ``every_s`` seconds passed, and then its start event is
+        recorded now."""
         if self.on:
             s0 = self._span0
             if s0 is not None:
@@ -176,8 +234,9 @@ class CudaTimeline:
                 self._span0 = None
             self._last = t
             self._n = 0
+            self._gap = self._draw(1, 2 * self.every - 1)
         self._n += 1
-        self.on = on = self._n >= self.every or t - self._last >= self.every_s
+        self.on = on = self._n >= self._gap or t - self._last >= self.every_s
         if on:
             self._span0 = self.mark(True)
 

@@ -70,7 +70,7 @@ from .identity import Identity
 from .loss import LossReader
 from . import parallel
 from .patch import Patcher
-from .timing import BWD, COMM, FWD, OPT, PBUSY, SPAN, XCOMM, CudaTimeline
+from .timing import BWD, COMM, FWD, OPT, PBUSY, SPAN, XCOMM, CudaTimeline, SpanShares
 from .settings import Settings, load_settings  # noqa: F401 (public here)
 from .sender import LAYOUT, STEPS_PER_RECORD, TICK_SECONDS, Background, enc_fields  # noqa: F401 (public here)
 from .steppath import QUEUE_CAP, StepPath, WatchedLoader, _TimedIter, timed_next  # noqa: F401 (public here)
@@ -161,9 +161,10 @@ class Watcher(StepPath, Background, Closing):
         self._ev_fwd = self._ev_opt = None
         self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0, PBUSY: 0.0}
         # sampled timing (hooks.gpu_timing_every > 1): the timed step being resolved (its phases'
-        # seconds and its SPAN), and the latest resolved step's phases as shares of its span
+        # seconds and its SPAN), and the phases' shares of the span over the latest resolved ones
         self._gwin: Dict[str, float] = dict(self._gacc, **{SPAN: 0.0})
         self._gshare: Dict[str, float] = dict(self._gacc)
+        self._gshares = SpanShares(self._gshare)
         self._gknown = False  # a timed step resolved: the shares hold
         self._queue: Deque[tuple] = deque()
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process

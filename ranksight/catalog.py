@@ -214,10 +214,11 @@ RANK_PARALLEL = _m("rank_parallel_info", "gauge", "info", R + ("strategy", "zero
                    "model (watch() finds it at the end of the first step).")
 GPU_TIMING_EVERY = _m("gpu_timing_every_steps", "gauge", "count", R,
                       "Steps per step timed with CUDA events, from the rank's hello (hooks.gpu_timing_every), for "
-                      "a rank that samples: one step in N (and at least one each hooks.gpu_timing_seconds) is "
-                      "timed, and the other steps' forward, backward, optimizer, comm, exposed comm and pipeline "
-                      "busy seconds are the last timed step's shares of its GPU time times their own step time "
-                      "(estimates). No series for a rank that times every step (the default) or has no CUDA.")
+                      "a rank that samples: one step in N on average (and at least one each "
+                      "hooks.gpu_timing_seconds) is timed, and every step's forward, backward, optimizer, comm, "
+                      "exposed comm and pipeline busy seconds are the shares of the GPU time over the timed steps "
+                      "of the last 30 s times its own step time (estimates). No series for a rank that times every "
+                      "step (the default) or has no CUDA.")
 DATALOADER_WORKERS_RSS = _m("dataloader_workers_rss_bytes", "gauge", "bytes", R,
                             "Total RSS of the rank's DataLoader worker processes.")
 

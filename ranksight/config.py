@@ -227,12 +227,13 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                         "windows (keep N at least the scrape interval), at the cost of the training "
                                         "code's own peak readings covering only the time since the last reset", 0, 1e6),
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
-        "gpu_timing_every": Opt(1, "CUDA: time one step in N with CUDA events (sampled timing; the agent exposes N "
-                                   "per rank); the other steps' forward, backward, optimizer, communication and "
-                                   "pipeline times are the last timed step's shares of its GPU time times their own "
-                                   "host duration. 1 (default): every step timed. Sampling cuts the hooks' CUDA "
-                                   "events per step N-fold; its shares agree with every-step timing on a GPU-bound "
-                                   "step, not on a host-bound or balanced one (bench/RESULTS.md)", 1, 1e6),
+        "gpu_timing_every": Opt(1, "CUDA: time one step in N on average with CUDA events (sampled timing, gaps "
+                                   "drawn from 1 to 2N-1 steps; the agent exposes N per rank); every step's forward, "
+                                   "backward, optimizer, communication and pipeline times are then the shares of the "
+                                   "GPU time over the timed steps of the last 30 s times its own host duration. "
+                                   "1 (default): every step timed. Sampling cuts the hooks' CUDA events per step "
+                                   "N-fold; where rare long steps (host stalls) hold much of the time, the shares "
+                                   "scatter more than every-step timing's (bench/RESULTS.md)", 1, 1e6),
         "gpu_timing_seconds": Opt(1.0, "... and, when N > 1, at least one step each this many seconds (slow steps "
                                        "are all timed; 0: every step)", 0, 1e6),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "

@@ -1,9 +1,10 @@
 """Sampled GPU timing (hooks.gpu_timing_every, hooks/timing.py and StepPath._sampled): one step in
-N timed with CUDA events, the others' GPU phases the timed step's shares of its GPU span times
-their own host duration. On the stand-in GPU of tests/integration/test_hooks.py (CUDA events
-cannot exist here; the real events are tests/gpu/test_gpu_sampled.py): which steps record events, the
-shares each step gets and the sums they add up to, the hello's ``gpu_every`` and the agent's
-gauge."""
+N on average timed with CUDA events (drawn gaps), the others' GPU phases the shares of the GPU
+span over the latest timed steps (their sums over their spans) times their own host duration. On
+the stand-in GPU of tests/integration/test_hooks.py (CUDA events cannot exist here; the real
+events are tests/gpu/test_gpu_sampled.py): which steps record events, the shares each step gets
+and the sums they add up to, also when one phase stalls every N steps, the hello's
+``gpu_every`` and the agent's gauge."""
 from __future__ import annotations
 
 import json
@@ -19,40 +20,116 @@ from ranksight import protocol as P
 from ranksight.exporter.collectors.ranks import RanksCollector
 from ranksight.exporter.exposition import TextWriter
 from ranksight.exporter.ranks import RankSettings, RankTable
-from ranksight.hooks.timing import FWD, SPAN, CudaTimeline
+from ranksight.hooks.timing import FWD, OPT, SPAN, CudaTimeline, SpanShares
 
 from hooks_workloads.harness import Receiver
 from test_exporter_helpers import parse, series
 from test_hooks import FAST, _LagGPU
 
 
-def test_only_the_timed_steps_record_events_one_in_every_and_never_the_first():
-    tl = CudaTimeline(_LagGPU(0.0), "stand-in", 64, every=4, every_s=1e9)
+def _timed_steps(tl: CudaTimeline, steps: int, step_s: float = 1.0):
+    """The steps (1-based) whose marks record events, each step ``step_s`` seconds of host time."""
     timed = []
-    for step in range(1, 13):
+    for step in range(1, steps + 1):
         a, b = tl.mark(True), tl.mark(True)
         assert (a is None) == (b is None)
         if a is not None:
             timed.append(step)
             tl.push(FWD, a, b)
-        tl.step_end(float(step))
-    assert timed == [2, 6, 10]
+        tl.step_end(step * step_s)
+    return timed
+
+
+def test_the_timed_steps_are_one_in_every_on_average_with_drawn_gaps_and_never_the_first():
+    tl = CudaTimeline(_LagGPU(0.0), "stand-in", 1 << 20, every=4, every_s=1e9, seed=7)
+    timed = _timed_steps(tl, 8000)
+    assert timed[0] == 2  # the first step has no start event (and holds the warm-up)
+    gaps = [b - a for a, b in zip(timed, timed[1:])]
+    assert set(gaps) == set(range(1, 8))  # uniform over 1 .. 2 x every - 1
+    assert abs(len(gaps) / sum(gaps) - 1 / 4) < 0.01  # one step in 4
+    assert tl.dropped == 0  # a step that is not timed drops nothing
     got = {FWD: 0.0, SPAN: 0.0}
     assert tl.resolve(got) == 2  # the first timed step's interval and its span: it stops there
-    assert got[SPAN] > 0 and tl.pending == 4
-    assert tl.dropped == 0  # a step that is not timed drops nothing
+    assert got[SPAN] > 0 and tl.pending == 2 * (len(timed) - 1)
+    again = CudaTimeline(_LagGPU(0.0), "stand-in", 1 << 20, every=4, every_s=1e9, seed=7)
+    assert _timed_steps(again, 8000) == timed  # the seed gives the draws
+
+
+def test_the_timed_steps_do_not_keep_step_with_work_done_every_n_steps():
+    """A loop that logs (and synchronizes) every 32 steps: a fixed stride of 16 from the second
+    step would never time a logging step; drawn gaps time each residue of 32 about as often."""
+    tl = CudaTimeline(_LagGPU(0.0), "stand-in", 1 << 20, every=16, every_s=1e9, seed=3)
+    timed = _timed_steps(tl, 32 * 3000)
+    by_residue = [0] * 32
+    for step in timed:
+        by_residue[step % 32] += 1
+    assert min(by_residue) > 0.7 * len(timed) / 32 and max(by_residue) < 1.3 * len(timed) / 32, by_residue
 
 
 def test_a_time_floor_times_slow_steps_and_every_1_times_all_of_them():
-    tl = CudaTimeline(_LagGPU(0.0), "stand-in", 64, every=1000, every_s=0.5)
-    timed = []
-    for step in range(1, 8):  # 0.3 s steps: the second, then the first step each 0.5 s after a timed one
-        if tl.mark(True) is not None:
-            timed.append(step)
-        tl.step_end(step * 0.3)
-    assert timed == [2, 5]
+    tl = CudaTimeline(_LagGPU(0.0), "stand-in", 64, every=1000, every_s=0.5, seed=1)
+    timed = _timed_steps(tl, 40, step_s=0.3)  # 0.3 s steps: the first to end 0.5 s after a timed one is
+    assert timed[0] == 2 and all(b - a <= 3 for a, b in zip(timed, timed[1:])), timed
     exact = CudaTimeline(_LagGPU(0.0), "stand-in", 64)
     assert exact.every == 1 and all(exact.mark(True) is not None for _ in range(5))
+
+
+def test_the_shares_are_the_sums_over_the_spans_of_the_timed_steps_of_the_last_seconds():
+    shares = SpanShares((FWD, OPT), window_s=30.0, rows=1024)
+    got = {FWD: 0.0, OPT: 0.0}
+    # three timed steps of 10 ms, then one with a 40 ms host stall inside its optimizer phase
+    for t, (fwd, opt, span) in enumerate([(0.004, 0.002, 0.010)] * 3 + [(0.004, 0.042, 0.050)]):
+        shares.add({FWD: fwd, OPT: opt, SPAN: span}, got, float(t))
+    assert got[FWD] == pytest.approx(0.016 / 0.080) and got[OPT] == pytest.approx(0.048 / 0.080)
+    # (the mean of the four steps' own shares would read 0.32 and 0.36)
+    for t in range(4, 34):  # still in the window at 33 s ...
+        shares.add({FWD: 0.004, OPT: 0.002, SPAN: 0.010}, got, float(t))
+    assert got[OPT] > 0.2 + 1e-6
+    shares.add({FWD: 0.004, OPT: 0.002, SPAN: 0.010}, got, 34.0)  # ... out of it 30 s after it ended
+    assert got[FWD] == pytest.approx(0.4) and got[OPT] == pytest.approx(0.2)
+    few = SpanShares((FWD, OPT), window_s=1e9, rows=2)  # at most this many timed steps
+    for fwd in (0.001, 0.002, 0.003):
+        few.add({FWD: fwd, OPT: 0.0, SPAN: 0.010}, got, 0.0)
+    assert got[FWD] == pytest.approx(0.25)
+    win = {FWD: 0.004, OPT: 0.002, SPAN: 0.010}
+    SpanShares((FWD, OPT)).add(win, {FWD: 0.0, OPT: 0.0}, 0.0)
+    assert win == {FWD: 0.0, OPT: 0.0, SPAN: 0.0}  # the timed step's seconds are taken
+
+
+def test_sampled_shares_add_up_to_the_every_step_sums_when_a_phase_stalls_every_32_steps():
+    """Each step 10 ms (4 forward, 2 optimizer), every 32nd step 40 ms more in its optimizer (a
+    synchronizing log line): the optimizer's share of all step time is 104/360 = 0.289. The latest
+    timed step's shares alone, at a fixed stride of 16, read 0.2: the stalled steps are never
+    timed. The sum that the rules read, each step's duration times the shares it got, with drawn
+    gaps and the shares of the last 30 s: within 0.05 of it for each of 10 seeds and 0.02 on
+    average (40 seeds: -0.040 to +0.026, mean -0.005)."""
+    steps = 32 * 400
+
+    def error(tl, shares):
+        sh, est, opt_s, total, t = None, 0.0, 0.0, 0.0, 0.0
+        for step in range(1, steps + 1):
+            fwd, opt = 0.004, 0.002 + (0.040 if step % 32 == 0 else 0.0)
+            dur = 0.008 + opt
+            t += dur
+            if sh is not None:
+                est += sh[OPT] * dur
+                opt_s += opt
+                total += dur
+            if tl.mark(True) is not None:
+                sh = sh or {FWD: 0.0, OPT: 0.0}
+                shares.add({FWD: fwd, OPT: opt, SPAN: dur}, sh, t)
+            tl.step_end(t)
+        assert opt_s / total == pytest.approx(104 / 360, abs=1e-3)
+        return (est - opt_s) / total
+
+    fixed = CudaTimeline(_LagGPU(0.0), "stand-in", 1 << 20, every=16, every_s=1e9, seed=0)
+    fixed._draw = lambda lo, hi: 16  # a fixed stride
+    assert error(fixed, SpanShares((FWD, OPT), rows=1)) == pytest.approx(0.2 - 104 / 360, abs=2e-3)
+    errors = []
+    for seed in range(10):
+        tl = CudaTimeline(_LagGPU(0.0), "stand-in", 1 << 20, every=16, every_s=1e9, seed=seed)
+        errors.append(error(tl, SpanShares((FWD, OPT))))
+    assert max(abs(e) for e in errors) < 0.05 and abs(sum(errors) / len(errors)) < 0.02, errors
 
 
 class _ClockGPU:
@@ -107,7 +184,8 @@ def _run(every: int, steps: int, lag: float):
     try:
         loader = ranksight.watch(model, opt, data, agent=rx.url, config=cfg)
         w = ranksight.hooks.current()
-        tl = CudaTimeline(gpu, "stand-in", 256, w.settings.gpu_timing_every, w.settings.gpu_timing_seconds)
+        tl = CudaTimeline(gpu, "stand-in", 256, w.settings.gpu_timing_every, w.settings.gpu_timing_seconds,
+                          seed=0)
         w._tl = w.comm.timeline = tl
         w._read_cuda_memory = lambda: None
         opt.register_step_pre_hook(lambda o, a, k: tick(PHASES["opt"]))  # after ours: in the opt span
@@ -120,6 +198,14 @@ def _run(every: int, steps: int, lag: float):
             return ev
 
         tl.mark = counting
+        timed = [0]
+        step_end = tl.step_end
+
+        def counting_steps(t):
+            timed[0] += tl.on
+            step_end(t)
+
+        tl.step_end = counting_steps
         for x, y in loader:
             ((model(x) - y) ** 2).mean().backward()
             opt.step()
@@ -129,7 +215,7 @@ def _run(every: int, steps: int, lag: float):
         ranksight.unwatch()
         assert rx.wait_for(lambda: rx.of("bye"))
         assert w.herr == 0
-        return rx.steps(), marked[0], rx.of("hello")
+        return rx.steps(), marked[0], rx.of("hello"), timed[0]
     finally:
         ranksight.unwatch()
         rx.close()
@@ -142,11 +228,12 @@ def test_a_step_that_is_not_timed_gets_the_timed_steps_shares_of_its_own_duratio
     warm-up is not guessed); the host durations are the steps' own (p50/p99 exact); 8 events
     per timed step instead of 6 per step."""
     steps = 60
-    exact, m_exact, _ = _run(1, steps, lag)
+    exact, m_exact, _, _ = _run(1, steps, lag)
     assert m_exact == 6 * steps and exact[-1]["fwd"] > 0
-    sampled, m_sampled, hello = _run(3, steps, lag)
+    sampled, m_sampled, hello, timed = _run(3, steps, lag)
     assert [s["seq"] for s in sampled] == list(range(1, steps + 1))
-    assert m_sampled == 8 * len(range(2, steps + 1, 3))  # 6 phase marks and 2 span marks per timed step
+    assert steps / 6 < timed < steps / 1.5  # one in 3 on average
+    assert m_sampled == 8 * timed  # 6 phase marks and 2 span marks per timed step
     assert hello[-1]["gpu_every"] == 3
     known = next(i for i, s in enumerate(sampled) if s["fwd"] > 0)
     assert 2 <= known <= 30, known  # (step 2 is timed; it resolves a step or more later)
