@@ -5,8 +5,10 @@ against every step timed (the default), the same loop interleaved, DDP on NCCL:
 * on the GPU-bound step each phase's share of step time (what the dashboards and rules read)
   agrees within 10% of the every-step share, or 2 points for a small share; the balanced and
   host-bound steps' shares are recorded (``pytest_gpu_results.json``, bench/RESULTS.md), not held
-  to it: there a timed step's phases are not those of the steps around it (measured on an H100:
-  the balanced step's optimizer share 0.09 every step against 0.13-0.22 sampled);
+  to it: a timed step's phases are those of the steps around it (the medians sampled.py records),
+  but there a few steps with 25-35 ms host stalls hold much of the time (measured on an H100: the
+  tiny step's mean 7.7 ms against a 3.7 ms median), and 6 timed steps a run do not estimate them
+  (bench/sampled_stalls.py shows the estimate on CPU over 4,000 steps a run);
 * the sampled runs record at most a sixth of the every-step runs' CUDA events.
 """
 from __future__ import annotations
