@@ -151,7 +151,7 @@ class Settings:
     table_every_steps: int
     table_every_seconds: float
     max_pending_events: int
-    gpu_timing_every: int  # CUDA: one step in N timed with events (hooks/timing.py, sampled timing)
+    gpu_timing_every: int  # CUDA: one step in N on average timed with events (hooks/timing.py, sampled timing)
     gpu_timing_seconds: float  # ... and one at least this often
     patch_torch_save: bool
     checkpoint_dir: str

@@ -396,8 +396,9 @@ class StepPath:
 
     def _sampled(self, tl: Any, dur: float, t: float) -> tuple:
         """Sampled timing: this step's GPU phases are the shares of the GPU span over the timed
-        steps resolved in the last seconds (``SpanShares``: their sums over the sum of their
-        spans) times this step's host duration, which ends at ``t``; a value above ``dur`` carries its excess to the next step, as the
+        steps resolved in the last SHARE_WINDOW_S seconds, at most SHARE_ROWS of them
+        (``SpanShares``: their sums over the sum of their spans), times this step's host duration,
+        which ends at ``t``; a value above ``dur`` carries its excess to the next step, as the
         exact path's do. The steps that end before the first timed step (the second) has
         resolved, a step or more later, carry none: the warm-up's time is not guessed from later
         steps' shares."""

@@ -122,7 +122,7 @@ SHARE_ROWS = 1024
 
 class SpanShares:
     """Sampled timing's shares: each phase's seconds over the GPU span, summed over the timed steps
-    of the last ``window_s`` seconds (at least the latest one, at most ``rows``). A ratio of sums
+    of the last ``window_s`` seconds of host time (at least the latest one, at most ``rows``). A ratio of sums
     weighs a long step by its length, as the rates the rules and dashboards read do (a phase's
     seconds over the step seconds): a timed step with a host stall inside one phase moves the
     shares by its weight among many, where its shares alone would stand for every step until the
@@ -137,7 +137,7 @@ class SpanShares:
         self._rows: Deque[Tuple[float, ...]] = deque(maxlen=max(1, int(rows)))
         self._sums = [0.0] * (len(self.kinds) + 1)  # each kind's, then the spans'
 
-    def add(self, win: Dict[str, float], out: Dict[str, float], t: float = 0.0) -> None:
+    def add(self, win: Dict[str, float], out: Dict[str, float], t: float) -> None:
         """A timed step resolved at host time ``t``: its seconds by kind and its ``SPAN`` in
         ``win`` (zeroed here); the window's shares written to ``out``. Once per timed step."""
         kinds, rows, sums = self.kinds, self._rows, self._sums
@@ -152,6 +152,8 @@ class SpanShares:
         cut = t - self.window_s
         while len(rows) > 1 and rows[0][-1] < cut:
             self._drop()
+        if len(rows) == 1:  # (the running sums start again from the one row: no drift carried on)
+            sums[:] = row[:-1]
         total = sums[-1]
         for i, k in enumerate(kinds):
             v = sums[i] / total if total > 0 else 0.0

@@ -230,7 +230,7 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "gpu_timing_every": Opt(1, "CUDA: time one step in N on average with CUDA events (sampled timing, gaps "
                                    "drawn from 1 to 2N-1 steps; the agent exposes N per rank); every step's forward, "
                                    "backward, optimizer, communication and pipeline times are then the shares of the "
-                                   "GPU time over the timed steps of the last 30 s times its own host duration. "
+                                   "GPU time over the timed steps of the last 30 s (at most 1,024) times its own host duration. "
                                    "1 (default): every step timed. Sampling cuts the hooks' CUDA events per step "
                                    "N-fold; where rare long steps (host stalls) hold much of the time, the shares "
                                    "scatter more than every-step timing's (bench/RESULTS.md)", 1, 1e6),

@@ -2,8 +2,9 @@
 
     python bench/gpu/sampled.py [--steps 96] [--rounds 2] [--out sampled.json]
 
-``hooks.gpu_timing_every: 16`` times one step in 16 with CUDA events and gives the others the
-timed step's shares of its GPU span times their own host duration. This runs the same
+``hooks.gpu_timing_every: 16`` times one step in 16 on average with CUDA events and gives every
+step the shares of the GPU span over the timed steps of the last 30 s (their sums over the sum of
+their spans) times its own host duration. This runs the same
 loop watched both ways, interleaved (every step, sampled, sampled, every step, ...), on the GPU
 workloads of ``gpu_workload.py``, DDP on an NCCL world of 1 (so the gradient all-reduce and its
 exposed tail are there), under ``torch.cuda.set_sync_debug_mode("error")``, and reports per
