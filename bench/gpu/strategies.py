@@ -145,7 +145,8 @@ def one_run(torch: Any, device: Any, target: Any, opt: Any, x: Any, step: Callab
     from ranksight import hooks as rs_hooks
 
     data = W.batches(x, a.warm + a.steps)
-    loader = ranksight.watch(target, opt, data, agent=a.ingest, config=DEFAULT_HOOKS) if watched else data
+    hooks = DEFAULT_HOOKS if a.timing_every == 1 else {"hooks": {"gpu_timing_every": a.timing_every}}
+    loader = ranksight.watch(target, opt, data, agent=a.ingest, config=hooks) if watched else data
     time.sleep(a.settle)  # the hooks' start-up threads; the plain run waits the same
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
@@ -239,7 +240,8 @@ def run_all(a: argparse.Namespace, ingest: str, tmp: Path,
         out = tmp / f"{s}.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", s, "--out", str(out), "--device", a.device,
                "--pairs", str(a.pairs), "--steps", str(a.steps), "--warm", str(a.warm), "--micro", str(a.micro),
-               "--settle", str(a.settle), "--ingest", ingest, "--batch", str(a.batch)]
+               "--settle", str(a.settle), "--ingest", ingest, "--batch", str(a.batch),
+               "--timing-every", str(a.timing_every)]
         env["MASTER_PORT"] = str(W.free_port())
         t0 = time.perf_counter()
         W.log(f"{s}: {a.pairs} pairs of {a.warm}+{a.steps} steps")
@@ -318,6 +320,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help="comma-separated (default the six: " + ",".join(STRATEGIES) + "; pipeline2 only when named)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per strategy's subprocess (default 300)")
+    p.add_argument("--timing-every", type=int, default=1, metavar="N",
+                   help="the watched runs' hooks.gpu_timing_every (default 1: the hooks' default, every step timed; "
+                        "N > 1: sampled GPU timing, one step in N on average)")
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--one", choices=STRATEGIES + EXTRA, help=argparse.SUPPRESS)  # the subprocess: one strategy
     p.add_argument("--ingest", default="off", help=argparse.SUPPRESS)  # the subprocess: the agent's address
@@ -328,8 +333,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
     a.strategies = [s for s in a.strategies.split(",") if s]
-    if a.pairs < 1 or a.steps < 1 or a.warm < 0 or a.micro < 1 or a.batch < 1:
-        p.error("--pairs, --steps, --micro and --batch must be >= 1, --warm >= 0")
+    if a.pairs < 1 or a.steps < 1 or a.warm < 0 or a.micro < 1 or a.batch < 1 or a.timing_every < 1:
+        p.error("--pairs, --steps, --micro, --batch and --timing-every must be >= 1, --warm >= 0")
     bad = [s for s in a.strategies if s not in STRATEGIES + EXTRA]
     if bad or not a.strategies:
         p.error(f"--strategies takes some of {','.join(STRATEGIES + EXTRA)}; got {bad or 'none'}")
@@ -352,7 +357,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         ingest = agent.ingest
     t0 = time.perf_counter()
     datagrams: Dict[str, float] = {}
-    head = {"versions": W.versions(), "agent": a.agent, "device": a.device, "command": " ".join(sys.argv)}
+    head = {"versions": W.versions(), "agent": a.agent, "device": a.device, "command": " ".join(sys.argv),
+            "timing_every": a.timing_every}
     try:  # the JSON after each strategy: a run cut at its time limit keeps what it measured
         results = run_all(a, ingest, Path(tmp.name), lambda rs: W.write_json(a.out, dict(head, strategies=rs)))
         if agent is not None:
