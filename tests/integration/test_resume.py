@@ -27,7 +27,12 @@ from hooks_workloads.harness import per_rank as harness_per_rank, run_ranks  # n
 
 JOB = "hooks-test"  # the harness's RANKSIGHT_JOB
 ALERT = "RanksightLossJumpAfterResume"
-PACE = ["--step-sleep", "0.05", "--total", "200"]  # 40 steps: about 2 s of records, several scrapes; 200 in all
+PACE = ["--step-sleep", "0.05", "--total", "200"]  # 40 steps a phase: about 2 s of records; 200 in all
+# The first phase's 40 steps over about 6 s: the steady loss is a rate of the loss counters, which
+# Prometheus (a scrape a second) must see rise at least once while the ranks run; over 2 s it
+# sometimes saw them only at their final values (the hooks send records in batches), and the
+# steady loss never appeared
+FIRST_PACE = ["--step-sleep", "0.15", "--total", "200"]
 
 
 def per_rank(text: str, metric: C.Metric, extra: str = "") -> Dict[int, float]:
@@ -45,7 +50,7 @@ def test_a_resume_without_optimizer_state_is_named_and_fires_the_jump_alert(agen
     a = agent()
     s = local_stack(targets=[a.target])  # the test profile: loss_short 1m, loss_resume 2m, for: 10s
     ck = str(tmp_path / "ckpt.pt")
-    ok(run_ranks("resume_worker.py", ["--phase", "first", "--ckpt", ck, *PACE], 2, a.ingest, timeout=120))
+    ok(run_ranks("resume_worker.py", ["--phase", "first", "--ckpt", ck, *FIRST_PACE], 2, a.ingest, timeout=120))
     # the "before": each rank's short mean, recorded while no restore is recent
     wait_for(lambda: len(s.prom.query(f'{REC["loss_steady"]}{{job="{JOB}"}}')) == 2, 30, "the steady loss of both ranks")
     seen: Dict[str, float] = {}
