@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 # ------------------------------------------------------------------ host time in each hook method
 # (module of ranksight.hooks, class or None for a module function, attribute): each is wrapped with a
@@ -127,6 +127,22 @@ class _StandInEvent:
         return (end.t - self.t) * 1e3
 
 
+def use_stand_in_timeline(w: Any, seed: Optional[int] = None) -> Any:
+    """The watch ``w`` times its steps on a ``CudaTimeline`` over the stand-in CUDA (its settings'
+    sampled timing, ``seed`` for the timed steps' draws) as it would on a GPU; returns the timeline.
+    (bench/hooks_ab.py also runs commits whose timeline times every step and takes no more.)"""
+    from ranksight.hooks.timing import CudaTimeline
+
+    s = w.settings
+    every = (getattr(s, "gpu_timing_every", 1), getattr(s, "gpu_timing_seconds", 0.0))
+    extra = {} if seed is None else {"seed": seed}
+    w._tl = w.comm.timeline = (CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events, *every, **extra)
+                               if every[0] > 1 else CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events))
+    w.comm.comm_events = True
+    w._read_cuda_memory = lambda: None  # no torch.cuda here
+    return w._tl
+
+
 def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") -> Dict[str, Any]:
     """One watched run of the trivial step with every METHODS entry wrapped (class attributes,
     patched before watch() binds them, restored after): host microseconds per step in each.
@@ -161,15 +177,7 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
         loader = ranksight.watch(model, opt, data, agent=url, config=config)
         w = ranksight.hooks.current()
         if timeline == "stand-in" and w is not None:
-            from ranksight.hooks.timing import CudaTimeline
-
-            s = w.settings
-            every = (getattr(s, "gpu_timing_every", 1), getattr(s, "gpu_timing_seconds", 0.0))
-            # (the watch's sampled timing; bench/hooks_ab.py also runs commits whose timeline times every step)
-            w._tl = w.comm.timeline = (CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events, *every)
-                                       if every[0] > 1 else CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events))
-            w.comm.comm_events = True
-            w._read_cuda_memory = lambda: None  # no torch.cuda here
+            use_stand_in_timeline(w)
         patched = torch.autograd.backward
         if w is not None:  # the hooks' backward wrapper around a timed real backward
             real = mt.wrap(REAL_BACKWARD, getattr(patched, "__wrapped__", patched))

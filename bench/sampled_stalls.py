@@ -43,9 +43,9 @@ def one_run(arm: str, stall: str, stall_s: float, steps: int, seed: int) -> Dict
 
     import gpu_workload as W
     import ranksight
-    from hooks_methods import _StandInCuda
+    from hooks_methods import use_stand_in_timeline
     from ranksight import hooks as rs_hooks
-    from ranksight.hooks.timing import CudaTimeline, SpanShares
+    from ranksight.hooks.timing import SpanShares
 
     torch.manual_seed(0)
     model = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(256, 256), nn.ReLU())])
@@ -56,12 +56,9 @@ def one_run(arm: str, stall: str, stall_s: float, steps: int, seed: int) -> Dict
     cfg = dict(W.QUIET_HOOKS, hooks=dict(W.QUIET_HOOKS["hooks"], gpu_timing_every=every, gpu_timing_seconds=1e6))
     loader = ranksight.watch(model, opt, [x] * (WARM + steps), agent=rec.url, config=cfg)
     w = rs_hooks.current()
-    s = w.settings
-    w._tl = w.comm.timeline = CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events, every, 1e6, seed=seed)
-    w.comm.comm_events = True
-    w._read_cuda_memory = lambda: None  # no torch.cuda here
+    tl = use_stand_in_timeline(w, seed=seed)
     if arm == "latest":
-        w._tl._draw = lambda lo, hi: EVERY
+        tl._draw = lambda lo, hi: EVERY
         w._gshares = SpanShares(w._gshare, rows=1)
     rnd, n = random.Random(seed), [0]
 

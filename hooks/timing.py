@@ -134,14 +134,15 @@ class SpanShares:
     def __init__(self, kinds: Iterable[str], window_s: float = SHARE_WINDOW_S, rows: int = SHARE_ROWS):
         self.kinds = tuple(kinds)
         self.window_s = float(window_s)
-        self._rows: Deque[Tuple[float, ...]] = deque(maxlen=max(1, int(rows)))
+        self.rows = max(1, int(rows))
+        self._rows: Deque[Tuple[float, ...]] = deque()
         self._sums = [0.0] * (len(self.kinds) + 1)  # each kind's, then the spans'
 
     def add(self, win: Dict[str, float], out: Dict[str, float], t: float) -> None:
         """A timed step resolved at host time ``t``: its seconds by kind and its ``SPAN`` in
         ``win`` (zeroed here); the window's shares written to ``out``. Once per timed step."""
         kinds, rows, sums = self.kinds, self._rows, self._sums
-        if len(rows) == rows.maxlen:
+        if len(rows) == self.rows:
             self._drop()
         row = tuple(win[k] for k in kinds) + (win[SPAN], t)
         rows.append(row)
