@@ -51,16 +51,21 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not W.cuda_available(), reason
 TOLERANCE = 0.15  # hook phase times agree with torch.profiler within 15%
 STAGES = (2, 3)
 _CACHE: Dict[str, Dict[str, Any]] = {}
+_ENV: Dict[str, Dict[str, str]] = {}
 
 
 def deepspeed_env() -> Dict[str, str]:
-    """The subprocesses' environment: deepspeed importable, from ``.devbin`` where it is not installed."""
+    """The subprocesses' environment: deepspeed importable, from ``.devbin`` where it is not installed.
+    Probed once per session (the probe imports deepspeed and torch in a new process: ~6 s)."""
+    if "env" in _ENV:
+        return _ENV["env"]
     env = W.with_deepspeed(dict(os.environ, RANKSIGHT_AGENT="off"))
     probe = subprocess.run([sys.executable, "-c", "import deepspeed"], env=env, capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.fail("deepspeed is not importable here: run `bash bench/gpu/deepspeed_prepare.sh` where it is "
                     "installed (DS_BUILD_OPS=0) and carry .devbin to this machine; the import said: "
                     + (probe.stderr.strip().splitlines() or ["nothing"])[-1], pytrace=False)
+    _ENV["env"] = env
     return env
 
 
@@ -72,6 +77,8 @@ def case(tmp_path_factory, gpu_results):
         if kind == "hf":
             pytest.importorskip("transformers")
         key = f"{kind}_zero{stage}"
+        if key in _CACHE:
+            return _CACHE[key]
         return run_script_once(_CACHE, key, ["deepspeed_gpu.py", kind, "--stage", str(stage)], d / f"{key}.json",
                                gpu_results, f"deepspeed_{key}", 400, env=deepspeed_env())
 
