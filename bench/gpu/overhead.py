@@ -266,29 +266,35 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-ab", action="store_true",
                    help="also compare torch's Event.record with the driver's cuEventRecord for re-recorded events "
                         "(host breakdown, tiny model, batch-8 step)")
-    p.add_argument("--timing-ab", action="store_true",
-                   help="every step timed with CUDA events (A, hooks.gpu_timing_every 1) against the default sampled "
-                        "timing (B): host breakdown of each, the host-bound tiny model and the default step A/B")
+    p.add_argument("--timing-ab", type=int, nargs="?", const=16, default=0, metavar="N",
+                   help="every step timed with CUDA events (A, hooks.gpu_timing_every 1) against one step in N (B, "
+                        "hooks.gpu_timing_every N; N 16 when not given): the host breakdown of each, the host-bound "
+                        "tiny model and the default step A/B")
     p.add_argument("--out", help="write the full result JSON here")
     return p
 
 
 def _breakdown_of_arm_a(b: "Bench", model: Any, opt: Any, x: Any,
-                        arm: Callable[[Optional[bool]], None]) -> Dict[str, Any]:
-    """``host_breakdown`` with an A/B's arm A set (``arm(False)``), then the default back (``arm(None)``)."""
-    arm(False)
+                        arm: Callable[[Optional[bool]], None], which: bool = False) -> Dict[str, Any]:
+    """``host_breakdown`` with an A/B's arm A set (``arm(False)``; ``which`` True: arm B), then the
+    default back (``arm(None)``)."""
+    arm(which)
     try:
         return host_breakdown(b, model, opt, x)
     finally:
         arm(None)
 
 
+TIMING_B = {"every": 16}  # --timing-ab's arm B: hooks.gpu_timing_every
+
+
 def _timing_arm(b_arm: Optional[bool]) -> None:
-    """A: every step timed with CUDA events (hooks.gpu_timing_every 1), B: the default sampled timing."""
-    if b_arm is False:
-        DEFAULT_HOOKS["hooks"]["gpu_timing_every"] = 1
-    else:
+    """A: every step timed with CUDA events (hooks.gpu_timing_every 1), B: one step in
+    ``TIMING_B["every"]``; None: back to the hooks' default."""
+    if b_arm is None:
         DEFAULT_HOOKS["hooks"].pop("gpu_timing_every", None)
+    else:
+        DEFAULT_HOOKS["hooks"]["gpu_timing_every"] = 1 if b_arm is False else TIMING_B["every"]
 
 
 def _record_arm(b_arm: Optional[bool]) -> None:
@@ -381,10 +387,13 @@ def _default_model(a: argparse.Namespace, b: "Bench", torch: Any, device: Any, m
         out["step_async_record_ab"] = b.interleave(model, opt, x, "async", a.reps, arms=_record_arm)
         save()
     if a.timing_ab and device.type == "cuda":
+        TIMING_B["every"] = a.timing_ab
+        out["timing_ab_every"] = a.timing_ab
         out["host_breakdown_every_step"] = _breakdown_of_arm_a(b, model, opt, x, _timing_arm)
+        out["host_breakdown_sampled"] = _breakdown_of_arm_a(b, model, opt, x, _timing_arm, True)
         save()
         for mode in modes:
-            W.log(f"overhead: {mode} loop, every step (A) vs sampled (B) CUDA timing, {a.reps} pairs")
+            W.log(f"overhead: {mode} loop, every step (A) vs one in {a.timing_ab} (B) CUDA timing, {a.reps} pairs")
             out[f"step_{mode}_timing_ab"] = b.interleave(model, opt, x, mode, a.reps, arms=_timing_arm)
             save()
     for mode in modes:
@@ -434,7 +443,9 @@ def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: D
         out["host_bound_tiny_record_ab"] = t
         save()
     if a.timing_ab and device.type == "cuda":
-        W.log(f"overhead: host-bound tiny model, every step (A) vs sampled (B) CUDA timing, {a.tiny_reps} pairs")
+        TIMING_B["every"] = a.timing_ab
+        W.log(f"overhead: host-bound tiny model, every step (A) vs one in {a.timing_ab} (B) CUDA timing, "
+              f"{a.tiny_reps} pairs")
         t = tb.interleave(tm, to, tx, "async", a.tiny_reps, arms=_timing_arm)
         t["spec"] = W.spec_dict(tspec)
         out["host_bound_tiny_timing_ab"] = t
@@ -462,12 +473,14 @@ def render(out: Dict[str, Any]) -> str:
                      f"{r['ratio_median_of_pairs']:>22.4f}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
                      f"{r['delta_us_per_step_median']:>10.1f}")
     for key in ("host_breakdown", "host_breakdown_fresh_events", "host_breakdown_torch_record",
-                "host_breakdown_every_step"):
+                "host_breakdown_every_step", "host_breakdown_sampled"):
         hb = out.get(key)
         if hb:
             lines.append(f"{key}: mark() {hb['mark_us_per_call']:.2f} us per call in the loop, "
                          f"{hb['created_per_step']:.2f} events created per step")
-    for key, what in (("host_breakdown", "the default timing"), ("host_breakdown_every_step", "every step timed")):
+    sampled = f"one step in {out.get('timing_ab_every')} timed"
+    for key, what in (("host_breakdown", "the default timing"), ("host_breakdown_every_step", "every step timed"),
+                      ("host_breakdown_sampled", sampled)):
         hb = out.get(key)
         if not hb:
             continue
