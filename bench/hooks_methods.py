@@ -101,14 +101,15 @@ class _StandInCuda:
     resolves, the GPU branch of the step end) then runs here; only the driver calls are missing
     (on the H200: create and record 6.6 us, a re-record 2.4 us, a query 0.7 us)."""
 
-    def __init__(self) -> None:
+    def __init__(self, record_s: float = 0.0) -> None:
         self.cuda = self
+        self.record_s = record_s  # > 0: each record busy-waits this long, as a driver call costs the host
 
     def current_stream(self, device: Any = None) -> None:
         return None
 
     def Event(self, enable_timing: bool = True) -> "_StandInEvent":  # noqa: N802 (torch.cuda.Event)
-        return _StandInEvent()
+        return _CostlyStandInEvent(self.record_s) if self.record_s > 0 else _StandInEvent()
 
 
 class _StandInEvent:
@@ -127,17 +128,36 @@ class _StandInEvent:
         return (end.t - self.t) * 1e3
 
 
-def use_stand_in_timeline(w: Any, seed: Optional[int] = None) -> Any:
+class _CostlyStandInEvent(_StandInEvent):
+    """A stand-in event whose record busy-waits ``cost`` seconds first (a driver call's host time)."""
+    __slots__ = ("cost",)
+
+    def __init__(self, cost: float) -> None:
+        super().__init__()
+        self.cost = cost
+
+    def record(self, stream: Any = None) -> None:
+        end = time.perf_counter() + self.cost
+        while time.perf_counter() < end:
+            pass
+        self.t = time.perf_counter()
+
+
+def use_stand_in_timeline(w: Any, seed: Optional[int] = None, record_s: float = 0.0) -> Any:
     """The watch ``w`` times its steps on a ``CudaTimeline`` over the stand-in CUDA (its settings'
-    sampled timing, ``seed`` for the timed steps' draws) as it would on a GPU; returns the timeline.
-    (bench/hooks_ab.py also runs commits whose timeline times every step and takes no more.)"""
+    sampled timing, ``seed`` for the timed steps' draws; ``record_s``: each event record's host
+    cost) as it would on a GPU; returns the timeline. (bench/hooks_ab.py also runs commits whose
+    timeline times every step and takes no more.)"""
     from ranksight.hooks.timing import CudaTimeline
 
     s = w.settings
     every = (getattr(s, "gpu_timing_every", 1), getattr(s, "gpu_timing_seconds", 0.0))
     extra = {} if seed is None else {"seed": seed}
-    w._tl = w.comm.timeline = (CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events, *every, **extra)
-                               if every[0] > 1 else CudaTimeline(_StandInCuda(), "stand-in", s.max_pending_events))
+    if every[0] == 0:
+        extra["budget"] = s.gpu_timing_budget
+    gpu = _StandInCuda(record_s)
+    w._tl = w.comm.timeline = (CudaTimeline(gpu, "stand-in", s.max_pending_events, *every, **extra)
+                               if every[0] != 1 else CudaTimeline(gpu, "stand-in", s.max_pending_events))
     w.comm.comm_events = True
     w._read_cuda_memory = lambda: None  # no torch.cuda here
     return w._tl

@@ -154,7 +154,7 @@ class Closing:
         try:
             if getattr(self, "_base", None) is not None and not self._bye_sent:
                 items = self._take_items()
-                if self._tl is not None and self._tl.every == 1:  # (sampled: the shares stand for them)
+                if self._tl is not None and not self._tl.sampled:  # (sampled: the shares stand for them)
                     try:
                         self._last_gpu(items)
                     except Exception as e:

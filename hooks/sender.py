@@ -25,6 +25,9 @@ _perf = time.perf_counter
 
 
 TICK_SECONDS = 0.25  # the background thread's period
+# automatic sampled timing: the hello (with its steps per timed step) is sent again when the mean
+# gap moved, at most this often
+HELLO_EVERY_MIN_S = 30.0
 
 
 # CUDA: the newest step record waits this long (or for the next one) while GPU intervals are still
@@ -133,20 +136,28 @@ class Background:
 
     def _send_hello(self) -> None:
         try:
+            every = self._tl.every if self._tl is not None else 0
             rec = dict(self._base, t="hello", ts=time.time(), info=dict(self.selfcheck), dirs=self._hello_dirs,
                        pstart=round(_process_start(), 3),
-                       gpu=_gpu_uuid(self._tl.device) if self._tl is not None else "",
-                       gpu_every=self._tl.every if self._tl is not None else 0)
+                       gpu=_gpu_uuid(self._tl.device) if self._tl is not None else "", gpu_every=every)
+            self._hello_every = every
+            self._hello_due = _perf() + HELLO_EVERY_MIN_S
             self._transport.send(selfcheck.fit(rec))
         except Exception as e:
             self._hook_error("hello record", e)
 
     def _hello_again(self) -> None:
         """The watch learned how its model is parallelized after the hello went out (a model
-        discovery found, ``set_parallel``): the hello is sent again with it (the agent keeps the
-        latest hello's info)."""
+        discovery found, ``set_parallel``), or automatic sampled timing moved its mean gap (at most
+        once each ``HELLO_EVERY_MIN_S``): the hello is sent again with it (the agent keeps the
+        latest hello's info and steps per timed step)."""
         par = self.parallel
         if par == self._hello_parallel:
+            tl = self._tl
+            if tl is None or not tl.auto or tl.every == getattr(self, "_hello_every", tl.every) \
+                    or _perf() < getattr(self, "_hello_due", 0.0):
+                return
+            self._send_hello()
             return
         par = dict(par)
         self._hello_parallel = par

@@ -153,6 +153,7 @@ class Settings:
     max_pending_events: int
     gpu_timing_every: int  # CUDA: one step in N on average timed with events (hooks/timing.py, sampled timing)
     gpu_timing_seconds: float  # ... and one at least this often
+    gpu_timing_budget: float  # gpu_timing_every 0: N keeps the events' host cost under this share of the step
     patch_torch_save: bool
     checkpoint_dir: str
     log_dir: str

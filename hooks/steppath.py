@@ -349,7 +349,7 @@ class StepPath:
         tl = self._tl
         if tl is None:
             fwd, bwd, opt, xcomm, pbusy = self._fwd, self._bwd, self._opt, hx, self._pbusy
-        elif tl.every > 1:
+        elif tl.sampled:
             fwd, bwd, opt, comm, xcomm, pbusy = self._sampled(tl, dur, t)
             tl.step_end(t)
         else:

@@ -9,6 +9,7 @@ when it is full, a new interval is dropped and counted (``dropped``, sent as ``h
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
@@ -113,11 +114,16 @@ UNION_KINDS = (COMM, XCOMM)
 # Sampled timing: a timed step's GPU span, from an event at its start to one at its end (the GPU
 # time the step took, idle gaps included); its phases' seconds over it are the step's shares
 SPAN = "span"
+_perf = time.perf_counter
 # Sampled timing: the shares are the sums of the phases of the timed steps that ended in the last
 # this many seconds over the sum of their spans (SpanShares), of at most SHARE_ROWS timed steps: a
 # sixth of the default 5 m rate window the rules read the phases over
 SHARE_WINDOW_S = 30.0
 SHARE_ROWS = 1024
+# Automatic sampled timing (every 0): the mean gap between timed steps is kept at most this
+AUTO_MAX_EVERY = 256
+# ... and follows the cost of a timed step and the step time through moving averages of this weight
+AUTO_WEIGHT = 0.25
 
 
 class SpanShares:
@@ -192,6 +198,17 @@ class CudaTimeline:
     caller reads one timed step's phases and span at a time (``SpanShares`` turns them into
     shares). The second step is the first timed one (the first has no start event; it also holds
     the warm-up).
+
+    Automatic sampled timing (``every`` 0): the mean gap is chosen as the steps go so that the
+    timing costs the step path at most ``budget`` of the host step time. Each timed step's cost is
+    measured: the host time of its ``mark()`` calls (their CUDA event records, the dominant part on
+    a GPU: 12 us a call in a training loop on an H100) and of the ``resolve()`` calls that find
+    intervals pending. At each timed step's end the mean gap becomes that cost over ``budget``
+    times the mean step time since the timed step before (moving averages of both, weight
+    ``AUTO_WEIGHT``), rounded up, from 1 (every step timed: a long step, where the events cost
+    little) to ``AUTO_MAX_EVERY``. ``every`` then reads the mean gap in use. The steps keep the
+    sampled path (``sampled`` True) throughout, so their phases are the window's shares even
+    while every step is timed.
     """
 
     POOL = True  # reuse own events (bench/gpu/overhead.py compares it with fresh events)
@@ -200,7 +217,7 @@ class CudaTimeline:
     RECORD = "driver"
 
     def __init__(self, torch_mod: Any, device: Any, max_pending: int, every: int = 1, every_s: float = 0.0,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, budget: float = 0.005):
         self._cuda = torch_mod.cuda
         self.device = device
         self._rerecord = driver_recorder(torch_mod, device) if self.RECORD == "driver" else None
@@ -216,9 +233,17 @@ class CudaTimeline:
         self._anchor = self._cuda.Event(enable_timing=True)
         self._anchor.record(self._cuda.current_stream(device))
         self._anchor_done = False  # the anchor's query() returned True (it is never recorded again)
+        self.auto = int(every) <= 0  # the mean gap follows the timing's cost (budget)
         self.every = max(1, int(every))  # 1: every step timed (no spans; the step path carries the exact seconds)
+        self.sampled = self.auto or self.every > 1  # the step path takes the shares of timed steps' spans
         self.every_s = float(every_s)
-        self.on = self.every == 1  # the step in progress is timed: mark() records events
+        self.budget = float(budget)
+        self.cost = 0.0  # auto: host seconds the timing took since the last timed step ended
+        self._cost_avg = self._dur_avg = 0.0  # auto: moving averages of a timed step's cost, of a step's time
+        self.on = not self.sampled  # the step in progress is timed: mark() records events
+        if self.auto:  # (the step path binds these: every other path keeps the class's, uncounted)
+            self.mark = self._costed_mark  # type: ignore[method-assign]
+            self.resolve = self._costed_resolve  # type: ignore[method-assign]
         self._n = self.every  # steps ended since the last timed one (so the second step is timed)
         self._gap = self.every  # the steps from one timed step to the next (drawn at each timed one)
         self._draw = random.Random(seed).randint
@@ -235,6 +260,8 @@ class CudaTimeline:
             if s0 is not None:
                 self.push(SPAN, s0, self.mark(True))
                 self._span0 = None
+            if self.auto:
+                self._tune(t)
             self._last = t
             self._n = 0
             self._gap = self._draw(1, 2 * self.every - 1)
@@ -242,6 +269,42 @@ class CudaTimeline:
         self.on = on = self._n >= self._gap or t - self._last >= self.every_s
         if on:
             self._span0 = self.mark(True)
+
+    def _tune(self, t: float) -> None:
+        """Automatic sampled timing, at a timed step's end (host time ``t``): the mean gap from
+        the cost of the timing since the last timed step and the mean step time since then."""
+        cost, self.cost = self.cost, 0.0
+        if self._last == float("-inf") or self._n <= 0:
+            return  # the first timed step: no step time to weigh its cost against yet
+        dur = (t - self._last) / self._n
+        w = AUTO_WEIGHT
+        if self._dur_avg <= 0.0:
+            self._cost_avg, self._dur_avg = cost, dur
+        else:
+            self._cost_avg += w * (cost - self._cost_avg)
+            self._dur_avg += w * (dur - self._dur_avg)
+        allowed = self.budget * self._dur_avg
+        n = int(-(-self._cost_avg // allowed)) if allowed > 0 else AUTO_MAX_EVERY  # ceil
+        self.every = 1 if n < 1 else (AUTO_MAX_EVERY if n > AUTO_MAX_EVERY else n)
+
+    def _costed_mark(self, own: bool = False) -> Optional[Any]:
+        """Automatic sampled timing's ``mark()``: the class's, its host time added to ``cost``."""
+        if not self.on:
+            return None
+        t0 = _perf()
+        ev = type(self).mark(self, own)
+        self.cost += _perf() - t0
+        return ev
+
+    def _costed_resolve(self, add: Any, limit: int = 1 << 30) -> int:
+        """Automatic sampled timing's ``resolve()``: the class's, its host time added to ``cost``
+        when intervals are pending."""
+        if not self._pending:
+            return 0
+        t0 = _perf()
+        n = type(self).resolve(self, add, limit)
+        self.cost += _perf() - t0
+        return n
 
     def mark(self, own: bool = False) -> Optional[Any]:
         if not self.on:  # sampled timing, a step that is not timed
@@ -295,7 +358,7 @@ class CudaTimeline:
         """Drop every event (the watch ended): they are destroyed here, in this process, now.
         Pending intervals count as dropped, except under sampled timing (the shares of the timed
         steps before stand for them)."""
-        if self.every == 1:
+        if not self.sampled:
             self.dropped += len(self._pending)
         self.on = False
         self._pending.clear()

@@ -282,7 +282,8 @@ class Watcher(StepPath, Background, Closing):
 
     def _timeline(self, dev: Any) -> CudaTimeline:
         s = self.settings
-        return CudaTimeline(torch, dev, s.max_pending_events, s.gpu_timing_every, s.gpu_timing_seconds)
+        return CudaTimeline(torch, dev, s.max_pending_events, s.gpu_timing_every, s.gpu_timing_seconds,
+                            budget=s.gpu_timing_budget)
 
     def _attach_model(self, model: Any) -> None:
         """Time ``model``'s forward (its module hooks, unless a framework callback drives

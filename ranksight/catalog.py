@@ -213,8 +213,8 @@ RANK_PARALLEL = _m("rank_parallel_info", "gauge", "info", R + ("strategy", "zero
                    "ZeRO stage 0-3, empty for the other strategies); always 1. No series until the rank knows its "
                    "model (watch() finds it at the end of the first step).")
 GPU_TIMING_EVERY = _m("gpu_timing_every_steps", "gauge", "count", R,
-                      "Steps per step timed with CUDA events, from the rank's hello (hooks.gpu_timing_every), for "
-                      "a rank that samples: one step in N on average (and at least one each "
+                      "Steps per step timed with CUDA events, from the rank's hello (hooks.gpu_timing_every, or with "
+                      "0 the mean gap the rank chose, sent again when it moves), for a rank that samples: one step in N on average (and at least one each "
                       "hooks.gpu_timing_seconds) is timed, and every step's forward, backward, optimizer, comm, "
                       "exposed comm and pipeline busy seconds are the shares of the GPU time over the timed steps "
                       "of the last 30 s (at most 1,024) times its own step time (estimates). No series for a rank that times every "

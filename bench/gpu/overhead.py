@@ -266,10 +266,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-ab", action="store_true",
                    help="also compare torch's Event.record with the driver's cuEventRecord for re-recorded events "
                         "(host breakdown, tiny model, batch-8 step)")
-    p.add_argument("--timing-ab", type=int, nargs="?", const=16, default=0, metavar="N",
+    p.add_argument("--timing-ab", type=_every, nargs="?", const=16, default=None, metavar="N|auto",
                    help="every step timed with CUDA events (A, hooks.gpu_timing_every 1) against one step in N (B, "
-                        "hooks.gpu_timing_every N; N 16 when not given): the host breakdown of each, the host-bound "
-                        "tiny model and the default step A/B")
+                        "hooks.gpu_timing_every N; N 16 when not given; auto: hooks.gpu_timing_every 0, the gap "
+                        "chosen from the events' cost): the host breakdown of each, the host-bound tiny model and the "
+                        "default step A/B")
     p.add_argument("--out", help="write the full result JSON here")
     return p
 
@@ -286,6 +287,19 @@ def _breakdown_of_arm_a(b: "Bench", model: Any, opt: Any, x: Any,
 
 
 TIMING_B = {"every": 16}  # --timing-ab's arm B: hooks.gpu_timing_every
+
+
+def _every(v: str) -> int:
+    """--timing-ab's N: a step count >= 1, or "auto" (0)."""
+    if v == "auto":
+        return 0
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{v!r}: give a step count of at least 1 or auto")
+    return n
 
 
 def _timing_arm(b_arm: Optional[bool]) -> None:
@@ -386,14 +400,15 @@ def _default_model(a: argparse.Namespace, b: "Bench", torch: Any, device: Any, m
         W.log(f"overhead: batch-8 step, torch (A) vs driver (B) re-records, {a.reps} pairs")
         out["step_async_record_ab"] = b.interleave(model, opt, x, "async", a.reps, arms=_record_arm)
         save()
-    if a.timing_ab and device.type == "cuda":
+    if a.timing_ab is not None and device.type == "cuda":
         TIMING_B["every"] = a.timing_ab
         out["timing_ab_every"] = a.timing_ab
         out["host_breakdown_every_step"] = _breakdown_of_arm_a(b, model, opt, x, _timing_arm)
         out["host_breakdown_sampled"] = _breakdown_of_arm_a(b, model, opt, x, _timing_arm, True)
         save()
         for mode in modes:
-            W.log(f"overhead: {mode} loop, every step (A) vs one in {a.timing_ab} (B) CUDA timing, {a.reps} pairs")
+            W.log(f"overhead: {mode} loop, every step (A) vs one in {a.timing_ab or 'auto'} (B) CUDA timing, "
+                  f"{a.reps} pairs")
             out[f"step_{mode}_timing_ab"] = b.interleave(model, opt, x, mode, a.reps, arms=_timing_arm)
             save()
     for mode in modes:
@@ -442,9 +457,9 @@ def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: D
         t["spec"] = W.spec_dict(tspec)
         out["host_bound_tiny_record_ab"] = t
         save()
-    if a.timing_ab and device.type == "cuda":
+    if a.timing_ab is not None and device.type == "cuda":
         TIMING_B["every"] = a.timing_ab
-        W.log(f"overhead: host-bound tiny model, every step (A) vs one in {a.timing_ab} (B) CUDA timing, "
+        W.log(f"overhead: host-bound tiny model, every step (A) vs one in {a.timing_ab or 'auto'} (B) CUDA timing, "
               f"{a.tiny_reps} pairs")
         t = tb.interleave(tm, to, tx, "async", a.tiny_reps, arms=_timing_arm)
         t["spec"] = W.spec_dict(tspec)
@@ -478,7 +493,8 @@ def render(out: Dict[str, Any]) -> str:
         if hb:
             lines.append(f"{key}: mark() {hb['mark_us_per_call']:.2f} us per call in the loop, "
                          f"{hb['created_per_step']:.2f} events created per step")
-    sampled = f"one step in {out.get('timing_ab_every')} timed"
+    n = out.get("timing_ab_every")
+    sampled = "the gap chosen from the events' cost" if n == 0 else f"one step in {n} timed"
     for key, what in (("host_breakdown", "the default timing"), ("host_breakdown_every_step", "every step timed"),
                       ("host_breakdown_sampled", sampled)):
         hb = out.get(key)

@@ -77,6 +77,99 @@ def test_a_time_floor_times_slow_steps_and_every_1_times_all_of_them():
         exact.step_end(float(step))
 
 
+class _CostlyGPU(_LagGPU):
+    """The stand-in GPU (idle: an event is reached when recorded) whose event record costs the
+    host ``cost`` seconds (a busy wait), as a CUDA event record costs the step path on a GPU."""
+
+    def __init__(self, cost: float):
+        super().__init__(0.0)
+        self.cost, self.records = cost, 0
+
+    def Event(self, enable_timing=True):  # noqa: N802 (torch.cuda.Event)
+        ev = super().Event(enable_timing)
+        record, gpu = ev.record, self
+
+        def costly(stream=None):
+            gpu.records += 1
+            end = time.perf_counter() + gpu.cost
+            while time.perf_counter() < end:
+                pass
+            record(stream)
+
+        ev.record = costly
+        return ev
+
+
+def _auto_steps(tl: CudaTimeline, steps: int, step_s: float, t0: float = 0.0):
+    """Steps of ``step_s`` host seconds as the step path drives them (two phase marks, the
+    resolve at each step's end); returns the timed steps and the host time at the end."""
+    got = {FWD: 0.0, SPAN: 0.0}
+    timed = []
+    t = t0
+    for step in range(1, steps + 1):
+        a = tl.mark(True)
+        b = tl.mark(True)
+        if a is not None:
+            timed.append(step)
+            tl.push(FWD, a, b)
+        t += step_s
+        tl.resolve(got)
+        tl.step_end(t)
+    return timed, t
+
+
+def test_automatic_sampling_keeps_the_events_cost_within_the_budget_and_times_every_long_step():
+    """hooks.gpu_timing_every 0: the mean gap follows the measured cost of a timed step (its 4 event
+    records, 100 us each here) over the budget's share of the step time. 1 ms steps with a 1%
+    budget (10 us a step): the records cost about the budget, not more, and not much less (one
+    step in ~40 timed). Then the steps grow to 200 ms: within a few timed steps every step is
+    timed again (the records are 0.2% of a step)."""
+    gpu = _CostlyGPU(100e-6)
+    tl = CudaTimeline(gpu, "stand-in", 1 << 16, every=0, every_s=1e9, seed=5, budget=0.01)
+    assert tl.auto and tl.sampled and not tl.on
+    steps, step_s = 20000, 1e-3
+    timed, t = _auto_steps(tl, steps, step_s)
+    spent = gpu.records * gpu.cost
+    assert 0.25 * tl.budget < spent / (steps * step_s) < 1.5 * tl.budget, (spent, gpu.records, tl.every)
+    assert 20 <= tl.every <= 80, tl.every
+    gaps = [b - a for a, b in zip(timed[len(timed) // 2:], timed[len(timed) // 2 + 1:])]
+    assert 0.5 * tl.every < sum(gaps) / len(gaps) < 2 * tl.every  # the drawn gaps have that mean
+    timed, _ = _auto_steps(tl, 200, 0.2, t)
+    assert tl.every == 1
+    assert timed[-20:] == list(range(181, 201))  # every step timed
+    assert tl.dropped == 0
+
+
+def test_automatic_sampling_is_offered_by_the_config_and_its_gap_reaches_the_hello():
+    from ranksight.hooks.settings import load_settings
+
+    s = load_settings({"hooks": {"gpu_timing_every": 0, "gpu_timing_budget": 0.002}})
+    assert s.gpu_timing_every == 0 and s.gpu_timing_budget == 0.002
+    assert load_settings({}).gpu_timing_budget == 0.005
+    rx = Receiver()
+    try:
+        model = nn.Linear(4, 4)
+        ranksight.watch(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.randn(2, 4)], agent=rx.url,
+                        config=dict(FAST, hooks=dict(FAST["hooks"], gpu_timing_every=0)))
+        w = ranksight.hooks.current()
+        assert rx.wait_for(lambda: rx.of("hello"))  # the watch's own (a CPU rank's: 0)
+        w._tl = CudaTimeline(_LagGPU(0.0), "stand-in", 64, 0)
+        w._send_hello()
+        w._tl.every = 12  # the mean gap moved: the background thread sends the hello again, once
+        time.sleep(0.6)  # ... but not within HELLO_EVERY_MIN_S of the last hello
+        assert 12 not in [h["gpu_every"] for h in rx.of("hello")]
+        w._hello_due = 0.0
+        assert rx.wait_for(lambda: any(h["gpu_every"] == 12 for h in rx.of("hello")))
+        time.sleep(0.6)
+        ranksight.unwatch()
+        assert rx.wait_for(lambda: rx.of("bye"))
+        every = [h["gpu_every"] for h in rx.of("hello")]
+        assert every == [0, 1, 12], every
+    finally:
+        ranksight.unwatch()
+        rx.close()
+
+
 def test_the_shares_are_the_sums_over_the_spans_of_the_timed_steps_of_the_last_seconds():
     shares = SpanShares((FWD, OPT), window_s=30.0, rows=1024)
     got = {FWD: 0.0, OPT: 0.0}
@@ -250,6 +343,19 @@ def test_a_step_that_is_not_timed_gets_the_timed_steps_shares_of_its_own_duratio
     for k, v in PHASES.items():
         got = [s[k] / s["dur"] for s in sampled[known:]]
         assert all(abs(x - v / GPU_STEP) < 1e-5 for x in got), (k, got)  # (a record carries 6 digits)
+
+
+def test_automatic_sampling_gives_every_step_the_timed_steps_shares():
+    """hooks.gpu_timing_every 0 on the clocked stand-in: whatever gap the cost gives, every step
+    once the first timed step resolved carries the timed steps' shares of its own duration."""
+    steps = 60
+    got, marked, hello, timed = _run(0, steps, 0.0)
+    assert [s["seq"] for s in got] == list(range(1, steps + 1))
+    assert 0 < timed < steps and marked >= 8 * timed
+    assert hello[-1]["gpu_every"] >= 1
+    known = next(i for i, s in enumerate(got) if s["fwd"] > 0)
+    for k, v in PHASES.items():
+        assert all(abs(s[k] / s["dur"] - v / GPU_STEP) < 1e-5 for s in got[known:]), k
 
 
 def _hello(extra):
