@@ -167,7 +167,10 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
     """One watched run of the trivial step with every METHODS entry wrapped (class attributes,
     patched before watch() binds them, restored after): host microseconds per step in each.
     ``timeline``: "none" (the CPU step), "stand-in" (the watch times the CPU step on a stand-in
-    CUDA timeline, ``_StandInCuda``) or "cuda" (the step on the GPU: real events)."""
+    CUDA timeline, ``_StandInCuda``) or "cuda" (the step on the GPU: real events). The CUDA
+    timelines time every step unless ``config`` says otherwise (``hooks.gpu_timing_every``): the
+    rows are then what a timed step's bookkeeping costs, the same on every run (the default's
+    automatic gap would follow each machine's event cost)."""
     import importlib
 
     import torch
@@ -182,6 +185,9 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     warm = 50
     data = [torch.randn(4, 8, device=dev)] * (steps + warm)
+    hooks = dict(config.get("hooks", {}))
+    hooks.setdefault("gpu_timing_every", 1)
+    config = dict(config, hooks=hooks)
     mt = _MethodTimer()
     mt.calibrate()
     saved = []
@@ -233,7 +239,7 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
                      "us_per_step_p50": round(p50 * calls / steps, 2),
                      "us_per_step_incl": round(max(0.0, incl) / steps / 1e3, 2), "us_per_call_p50": round(p50, 2)})
     rows.sort(key=lambda r: -r["us_per_step_p50"])
-    return {"steps": steps, "gpu": timeline, "rows": rows,
+    return {"steps": steps, "gpu": timeline, "gpu_timing_every": hooks["gpu_timing_every"], "rows": rows,
             "total_us_per_step": round(sum(r["us_per_step"] for r in rows), 2),
             "total_us_per_step_p50": round(sum(r["us_per_step_p50"] for r in rows), 2),
             "timer_floor_ns": round(mt.floor_ns, 1), "timer_outer_ns": round(mt.outer_ns, 1)}
@@ -247,8 +253,10 @@ def timelines() -> List[str]:
 
 
 def print_table(m: Dict[str, Any]) -> None:
-    gpu = {"stand-in": "a stand-in CUDA timeline (no driver calls)", "cuda": "on the GPU (real CUDA events)"}.get(
-        m["gpu"], "CPU timing")
+    every = m.get("gpu_timing_every", 1)
+    timed = "every step timed" if every == 1 else "the gap from the events' cost" if every == 0 else f"one step in {every}"
+    gpu = {"stand-in": f"a stand-in CUDA timeline (no driver calls, {timed})",
+           "cuda": f"on the GPU (real CUDA events, {timed})"}.get(m["gpu"], "CPU timing")
     print(f"host time in each hook method, one watched run of {m['steps']} trivial steps, {gpu} (counting "
           f"timers, their own cost subtracted: {m['timer_floor_ns']:.0f} ns a call, {m['timer_outer_ns']:.0f} ns "
           f"more for its caller); self time, nested calls in their own rows:")

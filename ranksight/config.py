@@ -227,13 +227,14 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                         "windows (keep N at least the scrape interval), at the cost of the training "
                                         "code's own peak readings covering only the time since the last reset", 0, 1e6),
         "max_pending_events": Opt(256, "bound of the pending CUDA event queue", 8, 1e6),
-        "gpu_timing_every": Opt(1, "CUDA: time one step in N on average with CUDA events (sampled timing, gaps "
+        "gpu_timing_every": Opt(0, "CUDA: time one step in N on average with CUDA events (sampled timing, gaps "
                                    "drawn from 1 to 2N-1 steps; the agent exposes N per rank); every step's forward, "
                                    "backward, optimizer, communication and pipeline times are then the shares of the "
-                                   "GPU time over the timed steps of the last 30 s (at most 1,024) times its own host duration. "
-                                   "1 (default): every step timed. 0: N chosen as the steps go, so that the CUDA "
-                                   "events cost the step path at most hooks.gpu_timing_budget of the step time "
-                                   "(every step timed where that holds, as on long steps). Sampling cuts the hooks' "
+                                   "GPU time over the timed steps of the last 30 s (at most 1,024) times its own host "
+                                   "duration. 0 (default): N chosen as the steps go, so that the CUDA events cost the "
+                                   "step path at most hooks.gpu_timing_budget of the step time (every step timed "
+                                   "where that holds, as on long steps). 1: every step timed, each step's GPU seconds "
+                                   "carried into the records as they resolve (no shares). Sampling cuts the hooks' "
                                    "CUDA events per step N-fold; where rare long steps (host stalls) hold much of "
                                    "the time, the shares scatter more than every-step timing's (bench/RESULTS.md)",
                                 0, 1e6),

@@ -4,8 +4,9 @@
 
 ``hooks.gpu_timing_every: 16`` times one step in 16 on average with CUDA events and gives every
 step the shares of the GPU span over the timed steps of the last 30 s (their sums over the sum of
-their spans) times its own host duration. This runs the same
-loop watched both ways, interleaved (every step, sampled, sampled, every step, ...), on the GPU
+their spans) times its own host duration; ``0`` (the default) does the same with the gap chosen
+from the events' measured cost (``hooks.gpu_timing_budget``). This runs the same loop watched
+the three ways, interleaved (every step, sampled, auto, auto, sampled, every step, ...), on the GPU
 workloads of ``gpu_workload.py``, DDP on an NCCL world of 1 (so the gradient all-reduce and its
 exposed tail are there), under ``torch.cuda.set_sync_debug_mode("error")``, and reports per
 phase the share of step time each way (sum of the phase over the sum of the step durations of the
@@ -30,7 +31,7 @@ sys.path.insert(0, str(HERE))
 import gpu_workload as W  # noqa: E402
 
 PHASES = ("fwd", "bwd", "opt", "xcomm", "comm")
-ARMS = {"every": 1, "sampled": 16}  # hooks.gpu_timing_every
+ARMS = {"every": 1, "sampled": 16, "auto": 0}  # hooks.gpu_timing_every (0: the default, the gap from the cost)
 
 
 def _config(every: int) -> Dict[str, Any]:
@@ -55,7 +56,7 @@ def one_run(torch: Any, model: Any, opt: Any, x: Any, every: int, steps: int, wa
             return ev
 
         tl.mark = counting
-    timed = _watch_timed_steps(tl) if tl is not None and every > 1 else None
+    timed = _watch_timed_steps(tl) if tl is not None and every != 1 else None
     errors: List[str] = []
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -150,9 +151,11 @@ def workload(torch: Any, name: str, spec: Any, dev: Any, steps: int, warm: int, 
                                            for k in runs["sampled"][0]["per_timed_step_ms"]}
     out["errors"] = [e for rs in runs.values() for r in rs for e in r["sync_debug_errors"]]
     out["herr"] = max(r["herr"] for rs in runs.values() for r in rs)
-    W.log(f"sampled: {name}: " + ", ".join(
-        f"{k} {out['every'][k]:.3f}/{out['sampled'][k]:.3f}" for k in PHASES)
-        + f"; events/step {out['every']['events_per_step']:.2f}/{out['sampled']['events_per_step']:.2f}")
+    out["auto"]["every"] = W.median([r["every"] or 0 for r in runs["auto"]])  # the gap it chose, at the end
+    W.log(f"sampled: {name}: every/sampled/auto " + ", ".join(
+        f"{k} {out['every'][k]:.3f}/{out['sampled'][k]:.3f}/{out['auto'][k]:.3f}" for k in PHASES)
+        + f"; events/step {out['every']['events_per_step']:.2f}/{out['sampled']['events_per_step']:.2f}/"
+          f"{out['auto']['events_per_step']:.2f} (auto's gap {out['auto']['every']})")
     e, t = out["every"]["per_step_ms"], out["sampled"]["per_timed_step_ms"]
     W.log(f"sampled: {name}: ms per step, every step / a timed step: host {e['dur']:.2f}/{t['host']:.2f} "
           f"(its GPU span {t['span']:.2f}), " + ", ".join(f"{k} {e[k]:.2f}/{t[k]:.2f}" for k in PHASES))

@@ -145,7 +145,7 @@ def one_run(torch: Any, device: Any, target: Any, opt: Any, x: Any, step: Callab
     from ranksight import hooks as rs_hooks
 
     data = W.batches(x, a.warm + a.steps)
-    hooks = DEFAULT_HOOKS if a.timing_every == 1 else {"hooks": {"gpu_timing_every": a.timing_every}}
+    hooks = DEFAULT_HOOKS if a.timing_every == 0 else {"hooks": {"gpu_timing_every": a.timing_every}}
     loader = ranksight.watch(target, opt, data, agent=a.ingest, config=hooks) if watched else data
     time.sleep(a.settle)  # the hooks' start-up threads; the plain run waits the same
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -320,9 +320,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help="comma-separated (default the six: " + ",".join(STRATEGIES) + "; pipeline2 only when named)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per strategy's subprocess (default 300)")
-    p.add_argument("--timing-every", type=int, default=1, metavar="N",
-                   help="the watched runs' hooks.gpu_timing_every (default 1: the hooks' default, every step timed; "
-                        "N > 1: sampled GPU timing, one step in N on average; 0: N chosen from the events' cost)")
+    p.add_argument("--timing-every", type=int, default=0, metavar="N",
+                   help="the watched runs' hooks.gpu_timing_every (default 0, the hooks' default: N chosen from the "
+                        "events' cost; 1: every step timed; N > 1: one step in N on average)")
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--one", choices=STRATEGIES + EXTRA, help=argparse.SUPPRESS)  # the subprocess: one strategy
     p.add_argument("--ingest", default="off", help=argparse.SUPPRESS)  # the subprocess: the agent's address

@@ -258,7 +258,8 @@ class Model:
         return {(): self._const("%.3f" % (self.scn.t0 - 3600.0), self.T)}
 
     def _v_gpu_timing_every_steps(self, m, profile, v):
-        return {}  # only for a rank that samples its GPU timing (hooks.gpu_timing_every > 1): none by default
+        return {}  # only for a rank that samples its GPU timing: the default automatic gap times every one of
+        # these 1.2 s steps (the events cost far under 0.5% of them)
 
     def _v_rank_gpu_info(self, m, profile, v):
         return {(): self._const("1", self.T)}  # labels: _labels_extra (the rank's GPU and its UUID)

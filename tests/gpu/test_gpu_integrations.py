@@ -82,7 +82,8 @@ def test_lightning_strategy_on_one_gpu_records_steps_microbatches_and_phases(age
     """Lightning with ``RanksightCallback`` on one GPU under DDPStrategy and FSDPStrategy (NCCL,
     world size 1; FSDP cannot run on CPU): the same records under both, read from the step
     datagrams and from a real agent after the run: one step per optimizer step, each of
-    ``accumulate_grad_batches`` micro-batches, forward, backward and optimizer phases timed, the
+    ``accumulate_grad_batches`` micro-batches, forward, backward and optimizer phases timed (on
+    every step once the first timed step resolved), the
     data wait per step within 25% of the injected delay, and ModelCheckpoint's saves timed."""
     pytest.importorskip("lightning")
     sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -107,8 +108,12 @@ def test_lightning_strategy_on_one_gpu_records_steps_microbatches_and_phases(age
     steps = rx.steps()
     assert [s["seq"] for s in steps] == list(range(1, STEPS + 1)), [s["seq"] for s in steps]
     assert all(s["micro"] == ACCUM for s in steps), [s["micro"] for s in steps]
+    # the default sampled timing: no phases before the first timed step (the second) resolved, a
+    # step or two later; the timed steps' shares of each step's own time from then on
+    known = next((i for i, s in enumerate(steps) if s["fwd"] > 0), len(steps))
+    assert known <= STEPS // 2, [s["fwd"] for s in steps]
     for phase in ("fwd", "bwd", "opt"):
-        assert all(s[phase] > 0 for s in steps), (phase, [s[phase] for s in steps])
+        assert all(s[phase] > 0 for s in steps[known:]), (phase, [s[phase] for s in steps])
     hello = rx.of("hello")
     assert hello and hello[0]["info"]["backend"] == "nccl" and hello[0]["info"]["gpus"] >= 1, hello[:1]
     series = rank_series(a.metrics_text(), job)

@@ -145,7 +145,7 @@ def test_automatic_sampling_is_offered_by_the_config_and_its_gap_reaches_the_hel
 
     s = load_settings({"hooks": {"gpu_timing_every": 0, "gpu_timing_budget": 0.002}})
     assert s.gpu_timing_every == 0 and s.gpu_timing_budget == 0.002
-    assert load_settings({}).gpu_timing_budget == 0.005
+    assert load_settings({}).gpu_timing_budget == 0.005 and load_settings({}).gpu_timing_every == 0  # the default
     rx = Receiver()
     try:
         model = nn.Linear(4, 4)
