@@ -259,9 +259,10 @@ class Background:
             if not items:
                 return
             tl = self._tl
-            if tl is not None and tl.pending and not self._stop.is_set():
+            if tl is not None and not tl.sampled and tl.pending and not self._stop.is_set():
                 # hold back the newest step record while GPU intervals are pending: if the watch ends
-                # soon, close() adds the intervals it still resolves to it (else they would be lost)
+                # soon, close() adds the intervals it still resolves to it (else they would be lost;
+                # sampled timing adds none: the shares stand for them)
                 for i in range(len(items) - 1, -1, -1):
                     if items[i][0] == "step":
                         if _perf() - items[i][2] < HOLD_SECONDS:

@@ -21,6 +21,9 @@ _grad_enabled = torch.is_grad_enabled
 
 
 QUEUE_CAP = 8192  # records waiting for the background thread; beyond this they are dropped and counted
+# sampled timing: at most this many timed steps resolved into the shares at one step's end (more than
+# one drains a backlog: with every step timed, one a step would keep it as long as it ever was)
+SPANS_PER_STEP = 4
 
 
 class _TimedIter:
@@ -401,13 +404,20 @@ class StepPath:
         which ends at ``t``; a value above ``dur`` carries its excess to the next step, as the
         exact path's do. The steps that end before the first timed step (the second) has
         resolved, a step or more later, carry none: the warm-up's time is not guessed from later
-        steps' shares."""
+        steps' shares. ``resolve()`` stops after each timed step's span: up to SPANS_PER_STEP timed
+        steps join the window at one step's end, so a backlog (a GPU that fell behind while every
+        step was timed) drains instead of holding its length."""
         win = self._gwin
         tl.resolve(win)
         sh = self._gshare
         g = self._gacc
         if win[SPAN] > 0:  # a timed step resolved: it joins the shares' window
-            self._gshares.add(win, sh, t)
+            add = self._gshares.add
+            add(win, sh, t)
+            n = 1
+            while n < SPANS_PER_STEP and tl.pending and tl.resolve(win) and win[SPAN] > 0:
+                add(win, sh, t)
+                n += 1
             self._gknown = True
         elif not self._gknown:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0

@@ -186,7 +186,7 @@ class CudaTimeline:
     communication intervals are placed on one GPU time axis (offsets from an anchor event)
     so overlapping spans are counted once (their union).
 
-    Sampled timing (``every`` > 1): only some steps are timed. ``mark()`` returns None on the
+    Sampled timing (``every`` > 1, or 0: ``sampled``): only some steps are timed. ``mark()`` returns None on the
     others (not a drop: nothing is recorded, nothing is pushed), so a step that is not timed
     costs the step path one attribute read per mark. ``step_end(t)``, called at each step's end,
     closes a timed step with a ``SPAN`` interval (an event at its start, one at its end) and
@@ -234,7 +234,9 @@ class CudaTimeline:
         self._anchor.record(self._cuda.current_stream(device))
         self._anchor_done = False  # the anchor's query() returned True (it is never recorded again)
         self.auto = int(every) <= 0  # the mean gap follows the timing's cost (budget)
-        self.every = max(1, int(every))  # 1: every step timed (no spans; the step path carries the exact seconds)
+        # the mean gap between timed steps; 1 and not auto: every step timed with no spans (the step
+        # path carries the exact seconds)
+        self.every = max(1, int(every))
         self.sampled = self.auto or self.every > 1  # the step path takes the shares of timed steps' spans
         self.every_s = float(every_s)
         self.budget = float(budget)
@@ -361,6 +363,7 @@ class CudaTimeline:
         if not self.sampled:
             self.dropped += len(self._pending)
         self.on = False
+        self._span0 = None
         self._pending.clear()
         self._free.clear()
         self._own.clear()

@@ -160,7 +160,7 @@ class Watcher(StepPath, Background, Closing):
         self._phase_t = self._t_start
         self._ev_fwd = self._ev_opt = None
         self._gacc: Dict[str, float] = {FWD: 0.0, BWD: 0.0, OPT: 0.0, XCOMM: 0.0, COMM: 0.0, PBUSY: 0.0}
-        # sampled timing (hooks.gpu_timing_every > 1): the timed step being resolved (its phases'
+        # sampled timing (CudaTimeline.sampled): the timed step being resolved (its phases'
         # seconds and its SPAN), and the phases' shares of the span over the latest resolved ones
         self._gwin: Dict[str, float] = dict(self._gacc, **{SPAN: 0.0})
         self._gshare: Dict[str, float] = dict(self._gacc)

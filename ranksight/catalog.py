@@ -218,7 +218,8 @@ GPU_TIMING_EVERY = _m("gpu_timing_every_steps", "gauge", "count", R,
                       "hooks.gpu_timing_seconds) is timed, and every step's forward, backward, optimizer, comm, "
                       "exposed comm and pipeline busy seconds are the shares of the GPU time over the timed steps "
                       "of the last 30 s (at most 1,024) times its own step time (estimates). No series for a rank that times every "
-                      "step (hooks.gpu_timing_every 1, or 0 while its gap is 1) or has no CUDA.")
+                      "step or has no CUDA; with hooks.gpu_timing_every 0 at a gap of 1 every step is timed but its "
+                      "phases are still the timed steps' shares.")
 DATALOADER_WORKERS_RSS = _m("dataloader_workers_rss_bytes", "gauge", "bytes", R,
                             "Total RSS of the rank's DataLoader worker processes.")
 

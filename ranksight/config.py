@@ -232,8 +232,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
                                    "backward, optimizer, communication and pipeline times are then the shares of the "
                                    "GPU time over the timed steps of the last 30 s (at most 1,024) times its own host "
                                    "duration. 0 (default): N chosen as the steps go, so that the CUDA events cost the "
-                                   "step path at most hooks.gpu_timing_budget of the step time (every step timed "
-                                   "where that holds, as on long steps). 1: every step timed, each step's GPU seconds "
+                                   "step path about hooks.gpu_timing_budget of the step time on average (every step "
+                                   "timed where they cost less, as on long steps; N at most 256). 1: every step timed, each step's GPU seconds "
                                    "carried into the records as they resolve (no shares). Sampling cuts the hooks' "
                                    "CUDA events per step N-fold; where rare long steps (host stalls) hold much of "
                                    "the time, the shares scatter more than every-step timing's (bench/RESULTS.md)",
@@ -241,8 +241,9 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "gpu_timing_seconds": Opt(1.0, "... and, when N > 1 or 0, at least one step each this many seconds (slow steps "
                                        "are all timed; 0: every step)", 0, 1e6),
         "gpu_timing_budget": Opt(0.005, "with hooks.gpu_timing_every 0: the share of the host step time the "
-                                        "CUDA events may cost (their records and queries, measured on each timed "
-                                        "step)", 1e-5, 1.0),
+                                        "CUDA events may cost on average (their records and queries, measured on "
+                                        "each timed step; the shares' own bookkeeping on every step is not in it)",
+                                 1e-5, 1.0),
         "ddp_stats_every": Opt(20, "gloo DDP: read DDP's reducer timer every N synchronized iterations "
                                    "(1: every one); the others are estimated from it", 1, 1e6),
         "patch_torch_save": Opt(True, "time torch.save / dcp.save while watched, and see checkpoint restores "

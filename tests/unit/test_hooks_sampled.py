@@ -140,6 +140,37 @@ def test_automatic_sampling_keeps_the_events_cost_within_the_budget_and_times_ev
     assert tl.dropped == 0
 
 
+def test_a_backlog_of_timed_steps_drains_when_every_step_is_timed():
+    """Automatic sampling at a gap of 1 (each step's events cost far under the budget): the GPU
+    reaches nothing for 50 steps (a long kernel, an evaluation), then catches up. Each step's end
+    takes up to SPANS_PER_STEP resolved timed steps into the shares, so the backlog drains within
+    a few dozen steps; taking one a step would hold it at its length, the shares that old."""
+    gpu = _LagGPU(0.0)
+    rx = Receiver()
+    try:
+        model = nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = ranksight.watch(model, opt, [torch.randn(2, 4)] * 200, agent=rx.url,
+                                 config=dict(FAST, hooks=dict(FAST["hooks"], gpu_timing_every=0)))
+        w = ranksight.hooks.current()
+        tl = w._tl = w.comm.timeline = CudaTimeline(gpu, "stand-in", 1024, 0, 1e9, seed=1, budget=1.0)
+        w._read_cuda_memory = lambda: None
+        held = []
+        for i, x in enumerate(loader):
+            gpu.busy = 20 <= i < 70
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            held.append(tl.pending)
+        assert tl.every == 1 and tl.dropped == 0
+        assert max(held) > 150, max(held)  # the backlog: 50 steps' intervals
+        assert max(held[110:]) <= 12, held[100:]  # drained: a step or two in flight
+        assert w.herr == 0
+    finally:
+        ranksight.unwatch()
+        rx.close()
+
+
 def test_automatic_sampling_is_offered_by_the_config_and_its_gap_reaches_the_hello():
     from ranksight.hooks.settings import load_settings
 
