@@ -24,6 +24,10 @@ What it does
     ``CudaTimeline.RECORD = "torch"``, which releases the GIL) against the driver's
     ``cuEventRecord`` with the GIL held (B, the default): host breakdown of each, and the tiny
     model and the batch-8 step interleaved A/B.
+  * ``--timing-ab [N|auto]``: every step timed with CUDA events (A) against one step in N or the
+    automatic gap (B): host breakdown of each, the tiny model and the batch-8 step A/B.
+  * ``--host-bound-ms T``: a host-bound step of about T ms too (the tiny model with as many
+    layers as its plain step needs to take T ms here), ``--tiny-reps`` pairs.
 
 Reported: median of the per-pair ratios (instrumented / plain), the ratio of the medians,
 their spread, and the medians in ms. Target: ratio <= 1.005 on a >= 20 ms step.
@@ -36,6 +40,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -258,6 +263,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", default="async,sync", help="loop styles: async,sync (default both)")
     p.add_argument("--tiny-reps", type=int, default=10, help="pairs for the host-bound tiny model (0: skip)")
     p.add_argument("--tiny-steps", type=int, default=200, help="timed steps per tiny run")
+    p.add_argument("--host-bound-ms", type=float, default=0.0,
+                   help="also a host-bound step of about this many ms (the tiny model with as many layers as "
+                        "reach it, measured here), --tiny-reps pairs of --long-steps steps (0: skip, the default)")
+    p.add_argument("--long-steps", type=int, default=60, help="timed steps per run of the --host-bound-ms step")
     p.add_argument("--agent", choices=("real", "off"), default="real",
                    help="send to a real `ranksight exporter` subprocess (default) or nowhere")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -325,6 +334,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     modes = [m for m in a.modes.split(",") if m]
     if any(m not in ("async", "sync") for m in modes) or a.reps < 1 or a.steps < 1:
         p.error("--modes takes async,sync; --reps and --steps must be >= 1")
+    if a.host_bound_ms < 0 or a.long_steps < 1:
+        p.error("--host-bound-ms must be >= 0 and --long-steps >= 1")
     if a.device == "cuda" and not W.cuda_available():
         print("bench/gpu/overhead.py: CUDA is not available on this machine; skipped (run it on the GPU machine: "
               "bash bench/gpu/run_all.sh)")
@@ -355,6 +366,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             _gpu_bound(a, b, device, out, save)
         if a.tiny_reps > 0:
             _tiny_model(a, torch, device, url, out, save)
+        if a.tiny_reps > 0 and a.host_bound_ms > 0:
+            _host_bound_long(a, torch, device, url, out, save)
     finally:
         if agent is not None:
             try:
@@ -468,6 +481,50 @@ def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: D
         save()
 
 
+def _step_ms(torch: Any, device: Any, spec: Any, steps: int = 12) -> float:
+    """The median plain step time of ``spec`` (its model built and warmed here), ms."""
+    m, o, x = W.build(spec, device)
+    times = []
+    for i in range(3 + steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        W.train_step(m, o, x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= 3:
+            times.append((time.perf_counter() - t0) * 1e3)
+    del m, o, x
+    return W.median(times)
+
+
+def _layers_for(torch: Any, device: Any, target_ms: float, most: int = 256) -> Tuple[Any, float]:
+    """The tiny model's layer count whose plain step takes about ``target_ms`` (a line through 1
+    and 4 layers, then one correction), and that step's measured time."""
+    base = W.ModelSpec.tiny()
+    one, four = _step_ms(torch, device, base), _step_ms(torch, device, replace(base, layers=4))
+    per = max((four - one) / 3, 1e-3)
+    layers = int(min(most, max(1, round(1 + (target_ms - one) / per))))
+    got = _step_ms(torch, device, replace(base, layers=layers))
+    if got > 0 and abs(got - target_ms) > 0.1 * target_ms:
+        layers = int(min(most, max(1, round(layers * target_ms / got))))
+        got = _step_ms(torch, device, replace(base, layers=layers))
+    return replace(base, layers=layers), got
+
+
+def _host_bound_long(a: argparse.Namespace, torch: Any, device: Any, url: str, out: Dict[str, Any],
+                     save: Callable[[], None]) -> None:
+    """A longer host-bound step (the tiny model, deeper): the hooks' cost against a step the host
+    sets the pace of, at about --host-bound-ms."""
+    spec, got = _layers_for(torch, device, a.host_bound_ms)
+    lb = Bench(torch, device, url, a.long_steps, a.warm, a.settle)
+    _warm_and_measure(lb, spec, device, a.tiny_reps, out, "host_bound_long", save,
+                      f"overhead: host-bound step of {spec.layers} tiny layers ({got:.1f} ms plain, target "
+                      f"{a.host_bound_ms:g}), {a.tiny_reps} pairs x {a.long_steps} steps")
+    out["host_bound_long"]["target_ms"] = a.host_bound_ms
+    save()
+
+
 def render(out: Dict[str, Any]) -> str:
     lines = [f"ranksight hooks overhead on {out['versions'].get('gpu', 'CPU')} "
              f"(torch {out['versions'].get('torch')}, driver {out['versions'].get('driver')})",
@@ -479,7 +536,8 @@ def render(out: Dict[str, Any]) -> str:
                      f"elapsed_time {ec['elapsed_time_us']:.2f} us, re-record {ec['rerecord_us']:.2f} us"
                      + (f", re-record by the driver {ec['rerecord_driver_us']:.2f} us" if "rerecord_driver_us" in ec else ""))
     lines.append(f"{'loop':<26}{'plain ms':>10}{'hooks ms':>10}{'ratio (med of pairs)':>22}{'p25..p75':>16}{'delta us':>10}")
-    for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny", "host_bound_tiny_pool_ab",
+    for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny", "host_bound_long",
+                "host_bound_tiny_pool_ab",
                 "step_async_record_ab", "host_bound_tiny_record_ab", "step_async_timing_ab", "step_sync_timing_ab",
                 "host_bound_tiny_timing_ab"):
         r = out.get(key)
