@@ -123,6 +123,7 @@ class Background:
         par = dict(self.parallel)
         info.update(par)
         self._hello_parallel = par
+        self._hello_every, self._hello_due = 0, 0.0  # the last hello's gpu_every; when the next may go out
         self.selfcheck = info
         self._hello_dirs = d
         line = "ranksight: self-check rank %d: %s%s; agent %s; %s" % (
@@ -154,10 +155,8 @@ class Background:
         par = self.parallel
         if par == self._hello_parallel:
             tl = self._tl
-            if tl is None or not tl.auto or tl.every == getattr(self, "_hello_every", tl.every) \
-                    or _perf() < getattr(self, "_hello_due", 0.0):
-                return
-            self._send_hello()
+            if tl is not None and tl.auto and tl.every != self._hello_every and _perf() >= self._hello_due:
+                self._send_hello()
             return
         par = dict(par)
         self._hello_parallel = par

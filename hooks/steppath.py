@@ -413,11 +413,12 @@ class StepPath:
         g = self._gacc
         if win[SPAN] > 0:  # a timed step resolved: it joins the shares' window
             add = self._gshares.add
-            add(win, sh, t)
-            n = 1
-            while n < SPANS_PER_STEP and tl.pending and tl.resolve(win) and win[SPAN] > 0:
+            add(win, sh, t)  # (zeroes win)
+            for _ in range(SPANS_PER_STEP - 1):
+                tl.resolve(win)
+                if win[SPAN] <= 0:
+                    break
                 add(win, sh, t)
-                n += 1
             self._gknown = True
         elif not self._gknown:
             return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0

@@ -8,6 +8,7 @@ when it is full, a new interval is dropped and counted (``dropped``, sent as ``h
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -276,9 +277,9 @@ class CudaTimeline:
         """Automatic sampled timing, at a timed step's end (host time ``t``): the mean gap from
         the cost of the timing since the last timed step and the mean step time since then."""
         cost, self.cost = self.cost, 0.0
-        if self._last == float("-inf") or self._n <= 0:
+        if self._last == float("-inf"):
             return  # the first timed step: no step time to weigh its cost against yet
-        dur = (t - self._last) / self._n
+        dur = (t - self._last) / self._n  # (_n >= 1: the steps ended since the last timed one)
         w = AUTO_WEIGHT
         if self._dur_avg <= 0.0:
             self._cost_avg, self._dur_avg = cost, dur
@@ -286,8 +287,8 @@ class CudaTimeline:
             self._cost_avg += w * (cost - self._cost_avg)
             self._dur_avg += w * (dur - self._dur_avg)
         allowed = self.budget * self._dur_avg
-        n = int(-(-self._cost_avg // allowed)) if allowed > 0 else AUTO_MAX_EVERY  # ceil
-        self.every = 1 if n < 1 else (AUTO_MAX_EVERY if n > AUTO_MAX_EVERY else n)
+        n = math.ceil(self._cost_avg / allowed) if allowed > 0 else AUTO_MAX_EVERY
+        self.every = min(AUTO_MAX_EVERY, max(1, n))
 
     def _costed_mark(self, own: bool = False) -> Optional[Any]:
         """Automatic sampled timing's ``mark()``: the class's, its host time added to ``cost``."""

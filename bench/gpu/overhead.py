@@ -336,6 +336,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error("--modes takes async,sync; --reps and --steps must be >= 1")
     if a.host_bound_ms < 0 or a.long_steps < 1:
         p.error("--host-bound-ms must be >= 0 and --long-steps >= 1")
+    if a.timing_ab is not None:
+        TIMING_B["every"] = a.timing_ab
     if a.device == "cuda" and not W.cuda_available():
         print("bench/gpu/overhead.py: CUDA is not available on this machine; skipped (run it on the GPU machine: "
               "bash bench/gpu/run_all.sh)")
@@ -415,7 +417,6 @@ def _default_model(a: argparse.Namespace, b: "Bench", torch: Any, device: Any, m
         out["step_async_record_ab"] = b.interleave(model, opt, x, "async", a.reps, arms=_record_arm)
         save()
     if a.timing_ab is not None and device.type == "cuda":
-        TIMING_B["every"] = a.timing_ab
         out["timing_ab_every"] = a.timing_ab
         out["host_breakdown_every_step"] = _breakdown_of_arm_a(b, model, opt, x, _timing_arm)
         out["host_breakdown_sampled"] = _breakdown_of_arm_a(b, model, opt, x, _timing_arm, True)
@@ -472,7 +473,6 @@ def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: D
         out["host_bound_tiny_record_ab"] = t
         save()
     if a.timing_ab is not None and device.type == "cuda":
-        TIMING_B["every"] = a.timing_ab
         W.log(f"overhead: host-bound tiny model, every step (A) vs one in {a.timing_ab or 'auto'} (B) CUDA timing, "
               f"{a.tiny_reps} pairs")
         t = tb.interleave(tm, to, tx, "async", a.tiny_reps, arms=_timing_arm)
