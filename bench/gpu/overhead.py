@@ -168,7 +168,10 @@ def host_breakdown(b: "Bench", model: Any, opt: Any, x: Any) -> Dict[str, Any]:
     wrappers around the hook methods (class attributes, patched before watch() binds them,
     restored after). The wrappers add ~0.3 us each; nested entries (mark, resolve, _step_end)
     are inside the hook that calls them. The ``torch.autograd.backward`` wrapper's own lines are
-    not timed (wrapping it would time the whole backward); its mark() calls are."""
+    not timed (wrapping it would time the whole backward); its mark() calls are. On a step whose
+    host runs ahead of the GPU (the async batch-8 loop) the launch queue fills, and from then on
+    every driver call, the hooks' event records among them, waits for a free slot: there the
+    rows hold waits for the GPU too. On the host-bound tiny model they are the hooks' own time."""
     from ranksight.hooks import timing as tmod
     from ranksight.hooks import watcher as wmod
 
@@ -460,6 +463,11 @@ def _tiny_model(a: argparse.Namespace, torch: Any, device: Any, url: str, out: D
     tspec = W.ModelSpec.tiny()
     tm, to, tx = _warm_and_measure(tb, tspec, device, a.tiny_reps, out, "host_bound_tiny", save,
                                    f"overhead: host-bound tiny model, {a.tiny_reps} pairs x {a.tiny_steps} steps")
+    # the per-method table where the launch queue never fills: its rows are the hooks' own host time
+    out["host_breakdown_tiny"] = host_breakdown(tb, tm, to, tx)
+    if a.timing_ab is not None and device.type == "cuda":
+        out["host_breakdown_tiny_every_step"] = _breakdown_of_arm_a(tb, tm, to, tx, _timing_arm)
+    save()
     if a.pool_ab:
         W.log(f"overhead: host-bound tiny model, fresh (A) vs pooled (B) events, {a.tiny_reps} pairs")
         t = tb.interleave(tm, to, tx, "async", a.tiny_reps, baseline_pool=False)
@@ -547,7 +555,8 @@ def render(out: Dict[str, Any]) -> str:
                      f"{r['ratio_median_of_pairs']:>22.4f}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
                      f"{r['delta_us_per_step_median']:>10.1f}")
     for key in ("host_breakdown", "host_breakdown_fresh_events", "host_breakdown_torch_record",
-                "host_breakdown_every_step", "host_breakdown_sampled"):
+                "host_breakdown_every_step", "host_breakdown_sampled", "host_breakdown_tiny",
+                "host_breakdown_tiny_every_step"):
         hb = out.get(key)
         if hb:
             lines.append(f"{key}: mark() {hb['mark_us_per_call']:.2f} us per call in the loop, "
@@ -555,7 +564,9 @@ def render(out: Dict[str, Any]) -> str:
     n = out.get("timing_ab_every")
     sampled = "the gap chosen from the events' cost" if n == 0 else f"one step in {n} timed"
     for key, what in (("host_breakdown", "the default timing"), ("host_breakdown_every_step", "every step timed"),
-                      ("host_breakdown_sampled", sampled)):
+                      ("host_breakdown_sampled", sampled),
+                      ("host_breakdown_tiny", "host-bound tiny model, the default timing"),
+                      ("host_breakdown_tiny_every_step", "host-bound tiny model, every step timed")):
         hb = out.get(key)
         if not hb:
             continue
