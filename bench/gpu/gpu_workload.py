@@ -211,6 +211,22 @@ def spec_dict(spec: ModelSpec) -> Dict[str, int]:
     return asdict(spec)
 
 
+def timing_every(v: str) -> int:
+    """An argparse type for hooks.gpu_timing_every: "auto" or 0 (the gap from the events' cost,
+    the hooks' default), 1 (every step timed) or N (one step in N on average)."""
+    import argparse
+
+    if v == "auto":
+        return 0
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{v!r}: give auto (or 0), or a step count of at least 1")
+    return n
+
+
 def median(xs: List[float]) -> float:
     s = sorted(xs)
     n = len(s)

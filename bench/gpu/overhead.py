@@ -279,7 +279,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--record-ab", action="store_true",
                    help="also compare torch's Event.record with the driver's cuEventRecord for re-recorded events "
                         "(host breakdown, tiny model, batch-8 step)")
-    p.add_argument("--timing-ab", type=_every, nargs="?", const=16, default=None, metavar="N|auto",
+    p.add_argument("--timing-ab", type=W.timing_every, nargs="?", const=16, default=None, metavar="N|auto",
                    help="every step timed with CUDA events (A, hooks.gpu_timing_every 1) against one step in N (B, "
                         "hooks.gpu_timing_every N; N 16 when not given; auto: hooks.gpu_timing_every 0, the gap "
                         "chosen from the events' cost): the host breakdown of each, the host-bound tiny model and the "
@@ -300,19 +300,6 @@ def _breakdown_of_arm_a(b: "Bench", model: Any, opt: Any, x: Any,
 
 
 TIMING_B = {"every": 16}  # --timing-ab's arm B: hooks.gpu_timing_every
-
-
-def _every(v: str) -> int:
-    """--timing-ab's N: a step count >= 1, or "auto" (0)."""
-    if v == "auto":
-        return 0
-    try:
-        n = int(v)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{v!r}: give a step count of at least 1 or auto")
-    return n
 
 
 def _timing_arm(b_arm: Optional[bool]) -> None:

@@ -320,9 +320,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help="comma-separated (default the six: " + ",".join(STRATEGIES) + "; pipeline2 only when named)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per strategy's subprocess (default 300)")
-    p.add_argument("--timing-every", type=int, default=0, metavar="N",
-                   help="the watched runs' hooks.gpu_timing_every (default 0, the hooks' default: N chosen from the "
-                        "events' cost; 1: every step timed; N > 1: one step in N on average)")
+    p.add_argument("--timing-every", type=W.timing_every, default=0, metavar="N|auto",
+                   help="the watched runs' hooks.gpu_timing_every (default auto, or 0: the hooks' default, N chosen "
+                        "from the events' cost; 1: every step timed; N > 1: one step in N on average)")
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--one", choices=STRATEGIES + EXTRA, help=argparse.SUPPRESS)  # the subprocess: one strategy
     p.add_argument("--ingest", default="off", help=argparse.SUPPRESS)  # the subprocess: the agent's address
@@ -333,8 +333,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
     a.strategies = [s for s in a.strategies.split(",") if s]
-    if a.pairs < 1 or a.steps < 1 or a.warm < 0 or a.micro < 1 or a.batch < 1 or a.timing_every < 0:
-        p.error("--pairs, --steps, --micro and --batch must be >= 1, --warm and --timing-every >= 0")
+    if a.pairs < 1 or a.steps < 1 or a.warm < 0 or a.micro < 1 or a.batch < 1:
+        p.error("--pairs, --steps, --micro and --batch must be >= 1, --warm >= 0")
     bad = [s for s in a.strategies if s not in STRATEGIES + EXTRA]
     if bad or not a.strategies:
         p.error(f"--strategies takes some of {','.join(STRATEGIES + EXTRA)}; got {bad or 'none'}")
