@@ -170,8 +170,8 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
     CUDA timeline, ``_StandInCuda``) or "cuda" (the step on the GPU: real events). The CUDA
     timelines time every step unless ``config`` says otherwise (``hooks.gpu_timing_every``): the
     rows are then what a timed step's bookkeeping costs, the same on every run (the default's
-    automatic gap would follow each machine's event cost). "cuda-default": the step on the GPU
-    with the hooks' default timing (the automatic gap), what a user's run pays per step. The
+    automatic gap would follow each machine's event cost). "cuda-default" and "stand-in-default":
+    the same with the hooks' default timing (the automatic gap), what a user's run pays per step. The
     trivial step is host-bound on a GPU (its kernels are far shorter than their launches), so
     the launch queue never fills and no row holds a wait for the GPU."""
     import importlib
@@ -189,7 +189,7 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
     warm = 50
     data = [torch.randn(4, 8, device=dev)] * (steps + warm)
     hooks = dict(config.get("hooks", {}))
-    if timeline != "cuda-default":
+    if not timeline.endswith("-default"):
         hooks.setdefault("gpu_timing_every", 1)
     config = dict(config, hooks=hooks)
     mt = _MethodTimer()
@@ -206,7 +206,7 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
     try:
         loader = ranksight.watch(model, opt, data, agent=url, config=config)
         w = ranksight.hooks.current()
-        if timeline == "stand-in" and w is not None:
+        if timeline.startswith("stand-in") and w is not None:
             use_stand_in_timeline(w)
         patched = torch.autograd.backward
         if w is not None:  # the hooks' backward wrapper around a timed real backward
@@ -253,10 +253,11 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
 
 
 def timelines() -> List[str]:
-    """The method tables: the CPU step, the stand-in CUDA timeline, and the GPU step where CUDA is."""
+    """The method tables: the CPU step, the stand-in CUDA timeline and, where CUDA is, the GPU step; each
+    CUDA timeline with every step timed and with the default timing."""
     import torch
 
-    return ["none", "stand-in"] + (["cuda", "cuda-default"] if torch.cuda.is_available() else [])
+    return ["none", "stand-in", "stand-in-default"] + (["cuda", "cuda-default"] if torch.cuda.is_available() else [])
 
 
 def print_table(m: Dict[str, Any]) -> None:
@@ -264,6 +265,7 @@ def print_table(m: Dict[str, Any]) -> None:
     timed = ("every step timed" if every == 1 else f"the gap from the events' cost, {m.get('gap')} at the end"
              if every == 0 else f"one step in {every}")
     gpu = {"stand-in": f"a stand-in CUDA timeline (no driver calls, {timed})",
+           "stand-in-default": f"a stand-in CUDA timeline (no driver calls, the default timing: {timed})",
            "cuda": f"on the GPU (real CUDA events, {timed})",
            "cuda-default": f"on the GPU (real CUDA events, the default timing: {timed})"}.get(m["gpu"], "CPU timing")
     print(f"host time in each hook method, one watched run of {m['steps']} trivial steps, {gpu} (counting "

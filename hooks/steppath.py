@@ -182,8 +182,9 @@ class StepPath:
         does): the optimizer's own time starts at the backward's end."""
         self._t_opt = t1
         self._b2o = t1 - t0
-        if self._tl is not None:
-            self._ev_opt = self._tl.mark(True)
+        tl = self._tl
+        if tl is not None:
+            self._ev_opt = tl.mark(True) if tl.on else None
 
     def _epoch_start(self, loader: Any) -> None:
         for fn in self._epoch_observers:
@@ -208,8 +209,9 @@ class StepPath:
             self._phase_t = t
             if self._ddp_stats is not None:
                 self._ddp_stats.on_forward()
-            if self._tl is not None:
-                self._ev_fwd = self._tl.mark(True)
+            tl = self._tl
+            if tl is not None:  # (tl.on False: a step sampled timing does not time, no call made)
+                self._ev_fwd = tl.mark(True) if tl.on else None
         except Exception as e:
             self._hook_error("forward pre-hook", e)
         return None
@@ -224,7 +226,7 @@ class StepPath:
             self._phase = "other"
             self._phase_t = t
             tl = self._tl
-            if tl is not None:
+            if tl is not None and tl.on:
                 tl.push(FWD, self._ev_fwd, tl.mark(True))
         except Exception as e:
             self._hook_error("forward hook", e)
@@ -244,7 +246,7 @@ class StepPath:
                 w._phase = "backward"
                 w._phase_t = t0
                 tl = w._tl
-                ev0 = tl.mark(True) if tl is not None else None
+                ev0 = tl.mark(True) if tl is not None and tl.on else None
             except Exception as e:
                 w._in_bwd = comm.in_backward = False
                 w._hook_error("backward start", e)
@@ -284,7 +286,7 @@ class StepPath:
         self._phase = "other"
         self._phase_t = t1
         tl = self._tl
-        if tl is not None:
+        if tl is not None and tl.on:
             e1 = tl.mark(True)
             tl.push(BWD, ev0, lev if lev is not None else e1)
             if lev is not None:
@@ -304,8 +306,9 @@ class StepPath:
                 self._b2o = t - self._t_bwd
             self._phase = "optimizer"
             self._phase_t = t
-            if self._tl is not None:
-                self._ev_opt = self._tl.mark(True)
+            tl = self._tl
+            if tl is not None:
+                self._ev_opt = tl.mark(True) if tl.on else None
         except Exception as e:
             self._hook_error("optimizer pre-hook", e)
         return None
@@ -320,7 +323,7 @@ class StepPath:
                 self._opt += t - t_opt
                 self._t_opt = None
                 tl = self._tl
-                if tl is not None:
+                if tl is not None and tl.on:
                     tl.push(OPT, self._ev_opt, tl.mark(True))
             if self._defer_steps:
                 self._step_boundary(t)

@@ -39,9 +39,9 @@ def test_bench_hooks_method_table_has_a_row_per_hook_method_on_cpu_and_on_a_stan
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["overhead_ratio"] is None  # --ddp-runs 0 skips the DDP step
-    cpu, gpu = out["methods"][:2]  # (a third, "cuda", where CUDA is)
-    assert (cpu["gpu"], gpu["gpu"]) == ("none", "stand-in")
-    for table in (cpu, gpu):
+    cpu, gpu, sampled = out["methods"][:3]  # (two more, "cuda" and "cuda-default", where CUDA is)
+    assert (cpu["gpu"], gpu["gpu"], sampled["gpu"]) == ("none", "stand-in", "stand-in-default")
+    for table in (cpu, gpu, sampled):
         assert table["steps"] == 200 and table["timer_floor_ns"] > 0
         rows = {row["method"]: row for row in table["rows"]}
         for row in rows.values():
@@ -61,6 +61,12 @@ def test_bench_hooks_method_table_has_a_row_per_hook_method_on_cpu_and_on_a_stan
     assert gpu_rows["CudaTimeline.mark"]["calls_per_step"] == 6.0  # the phase boundaries: fwd, bwd, opt x 2
     assert gpu_rows["CudaTimeline.push"]["calls_per_step"] == 3.0
     assert gpu_rows["CudaTimeline.resolve"]["calls_per_step"] == 1.0
+    # the default timing: the stand-in's records cost next to nothing, so the automatic gap grows and
+    # most steps make no mark at all; each step's phases come from the shares (Watcher._sampled)
+    sampled_rows = {row["method"]: row for row in sampled["rows"]}
+    assert sampled["gpu_timing_every"] == 0 and sampled["gap"] > 1
+    assert sampled_rows["CudaTimeline.mark"]["calls_per_step"] < 3.0
+    assert sampled_rows["Watcher._sampled"]["calls_per_step"] == 1.0
     text = _bench("--runs", "1", "--steps", "20", "--ddp-runs", "0", "--method-steps", "100")
     assert text.returncode == 0, text.stderr[-2000:]
     assert "Watcher._step_end" in text.stdout and "CudaTimeline.mark" in text.stdout and "p50" in text.stdout
