@@ -30,12 +30,13 @@ methods            host time in each hook method per step (``hooks_methods.table
                    backward subtracted). A row's time is its own lines: calls nested in another
                    timed call are subtracted from it (with their timers), so the rows add up to
                    the hooks' host time per step. The timers' own cost is measured on a method
-                   that does nothing and subtracted. Two tables, and a third with the step on the
-                   GPU where CUDA is: the CPU step as it is, and the same step on a stand-in CUDA
-                   timeline (``_StandInCuda``: events reached when recorded), so the step path's
-                   CUDA bookkeeping (mark, push, resolve, the GPU branch of the step end) is
-                   measured on a machine without a GPU too; the driver calls themselves are not
-                   in it. "p50" is the median call's time times the calls per step (a preempted
+                   that does nothing and subtracted. Three tables, and two more with the step on
+                   the GPU where CUDA is: the CPU step as it is, and the same step on a stand-in
+                   CUDA timeline (``_StandInCuda``: events reached when recorded) with every step
+                   timed and with the default timing (the automatic gap), so the step path's CUDA
+                   bookkeeping (mark, push, resolve, the GPU branch of the step end, the sampled
+                   shares) is measured on a machine without a GPU too; the driver calls
+                   themselves are not in it. "p50" is the median call's time times the calls per step (a preempted
                    call on a shared box moves it little), "mean" every call's.
 
 The default run is the quick one (``QUICK``: about a minute on the 2-core box, under two when it

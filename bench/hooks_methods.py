@@ -206,6 +206,7 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
     try:
         loader = ranksight.watch(model, opt, data, agent=url, config=config)
         w = ranksight.hooks.current()
+        every = w.settings.gpu_timing_every if w is not None else hooks.get("gpu_timing_every", 0)
         if timeline.startswith("stand-in") and w is not None:
             use_stand_in_timeline(w)
         patched = torch.autograd.backward
@@ -243,10 +244,9 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
                      "us_per_step_p50": round(p50 * calls / steps, 2),
                      "us_per_step_incl": round(max(0.0, incl) / steps / 1e3, 2), "us_per_call_p50": round(p50, 2)})
     rows.sort(key=lambda r: -r["us_per_step_p50"])
-    tl = getattr(w, "_tl", None)
-    every = hooks.get("gpu_timing_every", 0)
+    tl = getattr(w, "_tl", None) if timeline != "none" else None
     return {"steps": steps, "gpu": timeline, "gpu_timing_every": every, "rows": rows,
-            "gap": getattr(tl, "every", None) if every == 0 else every,
+            "gap": getattr(tl, "every", None),  # (the timeline's mean gap at the end; None: no timeline)
             "total_us_per_step": round(sum(r["us_per_step"] for r in rows), 2),
             "total_us_per_step_p50": round(sum(r["us_per_step_p50"] for r in rows), 2),
             "timer_floor_ns": round(mt.floor_ns, 1), "timer_outer_ns": round(mt.outer_ns, 1)}
@@ -262,7 +262,7 @@ def timelines() -> List[str]:
 
 def print_table(m: Dict[str, Any]) -> None:
     every = m.get("gpu_timing_every", 1)
-    timed = ("every step timed" if every == 1 else f"the gap from the events' cost, {m.get('gap')} at the end"
+    timed = ("every step timed" if every == 1 else f"the mean gap from the events' cost, {m.get('gap')} at the end"
              if every == 0 else f"one step in {every}")
     gpu = {"stand-in": f"a stand-in CUDA timeline (no driver calls, {timed})",
            "stand-in-default": f"a stand-in CUDA timeline (no driver calls, the default timing: {timed})",

@@ -124,7 +124,7 @@ class PipelineTimer:
             try:
                 t._depth = 1
                 t0 = _perf()
-                ev0 = tl.mark(True) if tl is not None else None
+                ev0 = tl.mark(True) if tl is not None and tl.on else None  # (on False: a step not timed)
             except Exception as e:
                 t._depth = 0
                 w._hook_error("pipeline chunk start", e)
@@ -137,7 +137,7 @@ class PipelineTimer:
                     t1 = _perf()
                     if tl is None:
                         w._pbusy += t1 - t0
-                    else:
+                    elif tl.on or ev0 is not None:
                         tl.push(PBUSY, ev0, tl.mark(True))
                     t._span(t0, t1)
                 except Exception as e:

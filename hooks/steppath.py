@@ -286,8 +286,8 @@ class StepPath:
         self._phase = "other"
         self._phase_t = t1
         tl = self._tl
-        if tl is not None and tl.on:
-            e1 = tl.mark(True)
+        if tl is not None and (tl.on or ev0 is not None):  # (a backward the step ended inside keeps its
+            e1 = tl.mark(True)                                 # start event and its last collective's)
             tl.push(BWD, ev0, lev if lev is not None else e1)
             if lev is not None:
                 tl.push(XCOMM, lev, e1)

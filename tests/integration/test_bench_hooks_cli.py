@@ -61,11 +61,13 @@ def test_bench_hooks_method_table_has_a_row_per_hook_method_on_cpu_and_on_a_stan
     assert gpu_rows["CudaTimeline.mark"]["calls_per_step"] == 6.0  # the phase boundaries: fwd, bwd, opt x 2
     assert gpu_rows["CudaTimeline.push"]["calls_per_step"] == 3.0
     assert gpu_rows["CudaTimeline.resolve"]["calls_per_step"] == 1.0
-    # the default timing: the stand-in's records cost next to nothing, so the automatic gap grows and
-    # most steps make no mark at all; each step's phases come from the shares (Watcher._sampled)
+    # the default timing: a timed step's bookkeeping (tens of us even with no driver call) is far
+    # above 0.5% of the ~0.1 ms trivial step, so the automatic gap grows and most steps make no
+    # mark at all (no row when no timed step fell in the measured steps); each step's phases come
+    # from the shares (Watcher._sampled)
     sampled_rows = {row["method"]: row for row in sampled["rows"]}
     assert sampled["gpu_timing_every"] == 0 and sampled["gap"] > 1
-    assert sampled_rows["CudaTimeline.mark"]["calls_per_step"] < 3.0
+    assert sampled_rows.get("CudaTimeline.mark", {"calls_per_step": 0.0})["calls_per_step"] < 3.0
     assert sampled_rows["Watcher._sampled"]["calls_per_step"] == 1.0
     text = _bench("--runs", "1", "--steps", "20", "--ddp-runs", "0", "--method-steps", "100")
     assert text.returncode == 0, text.stderr[-2000:]
@@ -81,8 +83,8 @@ def test_bench_hooks_default_is_the_quick_run_and_thorough_the_long_one():
     mod.add_arguments(p)
     quick, thorough = mod.plan(p.parse_args([])), mod.plan(p.parse_args(["--thorough"]))
 
-    def trivial_steps(n):  # A/B pairs, the inline-send pairs, the two method tables
-        return 2 * n["runs"] * n["steps"] + 2 * max(5, n["runs"] // 2) * n["steps"] + 2 * n["method_steps"]
+    def trivial_steps(n):  # A/B pairs, the inline-send pairs, the three method tables of a machine without CUDA
+        return 2 * n["runs"] * n["steps"] + 2 * max(5, n["runs"] // 2) * n["steps"] + 3 * n["method_steps"]
 
     assert quick == mod.QUICK and thorough == mod.THOROUGH
     assert trivial_steps(quick) <= 12_000 and 2 * quick["ddp_runs"] * quick["ddp_steps"] <= 1_000
