@@ -244,7 +244,7 @@ def table(steps: int, url: str, config: Dict[str, Any], timeline: str = "none") 
                      "us_per_step_p50": round(p50 * calls / steps, 2),
                      "us_per_step_incl": round(max(0.0, incl) / steps / 1e3, 2), "us_per_call_p50": round(p50, 2)})
     rows.sort(key=lambda r: -r["us_per_step_p50"])
-    tl = getattr(w, "_tl", None) if timeline != "none" else None
+    tl = getattr(w, "_tl", None)  # (None on the CPU step: no CUDA, no stand-in)
     return {"steps": steps, "gpu": timeline, "gpu_timing_every": every, "rows": rows,
             "gap": getattr(tl, "every", None),  # (the timeline's mean gap at the end; None: no timeline)
             "total_us_per_step": round(sum(r["us_per_step"] for r in rows), 2),
