@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "file and a 0/1 series per lint checked (agent.rdma_counters: all)")
     p.add_argument("--repeat", type=_pos_int, default=3, help="rounds of every query; the median is reported (default 3)")
     p.add_argument("--parts", type=int, default=0, help="node slices backfilled as separate blocks (default: 64 nodes each)")
-    p.add_argument("--jobs", type=_pos_int, default=2, help="promtool processes at once (default 2)")
+    p.add_argument("--jobs", type=_pos_int, default=2, help="promtool processes at once; with --engine victoriametrics, import processes (default 2)")
     p.add_argument("--rule-evals", type=_pos_int, default=4, help="live evaluations of every rule group to read (default 4)")
     p.add_argument("--no-compaction-wait", dest="wait_compaction", action="store_false",
                    help="measure right away instead of after Prometheus has merged the backfilled blocks "

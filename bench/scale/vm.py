@@ -2,7 +2,8 @@
 layout (docs/SCALING.md), reporting the same figures as the Prometheus run.
 
 1. Generates the scenario's OpenMetrics (as the Prometheus run does) and imports it into a real
-   single-node store (``/api/v1/import/prometheus``, millisecond timestamps).
+   single-node store (``/api/v1/import/prometheus``, millisecond timestamps), ``--jobs`` worker
+   processes at once, a slice of nodes each.
 2. Backfills the recording rules over the data with ``vmalert -replay.*`` (the rule file of
    ``ranksight rules --engine victoriametrics``), writing through the store's remote write.
 3. Times every dashboard query against the store (its Prometheus query API), interleaved rounds,
@@ -14,8 +15,11 @@ layout (docs/SCALING.md), reporting the same figures as the Prometheus run.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import io
+import json
 import logging
+import multiprocessing
 import re
 import shutil
 import tempfile
@@ -42,6 +46,39 @@ from .server import BenchError, Prometheus, run_checked, tool_version
 log = logging.getLogger(__name__)
 
 IMPORT_CHUNK = 8 << 20  # bytes a POST to /api/v1/import/prometheus
+
+
+def _import_slice(url: str, scn: Scenario, nodes: List[int]) -> Tuple[int, int]:
+    """Generate ``nodes`` one at a time and POST Prometheus text (ms timestamps) in chunks of about
+    IMPORT_CHUNK bytes; (samples, bytes sent)."""
+    gen = Generator(scn)
+    samples = sent = size = 0
+    buf: List[str] = []
+
+    def flush() -> None:
+        nonlocal buf, size, sent
+        if not buf:
+            return
+        body = "".join(buf).encode()
+        req = urllib.request.Request(f"{url}/api/v1/import/prometheus", data=body, method="POST")
+        with urllib.request.urlopen(req, timeout=600):  # noqa: S310 - our loopback store
+            pass
+        sent += len(body)
+        buf, size = [], 0
+
+    for n in nodes:
+        out = io.StringIO()
+        samples += gen.write(out, [n]).samples
+        for line in out.getvalue().splitlines():
+            if not line or line[0] == "#":
+                continue
+            head, _, ts = line.rpartition(" ")
+            buf.append(f"{head} {int(float(ts) * 1000)}\n")
+            size += len(line)
+        if size >= IMPORT_CHUNK:
+            flush()
+    flush()
+    return samples, sent
 
 
 class _Store:
@@ -83,42 +120,27 @@ class VMBench:
         self.result: Dict[str, Any] = {"engine": vmstack.ENGINE}
 
     def _import(self, url: str, scn: Scenario) -> Dict[str, Any]:
-        """Generate node by node and POST Prometheus text (ms timestamps) in chunks."""
-        gen = Generator(scn)
-        t0, samples, sent = time.monotonic(), 0, 0
-        buf: List[str] = []
-        size = 0
-
-        def flush() -> None:
-            nonlocal buf, size, sent
-            if not buf:
-                return
-            body = "".join(buf).encode()
-            req = urllib.request.Request(f"{url}/api/v1/import/prometheus", data=body, method="POST")
-            with urllib.request.urlopen(req, timeout=600):  # noqa: S310 - our loopback store
-                pass
-            sent += len(body)
-            buf, size = [], 0
-
-        for n in range(scn.nodes):
-            out = io.StringIO()
-            c = gen.write(out, [n])
-            samples += c.samples
-            for line in out.getvalue().splitlines():
-                if not line or line[0] == "#":
-                    continue
-                head, _, ts = line.rpartition(" ")
-                buf.append(f"{head} {int(float(ts) * 1000)}\n")
-                size += len(line)
-            if size >= IMPORT_CHUNK:
-                flush()
-        flush()
+        """Generate and POST the scenario in ``--jobs`` worker processes, a slice of nodes each
+        (generation is Python, one core a worker; the store ingests the POSTs in parallel)."""
+        t0 = time.monotonic()
+        jobs = max(1, min(self.o.jobs, scn.nodes))
+        slices = [list(range(i * scn.nodes // jobs, (i + 1) * scn.nodes // jobs)) for i in range(jobs)]
+        samples = sent = 0
+        if jobs == 1:
+            samples, sent = _import_slice(url, scn, slices[0])
+        else:
+            ctx = multiprocessing.get_context("fork")
+            with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                for c, b in pool.map(_import_slice, [url] * jobs, [scn] * jobs, slices):
+                    samples += c
+                    sent += b
         with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=120):  # noqa: S310
             pass
-        return {"samples": samples, "bytes": sent, "seconds": round(time.monotonic() - t0, 2)}
+        return {"samples": samples, "bytes": sent, "jobs": jobs, "seconds": round(time.monotonic() - t0, 2)}
 
     def run(self) -> Dict[str, Any]:
-        o, t_start = self.o, time.monotonic()
+        o = self.o
+        t_start = self.t_start = time.monotonic()
         for name in ("victoria-metrics", "vmalert"):
             try:
                 servers.find_binary(name)
@@ -156,22 +178,41 @@ class VMBench:
                 raise BenchError(f"victoria-metrics did not start (exit {code}): {servers.error_line(base / 'store.log')}")
             self.result["versions"] = {"victoria-metrics": tool_version(servers.find_binary("victoria-metrics")),
                                        "vmalert": tool_version(servers.find_binary("vmalert"))}
+            self._phase("import", url, store)
             self.result["import"] = self._import(url, scn)
             rules = base / "rules.yml"
             rules.write_text(engines.victoriametrics(generate.render_rules(self.cfg)))
+            self._phase("backfill", url, store)
             t0 = time.monotonic()
             self._replay(url, scn, rules, base)
             self.result["backfill"] = {"rules_seconds": round(time.monotonic() - t0, 2)}
+            self._phase("queries", url, store)
             self._queries(url, scn)
+            self._phase("live rules", url, store)
             self._live_rules(url, rules, base)
-            m = _metrics(url)
-            rss, hwm = _rss(store.pid())
-            self.result["store"] = {"rss_bytes": rss, "rss_peak_bytes": hwm,
-                                    "disk_bytes": int(_sum(m, "vm_data_size_bytes")),
-                                    "series": int(_sum(m, "vm_new_timeseries_created_total")),
-                                    "rows_ignored": int(_sum(m, "vm_rows_ignored_total"))}
+            self._store_stats(url, store)
         finally:
             store.stop()
+
+    def _store_stats(self, url: str, store: Proc) -> None:
+        m = _metrics(url)
+        rss, hwm = _rss(store.pid())
+        self.result["store"] = {"rss_bytes": rss, "rss_peak_bytes": hwm,
+                                "disk_bytes": int(_sum(m, "vm_data_size_bytes")),
+                                "series": int(_sum(m, "vm_new_timeseries_created_total")),
+                                "rows_ignored": int(_sum(m, "vm_rows_ignored_total"))}
+
+    def _phase(self, name: str, url: str, store: Proc) -> None:
+        """Log the phase; with ``--partial``, write the result so far and the store's figures now
+        (a run cut at its time limit keeps what it measured)."""
+        log.info("scale: %s (%.0f s)", name, time.monotonic() - self.t_start)
+        if not self.o.partial:
+            return
+        try:
+            self._store_stats(url, store)
+            Path(self.o.partial).write_text(json.dumps(dict(self.result, partial_before=name), indent=1))
+        except (OSError, ValueError) as e:
+            log.warning("scale: --partial %s: %s", self.o.partial, getattr(e, "strerror", None) or e)
 
     def _replay(self, url: str, scn: Scenario, rules: Path, base: Path) -> None:
         """``vmalert -replay`` one recording group at a time, in the file's order (a group reads
