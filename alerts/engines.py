@@ -17,6 +17,9 @@ needs no result of the same evaluation, with the value Prometheus computes:
 - ``last_over_time(R[d])``: the current value where the record has one, else the history's last,
   ``((E) or last_over_time(R[d]))``.
 
+Each group of more than one rule then gets ``concurrency`` (GROUP_CONCURRENCY): vmalert evaluates
+that many of its rules at once, which the rewrite makes safe.
+
 Any other read of an earlier record of the same group raises ``EngineError``: a test renders both
 engines, so a rule the rewrite cannot carry fails there, not in a deployment. Groups, intervals,
 alerts, labels and annotations are unchanged.
@@ -32,6 +35,10 @@ ENGINES = ("prometheus", "victoriametrics")
 _NAME = r"[a-zA-Z_:][\w:]*"
 _SINGLE_RANGE = re.compile(rf"^(\w+)\(({_NAME})(\{{[^{{}}]*\}})?\[(\w+)\]\)$")
 _EXTREMES = {"min_over_time": "<", "max_over_time": ">"}
+# rules of one group vmalert evaluates at once (its group field ``concurrency``; 1 by default, one
+# rule after another): once no rule reads another's result of the same evaluation, a group's wall
+# time is its slowest rules', not their sum
+GROUP_CONCURRENCY = 4
 
 
 class EngineError(ValueError):
@@ -107,7 +114,13 @@ def victoriametrics(text: str) -> str:
     """The rule file ``text`` (``ranksight-rules.yml``) for vmalert: see the module doc."""
     head = "".join(ln + "\n" for ln in text.splitlines() if ln.startswith("#"))
     doc = yaml.safe_load(text) or {}
-    groups = [{**g, "rules": _group_free(g.get("rules") or [])} for g in doc.get("groups", [])]
+    groups = []
+    for g in doc.get("groups", []):
+        rules = _group_free(g.get("rules") or [])
+        group = {**g, "rules": rules}
+        if len(rules) > 1:  # no rule needs another's result of the same evaluation (above): run them at once
+            group["concurrency"] = min(len(rules), GROUP_CONCURRENCY)
+        groups.append(group)
     body = yaml.safe_dump({"groups": groups}, sort_keys=False, default_flow_style=False, width=100000,
                           allow_unicode=True)
     return head + "# Engine: VictoriaMetrics (vmalert): same-group reads rewritten by ranksight.alerts.engines.\n" + body

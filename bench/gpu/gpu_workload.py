@@ -16,11 +16,12 @@ import json
 import os
 import pickle
 import platform
+import random
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -250,13 +251,25 @@ def abba(pairs: int) -> List[tuple]:
     return [(False, True) if i % 2 == 0 else (True, False) for i in range(pairs)]
 
 
+def median_ci95(values: List[float], resamples: int = 2000, seed: int = 0) -> Tuple[float, float]:
+    """A 95% bootstrap interval of the median of ``values`` (resampled with replacement, a fixed
+    seed so a result file reads the same each time): where it lies wholly under a target, the
+    pairs resolve that target; where it straddles it, more pairs are needed."""
+    rng = random.Random(seed)
+    n = len(values)
+    meds = sorted(median([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples))
+    return meds[int(0.025 * resamples)], meds[min(resamples - 1, int(0.975 * resamples))]
+
+
 def ratio_summary(plain_s: List[float], watched_s: List[float]) -> Dict[str, Any]:
-    """The per-pair ratios (watched / plain step time) of interleaved pairs: their median, p25,
-    p75, min and max, the ratio of the medians, and each arm's median and every pair in ms."""
+    """The per-pair ratios (watched / plain step time) of interleaved pairs: their median with its
+    95% bootstrap interval, p25, p75, min and max, the ratio of the medians, and each arm's median
+    and every pair in ms."""
     ratios = [b / a for a, b in zip(plain_s, watched_s)]
     mp, mi = median(plain_s), median(watched_s)
+    lo, hi = median_ci95(ratios)
     return {"plain_ms_median": mp * 1e3, "instrumented_ms_median": mi * 1e3,
-            "ratio_median_of_pairs": median(ratios), "ratio_of_medians": mi / mp,
+            "ratio_median_of_pairs": median(ratios), "ratio_median_ci95": [lo, hi], "ratio_of_medians": mi / mp,
             "ratio_p25": quantile(ratios, 0.25), "ratio_p75": quantile(ratios, 0.75),
             "ratio_min": min(ratios), "ratio_max": max(ratios),
             "ratios": ratios, "plain_ms": [p * 1e3 for p in plain_s], "instrumented_ms": [i * 1e3 for i in watched_s]}

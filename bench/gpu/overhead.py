@@ -520,6 +520,12 @@ def _host_bound_long(a: argparse.Namespace, torch: Any, device: Any, url: str, o
     save()
 
 
+def _ci(r: Dict[str, Any]) -> str:
+    """The median ratio's 95% bootstrap interval, 16 wide (blank where the result has none)."""
+    ci = r.get("ratio_median_ci95")
+    return f"{ci[0]:>8.4f}..{ci[1]:<6.4f}" if ci else " " * 16
+
+
 def render(out: Dict[str, Any]) -> str:
     lines = [f"ranksight hooks overhead on {out['versions'].get('gpu', 'CPU')} "
              f"(torch {out['versions'].get('torch')}, driver {out['versions'].get('driver')})",
@@ -530,7 +536,8 @@ def render(out: Dict[str, Any]) -> str:
         lines.append(f"one event: create+record {ec['create_record_us']:.2f} us, query {ec['query_us']:.2f} us, "
                      f"elapsed_time {ec['elapsed_time_us']:.2f} us, re-record {ec['rerecord_us']:.2f} us"
                      + (f", re-record by the driver {ec['rerecord_driver_us']:.2f} us" if "rerecord_driver_us" in ec else ""))
-    lines.append(f"{'loop':<26}{'plain ms':>10}{'hooks ms':>10}{'ratio (med of pairs)':>22}{'p25..p75':>16}{'delta us':>10}")
+    lines.append(f"{'loop':<26}{'plain ms':>10}{'hooks ms':>10}{'ratio (med of pairs)':>22}{'its 95% CI':>16}"
+                 f"{'p25..p75':>16}{'delta us':>10}")
     for key in ("step_async", "step_sync", "gpu_bound_async", "host_bound_tiny", "host_bound_long",
                 "host_bound_tiny_pool_ab",
                 "step_async_record_ab", "host_bound_tiny_record_ab", "step_async_timing_ab", "step_sync_timing_ab",
@@ -539,7 +546,7 @@ def render(out: Dict[str, Any]) -> str:
         if not r:
             continue
         lines.append(f"{key:<26}{r['plain_ms_median']:>10.3f}{r['instrumented_ms_median']:>10.3f}"
-                     f"{r['ratio_median_of_pairs']:>22.4f}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
+                     f"{r['ratio_median_of_pairs']:>22.4f}{_ci(r)}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
                      f"{r['delta_us_per_step_median']:>10.1f}")
     for key in ("host_breakdown", "host_breakdown_fresh_events", "host_breakdown_torch_record",
                 "host_breakdown_every_step", "host_breakdown_sampled", "host_breakdown_tiny",

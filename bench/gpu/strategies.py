@@ -31,9 +31,10 @@ What it does
   * Each watched run's hooks must count every step (``stats()["steps"] == warm + steps``) with no
     hook errors.
 
-Reported per strategy: the median of the per-pair ratios (watched / plain step time), their
-p25..p75 and min..max, the medians in ms, the hook errors, whether every watched run counted its
-exact steps, and the subprocess's wall time. A strategy that cannot run here (DeepSpeed not
+Reported per strategy: the median of the per-pair ratios (watched / plain step time) with its 95%
+bootstrap interval (wholly under a target: the pairs resolve it), their p25..p75 and min..max, the
+medians in ms, the hook errors, whether every watched run counted its exact steps, and the
+subprocess's wall time. A strategy that cannot run here (DeepSpeed not
 importable, ...) is reported as skipped with the subprocess's last error line.
 DeepSpeed comes from ``.devbin/py-deepspeed`` (``bench/gpu/deepspeed_prepare.sh``) when the
 interpreter cannot import it.
@@ -271,16 +272,22 @@ def _saw(seen: Dict[str, Any]) -> str:
     return txt + (" +pipeline" if seen.get("pipeline") else "")
 
 
+def _ci(r: Dict[str, Any]) -> str:
+    """The median ratio's 95% bootstrap interval (blank where the result has none)."""
+    ci = r.get("ratio_median_ci95")
+    return f"{ci[0]:7.4f}..{ci[1]:<6.4f}" if ci else " " * 15
+
+
 def render(results: List[Dict[str, Any]]) -> str:
-    head = (f"{'strategy':<9} {'plain ms':>9} {'watched ms':>10} {'ratio':>7} {'p25..p75':>15} {'min..max':>15} "
-            f"{'pairs':>5} {'herr':>4} {'steps':>6} {'wall s':>6}  hooks saw")
+    head = (f"{'strategy':<9} {'plain ms':>9} {'watched ms':>10} {'ratio':>7} {'95% CI':>15} {'p25..p75':>15} "
+            f"{'min..max':>15} {'pairs':>5} {'herr':>4} {'steps':>6} {'wall s':>6}  hooks saw")
     rows = [head]
     for r in results:
         if "skipped" in r:
             rows.append(f"{r['strategy']:<9} skipped: {r['skipped']}")
             continue
         rows.append(f"{r['strategy']:<9} {r['plain_ms_median']:9.3f} {r['instrumented_ms_median']:10.3f} "
-                    f"{r['ratio_median_of_pairs']:7.4f} {r['ratio_p25']:7.4f}..{r['ratio_p75']:<6.4f} "
+                    f"{r['ratio_median_of_pairs']:7.4f} {_ci(r)} {r['ratio_p25']:7.4f}..{r['ratio_p75']:<6.4f} "
                     f"{r['ratio_min']:7.4f}..{r['ratio_max']:<6.4f} {r['pairs']:5d} {r['hook_errors']:4d} "
                     f"{'exact' if r['exact_steps'] else 'WRONG':>6} {r['wall_s']:6.1f}  {_saw(r.get('hooks_saw', {}))}")
         if "pipeline" in r:

@@ -41,7 +41,11 @@ def test_vmalert_rules_read_no_result_of_their_own_evaluation(both):
             if "record" in rule:
                 earlier.append(rule["record"])
     for pg, vg in zip(prom["groups"], vm["groups"]):
-        assert {k: v for k, v in pg.items() if k != "rules"} == {k: v for k, v in vg.items() if k != "rules"}
+        # the same group, and its rules at once (none reads another's result of this evaluation, above)
+        assert {k: v for k, v in pg.items() if k != "rules"} == {k: v for k, v in vg.items()
+                                                                  if k not in ("rules", "concurrency")}
+        assert vg.get("concurrency") == (min(len(vg["rules"]), engines.GROUP_CONCURRENCY)
+                                         if len(vg["rules"]) > 1 else None), vg["name"]
         for pr, vr in zip(pg["rules"], vg["rules"]):
             assert {k: v for k, v in pr.items() if k != "expr"} == {k: v for k, v in vr.items() if k != "expr"}
             rewritten += pr["expr"] != vr["expr"]
