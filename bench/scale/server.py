@@ -25,8 +25,8 @@ def tool_version(binary: str) -> str:
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise BenchError(f"cannot run {binary}: {e}") from None
-    first = (out.stdout or out.stderr).splitlines()
-    return first[0].strip() if first else "unknown"
+    lines = [ln.strip() for ln in (out.stdout + "\n" + out.stderr).splitlines() if ln.strip()]
+    return lines[0] if lines else "unknown (it prints no version)"
 
 
 class Prometheus:
