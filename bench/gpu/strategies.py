@@ -31,6 +31,10 @@ What it does
   * Each watched run's hooks must count every step (``stats()["steps"] == warm + steps``) with no
     hook errors.
 
+Each run's end also reads the GPU's SM clock, clock event reasons and temperature (NVML) and the
+CPU the process last ran on (``run_states``, in pair order): step times that fall into groups
+whatever the arm are told apart by these, or not.
+
 Reported per strategy: the median of the per-pair ratios (watched / plain step time) with its 95%
 bootstrap interval (wholly under a target: the pairs resolve it), their p25..p75 and min..max, the
 medians in ms, the hook errors, whether every watched run counted its exact steps, and the
@@ -139,6 +143,49 @@ def setup(strategy: str, device: Any, spec: W.ModelSpec, micro: int) -> Tuple[An
     raise ValueError(f"unknown strategy {strategy!r}")
 
 
+class RunState:
+    """What each run ran under, read once at its end: the GPU's SM clock (MHz), its clock event
+    reasons (NVML's throttle bit mask) and temperature, and the CPU the training thread last ran
+    on. Where step times fall into groups whatever the arm, these say whether the GPU's clocks or
+    the host's placement tell the groups apart. Empty where NVML or psutil is missing."""
+
+    def __init__(self, device: Any):
+        self.nv = self.h = self.proc = None
+        if device.type == "cuda":
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+            except Exception:
+                self.nv = None
+        try:
+            import psutil
+
+            self.proc = psutil.Process()
+        except Exception:
+            self.proc = None
+
+    def read(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
+        nv, h = self.nv, self.h
+        if nv is not None:
+            try:
+                out["sm_mhz"] = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+                reasons = (getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                           or nv.nvmlDeviceGetCurrentClocksThrottleReasons)
+                out["clock_reasons"] = reasons(h)
+                out["temp_c"] = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
+            except Exception as e:
+                out["nvml_error"] = str(e)[:120]
+        if self.proc is not None:
+            try:
+                out["cpu"] = self.proc.cpu_num()
+            except Exception:
+                pass
+        return out
+
+
 def one_run(torch: Any, device: Any, target: Any, opt: Any, x: Any, step: Callable, watched: bool,
             a: argparse.Namespace) -> Dict[str, Any]:
     """One run of ``--warm`` + ``--steps`` steps; the timed steps' seconds per step."""
@@ -184,6 +231,8 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
     a.micro = min(a.micro, spec.batch)  # a micro-batch holds one sample at least
     t_start = time.perf_counter()
     target, opt, x, step, close = setup(a.one, device, spec, a.micro)
+    state = RunState(device)
+    states: Dict[str, List[Dict[str, Any]]] = {"plain": [], "watched": []}
     plain: List[float] = []
     watched: List[float] = []
     counts: List[int] = []
@@ -193,6 +242,7 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
         for w in order:
             r = one_run(torch, device, target, opt, x, step, w, a)
             (watched if w else plain).append(r["step_s"])
+            states["watched" if w else "plain"].append(state.read())
             if w:
                 counts.append(r["steps"])
                 herr = max(herr, r["herr"])
@@ -202,6 +252,7 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
     res: Dict[str, Any] = {"strategy": a.one, "spec": W.spec_dict(spec), "pairs": a.pairs, "steps": a.steps,
                            "warm": a.warm, "hook_errors": herr, "hook_steps": counts,
                            "exact_steps": all(c == a.warm + a.steps for c in counts), "hooks_saw": seen,
+                           "run_states": states,
                            "setup_and_runs_s": time.perf_counter() - t_start, **W.ratio_summary(plain, watched)}
     if a.one == "pipeline":
         res["pipeline"] = f"1 stage (world size 1), ScheduleGPipe, {a.micro} micro-batches"
@@ -278,6 +329,19 @@ def _ci(r: Dict[str, Any]) -> str:
     return f"{ci[0]:7.4f}..{ci[1]:<6.4f}" if ci else " " * 15
 
 
+def _clocks(states: Dict[str, List[Dict[str, Any]]]) -> str:
+    """Each arm's SM clock range and the runs with a clock event reason set ("" without NVML)."""
+    parts = []
+    for arm in ("plain", "watched"):
+        mhz = [st["sm_mhz"] for st in states.get(arm, []) if "sm_mhz" in st]
+        if mhz:
+            # (bit 0x1 is "GPU idle": a run's end follows a synchronize)
+            held = sum(1 for st in states[arm] if (st.get("clock_reasons") or 0) & ~1)
+            parts.append(f"{arm} SM {min(mhz)}..{max(mhz)} MHz, {held} of {len(mhz)} runs held back by a clock "
+                         "event reason other than idle")
+    return "; ".join(parts)
+
+
 def render(results: List[Dict[str, Any]]) -> str:
     head = (f"{'strategy':<9} {'plain ms':>9} {'watched ms':>10} {'ratio':>7} {'95% CI':>15} {'p25..p75':>15} "
             f"{'min..max':>15} {'pairs':>5} {'herr':>4} {'steps':>6} {'wall s':>6}  hooks saw")
@@ -292,6 +356,9 @@ def render(results: List[Dict[str, Any]]) -> str:
                     f"{'exact' if r['exact_steps'] else 'WRONG':>6} {r['wall_s']:6.1f}  {_saw(r.get('hooks_saw', {}))}")
         if "pipeline" in r:
             rows.append(f"{'':<9} pipeline: {r['pipeline']}")
+        clocks = _clocks(r.get("run_states") or {})
+        if clocks:
+            rows.append(f"{'':<9} {clocks}")
     return "\n".join(rows)
 
 

@@ -42,6 +42,9 @@ def test_cpu_smoke_runs_every_strategy_with_exact_steps_and_no_hook_errors(tmp_p
         assert len(s["plain_ms"]) == len(s["instrumented_ms"]) == PAIRS
         assert all(x > 0 for x in s["ratios"] + s["plain_ms"] + s["instrumented_ms"]), s
         assert s["ratio_min"] <= s["ratio_p25"] <= s["ratio_median_of_pairs"] <= s["ratio_p75"] <= s["ratio_max"]
+        # what each run ran under: the CPU it last ran on (no GPU here, so no NVML clocks)
+        assert [len(s["run_states"][k]) for k in ("plain", "watched")] == [PAIRS, PAIRS], s
+        assert all(isinstance(st.get("cpu"), int) for k in ("plain", "watched") for st in s["run_states"][k]), s
         lo, hi = s["ratio_median_ci95"]  # the median's bootstrap interval holds it, within the pairs' range
         assert s["ratio_min"] <= lo <= s["ratio_median_of_pairs"] <= hi <= s["ratio_max"], s
         assert s["hook_errors"] == 0, s
