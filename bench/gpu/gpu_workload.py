@@ -261,6 +261,13 @@ def median_ci95(values: List[float], resamples: int = 2000, seed: int = 0) -> Tu
     return meds[int(0.025 * resamples)], meds[min(resamples - 1, int(0.975 * resamples))]
 
 
+def ci_text(r: Dict[str, Any], width: int) -> str:
+    """``ratio_summary``'s median interval as ``lo..hi``, ``width`` characters (blank where the result
+    has none)."""
+    ci = r.get("ratio_median_ci95")
+    return f"{ci[0]:>{width - 8}.4f}..{ci[1]:<6.4f}" if ci else " " * width
+
+
 def ratio_summary(plain_s: List[float], watched_s: List[float]) -> Dict[str, Any]:
     """The per-pair ratios (watched / plain step time) of interleaved pairs: their median with its
     95% bootstrap interval, p25, p75, min and max, the ratio of the medians, and each arm's median

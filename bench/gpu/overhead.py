@@ -520,12 +520,6 @@ def _host_bound_long(a: argparse.Namespace, torch: Any, device: Any, url: str, o
     save()
 
 
-def _ci(r: Dict[str, Any]) -> str:
-    """The median ratio's 95% bootstrap interval, 16 wide (blank where the result has none)."""
-    ci = r.get("ratio_median_ci95")
-    return f"{ci[0]:>8.4f}..{ci[1]:<6.4f}" if ci else " " * 16
-
-
 def render(out: Dict[str, Any]) -> str:
     lines = [f"ranksight hooks overhead on {out['versions'].get('gpu', 'CPU')} "
              f"(torch {out['versions'].get('torch')}, driver {out['versions'].get('driver')})",
@@ -546,7 +540,7 @@ def render(out: Dict[str, Any]) -> str:
         if not r:
             continue
         lines.append(f"{key:<26}{r['plain_ms_median']:>10.3f}{r['instrumented_ms_median']:>10.3f}"
-                     f"{r['ratio_median_of_pairs']:>22.4f}{_ci(r)}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
+                     f"{r['ratio_median_of_pairs']:>22.4f}{W.ci_text(r, 16)}{r['ratio_p25']:>8.4f}..{r['ratio_p75']:<6.4f}"
                      f"{r['delta_us_per_step_median']:>10.1f}")
     for key in ("host_breakdown", "host_breakdown_fresh_events", "host_breakdown_torch_record",
                 "host_breakdown_every_step", "host_breakdown_sampled", "host_breakdown_tiny",

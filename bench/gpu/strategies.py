@@ -158,13 +158,13 @@ class RunState:
                 pynvml.nvmlInit()
                 self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
             except Exception:
-                self.nv = None
+                pass  # no NVML: no clocks
         try:
             import psutil
 
             self.proc = psutil.Process()
         except Exception:
-            self.proc = None
+            pass  # no psutil: no CPU number
 
     def read(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
@@ -323,12 +323,6 @@ def _saw(seen: Dict[str, Any]) -> str:
     return txt + (" +pipeline" if seen.get("pipeline") else "")
 
 
-def _ci(r: Dict[str, Any]) -> str:
-    """The median ratio's 95% bootstrap interval (blank where the result has none)."""
-    ci = r.get("ratio_median_ci95")
-    return f"{ci[0]:7.4f}..{ci[1]:<6.4f}" if ci else " " * 15
-
-
 def _clocks(states: Dict[str, List[Dict[str, Any]]]) -> str:
     """Each arm's SM clock range and the runs with a clock event reason set ("" without NVML)."""
     parts = []
@@ -351,7 +345,7 @@ def render(results: List[Dict[str, Any]]) -> str:
             rows.append(f"{r['strategy']:<9} skipped: {r['skipped']}")
             continue
         rows.append(f"{r['strategy']:<9} {r['plain_ms_median']:9.3f} {r['instrumented_ms_median']:10.3f} "
-                    f"{r['ratio_median_of_pairs']:7.4f} {_ci(r)} {r['ratio_p25']:7.4f}..{r['ratio_p75']:<6.4f} "
+                    f"{r['ratio_median_of_pairs']:7.4f} {W.ci_text(r, 15)} {r['ratio_p25']:7.4f}..{r['ratio_p75']:<6.4f} "
                     f"{r['ratio_min']:7.4f}..{r['ratio_max']:<6.4f} {r['pairs']:5d} {r['hook_errors']:4d} "
                     f"{'exact' if r['exact_steps'] else 'WRONG':>6} {r['wall_s']:6.1f}  {_saw(r.get('hooks_saw', {}))}")
         if "pipeline" in r:

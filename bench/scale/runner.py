@@ -122,6 +122,22 @@ def plan_window(now: float, hours: float, step: int, lead: int, future: int) -> 
     return t1 - length, length // step + 1, "2h"
 
 
+
+def write_partial(path: Optional[str], result: Dict[str, Any], before: str) -> None:
+    """``--partial``: the result so far, written at each phase, so a run cut at its time limit keeps
+    what it measured (``partial_before`` names the phase that had not finished)."""
+    if not path:
+        return
+    try:
+        Path(path).write_text(json.dumps(dict(result, partial_before=before), indent=1))
+    except OSError as e:
+        log.warning("scale: --partial %s: %s", path, e.strerror or e)
+
+
+def node_slices(nodes: int, parts: int) -> List[List[int]]:
+    """Nodes 0..nodes-1 in ``parts`` contiguous slices of near-equal size."""
+    return [list(range(i * nodes // parts, (i + 1) * nodes // parts)) for i in range(parts)]
+
 class Bench:
     def __init__(self, opts: Options):
         self.o = opts
@@ -133,11 +149,7 @@ class Bench:
     # -- helpers
     def _phase(self, name: str) -> None:
         log.info("scale: %s (%.0f s)", name, time.monotonic() - self.wall0)
-        if self.o.partial:
-            try:
-                Path(self.o.partial).write_text(json.dumps(dict(self.result, partial_before=name), indent=1))
-            except OSError as e:
-                log.warning("scale: --partial %s: %s", self.o.partial, e.strerror or e)
+        write_partial(self.o.partial, self.result, name)
 
     def _shm_dir(self, need: int) -> Optional[str]:
         try:
@@ -245,7 +257,7 @@ class Bench:
         # slices of at most ~2 GB of text, at least one per promtool process
         parts = o.parts or max(o.jobs, math.ceil(est_total / 2e9))
         parts = max(1, min(parts, o.nodes))
-        slices = [list(range(i * o.nodes // parts, (i + 1) * o.nodes // parts)) for i in range(parts)]
+        slices = node_slices(o.nodes, parts)
         est_part = est_total // parts
         om_root = self._shm_dir(est_part * (o.jobs + 1)) or str(base)
         om_dir = Path(tempfile.mkdtemp(prefix="ranksight-scale-om-", dir=om_root))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
-import json
 import logging
 import multiprocessing
 import re
@@ -39,7 +38,7 @@ from ranksight.tools import vmstack
 
 from .generator import Generator
 from .queries import dashboard_queries, substituted_queries
-from .runner import Options
+from .runner import Options, node_slices, write_partial
 from .scenario import Scenario, default_stragglers, shape_for
 from .server import BenchError, Prometheus, run_checked, tool_version
 
@@ -124,7 +123,7 @@ class VMBench:
         (generation is Python, one core a worker; the store ingests the POSTs in parallel)."""
         t0 = time.monotonic()
         jobs = max(1, min(self.o.jobs, scn.nodes))
-        slices = [list(range(i * scn.nodes // jobs, (i + 1) * scn.nodes // jobs)) for i in range(jobs)]
+        slices = node_slices(scn.nodes, jobs)
         samples = sent = 0
         if jobs == 1:
             samples, sent = _import_slice(url, scn, slices[0])
@@ -203,16 +202,15 @@ class VMBench:
                                 "rows_ignored": int(_sum(m, "vm_rows_ignored_total"))}
 
     def _phase(self, name: str, url: str, store: Proc) -> None:
-        """Log the phase; with ``--partial``, write the result so far and the store's figures now
-        (a run cut at its time limit keeps what it measured)."""
+        """Log the phase; with ``--partial``, the result so far with the store's figures now."""
         log.info("scale: %s (%.0f s)", name, time.monotonic() - self.t_start)
         if not self.o.partial:
             return
         try:
             self._store_stats(url, store)
-            Path(self.o.partial).write_text(json.dumps(dict(self.result, partial_before=name), indent=1))
-        except (OSError, ValueError) as e:
-            log.warning("scale: --partial %s: %s", self.o.partial, getattr(e, "strerror", None) or e)
+        except (OSError, ValueError) as e:  # the store's metrics unreadable: the result without them
+            log.warning("scale: the store's figures: %s", getattr(e, "strerror", None) or e)
+        write_partial(self.o.partial, self.result, name)
 
     def _replay(self, url: str, scn: Scenario, rules: Path, base: Path) -> None:
         """``vmalert -replay`` one recording group at a time, in the file's order (a group reads
