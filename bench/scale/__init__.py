@@ -32,8 +32,9 @@ Generation is plain Python: each family's value sequences are computed once per
 
 The package: scenario.py (shape and label values), model.py (the job model), generator.py
 (OpenMetrics), server.py (Prometheus and promtool), queries.py (rules and dashboard queries),
-runner.py (the run) and cli.py (arguments, report, entry point); live.py serves the series to
-live scrapers, vm.py runs the scenario in the VictoriaMetrics layout (``--engine victoriametrics``).
+common.py (what both engines' runs share), runner.py (the run) and cli.py (arguments, report,
+entry point); live.py serves the series to live scrapers, vm.py runs the scenario in the
+VictoriaMetrics layout (``--engine victoriametrics``).
 """
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ import math
 import multiprocessing
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -26,25 +25,11 @@ from .scenario import (BACKFILL_CPU_S_PER_SAMPLE, PROMETHEUS, PROMTOOL, Scenario
                        TARGET_RULE_GROUP_S, TARGET_SERIES_PER_NODE, default_stragglers, node_name, shape_for)
 from .generator import Counts, Generator, series_per_node
 from .server import BenchError, Prometheus, run_checked, tool_version
+from .common import kill_tree, node_slices, percentile, plan_window, write_partial
 from .queries import (Query, dashboard_queries, expand_recording_rules, load_queries_file, rules_text,
                       split_rule_file, substituted_queries)
 
 log = logging.getLogger(__name__)
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and its descendants (our own workers and the promtool they run)."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            kids = [int(x) for x in f.read().split()]
-    except (OSError, ValueError):
-        kids = []
-    for k in kids:
-        _kill_tree(k)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def _backfill_slice(promtool: str, scn: Scenario, nodes: Sequence[int], om_path: str, out_dir: str, block: str,
@@ -95,48 +80,6 @@ class Options:
     partial: Optional[str] = None  # write the result so far here at every phase (a cut run keeps it)
     seed: int = 9
 
-
-def _percentile(xs: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
-    return s[k]
-
-
-def plan_window(now: float, hours: float, step: int, lead: int, future: int) -> Tuple[int, int, str]:
-    """(t0, samples, block duration for promtool): the measured hour ends `future` seconds
-    from now (so the live rule evaluation still has data), the data starts `lead` earlier
-    (rate windows), and the whole window sits in one aligned promtool block, so promtool
-    reads its input twice, not three times."""
-    length = int(hours * 3600) + lead
-    for block_h in (2, 6, 18, 54):
-        bd = block_h * 3600
-        for shift in range(0, future // 5 + 1, step):
-            t1 = (int(now) + future - shift) // step * step
-            t0 = t1 - length
-            if t0 // bd == t1 // bd:
-                return t0, length // step + 1, f"{block_h}h"
-    t1 = (int(now) + future) // step * step
-    return t1 - length, length // step + 1, "2h"
-
-
-
-def write_partial(path: Optional[str], result: Dict[str, Any], before: str) -> None:
-    """``--partial``: the result so far, written at each phase, so a run cut at its time limit keeps
-    what it measured (``partial_before`` names the phase that had not finished)."""
-    if not path:
-        return
-    try:
-        Path(path).write_text(json.dumps(dict(result, partial_before=before), indent=1))
-    except OSError as e:
-        log.warning("scale: --partial %s: %s", path, e.strerror or e)
-
-
-def node_slices(nodes: int, parts: int) -> List[List[int]]:
-    """Nodes 0..nodes-1 in ``parts`` contiguous slices of near-equal size."""
-    return [list(range(i * nodes // parts, (i + 1) * nodes // parts)) for i in range(parts)]
 
 class Bench:
     def __init__(self, opts: Options):
@@ -281,7 +224,7 @@ class Bench:
                     gen_s += g
             except BaseException:  # a failed slice, or killed: stop the other workers and their promtool
                 for pid in list(getattr(pool, "_processes", {}) or {}):
-                    _kill_tree(pid)
+                    kill_tree(pid)
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
             pool.shutdown(wait=True)
@@ -544,7 +487,7 @@ class Bench:
         return {
             "source": src, "count": len(items), "step_seconds": o.step, "rate_interval": rate_interval,
             "range_seconds": q_end - q_start, "repeat": repeat,
-            "p50_seconds": round(_percentile(meds, 50), 4), "p99_seconds": round(_percentile(meds, 99), 4),
+            "p50_seconds": round(percentile(meds, 50), 4), "p99_seconds": round(percentile(meds, 99), 4),
             "max_seconds": round(max(meds), 4) if meds else None,
             "slowest": slowest,
             "over_target": [{"panel": it["panel"], "dashboard": it["dashboard"], "seconds": it["seconds"]}

@@ -38,7 +38,8 @@ from ranksight.tools import vmstack
 
 from .generator import Generator
 from .queries import dashboard_queries, substituted_queries
-from .runner import Options, node_slices, write_partial
+from .common import node_slices, write_partial
+from .runner import Options
 from .scenario import Scenario, default_stragglers, shape_for
 from .server import BenchError, Prometheus, run_checked, tool_version
 
