@@ -110,8 +110,9 @@ def _group_free(rules: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def victoriametrics(text: str) -> str:
-    """The rule file ``text`` (``ranksight-rules.yml``) for vmalert: see the module doc."""
+def victoriametrics(text: str, concurrency: int = GROUP_CONCURRENCY) -> str:
+    """The rule file ``text`` (``ranksight-rules.yml``) for vmalert: see the module doc.
+    ``concurrency``: the most rules of a group evaluated at once; 0, all of them."""
     head = "".join(ln + "\n" for ln in text.splitlines() if ln.startswith("#"))
     doc = yaml.safe_load(text) or {}
     groups = []
@@ -119,7 +120,7 @@ def victoriametrics(text: str) -> str:
         rules = _group_free(g.get("rules") or [])
         group = {**g, "rules": rules}
         if len(rules) > 1:  # no rule needs another's result of the same evaluation (above): run them at once
-            group["concurrency"] = min(len(rules), GROUP_CONCURRENCY)
+            group["concurrency"] = min(len(rules), concurrency) if concurrency > 0 else len(rules)
         groups.append(group)
     body = yaml.safe_dump({"groups": groups}, sort_keys=False, default_flow_style=False, width=100000,
                           allow_unicode=True)

@@ -45,6 +45,20 @@ def _hours(s: str) -> float:
     return v
 
 
+def _concurrency_list(s: str) -> tuple:
+    out = []
+    for part in s.split(","):
+        part = part.strip()
+        try:
+            v = 0 if part == "all" else int(part)
+        except ValueError:
+            v = -1
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"expected whole numbers >= 1 or 'all', comma-separated, got {s!r}")
+        out.append(v)
+    return tuple(dict.fromkeys(out))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=_pos_int, default=1024, help="nodes (default 1024)")
     p.add_argument("--gpus", type=_pos_int, default=8, help="GPUs per node (default 8)")
@@ -93,6 +107,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the records backfilled by vmalert -replay, the same dashboard queries timed against the "
                         "store, each group's evaluation from vmalert's metrics, dropped samples, the store's RSS and "
                         "disk (bench/scale/vm.py)")
+    p.add_argument("--concurrency", type=_concurrency_list, default=(), metavar="LIST",
+                   help="with --engine victoriametrics: run the live evaluation once per value of the rule "
+                        "groups' concurrency (e.g. 4,all: at most 4 rules of a group at once, then all of "
+                        "them), interleaved on the same data, and report each group's median per value "
+                        "(default: the rule file's own)")
+    p.add_argument("--concurrency-rounds", type=_pos_int, default=2, metavar="N",
+                   help="rounds of the --concurrency live evaluations (default 2)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -147,7 +168,10 @@ def run(args: argparse.Namespace) -> int:
                    rules_file=args.rules, queries_file=args.queries,
                    baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
                    promtool=args.promtool, query_timeout=args.query_timeout, future=args.future,
-                   reuse=args.reuse, partial=args.partial)
+                   reuse=args.reuse, partial=args.partial, concurrency=args.concurrency,
+                   concurrency_rounds=args.concurrency_rounds)
+    if args.concurrency and args.engine != "victoriametrics":
+        return error("--concurrency needs --engine victoriametrics (Prometheus evaluates a group's rules in order)")
     if args.engine == "victoriametrics":
         from .vm import VMBench, report as vm_report
         vm = VMBench(opts)

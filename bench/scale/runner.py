@@ -78,6 +78,10 @@ class Options:
     future: int = 0  # seconds the data reaches past now; 0: the expected generation + backfill time
     reuse: Optional[str] = None  # a --keep directory: skip generation, backfill only missing rules
     partial: Optional[str] = None  # write the result so far here at every phase (a cut run keeps it)
+    # --engine victoriametrics: the live evaluation once per value of the groups' concurrency (0: all
+    # of a group's rules at once), interleaved, in concurrency_rounds rounds; empty: the rule file's
+    concurrency: Tuple[int, ...] = ()
+    concurrency_rounds: int = 2
     seed: int = 9
 
 

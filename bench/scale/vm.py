@@ -9,7 +9,11 @@ layout (docs/SCALING.md), reporting the same figures as the Prometheus run.
 3. Times every dashboard query against the store (its Prometheus query API), interleaved rounds,
    the median of each; p50/p99 and the slowest, per query.
 4. Runs vmalert live against the store for a few evaluations of every group and reads each group's
-   evaluation duration from vmalert's own metrics (``vmalert_iteration_duration_seconds``).
+   evaluation duration from vmalert's own metrics (``vmalert_iteration_duration_seconds``). It
+   evaluates back in time (``-datasource.lookback``), over the data's last minutes, so each rule
+   reads windows as full as at the data's end however long the import and backfill took. With
+   ``--concurrency``, once per value of the groups' ``concurrency``, interleaved in rounds on the
+   same data, each group's medians kept per value (``rules_by_concurrency``).
 5. Reports dropped samples (rows the store ignored, rows vmalert failed to write), the store's RSS
    (peak too) and its data size on disk.
 """
@@ -21,6 +25,7 @@ import logging
 import multiprocessing
 import re
 import shutil
+import statistics
 import tempfile
 import time
 import urllib.request
@@ -146,15 +151,21 @@ class VMBench:
                 servers.find_binary(name)
             except servers.MissingBinary as e:
                 raise BenchError(str(e)) from None
-        samples = int(o.hours * 3600) // o.step + 1
+        shape = shape_for(o.design, o.gpus, o.ranks_per_node)
+        # the data starts a rate window (and a minute) before the queried hours, as the Prometheus
+        # run's does, and ends now; the live evaluation reads it back in time (_live_rules)
+        lead = max(int(rconfig.duration_seconds(self.cfg["windows"]["rate"])), 60) + 60
+        samples = (int(o.hours * 3600) + lead) // o.step + 1
         end = int(time.time()) // o.step * o.step
         dl = o.nodes // 2 if o.nodes > 1 else 0
-        scn = Scenario(nodes=o.nodes, shape=shape_for(o.design, o.gpus, o.ranks_per_node), t0=end - (samples - 1) * o.step,
+        scn = Scenario(nodes=o.nodes, shape=shape, t0=end - (samples - 1) * o.step,
                        samples=samples, step=o.step, dataloader_node=dl,
                        stragglers=tuple(r for r in default_stragglers(o.nodes, o.ranks_per_node)
                                         if r // o.ranks_per_node != dl))
+        self.scn = scn
         self.result["scenario"] = {"nodes": o.nodes, "gpus_per_node": o.gpus, "ranks": scn.ranks, "hours": o.hours,
-                                   "step_seconds": o.step, "design": o.design}
+                                   "step_seconds": o.step, "design": o.design, "data_start": scn.t0,
+                                   "data_end": scn.t_end}
         base = Path(o.keep) if o.keep else Path(tempfile.mkdtemp(prefix="ranksight-scale-vm-", dir=o.workdir))
         base.mkdir(parents=True, exist_ok=True)
         try:
@@ -181,7 +192,8 @@ class VMBench:
             self._phase("import", url, store)
             self.result["import"] = self._import(url, scn)
             rules = base / "rules.yml"
-            rules.write_text(engines.victoriametrics(generate.render_rules(self.cfg)))
+            text = generate.render_rules(self.cfg)
+            rules.write_text(engines.victoriametrics(text))
             self._phase("backfill", url, store)
             t0 = time.monotonic()
             self._replay(url, scn, rules, base)
@@ -189,7 +201,10 @@ class VMBench:
             self._phase("queries", url, store)
             self._queries(url, scn)
             self._phase("live rules", url, store)
-            self._live_rules(url, rules, base)
+            if o.concurrency:
+                self._live_by_concurrency(url, text, base)
+            else:
+                self.result["rules"] = self._live_rules(url, rules, base)
             self._store_stats(url, store)
         finally:
             store.stop()
@@ -217,12 +232,13 @@ class VMBench:
         """``vmalert -replay`` one recording group at a time, in the file's order (a group reads
         only the groups before it), the store flushed after each so the next one reads it."""
         iso = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+        start = scn.t_end - int(self.o.hours * 3600) - 4 * self.o.step  # the queried hours (as the Prometheus run)
         groups = [g for g in yaml.safe_load(rules.read_text())["groups"] if all("record" in r for r in g["rules"])]
         for i, group in enumerate(groups):
             one = base / f"replay-{i:02d}.yml"
             one.write_text(yaml.safe_dump({"groups": [group]}, sort_keys=False, width=100000))
             run_checked([servers.find_binary("vmalert"), f"-rule={one}", f"-datasource.url={url}",
-                         f"-remoteWrite.url={url}", f"-replay.timeFrom={iso(scn.t0)}", f"-replay.timeTo={iso(scn.t_end)}",
+                         f"-remoteWrite.url={url}", f"-replay.timeFrom={iso(start)}", f"-replay.timeTo={iso(scn.t_end)}",
                          "-replay.disableProgressBar", f"-evaluationInterval={self.o.step}s", "-loggerLevel=WARN",
                          # the range queries' step (its default, 5m, would record one point in 5 minutes)
                          f"-datasource.queryStep={self.o.step}s",
@@ -245,21 +261,51 @@ class VMBench:
         self.result["queries"] = Bench._time_set(timer, _Store(url, o.query_timeout), exprs,
                                                  dashboard_queries(self.cfg)[1], o.repeat, q_start, q_end)
 
-    def _live_rules(self, url: str, rules: Path, base: Path) -> None:
-        """vmalert live against the store; each group's evaluation duration from its metrics."""
+    def _live_by_concurrency(self, url: str, text: str, base: Path) -> None:
+        """The live evaluation once per ``--concurrency`` value, interleaved in rounds; ``rules`` is the
+        first value's first round, ``rules_by_concurrency`` each value's rounds and, per group, the
+        median of their medians and the largest max."""
+        o = self.o
+        paths = {}
+        for c in o.concurrency:
+            paths[c] = base / f"rules-concurrency-{c or 'all'}.yml"
+            paths[c].write_text(engines.victoriametrics(text, c))
+        runs: Dict[int, List[Dict[str, Any]]] = {c: [] for c in o.concurrency}
+        for rnd in range(o.concurrency_rounds):
+            for c in (o.concurrency if rnd % 2 == 0 else o.concurrency[::-1]):  # ABBA: no order bias
+                log.info("scale: live rules, concurrency %s, round %d", c or "all", rnd + 1)
+                runs[c].append(self._live_rules(url, paths[c], base, minute_groups_twice=True))
+                write_partial(o.partial, dict(self.result, rules_by_concurrency=_by_concurrency(runs)), "live rules")
+        self.result["rules"] = runs[o.concurrency[0]][0]
+        self.result["rules_by_concurrency"] = _by_concurrency(runs)
+
+    def _live_rules(self, url: str, rules: Path, base: Path, minute_groups_twice: bool = False) -> Dict[str, Any]:
+        """vmalert live against the store; each group's evaluation duration from its metrics. The
+        groups with their own (longer) interval need one evaluation; with ``minute_groups_twice``
+        those of up to a minute need as many as the others.
+
+        The data ended when the run started, minutes ago. vmalert evaluates at now minus
+        ``-datasource.lookback``, set so that its evaluations run over the data's last ``budget``
+        seconds (the run's longest wait): every window the rules read is as full as at the data's
+        end, and each run of a ``--concurrency`` comparison reads the same stretch of data."""
         o = self.o
         port = free_port()
         va_url = f"http://127.0.0.1:{port}"
-        proc = Proc(vmstack.vmalert_argv(servers.find_binary("vmalert"), str(rules), url, "http://127.0.0.1:1",
-                                         f"127.0.0.1:{port}", f"{o.step}s", va_url), base / "vmalert.log", name="vmalert")
+        budget = max(o.rule_evals, 1) * o.step * 3 + 120
+        lookback = int(time.time() - self.scn.t_end) + budget
+        argv = vmstack.vmalert_argv(servers.find_binary("vmalert"), str(rules), url, "http://127.0.0.1:1",
+                                    f"127.0.0.1:{port}", f"{o.step}s", va_url)
+        proc = Proc(argv + [f"-datasource.lookback={lookback}s"], base / "vmalert.log", name="vmalert")
         proc.start()
         try:
             ok, code = wait_http(f"{va_url}/health", 60, proc.popen)
             if not ok:
                 raise BenchError(f"vmalert did not start (exit {code}): {servers.error_line(base / 'vmalert.log')}")
-            deadline = time.monotonic() + max(o.rule_evals, 1) * o.step * 3 + 120
-            # groups slower than the base interval: one evaluation suffices
-            slow = {g["name"] for g in yaml.safe_load(rules.read_text())["groups"] if g.get("interval")}
+            deadline = time.monotonic() + budget
+            # groups with a longer interval than `most` seconds: one evaluation suffices
+            most = 60 if minute_groups_twice else o.step
+            slow = {g["name"] for g in yaml.safe_load(rules.read_text())["groups"]
+                    if g.get("interval") and rconfig.duration_seconds(g["interval"]) > most}
             groups: Dict[str, Dict[str, Any]] = {}
             while time.monotonic() < deadline:
                 m = _metrics(va_url)
@@ -283,17 +329,46 @@ class VMBench:
                                   for n, d in groups.items()):
                     break
                 time.sleep(1.0)
-            dropped = int(_sum(_metrics(va_url), "vmalert_remotewrite_dropped_rows_total"))
+            m = _metrics(va_url)
+            dropped = int(_sum(m, "vmalert_remotewrite_dropped_rows_total"))
+            # what the recording rules wrote at their last evaluation: rules over windows the data
+            # no longer reaches write nothing, and cost nothing
+            written = int(_sum(m, "vmalert_recording_rules_last_evaluation_samples"))
         finally:
             proc.stop()
+        left = self.scn.t_end - (time.time() - lookback)  # the data past the last evaluation's time
+        if left < -rconfig.duration_seconds(self.cfg["windows"]["rate"]) / 2:  # (vmalert outlived its budget)
+            log.warning("scale: the live evaluation read %.0f s past the data's end; rule times understate", -left)
+            self.result["rules_warning"] = f"the live evaluation read {-left:.0f} s past the data's end"
         for d in groups.values():
             n, s = d.pop("evaluations", 0), d.pop("seconds_sum", 0.0)
             d["evaluations"] = n
             d.setdefault("evaluation_seconds_median", round(s / n, 4) if n else None)
             d.setdefault("evaluation_seconds_max", d["evaluation_seconds_median"])
         worst = max((d.get("evaluation_seconds_max") or 0.0 for d in groups.values()), default=0.0)
-        self.result["rules"] = {"groups": sorted(groups.values(), key=lambda d: d["name"]),
-                                "max_group_seconds": worst, "vmalert_dropped_rows": dropped}
+        return {"groups": sorted(groups.values(), key=lambda d: d["name"]), "max_group_seconds": worst,
+                "vmalert_dropped_rows": dropped, "records_last_evaluation_samples": written,
+                "lookback_seconds": lookback, "data_left_seconds": round(left, 1)}
+
+
+def _by_concurrency(runs: Dict[int, List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Per ``--concurrency`` value ("all" for 0): its rounds, and per group the median of the rounds'
+    medians and the largest max."""
+    out: Dict[str, Any] = {}
+    for c, rounds in runs.items():
+        per: Dict[str, Dict[str, List[float]]] = {}
+        for r in rounds:
+            for g in r["groups"]:
+                d = per.setdefault(g["name"], {"medians": [], "maxes": []})
+                if g.get("evaluation_seconds_median") is not None:
+                    d["medians"].append(g["evaluation_seconds_median"])
+                    d["maxes"].append(g["evaluation_seconds_max"])
+        out[str(c or "all")] = {
+            "rounds": rounds,
+            "groups": {n: {"median": round(statistics.median(d["medians"]), 4) if d["medians"] else None,
+                           "max": max(d["maxes"], default=None), "round_medians": d["medians"]}
+                       for n, d in sorted(per.items())}}
+    return out
 
 
 def report(r: Dict[str, Any]) -> str:
@@ -308,6 +383,20 @@ def report(r: Dict[str, Any]) -> str:
         lines.append(f"rule group {g['name']}: evaluation median {g['evaluation_seconds_median']} s, max "
                      f"{g['evaluation_seconds_max']} s ({g['evaluations']} evaluations, "
                      f"{g.get('iterations_missed', 0)} missed)")
+    by = r.get("rules_by_concurrency")
+    if by:
+        keys = list(by)
+        lines.append("rule groups by concurrency, median of the rounds' medians / largest max, s: "
+                     + ", ".join(f"concurrency {k} ({len(by[k]['rounds'])} rounds)" for k in keys))
+        for name in sorted({n for k in keys for n in by[k]["groups"]}):
+            cells = []
+            for k in keys:
+                g = by[k]["groups"].get(name) or {}
+                cells.append(f"{g.get('median')} / {g.get('max')}")
+            lines.append(f"  {name:40s} " + "   ".join(f"{c:>16s}" for c in cells))
+    lines.append(f"live evaluation: the recording rules wrote {ru.get('records_last_evaluation_samples')} samples at "
+                 f"their last evaluation, {ru.get('data_left_seconds')} s of data before its end"
+                 + (f"; {r['rules_warning']}" if r.get("rules_warning") else ""))
     lines.append(f"dropped samples: store ignored {st['rows_ignored']} rows, vmalert dropped {ru['vmalert_dropped_rows']}")
     lines.append(f"store: RSS {binary_bytes(st['rss_bytes'])} (peak {binary_bytes(st['rss_peak_bytes'])}), "
                  f"disk {binary_bytes(st['disk_bytes'])}; import {r['import']['samples']:,} samples in "

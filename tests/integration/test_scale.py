@@ -230,7 +230,8 @@ def test_end_to_end_small_run_backfills_and_times_every_query(tmp_path):
 
 def test_bad_usage_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "x").write_text("")
-    for args in (["--nodes", "0"], ["--step", "fast"], ["--ranks-per-node", "9"], ["--keep", str(tmp_path)]):
+    for args in (["--nodes", "0"], ["--step", "fast"], ["--ranks-per-node", "9"], ["--keep", str(tmp_path)],
+                 ["--concurrency", "4,x"], ["--concurrency", "4"]):
         out = subprocess.run([sys.executable, "-m", "ranksight", "bench", "scale", *args],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 2, (args, out.stderr)
@@ -266,3 +267,7 @@ def test_victoriametrics_engine_reports_the_same_figures(tmp_path):
     assert r["store"]["rows_ignored"] == 0 and r["rules"]["vmalert_dropped_rows"] == 0
     assert r["store"]["rss_bytes"] > 0 and r["store"]["disk_bytes"] > 0
     assert r["import"]["samples"] > 0
+    # the data reached past the live evaluation, so its rules read full windows and wrote records
+    assert r["rules"]["data_left_seconds"] > 0 and "rules_warning" not in r, r["rules"]
+    assert r["rules"]["records_last_evaluation_samples"] > 0
+    assert r["scenario"]["data_end"] - r["scenario"]["data_start"] > 3 * 60  # the queried hours and a lead

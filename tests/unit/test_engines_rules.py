@@ -53,6 +53,14 @@ def test_vmalert_rules_read_no_result_of_their_own_evaluation(both):
     assert rewritten >= 20  # the baseline, goodput, rank, job, rank-state, efficiency, histogram and NIC chains
 
 
+def test_concurrency_caps_each_group_or_takes_all_its_rules():
+    text = generate.render_rules(config.load(None, "default", env={}))
+    for c, want in ((2, lambda n: min(n, 2)), (0, lambda n: n)):
+        for g in yaml.safe_load(engines.victoriametrics(text, c))["groups"]:
+            n = len(g["rules"])
+            assert g.get("concurrency") == (want(n) if n > 1 else None), (c, g["name"])
+
+
 def test_baseline_history_keeps_this_evaluations_value():
     rules = [{"record": "job:a:avg", "expr": "avg_over_time(job:x:rate[1h])"},
              {"record": "job:a:baseline", "expr": "min_over_time(job:a:avg[7d])"},
