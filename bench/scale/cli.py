@@ -114,6 +114,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: the rule file's own)")
     p.add_argument("--concurrency-rounds", type=_pos_int, default=2, metavar="N",
                    help="rounds of the --concurrency live evaluations (default 2)")
+    p.add_argument("--rule-costs", type=int, default=0, metavar="N",
+                   help="with --engine victoriametrics: before the live evaluation, time each rule's expression "
+                        "alone as an instant query at the data's end, N times (the median), and report each "
+                        "group's sum and its costliest rules (default 0: not)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -169,9 +173,11 @@ def run(args: argparse.Namespace) -> int:
                    baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
                    promtool=args.promtool, query_timeout=args.query_timeout, future=args.future,
                    reuse=args.reuse, partial=args.partial, concurrency=args.concurrency,
-                   concurrency_rounds=args.concurrency_rounds)
+                   concurrency_rounds=args.concurrency_rounds, rule_costs=max(0, args.rule_costs))
     if args.concurrency and args.engine != "victoriametrics":
         return error("--concurrency needs --engine victoriametrics (Prometheus evaluates a group's rules in order)")
+    if args.rule_costs and args.engine != "victoriametrics":
+        return error("--rule-costs needs --engine victoriametrics")
     if args.engine == "victoriametrics":
         from .vm import VMBench, report as vm_report
         vm = VMBench(opts)

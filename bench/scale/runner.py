@@ -82,6 +82,7 @@ class Options:
     # of a group's rules at once), interleaved, in concurrency_rounds rounds; empty: the rule file's
     concurrency: Tuple[int, ...] = ()
     concurrency_rounds: int = 2
+    rule_costs: int = 0  # --engine victoriametrics: time each rule alone, this many times (0: not)
     seed: int = 9
 
 
