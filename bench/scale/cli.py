@@ -94,7 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default: the expected generation + backfill time; raise it on a busy machine")
     p.add_argument("--reuse", metavar="DIR", default=None,
                    help="a --keep directory of an earlier run: skip generation and backfill, backfill only "
-                        "the recording rules it lacks, then measure (iterate on rules and dashboards at scale)")
+                        "the recording rules it lacks, then measure (iterate on rules and dashboards at scale); "
+                        "with --engine victoriametrics, its store as it is: the queries and the live evaluation "
+                        "again (e.g. with --concurrency)")
     p.add_argument("--query-timeout", type=_pos_int, default=120, metavar="SECONDS",
                    help="Prometheus --query.timeout for the measured queries (default 120, Prometheus' own)")
     p.add_argument("--prometheus", metavar="PATH", default=PROMETHEUS, help=f"Prometheus binary (default {PROMETHEUS})")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
+import json
 import logging
 import multiprocessing
 import re
@@ -51,6 +52,7 @@ from .server import BenchError, Prometheus, run_checked, tool_version
 log = logging.getLogger(__name__)
 
 IMPORT_CHUNK = 8 << 20  # bytes a POST to /api/v1/import/prometheus
+SCENARIO_FILE = "scenario.json"  # in a --keep directory: the scenario --reuse measures again
 
 
 def _import_slice(url: str, scn: Scenario, nodes: List[int]) -> Tuple[int, int]:
@@ -151,27 +153,45 @@ class VMBench:
                 servers.find_binary(name)
             except servers.MissingBinary as e:
                 raise BenchError(str(e)) from None
+        if o.reuse:  # a --keep run's store: its scenario, no import and no backfill
+            try:
+                sc = json.loads((Path(o.reuse) / SCENARIO_FILE).read_text())
+                o.nodes, o.gpus, o.ranks_per_node = sc["nodes"], sc["gpus_per_node"], sc["ranks_per_node"]
+                o.hours, o.step, o.design = sc["hours"], sc["step_seconds"], sc["design"]
+                end, t0 = int(sc["data_end"]), int(sc["data_start"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise BenchError(f"--reuse {o.reuse}: no {SCENARIO_FILE} of a --engine victoriametrics --keep run: "
+                                 f"{getattr(e, 'strerror', None) or e}") from None
         shape = shape_for(o.design, o.gpus, o.ranks_per_node)
         # the data starts a rate window (and a minute) before the queried hours, as the Prometheus
         # run's does, and ends now; the live evaluation reads it back in time (_live_rules)
         lead = max(int(rconfig.duration_seconds(self.cfg["windows"]["rate"])), 60) + 60
         samples = (int(o.hours * 3600) + lead) // o.step + 1
-        end = int(time.time()) // o.step * o.step
+        if o.reuse:
+            samples = (end - t0) // o.step + 1
+        else:
+            end = int(time.time()) // o.step * o.step
         dl = o.nodes // 2 if o.nodes > 1 else 0
         scn = Scenario(nodes=o.nodes, shape=shape, t0=end - (samples - 1) * o.step,
                        samples=samples, step=o.step, dataloader_node=dl,
                        stragglers=tuple(r for r in default_stragglers(o.nodes, o.ranks_per_node)
                                         if r // o.ranks_per_node != dl))
         self.scn = scn
-        self.result["scenario"] = {"nodes": o.nodes, "gpus_per_node": o.gpus, "ranks": scn.ranks, "hours": o.hours,
-                                   "step_seconds": o.step, "design": o.design, "data_start": scn.t0,
-                                   "data_end": scn.t_end}
-        base = Path(o.keep) if o.keep else Path(tempfile.mkdtemp(prefix="ranksight-scale-vm-", dir=o.workdir))
-        base.mkdir(parents=True, exist_ok=True)
+        self.result["scenario"] = {"nodes": o.nodes, "gpus_per_node": o.gpus, "ranks_per_node": o.ranks_per_node,
+                                   "ranks": scn.ranks, "hours": o.hours, "step_seconds": o.step, "design": o.design,
+                                   "data_start": scn.t0, "data_end": scn.t_end}
+        keep = o.keep or o.reuse
+        base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="ranksight-scale-vm-", dir=o.workdir))
+        if o.keep and not o.reuse:
+            if base.exists() and any(base.iterdir()):
+                raise BenchError(f"--keep {base}: directory exists and is not empty")
+            base.mkdir(parents=True, exist_ok=True)
         try:
             self._run(scn, base)
+            if o.keep and not o.reuse:  # what --reuse reads: written once the store holds the records
+                (base / SCENARIO_FILE).write_text(json.dumps(self.result["scenario"], indent=1))
         finally:
-            if not o.keep:
+            if not keep:
                 shutil.rmtree(base, ignore_errors=True)
         self.result["wall_seconds"] = round(time.monotonic() - t_start, 1)
         return self.result
@@ -189,15 +209,18 @@ class VMBench:
                 raise BenchError(f"victoria-metrics did not start (exit {code}): {servers.error_line(base / 'store.log')}")
             self.result["versions"] = {"victoria-metrics": tool_version(servers.find_binary("victoria-metrics")),
                                        "vmalert": tool_version(servers.find_binary("vmalert"))}
-            self._phase("import", url, store)
-            self.result["import"] = self._import(url, scn)
             rules = base / "rules.yml"
             text = generate.render_rules(self.cfg)
             rules.write_text(engines.victoriametrics(text))
-            self._phase("backfill", url, store)
-            t0 = time.monotonic()
-            self._replay(url, scn, rules, base)
-            self.result["backfill"] = {"rules_seconds": round(time.monotonic() - t0, 2)}
+            if o.reuse:  # the kept store already holds the data and the backfilled records
+                self.result["import"] = self.result["backfill"] = {"reused": str(base)}
+            else:
+                self._phase("import", url, store)
+                self.result["import"] = self._import(url, scn)
+                self._phase("backfill", url, store)
+                t0 = time.monotonic()
+                self._replay(url, scn, rules, base)
+                self.result["backfill"] = {"rules_seconds": round(time.monotonic() - t0, 2)}
             self._phase("queries", url, store)
             self._queries(url, scn)
             if o.rule_costs:
@@ -429,6 +452,9 @@ def report(r: Dict[str, Any]) -> str:
                  + (f"; {r['rules_warning']}" if r.get("rules_warning") else ""))
     lines.append(f"dropped samples: store ignored {st['rows_ignored']} rows, vmalert dropped {ru['vmalert_dropped_rows']}")
     lines.append(f"store: RSS {binary_bytes(st['rss_bytes'])} (peak {binary_bytes(st['rss_peak_bytes'])}), "
-                 f"disk {binary_bytes(st['disk_bytes'])}; import {r['import']['samples']:,} samples in "
-                 f"{r['import']['seconds']} s, rules backfill {r['backfill']['rules_seconds']} s; total {r['wall_seconds']} s")
+                 f"disk {binary_bytes(st['disk_bytes'])}; "
+                 + (f"the store of {r['import']['reused']} reused" if "reused" in r["import"] else
+                    f"import {r['import']['samples']:,} samples in {r['import']['seconds']} s, rules backfill "
+                    f"{r['backfill']['rules_seconds']} s")
+                 + f"; total {r['wall_seconds']} s")
     return "\n".join(lines)

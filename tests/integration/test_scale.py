@@ -247,9 +247,10 @@ def test_victoriametrics_engine_reports_the_same_figures(tmp_path):
             pytest.skip(f"--engine victoriametrics needs its binaries: {e}")
     cfg = tmp_path / "ranksight.yml"
     cfg.write_text("durations:\n  slow_rule_interval: 10s\n  baseline_rule_interval: 10s\n")
+    keep = tmp_path / "kept"
     cmd = [sys.executable, "-m", "ranksight", "bench", "scale", "--engine", "victoriametrics", "--nodes", "2",
            "--gpus", "2", "--ranks-per-node", "2", "--hours", "3m", "--step", "5s", "--repeat", "1",
-           "--rule-evals", "2", "--config", str(cfg), "--json"]
+           "--rule-evals", "2", "--config", str(cfg), "--keep", str(keep), "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
@@ -271,3 +272,22 @@ def test_victoriametrics_engine_reports_the_same_figures(tmp_path):
     assert r["rules"]["data_left_seconds"] > 0 and "rules_warning" not in r, r["rules"]
     assert r["rules"]["records_last_evaluation_samples"] > 0
     assert r["scenario"]["data_end"] - r["scenario"]["data_start"] > 3 * 60  # the queried hours and a lead
+
+    # the kept store measured again, once per concurrency, each rule's cost alone too
+    again = [sys.executable, "-m", "ranksight", "bench", "scale", "--engine", "victoriametrics", "--reuse", str(keep),
+             "--repeat", "1", "--rule-evals", "2", "--config", str(cfg), "--concurrency", "2,all",
+             "--concurrency-rounds", "1", "--rule-costs", "1", "--json"]
+    out = subprocess.run(again, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    r2 = json.loads(out.stdout)
+    assert r2["import"] == {"reused": str(keep)} and r2["scenario"] == r["scenario"]
+    by = r2["rules_by_concurrency"]
+    assert list(by) == ["2", "all"] and all(len(v["rounds"]) == 1 for v in by.values())
+    for v in by.values():
+        assert set(v["groups"]) == set(groups) and v["rounds"][0]["records_last_evaluation_samples"] > 0
+    costs = {g["name"]: g for g in r2["rule_costs"]["groups"]}
+    assert set(costs) == set(groups)
+    assert all(x["seconds"] > 0 and x["error"] is None for g in costs.values() for x in g["rules"])
+    # a --reuse of a directory no VictoriaMetrics run kept: one error line
+    out = subprocess.run(again[:8] + [str(tmp_path)] + again[9:], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
