@@ -240,7 +240,8 @@ class VMBench:
         rss, hwm = _rss(store.pid())
         self.result["store"] = {"rss_bytes": rss, "rss_peak_bytes": hwm,
                                 "disk_bytes": int(_sum(m, "vm_data_size_bytes")),
-                                "series": int(_sum(m, "vm_new_timeseries_created_total")),
+                                # (series the store created since it started: none of the data's on a --reuse)
+                                "series": None if self.o.reuse else int(_sum(m, "vm_new_timeseries_created_total")),
                                 "rows_ignored": int(_sum(m, "vm_rows_ignored_total"))}
 
     def _phase(self, name: str, url: str, store: Proc) -> None:
