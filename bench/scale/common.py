@@ -1,5 +1,6 @@
 """What the Prometheus and the VictoriaMetrics runs share: the measured window's plan, the node
-slices their workers take, the ``--partial`` writer, a percentile and the process-tree kill."""
+slices their workers take, the ``--partial`` writer, the run's directory, a percentile and the
+process-tree kill."""
 from __future__ import annotations
 
 import json
@@ -7,8 +8,11 @@ import logging
 import math
 import os
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .server import BenchError
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +72,17 @@ def write_partial(path: Optional[str], result: Dict[str, Any], before: str) -> N
 def node_slices(nodes: int, parts: int) -> List[List[int]]:
     """Nodes 0..nodes-1 in ``parts`` contiguous slices of near-equal size."""
     return [list(range(i * nodes // parts, (i + 1) * nodes // parts)) for i in range(parts)]
+
+
+def work_dir(keep: Optional[str], reuse: Optional[str], workdir: Optional[str], prefix: str) -> Path:
+    """The run's directory: ``--reuse``'s as it is, ``--keep``'s (new or empty, made here), or a
+    fresh temporary one under ``workdir`` (the caller removes it when neither was given)."""
+    if reuse:
+        return Path(reuse)
+    if not keep:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=workdir))
+    base = Path(keep)
+    if base.exists() and any(base.iterdir()):
+        raise BenchError(f"--keep {base}: directory exists and is not empty")
+    base.mkdir(parents=True, exist_ok=True)
+    return base

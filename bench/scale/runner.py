@@ -25,7 +25,7 @@ from .scenario import (BACKFILL_CPU_S_PER_SAMPLE, PROMETHEUS, PROMTOOL, Scenario
                        TARGET_RULE_GROUP_S, TARGET_SERIES_PER_NODE, default_stragglers, node_name, shape_for)
 from .generator import Counts, Generator, series_per_node
 from .server import BenchError, Prometheus, run_checked, tool_version
-from .common import kill_tree, node_slices, percentile, plan_window, write_partial
+from .common import kill_tree, node_slices, percentile, plan_window, work_dir, write_partial
 from .queries import (Query, dashboard_queries, expand_recording_rules, load_queries_file, rules_text,
                       split_rule_file, substituted_queries)
 
@@ -147,13 +147,7 @@ class Bench:
         q_end = scn.t_end
         q_start = q_end - int(o.hours * 3600)
         self.lead = lead
-        base = Path(o.keep) if o.keep else Path(tempfile.mkdtemp(prefix="ranksight-scale-", dir=o.workdir))
-        if o.reuse:
-            base = Path(o.reuse)
-        elif o.keep:
-            if base.exists() and any(base.iterdir()):
-                raise BenchError(f"--keep {base}: directory exists and is not empty")
-            base.mkdir(parents=True, exist_ok=True)
+        base = work_dir(o.keep, o.reuse, o.workdir, "ranksight-scale-")
         self.result.update({
             "scenario": {"nodes": o.nodes, "gpus_per_node": o.gpus, "ranks_per_node": o.ranks_per_node,
                          "ranks": scn.ranks, "gpus": o.nodes * o.gpus, "hours": o.hours, "step_seconds": o.step,

@@ -27,7 +27,6 @@ import multiprocessing
 import re
 import shutil
 import statistics
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -44,7 +43,7 @@ from ranksight.tools import vmstack
 
 from .generator import Generator
 from .queries import dashboard_queries, substituted_queries
-from .common import node_slices, write_partial
+from .common import node_slices, work_dir, write_partial
 from .runner import Options
 from .scenario import Scenario, default_stragglers, shape_for
 from .server import BenchError, Prometheus, run_checked, tool_version
@@ -162,15 +161,14 @@ class VMBench:
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise BenchError(f"--reuse {o.reuse}: no {SCENARIO_FILE} of a --engine victoriametrics --keep run: "
                                  f"{getattr(e, 'strerror', None) or e}") from None
-        shape = shape_for(o.design, o.gpus, o.ranks_per_node)
-        # the data starts a rate window (and a minute) before the queried hours, as the Prometheus
-        # run's does, and ends now; the live evaluation reads it back in time (_live_rules)
-        lead = max(int(rconfig.duration_seconds(self.cfg["windows"]["rate"])), 60) + 60
-        samples = (int(o.hours * 3600) + lead) // o.step + 1
-        if o.reuse:
             samples = (end - t0) // o.step + 1
         else:
+            # the data starts a rate window (and a minute) before the queried hours, as the Prometheus
+            # run's does, and ends now; the live evaluation reads it back in time (_live_rules)
+            lead = max(int(rconfig.duration_seconds(self.cfg["windows"]["rate"])), 60) + 60
+            samples = (int(o.hours * 3600) + lead) // o.step + 1
             end = int(time.time()) // o.step * o.step
+        shape = shape_for(o.design, o.gpus, o.ranks_per_node)
         dl = o.nodes // 2 if o.nodes > 1 else 0
         scn = Scenario(nodes=o.nodes, shape=shape, t0=end - (samples - 1) * o.step,
                        samples=samples, step=o.step, dataloader_node=dl,
@@ -180,18 +178,13 @@ class VMBench:
         self.result["scenario"] = {"nodes": o.nodes, "gpus_per_node": o.gpus, "ranks_per_node": o.ranks_per_node,
                                    "ranks": scn.ranks, "hours": o.hours, "step_seconds": o.step, "design": o.design,
                                    "data_start": scn.t0, "data_end": scn.t_end}
-        keep = o.keep or o.reuse
-        base = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="ranksight-scale-vm-", dir=o.workdir))
-        if o.keep and not o.reuse:
-            if base.exists() and any(base.iterdir()):
-                raise BenchError(f"--keep {base}: directory exists and is not empty")
-            base.mkdir(parents=True, exist_ok=True)
+        base = work_dir(o.keep, o.reuse, o.workdir, "ranksight-scale-vm-")
         try:
             self._run(scn, base)
             if o.keep and not o.reuse:  # what --reuse reads: written once the store holds the records
                 (base / SCENARIO_FILE).write_text(json.dumps(self.result["scenario"], indent=1))
         finally:
-            if not keep:
+            if not (o.keep or o.reuse):
                 shutil.rmtree(base, ignore_errors=True)
         self.result["wall_seconds"] = round(time.monotonic() - t_start, 1)
         return self.result
