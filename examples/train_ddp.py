@@ -270,12 +270,18 @@ class ExtraCompute:
 
 def save_checkpoint(path: Path, state: Dict, sync: bool, mbps: float = 0.0) -> None:
     """Write-then-rename, the usual durable pattern. With sync, every write goes through
-    O_DSYNC, like a sync-mounted network filesystem; with mbps, at most that many MB/s."""
+    O_DSYNC, like a sync-mounted network filesystem; with mbps, at most that many MB/s.
+
+    The timer spans the whole write, not only the ``torch.save`` inside it (which alone would be
+    timed too): ``os.replace`` over the last checkpoint frees the old file's blocks, about 17 ms
+    for 96 MB on ext4 with ``discard``, a sixth of the save. Left outside, that time counts as the
+    writing rank's compute and makes it look slower than its peers."""
     tmp = path.with_suffix(".tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DSYNC if sync else 0)
-    with open(tmp, "wb", buffering=0, opener=lambda p, _: os.open(p, flags, 0o644)) as f:
-        torch.save(state, SlowStorage(f, mbps * 1e6) if mbps else f)
-    os.replace(tmp, path)
+    with ranksight.checkpoint_timer(path):
+        with open(tmp, "wb", buffering=0, opener=lambda p, _: os.open(p, flags, 0o644)) as f:
+            torch.save(state, SlowStorage(f, mbps * 1e6) if mbps else f)
+        os.replace(tmp, path)
 
 
 def resume(par, ckpt_dir: Path, rank: int, sampler: ResumableSampler, batch: int, restart: int) -> tuple:
