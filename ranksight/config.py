@@ -165,7 +165,8 @@ SCHEMA: Dict[str, Dict[str, Opt]] = {
         "loss_resume": Opt("15m", "RanksightLossJumpAfterResume: a rank is judged this long after its checkpoint "
                                   "restore, on its mean loss since the restore"),
         "loss_resume_lookback": Opt("3h", "RanksightLossJumpAfterResume: the mean before the restart is the rank's "
-                                          "last windows.loss_short mean within this lookback (longer than a restart)"),
+                                          "last windows.loss_short mean, held this long after its steady series "
+                                          "were last seen (longer than a restart)"),
     },
     "agent": {
         "listen": Opt("0.0.0.0:9945", "HTTP listen address for /metrics and /healthz"),

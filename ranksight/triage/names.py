@@ -71,12 +71,15 @@ REC = {
     "pipe_ideal": "rank:ranksight_pipeline_bubble_ideal:ratio",
     "pipe_busy_median": "job:ranksight_pipeline_busy_seconds:median",
     "pipe_straggler": "rank:ranksight_pipeline_straggler:ratio",
-    # the loss after a checkpoint restore: a rank's short mean, loss sum and readings while no restore
-    # is recent (the "before" of a later resume), the last mean before the restore, the mean since the
+    # the loss after a checkpoint restore: a rank's short mean while no restore is recent, the time of
+    # the last evaluation without one, and the short mean, loss sum and readings of that evaluation,
+    # held (the "before" of a later resume); the last mean before the restore, the mean since the
     # restore (the counters minus their last steady values on the node), and their ratio
     "loss_steady": "rank:ranksight_loss:mean_steady",
-    "loss_steady_sum": "rank:ranksight_loss_sum:steady",
-    "loss_steady_readings": "rank:ranksight_loss_readings:steady",
+    "loss_steady_seen": "rank:ranksight_loss_steady:timestamp",
+    "loss_last_steady": "rank:ranksight_loss:last_steady",
+    "loss_steady_sum": "rank:ranksight_loss_sum:last_steady",
+    "loss_steady_readings": "rank:ranksight_loss_readings:last_steady",
     "loss_pre_resume": "rank:ranksight_loss:mean_before_resume",
     "loss_post_resume": "rank:ranksight_loss:mean_since_resume",
     "loss_resume_jump": "rank:ranksight_loss_resume_jump:ratio",

@@ -169,6 +169,11 @@ def _loss_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     ] + _resume_rules(cfg)
 
 
+# how far back a held record reads its own last value: a few evaluation intervals, so that a late
+# or skipped evaluation, or a store that shows the ruler's writes a little late, keeps the value
+HELD_READ = "5m"
+
+
 def recent_resume(cfg: Mapping[str, Any]) -> str:
     """The ranks whose process restored a checkpoint within ``windows.loss_resume``."""
     hold = duration_seconds(cfg["windows"]["loss_resume"])
@@ -180,41 +185,58 @@ def _resume_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     is gone, but its loss series go on under the same labels in Prometheus, and the new process's
     hooks report the restore (``ranksight_last_resume_timestamp_seconds``, with its first step
     record). "Before": the rank's short-window mean, recorded as ``loss_steady`` only while no restore
-    is recent; its last value within ``windows.loss_resume_lookback`` is the mean of the last steps
-    before the restart (the restore stops the steady series at the evaluation its marker arrives).
-    Before and after are matched on (job, rank): a restarted rank may come back on another node.
+    is recent; ``loss_last_steady`` holds its last value (the mean of the last steps before the
+    restart: the restore stops the steady series at the evaluation its marker arrives). Before and
+    after are matched on (job, rank): a restarted rank may come back on another node.
 
     "After": the mean of every step since the restore, sum over readings. A rank that comes back on
     the same node within the agent's ``rank_ttl_seconds`` continues its counters there (the agent
     carries them across processes), so the series' sum over readings would be the mean of the whole
-    run. The loss sum and readings are therefore also recorded while no restore is recent
-    (``loss_steady_sum``, ``loss_steady_readings``, per node), and after a restore their last values
-    on that node (the counters at the last evaluation before the restore's marker arrived) are
-    subtracted: the mean of the steps since. Where the node has no such values (the rank came back on
-    another node, whose series start from 0) or the counters are below them (the agent forgot the
-    rank or restarted: its counters start from 0 too), the series' own counters are the steps since;
-    a new process that, within ``windows.loss_resume``, passes the readings its forgotten predecessor
-    made is judged on the difference. ``loss_resume_min_readings`` applies to the readings since the
-    restore."""
+    run. The loss sum and readings of the last evaluation without a recent restore are therefore held
+    too (``loss_steady_sum``, ``loss_steady_readings``, per node) and subtracted after a restore: the
+    mean of the steps since. Where the node has no such values (the rank came back on another node,
+    whose series start from 0) or the counters are below them (the agent forgot the rank or restarted:
+    its counters start from 0 too), the series' own counters are the steps since; a new process that,
+    within ``windows.loss_resume``, passes the readings its forgotten predecessor made is judged on the
+    difference. ``loss_resume_min_readings`` applies to the readings since the restore.
+
+    Held, not looked up: each held record is its current value or, without one, its own previous
+    value (its last sample within ``HELD_READ``), kept while ``loss_steady_seen`` (the time of the
+    rank's last evaluation with steady counters, itself held) is within
+    ``windows.loss_resume_lookback``. An evaluation reads ``HELD_READ`` of each held record, about 20
+    samples a rank at a 15 s interval; a ``last_over_time`` over the whole lookback read 720 over 3 h,
+    three times an evaluation. The held values live only in the store's recent samples: a ruler
+    stopped for longer than ``HELD_READ`` loses them, and a rank restored before its steady series
+    are seen again then has no "before"."""
     w = cfg["windows"]
     recent = recent_resume(cfg)
     least = f"{cfg['thresholds']['loss_resume_min_readings']:g}"
     node = "on (job, node, rank) group_left ()"
+    steady = f"unless on (job, rank) {recent}"
+    seen = REC["loss_steady_seen"]
+    lookback = duration_seconds(w["loss_resume_lookback"])
+
+    def last(record: str) -> str:  # a held record's own value from an earlier evaluation
+        return f"last_over_time({record}[{HELD_READ}])"
+
+    def held(record: str, current: str) -> Recording:  # the current value, else its own last one
+        return Recording(REC[record], f"{current} or ({last(REC[record])} and on (job, node, rank) {seen})")
 
     def base(record: str) -> str:  # a steady counter's last value on the rank's node
-        return f"max by (job, node, rank) (last_over_time({REC[record]}[{w['loss_resume_lookback']}]))"
+        return f"max by (job, node, rank) ({REC[record]})"
 
     since_base = (f"(({C.LOSS_SUM} - {node} {base('loss_steady_sum')}) / "
                   f"(({C.LOSS_READINGS} - {node} {base('loss_steady_readings')}) >= {least}))")
     own = (f"(({C.LOSS_SUM} / ({C.LOSS_READINGS} >= {least})) unless on (job, node, rank) "
            f"({C.LOSS_READINGS} >= {node} {base('loss_steady_readings')}))")
     return [
-        Recording(REC["loss_steady"], f"{REC['loss_short']} unless on (job, rank) {recent}"),
-        Recording(REC["loss_steady_sum"], f"{C.LOSS_SUM} unless on (job, rank) {recent}"),
-        Recording(REC["loss_steady_readings"], f"{C.LOSS_READINGS} unless on (job, rank) {recent}"),
+        Recording(REC["loss_steady"], f"{REC['loss_short']} {steady}"),
+        Recording(seen, f"(time() + 0 * ({C.LOSS_READINGS} {steady})) or ({last(seen)} > time() - {lookback:g})"),
+        held("loss_last_steady", REC["loss_steady"]),
+        held("loss_steady_sum", f"({C.LOSS_SUM} {steady})"),
+        held("loss_steady_readings", f"({C.LOSS_READINGS} {steady})"),
         Recording(REC["loss_pre_resume"],
-                  f"max by (job, rank) (last_over_time({REC['loss_steady']}[{w['loss_resume_lookback']}])) "
-                  f"and on (job, rank) {recent}"),
+                  f"max by (job, rank) ({REC['loss_last_steady']}) and on (job, rank) {recent}"),
         Recording(REC["loss_post_resume"], f"({since_base} or {own}) and {recent}"),
         Recording(REC["loss_resume_jump"],
                   f"{REC['loss_post_resume']} / on (job, rank) group_left () ({REC['loss_pre_resume']} > 0)"),
