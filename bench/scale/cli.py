@@ -5,7 +5,7 @@ import argparse
 import json
 import signal
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ranksight import config as rconfig
 from ranksight.console import error
@@ -25,14 +25,19 @@ def _duration_arg(s: str) -> int:
     return int(v)
 
 
-def _pos_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {s!r}")
-    return v
+def _int_from(least: int) -> Callable[[str], int]:
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}") from None
+        if v < least:
+            raise argparse.ArgumentTypeError(f"expected a number >= {least}, got {s!r}")
+        return v
+    return parse
+
+
+_pos_int, _count = _int_from(1), _int_from(0)
 
 
 def _hours(s: str) -> float:
@@ -116,7 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: the rule file's own)")
     p.add_argument("--concurrency-rounds", type=_pos_int, default=2, metavar="N",
                    help="rounds of the --concurrency live evaluations (default 2)")
-    p.add_argument("--rule-costs", type=int, default=0, metavar="N",
+    p.add_argument("--rule-costs", type=_count, default=0, metavar="N",
                    help="with --engine victoriametrics: before the live evaluation, time each rule's expression "
                         "alone as an instant query at the data's end, N times (the median), and report each "
                         "group's sum and its costliest rules (default 0: not)")
@@ -175,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
                    baseline_queries_file=args.baseline_queries, prometheus=args.prometheus,
                    promtool=args.promtool, query_timeout=args.query_timeout, future=args.future,
                    reuse=args.reuse, partial=args.partial, concurrency=args.concurrency,
-                   concurrency_rounds=args.concurrency_rounds, rule_costs=max(0, args.rule_costs))
+                   concurrency_rounds=args.concurrency_rounds, rule_costs=args.rule_costs)
     if args.concurrency and args.engine != "victoriametrics":
         return error("--concurrency needs --engine victoriametrics (Prometheus evaluates a group's rules in order)")
     if args.rule_costs and args.engine != "victoriametrics":
