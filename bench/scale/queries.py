@@ -13,6 +13,16 @@ from .server import BenchError
 
 
 # ------------------------------------------------------------------------------ rules and queries
+def rules_source(rules_file: Optional[str], cfg: Mapping[str, Any]) -> Tuple[str, str]:
+    """(rule file text, where it came from): ``--rules FILE`` as it is, else ``rules_text(cfg)``."""
+    if not rules_file:
+        return rules_text(cfg)
+    try:
+        return Path(rules_file).read_text(), rules_file
+    except OSError as e:
+        raise BenchError(f"--rules {rules_file}: {e.strerror or e}") from None
+
+
 def rules_text(cfg: Mapping[str, Any]) -> Tuple[str, str]:
     """(rule file text, where it came from): the alerts generator's output, or the triage
     table rendered here while that generator is missing."""

@@ -26,7 +26,7 @@ from .scenario import (BACKFILL_CPU_S_PER_SAMPLE, PROMETHEUS, PROMTOOL, Scenario
 from .generator import Counts, Generator, series_per_node
 from .server import BenchError, Prometheus, run_checked, tool_version
 from .common import kill_tree, node_slices, percentile, plan_window, work_dir, write_partial
-from .queries import (Query, dashboard_queries, expand_recording_rules, load_queries_file, rules_text,
+from .queries import (Query, dashboard_queries, expand_recording_rules, load_queries_file, rules_source,
                       split_rule_file, substituted_queries)
 
 log = logging.getLogger(__name__)
@@ -254,13 +254,7 @@ class Bench:
                      backfill_s: float) -> None:
         o = self.o
         # 2. a Prometheus on the raw blocks: backfill the recording rules against it
-        if self.o.rules_file:
-            try:
-                rules, rules_src = Path(self.o.rules_file).read_text(), self.o.rules_file
-            except OSError as e:
-                raise BenchError(f"--rules {self.o.rules_file}: {e.strerror or e}") from None
-        else:
-            rules, rules_src = rules_text(self.cfg)
+        rules, rules_src = rules_source(self.o.rules_file, self.cfg)
         rules_path = base / "ranksight-rules.yml"
         rules_path.write_text(rules)
         expanded, skipped = expand_recording_rules(rules)

@@ -35,14 +35,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import yaml
 
 from ranksight import config as rconfig
-from ranksight.alerts import engines, generate
+from ranksight.alerts import engines
 from ranksight.common import servers
 from ranksight.common.plumbing import PrometheusAPI, Proc, free_port, wait_http
 from ranksight.common.units import binary_bytes
 from ranksight.tools import vmstack
 
 from .generator import Generator
-from .queries import dashboard_queries, substituted_queries
+from .queries import dashboard_queries, rules_source, substituted_queries
 from .common import node_slices, work_dir, write_partial
 from .runner import Options
 from .scenario import Scenario, default_stragglers, shape_for
@@ -203,8 +203,12 @@ class VMBench:
             self.result["versions"] = {"victoria-metrics": tool_version(servers.find_binary("victoria-metrics")),
                                        "vmalert": tool_version(servers.find_binary("vmalert"))}
             rules = base / "rules.yml"
-            text = generate.render_rules(self.cfg)
-            rules.write_text(engines.victoriametrics(text))
+            text, self.result["rules_source"] = rules_source(o.rules_file, self.cfg)
+            try:
+                rules.write_text(engines.victoriametrics(text))
+            except (engines.EngineError, yaml.YAMLError) as e:
+                raise BenchError(f"rules from {self.result['rules_source']}: not a rule file vmalert can be given: "
+                                 f"{str(e).splitlines()[0]}") from None
             if o.reuse:  # the kept store already holds the data and the backfilled records
                 self.result["import"] = self.result["backfill"] = {"reused": str(base)}
             else:

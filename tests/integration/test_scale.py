@@ -273,20 +273,27 @@ def test_victoriametrics_engine_reports_the_same_figures(tmp_path):
     assert r["rules"]["records_last_evaluation_samples"] > 0
     assert r["scenario"]["data_end"] - r["scenario"]["data_start"] > 3 * 60  # the queried hours and a lead
 
-    # the kept store measured again, once per concurrency, each rule's cost alone too
+    # the kept store measured again, once per concurrency, each rule's cost alone too, with a rule file
+    # of its own (--rules: the config's rules and one more group)
+    own = yaml.safe_load(alerts_generate.render_rules(config.load(str(cfg))))
+    own["groups"].append({"name": "bench.extra", "rules": [{"record": "job:bench_steps:sum",
+                                                            "expr": "sum by (job) (rank:ranksight_steps:rate)"}]})
+    own_file = tmp_path / "own-rules.yml"
+    own_file.write_text(yaml.safe_dump(own, sort_keys=False, width=100000))
     again = [sys.executable, "-m", "ranksight", "bench", "scale", "--engine", "victoriametrics", "--reuse", str(keep),
              "--repeat", "1", "--rule-evals", "2", "--config", str(cfg), "--concurrency", "2,all",
-             "--concurrency-rounds", "1", "--rule-costs", "1", "--json"]
+             "--concurrency-rounds", "1", "--rule-costs", "1", "--rules", str(own_file), "--json"]
     out = subprocess.run(again, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     r2 = json.loads(out.stdout)
     assert r2["import"] == {"reused": str(keep)} and r2["scenario"] == r["scenario"]
+    assert r2["rules_source"] == str(own_file)
     by = r2["rules_by_concurrency"]
     assert list(by) == ["2", "all"] and all(len(v["rounds"]) == 1 for v in by.values())
     for v in by.values():
-        assert set(v["groups"]) == set(groups) and v["rounds"][0]["records_last_evaluation_samples"] > 0
+        assert set(v["groups"]) == set(groups) | {"bench.extra"} and v["rounds"][0]["records_last_evaluation_samples"] > 0
     costs = {g["name"]: g for g in r2["rule_costs"]["groups"]}
-    assert set(costs) == set(groups)
+    assert set(costs) == set(groups) | {"bench.extra"}
     assert all(x["seconds"] > 0 and x["error"] is None for g in costs.values() for x in g["rules"])
     # a --reuse of a directory no VictoriaMetrics run kept: one error line
     out = subprocess.run(again[:8] + [str(tmp_path)] + again[9:], capture_output=True, text=True, timeout=60, cwd=ROOT)
