@@ -14,6 +14,7 @@ from .scenario import DESIGNS, PROMETHEUS, PROMTOOL, Scenario
 from .server import BenchError
 from .queries import substituted_queries
 from .runner import Bench, Options
+from .common import rule_cost_lines
 
 
 def _duration_arg(s: str) -> int:
@@ -122,9 +123,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency-rounds", type=_pos_int, default=2, metavar="N",
                    help="rounds of the --concurrency live evaluations (default 2)")
     p.add_argument("--rule-costs", type=_count, default=0, metavar="N",
-                   help="with --engine victoriametrics: before the live evaluation, time each rule's expression "
-                        "alone as an instant query at the data's end, N times (the median), and report each "
-                        "group's sum and its costliest rules (default 0: not)")
+                   help="time each rule's expression alone as an instant query at the data's end, on the data "
+                        "and the backfilled records (their whole history, which a live evaluation does not "
+                        "have), N times (the median), and report each group's sum and its costliest rules "
+                        "(default 0: not)")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -149,6 +151,7 @@ def report(r: Mapping[str, Any]) -> str:
         lines.append(f"rule group {g['name']}: {g['rules']} rules, evaluation median "
                      f"{g['evaluation_seconds_median']} s, max {g['evaluation_seconds_max']} s "
                      f"({g['evaluations']} evaluations)")
+    lines += rule_cost_lines(r)
     lines.append(f"prometheus: RSS {binary_bytes(pr['rss_bytes'])} (peak {binary_bytes(pr['rss_peak_bytes'])}), "
                  f"Go heap {binary_bytes(pr['go_heap_inuse_bytes'])}; compaction {pr['compaction_seconds']} s")
     g = r["generate"]
@@ -183,8 +186,6 @@ def run(args: argparse.Namespace) -> int:
                    concurrency_rounds=args.concurrency_rounds, rule_costs=args.rule_costs)
     if args.concurrency and args.engine != "victoriametrics":
         return error("--concurrency needs --engine victoriametrics (Prometheus evaluates a group's rules in order)")
-    if args.rule_costs and args.engine != "victoriametrics":
-        return error("--rule-costs needs --engine victoriametrics")
     if args.engine == "victoriametrics":
         from .vm import VMBench, report as vm_report
         vm = VMBench(opts)

@@ -1,6 +1,6 @@
 """What the Prometheus and the VictoriaMetrics runs share: the measured window's plan, the node
-slices their workers take, the ``--partial`` writer, the run's directory, a percentile and the
-process-tree kill."""
+slices their workers take, the ``--partial`` writer, the run's directory, a percentile, the
+process-tree kill, and each rule's cost alone (``--rule-costs``) with its report lines."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,12 @@ import logging
 import math
 import os
 import signal
+import statistics
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import yaml
 
 from .server import BenchError
 
@@ -86,3 +89,37 @@ def work_dir(keep: Optional[str], reuse: Optional[str], workdir: Optional[str], 
         raise BenchError(f"--keep {base}: directory exists and is not empty")
     base.mkdir(parents=True, exist_ok=True)
     return base
+
+
+def rule_costs(timer: Any, rules_text: str, at: float, repeat: int) -> Dict[str, Any]:
+    """Each rule's expression as one instant query at ``at`` (the data's last evaluation time),
+    ``repeat`` times (the median), one rule at a time, through ``timer.timed_query``: what each rule
+    costs the store alone, on the data and the backfilled records, so a slow group's cost can be read
+    rule by rule (a live evaluation only sees the records' history since it started). Per group: the
+    rules' sum and the largest."""
+    groups = []
+    for g in yaml.safe_load(rules_text)["groups"]:
+        rows = []
+        for r in g["rules"]:
+            times, info = [], {}
+            for _ in range(repeat):
+                dt, info = timer.timed_query(r["expr"], at)
+                times.append(dt)
+            rows.append({"rule": r.get("record") or r.get("alert"), "seconds": round(statistics.median(times), 4),
+                         "series": info.get("series"), "error": info.get("error"), "expr_chars": len(r["expr"])})
+        groups.append({"name": g["name"], "rules": rows, "sum_seconds": round(sum(x["seconds"] for x in rows), 4),
+                       "max_seconds": max((x["seconds"] for x in rows), default=0.0)})
+    return {"at": at, "repeat": repeat, "groups": groups}
+
+
+def rule_cost_lines(r: Mapping[str, Any]) -> List[str]:
+    """The report's lines for ``rule_costs``: the eight costliest groups, each with its three costliest rules."""
+    rc = r.get("rule_costs")
+    if not rc:
+        return []
+    lines = [f"rule costs, each rule alone (median of {rc['repeat']}): group sum / largest, s; its costliest rules"]
+    for g in sorted(rc["groups"], key=lambda g: -g["sum_seconds"])[:8]:
+        top = sorted(g["rules"], key=lambda x: -x["seconds"])[:3]
+        lines.append(f"  {g['name']:40s} {g['sum_seconds']:7.3f} / {g['max_seconds']:6.3f}   "
+                     + ", ".join(f"{x['rule']} {x['seconds']:.3f}" for x in top))
+    return lines

@@ -25,7 +25,7 @@ from .scenario import (BACKFILL_CPU_S_PER_SAMPLE, PROMETHEUS, PROMTOOL, Scenario
                        TARGET_RULE_GROUP_S, TARGET_SERIES_PER_NODE, default_stragglers, node_name, shape_for)
 from .generator import Counts, Generator, series_per_node
 from .server import BenchError, Prometheus, run_checked, tool_version
-from .common import kill_tree, node_slices, percentile, plan_window, work_dir, write_partial
+from .common import kill_tree, node_slices, percentile, plan_window, rule_costs, work_dir, write_partial
 from .queries import (Query, dashboard_queries, expand_recording_rules, load_queries_file, rules_source,
                       split_rule_file, substituted_queries)
 
@@ -82,7 +82,7 @@ class Options:
     # of a group's rules at once), interleaved, in concurrency_rounds rounds; empty: the rule file's
     concurrency: Tuple[int, ...] = ()
     concurrency_rounds: int = 2
-    rule_costs: int = 0  # --engine victoriametrics: time each rule alone, this many times (0: not)
+    rule_costs: int = 0  # time each rule alone on the backfilled data, this many times (0: not)
     seed: int = 9
 
 
@@ -339,6 +339,9 @@ class Bench:
         self._count_series(p, scn, q_end)
         self._checks(p, scn, q_end)
 
+        if o.rule_costs:  # on the raw data and the backfilled records: their whole history
+            self._phase("rule costs")
+            self.result["rule_costs"] = rule_costs(p, rules, scn.t_end - o.step, o.rule_costs)
         self._phase("dashboard queries")
         self._time_queries(p, scn, q_start, q_end)
         self._memory(p)

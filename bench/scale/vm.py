@@ -43,7 +43,7 @@ from ranksight.tools import vmstack
 
 from .generator import Generator
 from .queries import dashboard_queries, rules_source, substituted_queries
-from .common import node_slices, work_dir, write_partial
+from .common import node_slices, rule_cost_lines, rule_costs, work_dir, write_partial
 from .runner import Options
 from .scenario import Scenario, default_stragglers, shape_for
 from .server import BenchError, Prometheus, run_checked, tool_version
@@ -222,7 +222,8 @@ class VMBench:
             self._queries(url, scn)
             if o.rule_costs:
                 self._phase("rule costs", url, store)
-                self.result["rule_costs"] = self._rule_costs(url, rules, scn)
+                self.result["rule_costs"] = rule_costs(_Store(url, o.query_timeout), rules.read_text(),
+                                                       scn.t_end - o.step, o.rule_costs)
             self._phase("live rules", url, store)
             if o.concurrency:
                 self._live_by_concurrency(url, text, base)
@@ -284,26 +285,6 @@ class VMBench:
         q_start = max(scn.t0, q_end - int(o.hours * 3600))
         self.result["queries"] = Bench._time_set(timer, _Store(url, o.query_timeout), exprs,
                                                  dashboard_queries(self.cfg)[1], o.repeat, q_start, q_end)
-
-    def _rule_costs(self, url: str, rules: Path, scn: Scenario) -> Dict[str, Any]:
-        """Each rule's expression as one instant query at the data's last evaluation time, timed
-        ``rule_costs`` times (the median), one rule at a time: what each rule costs the store alone,
-        so a slow group's cost can be read rule by rule. Per group: the rules' sum and the largest."""
-        store = _Store(url, self.o.query_timeout)
-        at = scn.t_end - self.o.step
-        groups = []
-        for g in yaml.safe_load(rules.read_text())["groups"]:
-            rows = []
-            for r in g["rules"]:
-                times, info = [], {}
-                for _ in range(self.o.rule_costs):
-                    dt, info = store.timed_query(r["expr"], at)
-                    times.append(dt)
-                rows.append({"rule": r.get("record") or r.get("alert"), "seconds": round(statistics.median(times), 4),
-                             "series": info.get("series"), "error": info.get("error"), "expr_chars": len(r["expr"])})
-            groups.append({"name": g["name"], "rules": rows, "sum_seconds": round(sum(x["seconds"] for x in rows), 4),
-                           "max_seconds": max((x["seconds"] for x in rows), default=0.0)})
-        return {"at": at, "repeat": self.o.rule_costs, "groups": groups}
 
     def _live_by_concurrency(self, url: str, text: str, base: Path) -> None:
         """The live evaluation once per ``--concurrency`` value, interleaved in rounds; ``rules`` is the
@@ -427,13 +408,7 @@ def report(r: Dict[str, Any]) -> str:
         lines.append(f"rule group {g['name']}: evaluation median {g['evaluation_seconds_median']} s, max "
                      f"{g['evaluation_seconds_max']} s ({g['evaluations']} evaluations, "
                      f"{g.get('iterations_missed', 0)} missed)")
-    rc = r.get("rule_costs")
-    if rc:
-        lines.append(f"rule costs, each rule alone (median of {rc['repeat']}): group sum / largest, s; its costliest rules")
-        for g in sorted(rc["groups"], key=lambda g: -g["sum_seconds"])[:8]:
-            top = sorted(g["rules"], key=lambda x: -x["seconds"])[:3]
-            lines.append(f"  {g['name']:40s} {g['sum_seconds']:7.3f} / {g['max_seconds']:6.3f}   "
-                         + ", ".join(f"{x['rule']} {x['seconds']:.3f}" for x in top))
+    lines += rule_cost_lines(r)
     by = r.get("rules_by_concurrency")
     if by:
         keys = list(by)

@@ -508,7 +508,7 @@ def _loss_signals(cfg: Mapping[str, Any]) -> List[Entry]:
             id="loss-jump-after-resume", alert="RanksightLossJumpAfterResume", kind="cause", order=0,
             title="Training loss jump after a resume", severity="warning",
             # the rank's mean since its checkpoint restore over its mean before the restart
-            # (records.py, _resume_rules); judged for windows.loss_resume after the restore
+            # (records.py, _resume_judgement); judged for windows.loss_resume after the restore
             expr=f"{REC['loss_resume_jump']} > {t['loss_resume_jump_ratio']:g}",
             for_=d["loss_resume_jump"], threshold=t["loss_resume_jump_ratio"], unit="ratio",
             indicator=REC["loss_resume_jump"], op=">", scope=RANK_SCOPE,

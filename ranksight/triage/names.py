@@ -174,7 +174,9 @@ def stepped_a_window(steps: str, window: str) -> str:
 # (checkpoint share and age, backward-to-optimizer, allocator retries, ranks up). The slow node
 # families are three groups of independent rules: interface counters, GPU utilization sample
 # buckets, RDMA ports. At 1,024 nodes no group then evaluates in more than half its budget
-# (bench/RESULTS.md, "Scale").
+# (bench/RESULTS.md, "Scale"). The loss after a resume is judged in a group of its own, on the
+# steady loss rank_state holds: read across groups, it is not inlined into the judgement's
+# expressions on vmalert (alerts/engines.py), and it is at most one interval old.
 RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.rank_rates": None,  # None: Prometheus' evaluation_interval
     "ranksight.recording.rank": None,
@@ -188,6 +190,7 @@ RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.gpu_samples": "slow_rule_interval",
     "ranksight.recording.rdma": "slow_rule_interval",
     "ranksight.recording.nic": "baseline_rule_interval",
+    "ranksight.recording.loss_resume": None,
     GOODPUT_GROUP: "slow_rule_interval",
     BASELINE_GROUP: "baseline_rule_interval",
 }
@@ -200,4 +203,5 @@ GROUP_INPUTS: Dict[str, Tuple[str, ...]] = {
     "ranksight.recording.job": ("ranksight.recording.rank_rates",),
     "ranksight.recording.rank_gpu": ("ranksight.recording.node",),
     "ranksight.recording.efficiency": ("ranksight.recording.rank_rates",),
+    "ranksight.recording.loss_resume": ("ranksight.recording.rank_state",),
 }

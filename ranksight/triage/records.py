@@ -24,7 +24,7 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     (bench/RESULTS.md, "Scale"). Fleet panels read node- and job-level records instead of
     thousands of raw series."""
     w = cfg["windows"]["rate"]
-    RATES, RANK, JOB, STATE, NODE, RANK_GPU, EFF, HIST, NODEC, SAMPLES, RDMA, NIC = list(RULE_GROUPS)[:12]
+    RATES, RANK, JOB, STATE, NODE, RANK_GPU, EFF, HIST, NODEC, SAMPLES, RDMA, NIC, RESUME = list(RULE_GROUPS)[:13]
     rates, rank = _rank_rules(w)
     job = _job_rules()
     state = _rank_state_rules(cfg)
@@ -36,7 +36,8 @@ def recording_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     out: List[Recording] = []
     for group, rules in ((RATES, rates), (RANK, rank), (JOB, job), (STATE, state), (NODE, node),
                          (RANK_GPU, rank_gpu), (EFF, _efficiency.recording_rules(_R) + _efficiency.run_rules(_R, cfg)), (HIST, hist),
-                         (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma), (NIC, nic)):
+                         (NODEC, node_counters), (SAMPLES, samples), (RDMA, rdma), (NIC, nic),
+                         (RESUME, _resume_judgement(cfg))):
         out += [replace(r, group=group) for r in rules]
     return out + _goodput.goodput_rules(cfg) + _goodput.baseline_rules(cfg)
 
@@ -166,7 +167,7 @@ def _loss_rules(cfg: Mapping[str, Any]) -> List[Recording]:
         # same span of time. A rank whose series began inside the window has its mean over a shorter,
         # later span, and early in a run, while the loss falls fast, that alone reads as a spread
         Recording(REC["loss_spread"], f"max by (job) ({full}) / (min by (job) ({full}) > 0)"),
-    ] + _resume_rules(cfg)
+    ] + _resume_state(cfg)
 
 
 # how far back a held record reads its own last value: a few evaluation intervals, so that a late
@@ -180,25 +181,20 @@ def recent_resume(cfg: Mapping[str, Any]) -> str:
     return f"(time() - {C.LAST_RESUME} < {hold:g})"  # a rank without a restore reports 0: never recent
 
 
-def _resume_rules(cfg: Mapping[str, Any]) -> List[Recording]:
-    """The loss after a checkpoint restore against the loss before the restart. The process before it
-    is gone, but its loss series go on under the same labels in Prometheus, and the new process's
-    hooks report the restore (``ranksight_last_resume_timestamp_seconds``, with its first step
-    record). "Before": the rank's short-window mean, recorded as ``loss_steady`` only while no restore
-    is recent; ``loss_last_steady`` holds its last value (the mean of the last steps before the
-    restart: the restore stops the steady series at the evaluation its marker arrives). Before and
-    after are matched on (job, rank): a restarted rank may come back on another node.
+def _resume_state(cfg: Mapping[str, Any]) -> List[Recording]:
+    """The loss after a checkpoint restore against the loss before the restart: the steady loss the
+    judgement (``_resume_judgement``, a group of its own) compares with. The process before the
+    restart is gone, but its loss series go on under the same labels in the store, and the new
+    process's hooks report the restore (``ranksight_last_resume_timestamp_seconds``, with its first
+    step record). "Before": the rank's short-window mean, recorded as ``loss_steady`` only while no
+    restore is recent; ``loss_last_steady`` holds its last value (the mean of the last steps before
+    the restart: the restore stops the steady series at the evaluation its marker arrives).
 
-    "After": the mean of every step since the restore, sum over readings. A rank that comes back on
-    the same node within the agent's ``rank_ttl_seconds`` continues its counters there (the agent
-    carries them across processes), so the series' sum over readings would be the mean of the whole
-    run. The loss sum and readings of the last evaluation without a recent restore are therefore held
-    too (``loss_steady_sum``, ``loss_steady_readings``, per node) and subtracted after a restore: the
-    mean of the steps since. Where the node has no such values (the rank came back on another node,
-    whose series start from 0) or the counters are below them (the agent forgot the rank or restarted:
-    its counters start from 0 too), the series' own counters are the steps since; a new process that,
-    within ``windows.loss_resume``, passes the readings its forgotten predecessor made is judged on the
-    difference. ``loss_resume_min_readings`` applies to the readings since the restore.
+    A rank that comes back on the same node within the agent's ``rank_ttl_seconds`` continues its
+    counters there (the agent carries them across processes), so the series' sum over readings
+    would be the mean of the whole run. The loss sum and readings of the last evaluation without a
+    recent restore are therefore held too (``loss_steady_sum``, ``loss_steady_readings``, per node),
+    for the judgement to subtract.
 
     Held, not looked up: each held record is its current value or, without one, its own previous
     value (its last sample within ``HELD_READ``), kept while ``loss_steady_seen`` (the time of the
@@ -208,19 +204,40 @@ def _resume_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     three times an evaluation. The held values live only in the store's recent samples: a ruler
     stopped for longer than ``HELD_READ`` loses them, and a rank restored before its steady series
     are seen again then has no "before"."""
-    w = cfg["windows"]
-    recent = recent_resume(cfg)
-    least = f"{cfg['thresholds']['loss_resume_min_readings']:g}"
-    node = "on (job, node, rank) group_left ()"
-    steady = f"unless on (job, rank) {recent}"
+    steady = f"unless on (job, rank) {recent_resume(cfg)}"
     seen = REC["loss_steady_seen"]
-    lookback = duration_seconds(w["loss_resume_lookback"])
+    lookback = duration_seconds(cfg["windows"]["loss_resume_lookback"])
 
     def last(record: str) -> str:  # a held record's own value from an earlier evaluation
         return f"last_over_time({record}[{HELD_READ}])"
 
     def held(record: str, current: str) -> Recording:  # the current value, else its own last one
         return Recording(REC[record], f"{current} or ({last(REC[record])} and on (job, node, rank) {seen})")
+
+    return [
+        Recording(REC["loss_steady"], f"{REC['loss_short']} {steady}"),
+        Recording(seen, f"(time() + 0 * ({C.LOSS_READINGS} {steady})) or ({last(seen)} > time() - {lookback:g})"),
+        held("loss_last_steady", REC["loss_steady"]),
+        held("loss_steady_sum", f"({C.LOSS_SUM} {steady})"),
+        held("loss_steady_readings", f"({C.LOSS_READINGS} {steady})"),
+    ]
+
+
+def _resume_judgement(cfg: Mapping[str, Any]) -> List[Recording]:
+    """The loss since a restore against the steady loss before it (``_resume_state``, read from
+    rank_state's latest evaluation). Before and after are matched on (job, rank): a restarted rank
+    may come back on another node.
+
+    "After": the mean of every step since the restore, sum over readings: the counters less their
+    held steady values on the rank's node. Where the node has no such values (the rank came back on
+    another node, whose series start from 0) or the counters are below them (the agent forgot the
+    rank or restarted: its counters start from 0 too), the series' own counters are the steps since;
+    a new process that, within ``windows.loss_resume``, passes the readings its forgotten predecessor
+    made is judged on the difference. ``loss_resume_min_readings`` applies to the readings since the
+    restore."""
+    recent = recent_resume(cfg)
+    least = f"{cfg['thresholds']['loss_resume_min_readings']:g}"
+    node = "on (job, node, rank) group_left ()"
 
     def base(record: str) -> str:  # a steady counter's last value on the rank's node
         return f"max by (job, node, rank) ({REC[record]})"
@@ -230,11 +247,6 @@ def _resume_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     own = (f"(({C.LOSS_SUM} / ({C.LOSS_READINGS} >= {least})) unless on (job, node, rank) "
            f"({C.LOSS_READINGS} >= {node} {base('loss_steady_readings')}))")
     return [
-        Recording(REC["loss_steady"], f"{REC['loss_short']} {steady}"),
-        Recording(seen, f"(time() + 0 * ({C.LOSS_READINGS} {steady})) or ({last(seen)} > time() - {lookback:g})"),
-        held("loss_last_steady", REC["loss_steady"]),
-        held("loss_steady_sum", f"({C.LOSS_SUM} {steady})"),
-        held("loss_steady_readings", f"({C.LOSS_READINGS} {steady})"),
         Recording(REC["loss_pre_resume"],
                   f"max by (job, rank) ({REC['loss_last_steady']}) and on (job, rank) {recent}"),
         Recording(REC["loss_post_resume"], f"({since_base} or {own}) and {recent}"),

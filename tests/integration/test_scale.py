@@ -144,11 +144,13 @@ def test_the_agent_is_under_the_series_target_and_all_series_is_not():
 
 
 def _long_window_records() -> list:
-    """The records read over a range of another record (not backfilled), in rule-file order: the
-    step-time baseline, the NIC's day-best, and the loss before and since a resume (the last steady
-    loss mean and counters within hours) with the jump ratio that reads them."""
-    longer = (triage.REC["nic_best_1d"], triage.REC["loss_pre_resume"], triage.REC["loss_post_resume"],
-              triage.REC["loss_resume_jump"])
+    """The records read over a range of another record or of their own (not backfilled), in
+    rule-file order: the step-time baseline, the NIC's day-best, the steady loss held for a later
+    resume (records that read their own last value), and the loss before and since a resume with
+    the jump ratio, which read those."""
+    longer = (triage.REC["nic_best_1d"], triage.REC["loss_steady_seen"], triage.REC["loss_last_steady"],
+              triage.REC["loss_steady_sum"], triage.REC["loss_steady_readings"], triage.REC["loss_pre_resume"],
+              triage.REC["loss_post_resume"], triage.REC["loss_resume_jump"])
     return [r.record for r in triage.recording_rules(config.load())
             if r.group in goodput.CROSS_GROUP_READERS or r.record in longer]
 
@@ -174,10 +176,16 @@ def test_end_to_end_small_run_backfills_and_times_every_query(tmp_path):
     cfg.write_text("durations:\n  slow_rule_interval: 10s\n  baseline_rule_interval: 10s\n")
     cmd = [sys.executable, "-m", "ranksight", "bench", "scale", "--nodes", "4", "--gpus", "2",
            "--ranks-per-node", "2", "--hours", "10m", "--step", "5s", "--repeat", "1", "--rule-evals", "2",
-           "--no-compaction-wait", "--parts", "2", "--keep", str(keep), "--config", str(cfg), "--json"]
+           "--no-compaction-wait", "--parts", "2", "--keep", str(keep), "--config", str(cfg), "--rule-costs", "1",
+           "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout)
+    # each rule alone, on the data and the backfilled records: every group, every rule, no error
+    costs = {g["name"]: g for g in r["rule_costs"]["groups"]}
+    assert set(costs) == {g["name"] for g in yaml.safe_load(alerts_generate.render_rules(config.load(str(cfg))))["groups"]}
+    assert all(x["error"] is None and x["seconds"] > 0 for g in costs.values() for x in g["rules"])
+    assert costs["ranksight.recording.rank"]["sum_seconds"] > 0 and r["rule_costs"]["repeat"] == 1
     shape = scale.shape_for("as-is", 2, 2)
     per = scale.series_per_node(shape)
     se = r["series"]
