@@ -5,6 +5,9 @@ The whole integration is two lines, marked below::
     import ranksight
     loader = ranksight.watch(model, optimizer, loader)
 
+Two optional calls add detail: ``ranksight.loss(loss)`` (loss health) and, around the
+write-then-rename checkpoint, ``ranksight.checkpoint_timer`` (the rename is checkpoint time too).
+
 Run it with torchrun (start `ranksight exporter` first to get metrics; without an
 agent the hooks still print their step table)::
 
@@ -278,7 +281,7 @@ def save_checkpoint(path: Path, state: Dict, sync: bool, mbps: float = 0.0) -> N
     writing rank's compute and makes it look slower than its peers."""
     tmp = path.with_suffix(".tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DSYNC if sync else 0)
-    with ranksight.checkpoint_timer(path):
+    with ranksight.checkpoint_timer(path, obj=state):  # obj: what the checkpoint lints inspect
         with open(tmp, "wb", buffering=0, opener=lambda p, _: os.open(p, flags, 0o644)) as f:
             torch.save(state, SlowStorage(f, mbps * 1e6) if mbps else f)
         os.replace(tmp, path)

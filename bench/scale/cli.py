@@ -12,7 +12,7 @@ from ranksight.console import error
 from ranksight.common.units import binary_bytes
 from .scenario import DESIGNS, PROMETHEUS, PROMTOOL, Scenario
 from .server import BenchError
-from .queries import substituted_queries
+from .queries import rules_source, substituted_queries
 from .runner import Bench, Options
 from .common import rule_cost_lines
 
@@ -186,6 +186,11 @@ def run(args: argparse.Namespace) -> int:
                    concurrency_rounds=args.concurrency_rounds, rule_costs=args.rule_costs)
     if args.concurrency and args.engine != "victoriametrics":
         return error("--concurrency needs --engine victoriametrics (Prometheus evaluates a group's rules in order)")
+    if args.rules:  # a bad rule file fails now, not after the data's generation
+        try:
+            rules_source(args.rules, {})
+        except BenchError as e:
+            return error(str(e))
     if args.engine == "victoriametrics":
         from .vm import VMBench, report as vm_report
         vm = VMBench(opts)

@@ -14,13 +14,30 @@ from .server import BenchError
 
 # ------------------------------------------------------------------------------ rules and queries
 def rules_source(rules_file: Optional[str], cfg: Mapping[str, Any]) -> Tuple[str, str]:
-    """(rule file text, where it came from): ``--rules FILE`` as it is, else ``rules_text(cfg)``."""
+    """(rule file text, where it came from): ``--rules FILE`` as it is, else ``rules_text(cfg)``.
+    A file that is not a Prometheus rule file (groups, each with a name and rules, each rule a record
+    or an alert with an expr) is a BenchError naming the first thing wrong."""
     if not rules_file:
         return rules_text(cfg)
     try:
-        return Path(rules_file).read_text(), rules_file
+        text = Path(rules_file).read_text()
+        doc = yaml.safe_load(text)
     except OSError as e:
         raise BenchError(f"--rules {rules_file}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise BenchError(f"--rules {rules_file}: not YAML: {str(e).splitlines()[0]}") from None
+    groups = doc.get("groups") if isinstance(doc, dict) else None
+    if not isinstance(groups, list) or not groups:
+        raise BenchError(f"--rules {rules_file}: not a rule file (no list of groups)")
+    for i, g in enumerate(groups):
+        rules = g.get("rules") if isinstance(g, dict) else None
+        if not isinstance(rules, list) or not isinstance(g.get("name"), str):
+            raise BenchError(f"--rules {rules_file}: group {i + 1} needs a name and a list of rules")
+        for r in rules:
+            if not (isinstance(r, dict) and isinstance(r.get("expr"), str) and (r.get("record") or r.get("alert"))):
+                raise BenchError(f"--rules {rules_file}: group {g['name']}: every rule needs a record or an "
+                                 f"alert and an expr")
+    return text, rules_file
 
 
 def rules_text(cfg: Mapping[str, Any]) -> Tuple[str, str]:

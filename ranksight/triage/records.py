@@ -198,8 +198,9 @@ def _resume_state(cfg: Mapping[str, Any]) -> List[Recording]:
 
     Held, not looked up: each held record is its current value or, without one, its own previous
     value (its last sample within ``HELD_READ``), kept while ``loss_steady_seen`` (the time of the
-    rank's last evaluation with steady counters, itself held) is within
-    ``windows.loss_resume_lookback``. An evaluation reads ``HELD_READ`` of each held record, about 20
+    rank's last evaluation with a steady mean, itself held) is within
+    ``windows.loss_resume_lookback``: matched on every label, so a series whose labels changed (a
+    new ``instance``) is forgotten on time even while its successor is seen. An evaluation reads ``HELD_READ`` of each held record, about 20
     samples a rank at a 15 s interval; a ``last_over_time`` over the whole lookback read 720 over 3 h,
     three times an evaluation. The held values live only in the store's recent samples: a ruler
     stopped for longer than ``HELD_READ`` loses them, and a rank restored before its steady series
@@ -212,11 +213,11 @@ def _resume_state(cfg: Mapping[str, Any]) -> List[Recording]:
         return f"last_over_time({record}[{HELD_READ}])"
 
     def held(record: str, current: str) -> Recording:  # the current value, else its own last one
-        return Recording(REC[record], f"{current} or ({last(REC[record])} and on (job, node, rank) {seen})")
+        return Recording(REC[record], f"{current} or ({last(REC[record])} and {seen})")
 
     return [
         Recording(REC["loss_steady"], f"{REC['loss_short']} {steady}"),
-        Recording(seen, f"(time() + 0 * ({C.LOSS_READINGS} {steady})) or ({last(seen)} > time() - {lookback:g})"),
+        Recording(seen, f"(time() + 0 * {REC['loss_steady']}) or ({last(seen)} > time() - {lookback:g})"),
         held("loss_last_steady", REC["loss_steady"]),
         held("loss_steady_sum", f"({C.LOSS_SUM} {steady})"),
         held("loss_steady_readings", f"({C.LOSS_READINGS} {steady})"),

@@ -238,8 +238,14 @@ def test_end_to_end_small_run_backfills_and_times_every_query(tmp_path):
 
 def test_bad_usage_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "x").write_text("")
+    (tmp_path / "list.yml").write_text("- a\n- b\n")
+    (tmp_path / "norules.yml").write_text("groups:\n- name: g\n")
+    (tmp_path / "noexpr.yml").write_text("groups:\n- name: g\n  rules:\n  - record: r\n")
     for args in (["--nodes", "0"], ["--step", "fast"], ["--ranks-per-node", "9"], ["--keep", str(tmp_path)],
-                 ["--concurrency", "4,x"], ["--concurrency", "4"], ["--rule-costs", "-1"]):
+                 ["--concurrency", "4,x"], ["--concurrency", "4"], ["--rule-costs", "-1"],
+                 ["--rules", str(tmp_path / "missing.yml")], ["--rules", str(tmp_path / "list.yml")],
+                 ["--rules", str(tmp_path / "norules.yml")],
+                 ["--engine", "victoriametrics", "--rules", str(tmp_path / "noexpr.yml")]):
         out = subprocess.run([sys.executable, "-m", "ranksight", "bench", "scale", *args],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert out.returncode == 2, (args, out.stderr)
