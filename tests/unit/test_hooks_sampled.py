@@ -20,6 +20,7 @@ from ranksight import protocol as P
 from ranksight.exporter.collectors.ranks import RanksCollector
 from ranksight.exporter.exposition import TextWriter
 from ranksight.exporter.ranks import RankSettings, RankTable
+from ranksight.hooks import timing
 from ranksight.hooks.timing import FWD, OPT, SPAN, CudaTimeline, SpanShares
 
 from hooks_workloads.harness import Receiver
@@ -79,11 +80,16 @@ def test_a_time_floor_times_slow_steps_and_every_1_times_all_of_them():
 
 class _CostlyGPU(_LagGPU):
     """The stand-in GPU (idle: an event is reached when recorded) whose event record costs the
-    host ``cost`` seconds (a busy wait), as a CUDA event record costs the step path on a GPU."""
+    host ``cost`` seconds, as a CUDA event record costs the step path on a GPU. The cost is on a
+    clock of its own (``perf``, which the test puts in place of the timeline's): a busy wait on the
+    real clock would also count the time the test process is preempted on a loaded machine."""
 
     def __init__(self, cost: float):
         super().__init__(0.0)
-        self.cost, self.records = cost, 0
+        self.cost, self.records, self.now = cost, 0, 0.0
+
+    def perf(self) -> float:
+        return self.now
 
     def Event(self, enable_timing=True):  # noqa: N802 (torch.cuda.Event)
         ev = super().Event(enable_timing)
@@ -91,9 +97,7 @@ class _CostlyGPU(_LagGPU):
 
         def costly(stream=None):
             gpu.records += 1
-            end = time.perf_counter() + gpu.cost
-            while time.perf_counter() < end:
-                pass
+            gpu.now += gpu.cost
             record(stream)
 
         ev.record = costly
@@ -118,13 +122,14 @@ def _auto_steps(tl: CudaTimeline, steps: int, step_s: float, t0: float = 0.0):
     return timed, t
 
 
-def test_automatic_sampling_keeps_the_events_cost_within_the_budget_and_times_every_long_step():
+def test_automatic_sampling_keeps_the_events_cost_within_the_budget_and_times_every_long_step(monkeypatch):
     """hooks.gpu_timing_every 0: the mean gap follows the measured cost of a timed step (its 4 event
     records, 100 us each here) over the budget's share of the step time. 1 ms steps with a 1%
     budget (10 us a step): the records cost about the budget, not more, and not much less (one
     step in ~40 timed). Then the steps grow to 200 ms: within a few timed steps every step is
     timed again (the records are 0.2% of a step)."""
     gpu = _CostlyGPU(100e-6)
+    monkeypatch.setattr(timing, "_perf", gpu.perf)
     tl = CudaTimeline(gpu, "stand-in", 1 << 16, every=0, every_s=1e9, seed=5, budget=0.01)
     assert tl.auto and tl.sampled and not tl.on
     steps, step_s = 20000, 1e-3
