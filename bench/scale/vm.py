@@ -206,7 +206,7 @@ class VMBench:
             text, self.result["rules_source"] = rules_source(o.rules_file, self.cfg)
             try:
                 rules.write_text(engines.victoriametrics(text))
-            except (engines.EngineError, yaml.YAMLError) as e:
+            except engines.EngineError as e:  # the file's shape was checked by rules_source
                 raise BenchError(f"rules from {self.result['rules_source']}: not a rule file vmalert can be given: "
                                  f"{str(e).splitlines()[0]}") from None
             if o.reuse:  # the kept store already holds the data and the backfilled records
