@@ -32,6 +32,8 @@ from .patch import Patcher, like
 
 log = logging.getLogger("ranksight.hooks")
 
+FINISH_WAIT_SECONDS = 2.0  # unwatch() waits this long for an async save's record already being made
+
 
 def path_of(f: Any) -> Optional[str]:
     if isinstance(f, (str, bytes, os.PathLike)):
@@ -92,9 +94,13 @@ class Recorder:
         self._tls = threading.local()
         self.observers: list = []
         # async saves still to be recorded: id(token) -> (token, future, path); the future's
-        # callback or, for a future already done, flush_async() records each exactly once
+        # callback or, for a future already done, flush_async() records each exactly once.
+        # _finishing counts the records taken from _async and not yet emitted (their size is read
+        # from disk first), so that flush_async() can wait for them.
         self._async: dict = {}
         self._async_lock = threading.Lock()
+        self._async_cv = threading.Condition(self._async_lock)
+        self._finishing = 0
 
     # -------------------------------------------------------------- begin / end
     def begin(self, src: str, obj: Any = None, path: Optional[str] = None) -> Optional[tuple]:
@@ -140,25 +146,35 @@ class Recorder:
 
     def finish_async(self, key: int) -> None:
         """Record the async save ``key`` if no one has yet (its future is done)."""
-        with self._async_lock:
+        with self._async_cv:
             item = self._async.pop(key, None)
-        if item is None:
-            return
-        tok, fut, path = item
+            if item is None:
+                return
+            self._finishing += 1
         try:
-            ok = not fut.cancelled() and fut.exception() is None
-        except Exception:
-            ok = False
-        self.finish(tok, ok, self._dcp_bytes(path) if ok else 0)
+            tok, fut, path = item
+            try:
+                ok = not fut.cancelled() and fut.exception() is None
+            except Exception:
+                ok = False
+            self.finish(tok, ok, self._dcp_bytes(path) if ok else 0)
+        finally:
+            with self._async_cv:
+                self._finishing -= 1
+                self._async_cv.notify_all()
 
-    def flush_async(self) -> None:
+    def flush_async(self, wait: float = FINISH_WAIT_SECONDS) -> None:
         """At the watch's end: record the async saves whose write is complete but whose future's
-        callbacks have not run yet (``Future.result()`` returns before they do), so that a
-        ``result()`` followed by ``unwatch()`` never loses the record."""
+        callbacks have not run yet (``Future.result()`` returns before they do), and wait up to
+        ``wait`` seconds for a record another thread has begun (the future's callback, which reads
+        the checkpoint's size before it emits), so that a ``result()`` followed by ``unwatch()``
+        never loses the record."""
         with self._async_lock:
             done = [k for k, (_, fut, _) in self._async.items() if fut.done()]
         for k in done:
             self.finish_async(k)
+        with self._async_cv:
+            self._async_cv.wait_for(lambda: self._finishing == 0, timeout=wait)
 
     def end(self, tok: Optional[tuple], ok: bool, nbytes: int) -> None:
         """A save that blocked its caller to the end: one end time for the step's checkpoint

@@ -446,19 +446,32 @@ def test_dcp_save_is_recorded(rx, tmp_path):
     assert c["src"] == "dcp" and c["ok"] and 0 < c["bytes"] <= total
 
 
-@pytest.mark.parametrize("late_callbacks", [False, True], ids=["callbacks", "callbacks-after-unwatch"])
+@pytest.mark.parametrize("callbacks", ["prompt", "late", "slow-record"],
+                         ids=["callbacks", "callbacks-after-unwatch", "record-in-flight-at-unwatch"])
 def test_dcp_async_save_blocks_its_step_for_the_staging_and_records_the_write(rx, tmp_path, monkeypatch,
-                                                                             late_callbacks):
+                                                                             callbacks):
     """A real ``dcp.async_save`` whose background write takes 0.6 s: the step that launched it
     holds only the staging ("ckpt" of the step, summed as tot["ckpt"]); the "ckpt" record and
     tot["ckpt_s"] hold the whole write, launch to completion. ``Future.result()`` returns before
-    the future's callbacks run; with them held back until after ``unwatch()``, the record still
-    goes out with the watch's last records."""
+    the future's callbacks run; with them held back until after ``unwatch()`` ("late"), or with
+    the callback still reading the checkpoint's size when ``unwatch()`` runs ("slow-record"), the
+    record still goes out with the watch's last records."""
     import concurrent.futures
+    import threading
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
+    from ranksight.hooks import checkpoint as checkpoint_mod
 
-    if late_callbacks:
+    if callbacks == "slow-record":
+        size = checkpoint_mod.Recorder._dcp_bytes
+
+        def slow_size(path):
+            if threading.current_thread() is not threading.main_thread():
+                time.sleep(1.0)  # the callback descheduled between taking the save and emitting it
+            return size(path)
+
+        monkeypatch.setattr(checkpoint_mod.Recorder, "_dcp_bytes", staticmethod(slow_size))
+    if callbacks == "late":
         invoke = concurrent.futures.Future._invoke_callbacks
 
         def late(self):
