@@ -28,6 +28,8 @@ What it does
     subprocess started here (``--agent off``: nowhere).
   * Each run waits ``--settle`` seconds before its first step (watched: the hooks' start-up threads
     run a few hundred ms; on the 2-core CPU box a real agent and no wait tripled a short run).
+  * ``--timeout`` bounds each strategy's subprocess; its pairs stop (after a whole ABBA block)
+    where the next block would pass the timeout less 45 s, and the result gives the pairs that ran.
   * Each watched run's hooks must count every step (``stats()["steps"] == warm + steps``) with no
     hook errors.
 
@@ -238,7 +240,17 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
     counts: List[int] = []
     herr = 0
     seen: Dict[str, Any] = {}
-    for order in W.abba(a.pairs):
+    # a run that would pass the time budget stops after a whole ABBA block (two pairs), so its
+    # pairs still alternate: the result says how many ran ("pairs") of those asked ("pairs_asked")
+    deadline = t_start + a.budget if a.budget > 0 else float("inf")
+    done_pairs = 0
+    t_loop = time.perf_counter()
+    for i, order in enumerate(W.abba(a.pairs)):
+        if i and i % 2 == 0:
+            block = (time.perf_counter() - t_loop) / i * 2
+            if time.perf_counter() + block > deadline:
+                break
+        done_pairs = i + 1
         for w in order:
             r = one_run(torch, device, target, opt, x, step, w, a)
             (watched if w else plain).append(r["step_s"])
@@ -249,7 +261,8 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
                 seen = r["seen"]
     close()
     W.destroy_pg()
-    res: Dict[str, Any] = {"strategy": a.one, "spec": W.spec_dict(spec), "pairs": a.pairs, "steps": a.steps,
+    res: Dict[str, Any] = {"strategy": a.one, "spec": W.spec_dict(spec), "pairs": done_pairs,
+                           "pairs_asked": a.pairs, "steps": a.steps,
                            "warm": a.warm, "hook_errors": herr, "hook_steps": counts,
                            "exact_steps": all(c == a.warm + a.steps for c in counts), "hooks_saw": seen,
                            "run_states": states,
@@ -267,6 +280,11 @@ def run_one(a: argparse.Namespace) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- the parent
+# the subprocess's pairs stop this long before --timeout, for its start-up (imports, the model,
+# DeepSpeed's engine) and its exit
+BUDGET_MARGIN_S = 45.0
+
+
 def child_env(device: str) -> Dict[str, str]:
     """A one-rank torchrun environment on a free port; deepspeed from .devbin where not importable."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(W.free_port()), RANK="0", WORLD_SIZE="1",
@@ -293,7 +311,7 @@ def run_all(a: argparse.Namespace, ingest: str, tmp: Path,
         cmd = [sys.executable, str(Path(__file__).resolve()), "--one", s, "--out", str(out), "--device", a.device,
                "--pairs", str(a.pairs), "--steps", str(a.steps), "--warm", str(a.warm), "--micro", str(a.micro),
                "--settle", str(a.settle), "--ingest", ingest, "--batch", str(a.batch),
-               "--timing-every", str(a.timing_every)]
+               "--timing-every", str(a.timing_every), "--budget", str(max(0.0, a.timeout - BUDGET_MARGIN_S))]
         env["MASTER_PORT"] = str(W.free_port())
         t0 = time.perf_counter()
         W.log(f"{s}: {a.pairs} pairs of {a.warm}+{a.steps} steps")
@@ -394,6 +412,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--one", choices=STRATEGIES + EXTRA, help=argparse.SUPPRESS)  # the subprocess: one strategy
     p.add_argument("--ingest", default="off", help=argparse.SUPPRESS)  # the subprocess: the agent's address
+    p.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)  # the subprocess: seconds for its pairs
     return p
 
 
