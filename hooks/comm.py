@@ -80,6 +80,9 @@ class CommTracker:
         self._intervals: Deque[Tuple[float, float]] = deque()  # host [launch, completion]
         self._exposed: Deque[Tuple[float, float]] = deque()  # host spans the training thread waited
         self._extra: Deque[float] = deque()  # comm durations without a time axis (Flight Recorder)
+        # something was added to those three since take() (set after each append, from any thread;
+        # the step's end reads this one attribute, not three queues, and skips take() while False)
+        self.fresh = False
         self._inflight: Dict[int, float] = {}
         self._pos: Dict[int, Tuple[str, str, int]] = {}  # in-flight token -> (op, group, sequence in the group)
         self._seqs: Dict[str, int] = {}  # group -> collectives launched through the wrappers
@@ -96,7 +99,7 @@ class CommTracker:
         # gloo DDP timed by its reducer timer: collectives a user comm hook launches inside the
         # backward are already in those figures, so the wrappers skip them (no double count)
         self.ddp_stats_backward = False
-        self.in_backward = False  # set by the watcher's backward wrapper
+        self.in_backward = False  # set by the watcher's backward wrapper while a backward runs
 
     # ---------------------------------------------------------------- bookkeeping
     def _counting_thread(self) -> bool:
@@ -143,6 +146,7 @@ class CommTracker:
             self._inflight.pop(tok, None)
             self._pos.pop(tok, None)
         self._intervals.append((t0, t1))
+        self.fresh = True
         if t1 > self.last_complete:
             self.last_complete = t1
         if ev0 is not None and self.comm_events:
@@ -153,9 +157,11 @@ class CommTracker:
 
     def add_exposed(self, t0: float, t1: float) -> None:
         self._exposed.append((t0, t1))
+        self.fresh = True
 
     def add_flight_recorder(self, seconds: List[float]) -> None:
         self._extra.extend(seconds)
+        self.fresh = True
 
     def oldest_inflight(self, now: float) -> float:
         """Seconds since the oldest in-flight collective was launched, or -1."""
@@ -180,6 +186,7 @@ class CommTracker:
         """(host comm, comm seconds without a time axis, host exposed comm) for the step [lo, hi]:
         unions of the spans clipped to the step, plus durations (the Flight Recorder).
         Resets them."""
+        self.fresh = False  # (before the drains: what another thread adds meanwhile sets it again)
         comm = union_seconds(drain(self._intervals), lo, hi) if self._intervals else 0.0
         x = union_seconds(drain(self._exposed), lo, hi) if self._exposed else 0.0
         extra = sum(drain(self._extra)) if self._extra else 0.0
@@ -233,6 +240,7 @@ class CommTracker:
                     self.timeline.push(XCOMM, ev0, end if end is not None else self.timeline.mark())
                 else:
                     self._exposed.append((t0, time.perf_counter()))
+                    self.fresh = True
             return
         # async_op=True: in flight until the (last) work's future completes. Its start event is
         # recorded now that the call returned (a pre-call one, async_op passed positionally, is
@@ -275,11 +283,13 @@ class CommTracker:
                 try:
                     t1 = time.perf_counter()
                     tracker._intervals.append((t0, t1))
+                    tracker.fresh = True
                     if counting:
                         if tracker.timeline is not None:
                             tracker.timeline.push(XCOMM, x0, tracker.timeline.mark())
                         else:
                             tracker._exposed.append((t0, t1))
+                            tracker.fresh = True
                 except Exception as e:
                     tracker._on_error("Work.wait", e)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 
@@ -40,6 +40,29 @@ class _TimedIter:
 
     def __next__(self) -> Any:
         return timed_next(self._w, next, self._it)
+
+
+class _FirstBatch:
+    """The first ``next()`` of an epoch whose first batch an extension wants (the lints): puts the
+    loader's own iterator back in the ``_TimedIter`` (later fetches go straight to it: no call of
+    this wrapper a step), then fetches the batch and hands it to ``cb`` (which counts its own
+    errors). The loader's exceptions (StopIteration included) pass unchanged."""
+
+    __slots__ = ("_it", "_cb", "_owner")
+
+    def __init__(self, it: Any, cb: Callable[[Any], None], owner: _TimedIter):
+        self._it = it
+        self._cb = cb
+        self._owner = owner
+
+    def __iter__(self) -> "_FirstBatch":
+        return self
+
+    def __next__(self) -> Any:
+        it = self._owner._it = self._it
+        b = next(it)
+        self._cb(b)
+        return b
 
 
 def timed_next(w: "Watcher", nxt: Callable[[Any], Any], it: Any) -> Any:
@@ -101,13 +124,16 @@ class WatchedLoader:
         if w is None or not w._active:
             return it
         w._epoch_start(loader)
+        timed = _TimedIter(it, w)
         lint_iter = getattr(w, "lint_iter", None)  # ranksight.hooks.lints: first batch, worker pids
         if lint_iter is not None:
             try:
-                it = lint_iter(it)
+                first = lint_iter(it)
+                if first is not None:
+                    timed._it = _FirstBatch(it, first, timed)
             except Exception as e:
                 w._hook_error("lints iterator", e)
-        return _TimedIter(it, w)
+        return timed
 
     def __next__(self) -> Any:  # the user passed an iterator (e.g. a generator) and calls next() on us
         cur = self._cur
@@ -236,11 +262,12 @@ class StepPath:
         w = self
         comm = self.comm  # (made before the hooks are installed, never replaced)
 
+        # comm.in_backward: a backward of the step path is running (the collective wrappers read it too)
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if not w._active or w._in_bwd:  # nested backward (e.g. inside a hook): the outer one counts
+            if not w._active or comm.in_backward:  # nested backward (e.g. inside a hook): the outer one counts
                 return orig(*args, **kwargs)
             try:
-                w._in_bwd = comm.in_backward = True
+                comm.in_backward = True
                 t0 = _perf()
                 w._t_bwd = t0
                 w._phase = "backward"
@@ -248,40 +275,38 @@ class StepPath:
                 tl = w._tl
                 ev0 = tl.mark(True) if tl is not None and tl.on else None
             except Exception as e:
-                w._in_bwd = comm.in_backward = False
+                comm.in_backward = False
                 w._hook_error("backward start", e)
                 return orig(*args, **kwargs)
             try:
-                return orig(*args, **kwargs)
-            finally:
-                w._in_bwd = comm.in_backward = False
-                try:
-                    w._bwd_done(t0, ev0)
-                except Exception as e:
-                    w._hook_error("backward end", e)
+                ret = orig(*args, **kwargs)
+            except BaseException:
+                w._bwd_raised(t0, ev0)
+                raise
+            comm.in_backward = False
+            try:
+                w._bwd_done(t0, ev0)
+            except Exception as e:
+                w._hook_error("backward end", e)
+            return ret
 
         return like(backward, orig, "backward")
+
+    def _bwd_raised(self, t0: float, ev0: Any) -> None:
+        """The backward raised: it ends here all the same (its time and events are counted)."""
+        self.comm.in_backward = False
+        try:
+            self._bwd_done(t0, ev0)
+        except Exception as e:
+            self._hook_error("backward end", e)
 
     def _bwd_done(self, t0: float, ev0: Any) -> None:
         t1 = _perf()
         lt, lev = self.comm.last_launch
-        if t0 <= lt <= t1:  # gradients were done when the backward's last collective launched
-            self._bwd += lt - t0
-            if self._tl is None:
-                lc = self.comm.last_complete
-                self.comm.add_exposed(lt, lc if lt <= lc <= t1 else t1)
-        else:
-            tail = 0.0
-            ds = self._ddp_stats
-            if ds is not None:  # gloo DDP: this backward's all-reduce, from DDP's own timer
-                r = ds.poll(t1 - t0)
-                if r is not None:
-                    comm, tail = r
-                    self._dcomm += comm
-                    self._dx += tail
-            d = t1 - t0 - tail
-            if d > 0:  # (max(0.0, d))
-                self._bwd += d
+        if t0 <= lt <= t1 or self._ddp_stats is not None:
+            lev = self._bwd_comm(t0, t1, lt, lev)
+        else:  # no collective in this backward: all of it is gradient computation
+            self._bwd += t1 - t0
             lev = None
         self._phase = "other"
         self._phase_t = t1
@@ -293,6 +318,31 @@ class StepPath:
                 tl.push(XCOMM, lev, e1)
         if self._t_opt is not None:
             self._closure_backward_done(t0, t1)
+
+    def _bwd_comm(self, t0: float, t1: float, lt: float, lev: Any) -> Any:
+        """``_bwd_done`` for a backward with communication in it (a collective launched inside it,
+        or gloo DDP's all-reduce): the gradient computation's part of [t0, t1] and the exposed
+        communication after it. Returns the last collective's event that ends the gradient
+        computation on the GPU, or None. (Apart from ``_bwd_done``: its code stays off the
+        common path.)"""
+        if t0 <= lt <= t1:  # gradients were done when the backward's last collective launched
+            self._bwd += lt - t0
+            if self._tl is None:
+                lc = self.comm.last_complete
+                self.comm.add_exposed(lt, lc if lt <= lc <= t1 else t1)
+            return lev
+        tail = 0.0
+        ds = self._ddp_stats
+        if ds is not None:  # gloo DDP: this backward's all-reduce, from DDP's own timer
+            r = ds.poll(t1 - t0)
+            if r is not None:
+                comm, tail = r
+                self._dcomm += comm
+                self._dx += tail
+        d = t1 - t0 - tail
+        if d > 0:  # (max(0.0, d))
+            self._bwd += d
+        return None
 
     def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._active:
@@ -330,12 +380,15 @@ class StepPath:
             else:  # (what _step_boundary does for an optimizer given to watch())
                 self._step_end(t)
         except Exception as e:
-            self._hook_error("optimizer post-hook", e)
-            try:  # start the next step clean; the error above is already counted and logged
-                self._reset_step(time.perf_counter())
-            except Exception:
-                pass
+            self._opt_post_failed(e)
         return None
+
+    def _opt_post_failed(self, e: Exception) -> None:
+        self._hook_error("optimizer post-hook", e)
+        try:  # start the next step clean; the error above is already counted and logged
+            self._reset_step(time.perf_counter())
+        except Exception:
+            pass
 
     def _step_end(self, t: float) -> None:
         t0 = self._t0
@@ -343,9 +396,9 @@ class StepPath:
             t0 = self._t_start
         dur = t - t0
         c = self.comm
-        if c._intervals or c._exposed or c._extra:
+        if c.fresh:  # communication recorded since the last step's end (c.take() clears it)
             comm, extra, hx = c.take(t0, t)
-        else:  # no communication this step (single process, gloo DDP alone): skip the call
+        else:  # none this step (single process, gloo DDP alone): skip the call
             comm = extra = hx = 0.0
         if self._dcomm:  # gloo DDP's all-reduce (DDPStats): durations without a time axis
             extra += self._dcomm
@@ -359,31 +412,8 @@ class StepPath:
             fwd, bwd, opt, comm, xcomm, pbusy = self._sampled(tl, dur, t)
             tl.step_end(t)
         else:
-            # GPU spans, resolved from earlier steps' events: they may belong to an earlier step. A
-            # value above this step's duration (several steps resolved at once) carries its excess
-            # to the next record, so per-step values stay <= dur and the sums stay right.
-            g = self._gacc
-            tl.resolve(g)  # adds each resolved interval's seconds to g[kind]
-            g[COMM] += extra  # (the host union is meaningless for NCCL: launch returns at once)
+            fwd, bwd, opt, comm, xcomm, pbusy = self._exact(tl, dur, extra)
             extra = 0.0
-            v = g[FWD]
-            fwd = dur if dur < v else v  # min(v, dur)
-            g[FWD] = v - fwd
-            v = g[BWD]
-            bwd = dur if dur < v else v
-            g[BWD] = v - bwd
-            v = g[OPT]
-            opt = dur if dur < v else v
-            g[OPT] = v - opt
-            v = g[XCOMM]
-            xcomm = dur if dur < v else v
-            g[XCOMM] = v - xcomm
-            v = g[COMM]
-            comm = dur if dur < v else v
-            g[COMM] = v - comm
-            v = g[PBUSY]
-            pbusy = dur if dur < v else v
-            g[PBUSY] = v - pbusy
         comm += extra
         if self.losses._pending:  # CUDA losses of earlier steps whose copy is done
             self.losses.take(self._seq + 1)
@@ -398,7 +428,45 @@ class StepPath:
             q.append(rec)
         else:
             self.qdrop += 1
-        self._reset_step(t)
+        # the next step starts at t: _reset_step(t), written out here (one call fewer a step; a
+        # unit test checks that both leave the same state)
+        self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
+        self._pbusy = self._pstep = self._pwprev = self._pwnext = 0.0
+        self._micro = self._samples = self._tokens = self._lossn = 0
+        self._loss = 0.0
+        self._t0 = t
+        self._t_bwd = None
+        self._phase = "other"
+        self._phase_t = t
+
+    def _exact(self, tl: Any, dur: float, extra: float) -> tuple:
+        """Every step timed: this step's GPU phases, resolved from earlier steps' events, so they may
+        belong to an earlier step. A value above this step's duration ``dur`` (several steps
+        resolved at once) carries its excess to the next record, so per-step values stay <= dur
+        and the sums stay right. ``extra``: communication seconds without a time axis, added to
+        the GPU communication (the host union is meaningless for NCCL: launch returns at once)."""
+        g = self._gacc
+        tl.resolve(g)  # adds each resolved interval's seconds to g[kind]
+        g[COMM] += extra
+        v = g[FWD]
+        fwd = dur if dur < v else v  # min(v, dur)
+        g[FWD] = v - fwd
+        v = g[BWD]
+        bwd = dur if dur < v else v
+        g[BWD] = v - bwd
+        v = g[OPT]
+        opt = dur if dur < v else v
+        g[OPT] = v - opt
+        v = g[XCOMM]
+        xcomm = dur if dur < v else v
+        g[XCOMM] = v - xcomm
+        v = g[COMM]
+        comm = dur if dur < v else v
+        g[COMM] = v - comm
+        v = g[PBUSY]
+        pbusy = dur if dur < v else v
+        g[PBUSY] = v - pbusy
+        return fwd, bwd, opt, comm, xcomm, pbusy
 
     def _sampled(self, tl: Any, dur: float, t: float) -> tuple:
         """Sampled timing: this step's GPU phases are the shares of the GPU span over the timed
@@ -410,22 +478,49 @@ class StepPath:
         steps' shares. ``resolve()`` stops after each timed step's span: up to SPANS_PER_STEP timed
         steps join the window at one step's end, so a backlog (a GPU that fell behind while every
         step was timed) drains instead of holding its length."""
-        win = self._gwin
-        tl.resolve(win)
+        if tl._pending:  # (resolve() has nothing to do otherwise: the call is skipped)
+            win = self._gwin
+            tl.resolve(win)
+            if win[SPAN] > 0:  # a timed step resolved: it joins the shares' window
+                self._add_spans(tl, win, t)
+        fast = self._gfast
+        if fast is not None and dur >= 0.0:
+            # no carry and every share <= 1: each phase is its share of dur (what the carry path
+            # below gives then, exactly: min(share x dur + 0, dur) is share x dur, the carry stays 0)
+            f, b, o, c, x, p = fast
+            return f * dur, b * dur, o * dur, c * dur, x * dur, p * dur
+        if not self._gknown:
+            return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+        return self._sampled_carry(dur)
+
+    def _add_spans(self, tl: Any, win: Dict[str, float], t: float) -> None:
+        """The timed step resolved in ``win`` and up to SPANS_PER_STEP - 1 more join the shares'
+        window (``_sampled``); the shares are ready for the steps."""
+        add = self._gshares.add
+        sh = self._gshare
+        add(win, sh, t)  # (zeroes win)
+        for _ in range(SPANS_PER_STEP - 1):
+            tl.resolve(win)
+            if win[SPAN] <= 0:
+                break
+            add(win, sh, t)
+        self._gknown = True
+        self._gfast = self._shares_if_no_carry()
+
+    def _shares_if_no_carry(self) -> Optional[tuple]:
+        """The shares in ``_sampled``'s order when nothing carries to the next step (every carry 0,
+        every share at most 1: no phase can exceed the step), else None."""
+        sh = self._gshare
+        shares = (sh[FWD], sh[BWD], sh[OPT], sh[COMM], sh[XCOMM], sh[PBUSY])
+        if max(shares) <= 1.0 and not any(self._gacc.values()):
+            return shares
+        return None
+
+    def _sampled_carry(self, d: float) -> tuple:
+        """``_sampled``'s phases with the carries: each share of ``d`` plus what the earlier steps
+        carried, at most ``d``, the excess carried on."""
         sh = self._gshare
         g = self._gacc
-        if win[SPAN] > 0:  # a timed step resolved: it joins the shares' window
-            add = self._gshares.add
-            add(win, sh, t)  # (zeroes win)
-            for _ in range(SPANS_PER_STEP - 1):
-                tl.resolve(win)
-                if win[SPAN] <= 0:
-                    break
-                add(win, sh, t)
-            self._gknown = True
-        elif not self._gknown:
-            return 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        d = dur  # (unrolled like the exact path below: no loop or tuple building on the step path)
         v = sh[FWD] * d + g[FWD]
         fwd = d if d < v else v  # min(v, dur)
         g[FWD] = v - fwd
@@ -444,9 +539,12 @@ class StepPath:
         v = sh[PBUSY] * d + g[PBUSY]
         pbusy = d if d < v else v
         g[PBUSY] = v - pbusy
+        self._gfast = self._shares_if_no_carry()
         return fwd, bwd, opt, comm, xcomm, pbusy
 
     def _reset_step(self, t: float) -> None:
+        """A new step starts at ``t``, no step recorded (after a hook error; ``_step_end`` ends
+        with the same lines)."""
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
         self._pbusy = self._pstep = self._pwprev = self._pwnext = 0.0
         self._micro = self._samples = self._tokens = self._lossn = 0

@@ -154,7 +154,6 @@ class Watcher(StepPath, Background, Closing):
         self._seq = 0
         self._t_fwd: Optional[float] = None
         self._t_bwd: Optional[float] = None
-        self._in_bwd = False
         self._t_opt: Optional[float] = None
         self._phase = "idle"
         self._phase_t = self._t_start
@@ -166,6 +165,7 @@ class Watcher(StepPath, Background, Closing):
         self._gshare: Dict[str, float] = dict(self._gacc)
         self._gshares = SpanShares(self._gshare)
         self._gknown = False  # a timed step resolved: the shares hold
+        self._gfast: Optional[tuple] = None  # the shares as a tuple while no phase carries seconds (_sampled)
         self._queue: Deque[tuple] = deque()
         self.sess = random.getrandbits(31)  # protocol v2 "sess": this watch, told apart from others in the process
         self.totals = Totals()

@@ -150,28 +150,6 @@ class _Task:
     deadline: float
 
 
-class _FirstBatch:
-    """Iterator wrapper for the first epoch: hands the first batch to ``cb`` (errors counted),
-    then only forwards. The user's exceptions (StopIteration included) pass unchanged."""
-
-    __slots__ = ("_it", "_cb")
-
-    def __init__(self, it: Any, cb: Callable[[Any], None]):
-        self._it = it
-        self._cb: Optional[Callable[[Any], None]] = cb
-
-    def __iter__(self) -> "_FirstBatch":
-        return self
-
-    def __next__(self) -> Any:
-        b = next(self._it)
-        cb = self._cb
-        if cb is not None:
-            self._cb = None
-            cb(b)
-        return b
-
-
 REGISTRY: Dict[str, type] = {}  # lint id -> its mixin class (one module per lint)
 
 
@@ -328,19 +306,20 @@ class LintsCore:
         self._thread.start()
 
 
-    def on_iter(self, it: Any) -> Any:
-        """The loader's iterator of an epoch: remember it (worker pids) and, in the first epoch,
-        look at the first batch when needed. Never raises."""
+    def on_iter(self, it: Any) -> Optional[Callable[[Any], None]]:
+        """The loader's iterator of an epoch: remember it (worker pids). Returns what the watch
+        hands the epoch's first batch to: in the first epoch, when the lints need to look at it;
+        else None. Never raises."""
         try:
             try:
                 self._iter_ref = weakref.ref(it)
             except TypeError:
                 self._iter_ref = None
             if self._epochs <= 1 and (self._want_first_batch or self.facts.batch_size is None):
-                return _FirstBatch(it, self._first_batch)
+                return self._first_batch
         except Exception as e:
             self._error("loader iterator", e)
-        return it
+        return None
 
 
     def _install_forward_hook(self) -> None:
