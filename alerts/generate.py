@@ -9,9 +9,8 @@ into ``--out DIR`` (default ``./run/rules``). The committed files under ``alerts
 
 Files:
   ranksight-rules.yml    (for --engine victoriametrics: rewritten for vmalert by engines.py)
-                         the recording groups of triage.RULE_GROUPS (rank, rank state, node, and
-                         three slow groups of large families), each in dependency order, and the
-                         alert groups of triage.ALERT_GROUPS (rank, waiting ranks, node, GPU, job, loss), each
+                         the recording groups of triage.RULE_GROUPS, in that order, each in
+                         dependency order, and the alert groups of triage.ALERT_GROUPS (rank, waiting ranks, node, GPU, job, loss), each
                          in triage order
   alertmanager.yml       standalone Alertmanager config: the ranksight route subtree (grouped by
                          job, routed by severity to the configured receivers), the receivers and

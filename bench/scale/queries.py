@@ -60,11 +60,29 @@ def rules_text(cfg: Mapping[str, Any]) -> Tuple[str, str]:
     return yaml.safe_dump({"groups": groups}, sort_keys=False), "ranksight.triage (fallback)"
 
 
+_EQUAL = re.compile(r'\s*([a-zA-Z_]\w*)\s*=\s*"([^"\\,]*)"\s*')
+
+
+def _equal_filter(matchers: str) -> Optional[str]:
+    """``{a="x", b="y"}`` as what follows ``and`` to keep only the series with those labels: ``on
+    (a, b)`` a one-series vector labelled a="x", b="y". None for any other matcher (regex, negated)."""
+    labels, vec = [], "vector(1)"
+    for part in matchers.strip()[1:-1].split(","):
+        m = _EQUAL.fullmatch(part)
+        if not m:
+            return None
+        labels.append(m.group(1))
+        vec = f'label_replace({vec}, "{m.group(1)}", "{m.group(2)}", "", "")'
+    return f"on ({', '.join(labels)}) {vec}"
+
+
 def expand_recording_rules(text: str) -> Tuple[str, List[str]]:
     """A rule file with only the recording rules, each expression with the recording rules it
     reads inlined, so ``promtool tsdb create-blocks-from rules`` can backfill all of them in
-    one pass (it evaluates every rule against the raw data only). Returns (yaml text, records
-    that could not be inlined because they are read with a selector or range)."""
+    one pass (it evaluates every rule against the raw data only). A read with equality matchers,
+    ``R{a="x"}``, inlines as ``((E) and on (a) <a one-series vector labelled a="x">)``. Returns
+    (yaml text, records that could not be inlined because they are read with a range or another
+    matcher)."""
     doc = yaml.safe_load(text) or {}
     recs: Dict[str, str] = {}
     groups_out = []
@@ -79,16 +97,18 @@ def expand_recording_rules(text: str) -> Tuple[str, List[str]]:
         if depth > 8:
             return None
         for name in names:
-            pat = re.compile(r"(?<![\w:])" + re.escape(name) + r"(?![\w:])")
-            for mm in pat.finditer(expr):
-                after = expr[mm.end():].lstrip()
-                if after.startswith("{") or after.startswith("["):
-                    return None
-            if pat.search(expr):
-                sub = inline(recs[name], depth + 1)
-                if sub is None:
-                    return None
-                expr = pat.sub(lambda _m: "(" + sub + ")", expr)
+            pat = re.compile(r"(?<![\w:])" + re.escape(name) + r"(?![\w:])(\s*\{[^{}]*\})?(\s*\[)?")
+            reads = list(pat.finditer(expr))
+            if not reads:
+                continue
+            filters = [_equal_filter(m.group(1)) if m.group(1) else "" for m in reads]
+            if any(m.group(2) for m in reads) or None in filters:
+                return None
+            sub = inline(recs[name], depth + 1)
+            if sub is None:
+                return None
+            pieces = iter(f"(({sub}) and {f})" if f else f"({sub})" for f in filters)
+            expr = pat.sub(lambda _m: next(pieces), expr)
         return expr
 
     for g in doc.get("groups", []):

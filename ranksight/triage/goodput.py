@@ -23,8 +23,12 @@ The first four come from the rank's own counters, the next four from the agent
 progress or stalled that also lies in an in-step counter is reported in
 ``badput_overlap_seconds_total{category}`` and subtracted here, so no second counts twice. Every
 category is clamped at 0 and the shares divide by the sum of the categories, so they sum to 1 by
-construction. The rules read cumulative counters with instant selectors (no range): one
-``avg by (job)`` per raw family, evaluated every ``durations.slow_rule_interval``.
+construction. The seconds records read cumulative counters with instant selectors (no range): one
+``avg by (job)`` per raw family, evaluated every ``durations.slow_rule_interval``. The ratios (each
+category's share and the goodput) are a group of their own at the same interval that reads the
+split's latest evaluation, at most one interval old: each share is exact as of that evaluation,
+and on vmalert, which would inline a same-group read (alerts/engines.py), they do not recompute
+the split's raw expressions.
 
 Step-time regression: the job's step p50 (``job_p50``) averaged over ``windows.step_smooth`` (1 h),
 against its baseline, the lowest such average within ``windows.step_baseline`` (7 d): the job's best
@@ -44,7 +48,7 @@ from typing import Any, List, Mapping, Tuple
 
 from .. import catalog as C
 from .model import VAL, Entry, Inhibit, Recording
-from .names import BASELINE_GROUP, CROSS_GROUP_READERS, GOODPUT_GROUP, REC  # noqa: F401 (public here)
+from .names import BASELINE_GROUP, CROSS_GROUP_READERS, GOODPUT_GROUP, GOODPUT_RATIO_GROUP, REC  # noqa: F401 (public here)
 
 # Step components the regression alert can name (label `cause`), and the allocator cause.
 COMPONENTS = ("dataloader_wait", "exposed_comm", "checkpoint", "compute")
@@ -136,18 +140,23 @@ def goodput_rules(cfg: Mapping[str, Any]) -> List[Recording]:
     }
     assert tuple(split) == C.GOODPUT_CATEGORIES
     bad = [_tag(f"clamp_min({expr}, 0)", "category", c) for c, expr in split.items() if c != "productive"]
-    # No record is read with a selector or a range, so every goodput record inlines into raw PromQL
-    # (the scale benchmark backfills them that way).
-    rules = [
+    # the sum of the parts (= the wall time while no part is clamped)
+    parts = f"sum by (job) ({R['goodput_split']})"
+    # No goodput record is read with a range or a matcher other than `=`, so every one inlines into
+    # raw PromQL (the scale benchmark backfills them that way).
+    seconds = [
         Recording(R["productive"], f"clamp_min({split['productive']}, 0)"),
         Recording(R["badput"], " or ".join(bad)),
         Recording(R["goodput_split"], f"{_tag(R['productive'], 'category', 'productive')} or {R['badput']}"),
-        # the denominator is the sum of the parts (= the wall time while no part is clamped)
-        Recording(R["wall"], f"sum by (job) ({R['goodput_split']})"),
-        Recording(R["goodput_share"], f"{R['goodput_split']} / on (job) group_left () ({R['wall']} > 0)"),
-        Recording(R["goodput"], f"{R['productive']} / ({R['wall']} > 0)"),
+        Recording(R["wall"], parts),
     ]
-    return [replace(r, group=GOODPUT_GROUP) for r in rules]
+    # The ratios read only the split's latest evaluation (one rule's result): numerator and
+    # denominator are the same evaluation's, so the shares sum to 1 whenever the ratio group runs.
+    ratios = [
+        Recording(R["goodput_share"], f"{R['goodput_split']} / on (job) group_left () ({parts} > 0)"),
+        Recording(R["goodput"], f"sum by (job) ({R['goodput_split']}{{category=\"productive\"}}) / ({parts} > 0)"),
+    ]
+    return [replace(r, group=GOODPUT_GROUP) for r in seconds] + [replace(r, group=GOODPUT_RATIO_GROUP) for r in ratios]
 
 
 def entries(cfg: Mapping[str, Any]) -> List[Entry]:

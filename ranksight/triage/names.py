@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-# Goodput and the step-time baseline (goodput.py) evaluate in groups of their own.
+# Goodput, its ratios and the step-time baseline (goodput.py) evaluate in groups of their own.
 GOODPUT_GROUP = "ranksight.recording.goodput"
+GOODPUT_RATIO_GROUP = "ranksight.recording.goodput_ratio"
 BASELINE_GROUP = "ranksight.recording.baseline"
 # Groups that read the job records of other groups (their evaluation lags by one interval at most).
 CROSS_GROUP_READERS = (BASELINE_GROUP,)
@@ -176,7 +177,10 @@ def stepped_a_window(steps: str, window: str) -> str:
 # buckets, RDMA ports. At 1,024 nodes no group then evaluates in more than half its budget
 # (bench/RESULTS.md, "Scale"). The loss after a resume is judged in a group of its own, on the
 # steady loss rank_state holds: read across groups, it is not inlined into the judgement's
-# expressions on vmalert (alerts/engines.py), and it is at most one interval old.
+# expressions on vmalert (alerts/engines.py), and it is at most one interval old. Goodput splits
+# the same way: its seconds records read the raw counters, and its ratios are a group of their own
+# on the seconds' latest evaluation (numerator and denominator both from it), so vmalert does not
+# inline the seconds' raw expressions into each ratio.
 RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.rank_rates": None,  # None: Prometheus' evaluation_interval
     "ranksight.recording.rank": None,
@@ -192,6 +196,7 @@ RULE_GROUPS: Dict[str, Optional[str]] = {
     "ranksight.recording.nic": "baseline_rule_interval",
     "ranksight.recording.loss_resume": None,
     GOODPUT_GROUP: "slow_rule_interval",
+    GOODPUT_RATIO_GROUP: "slow_rule_interval",
     BASELINE_GROUP: "baseline_rule_interval",
 }
 
@@ -204,4 +209,5 @@ GROUP_INPUTS: Dict[str, Tuple[str, ...]] = {
     "ranksight.recording.rank_gpu": ("ranksight.recording.node",),
     "ranksight.recording.efficiency": ("ranksight.recording.rank_rates",),
     "ranksight.recording.loss_resume": ("ranksight.recording.rank_state",),
+    GOODPUT_RATIO_GROUP: (GOODPUT_GROUP,),
 }

@@ -170,6 +170,29 @@ def test_expand_recording_rules_inlines_dependencies():
             assert re.search(r"(?<![\w:])" + re.escape(other) + r"(?![\w:])", r["expr"]) is None, (r["record"], other)
 
 
+def test_expand_recording_rules_inlines_a_read_with_equality_matchers(tmp_path):
+    """``R{a="x"}`` inlines as a filter that promtool evaluates to the same value as the record read;
+    any other matcher leaves the rule out."""
+    text = yaml.safe_dump({"groups": [{"name": "g", "rules": [
+        {"record": "job:x:sum", "expr": "sum by (job, category) (x_total)"},
+        {"record": "job:x_p:ratio", "expr": 'job:x:sum{category="p"} / on (job) group_left () sum by (job) (job:x:sum)'},
+        {"record": "job:x_re:ratio", "expr": 'job:x:sum{category=~"p"}'}]}]})
+    expanded, skipped = scale.expand_recording_rules(text)
+    assert skipped == ["job:x_re:ratio"]
+    (ratio,) = [r["expr"] for r in yaml.safe_load(expanded)["groups"][0]["rules"] if r["record"] == "job:x_p:ratio"]
+    assert "job:x:sum" not in ratio, ratio
+    (tmp_path / "rules.yml").write_text(expanded)
+    (tmp_path / "test.yml").write_text(yaml.safe_dump({"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": 'x_total{job="a", category="p"}', "values": "3"},
+                         {"series": 'x_total{job="a", category="q"}', "values": "1"}],
+        "promql_expr_test": [{"expr": "job:x_p:ratio", "eval_time": "0m",
+                              "exp_samples": [{"labels": 'job:x_p:ratio{job="a", category="p"}', "value": 0.75}]}]}]}))
+    r = subprocess.run([servers.find_binary("promtool"), "test", "rules", "test.yml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_end_to_end_small_run_backfills_and_times_every_query(tmp_path):
     keep = tmp_path / "keep"
     cfg = tmp_path / "ranksight.yml"  # the slow recording groups every 10 s, so two evaluations fit the budget
