@@ -98,8 +98,7 @@ class Recorder:
         # _finishing counts the records taken from _async and not yet emitted (their size is read
         # from disk first), so that flush_async() can wait for them.
         self._async: dict = {}
-        self._async_lock = threading.Lock()
-        self._async_cv = threading.Condition(self._async_lock)
+        self._async_cv = threading.Condition()  # guards _async and _finishing
         self._finishing = 0
 
     # -------------------------------------------------------------- begin / end
@@ -169,7 +168,7 @@ class Recorder:
         ``wait`` seconds for a record another thread has begun (the future's callback, which reads
         the checkpoint's size before it emits), so that a ``result()`` followed by ``unwatch()``
         never loses the record."""
-        with self._async_lock:
+        with self._async_cv:
             done = [k for k, (_, fut, _) in self._async.items() if fut.done()]
         for k in done:
             self.finish_async(k)
@@ -305,7 +304,7 @@ class Recorder:
             try:
                 fut = getattr(ret, "upload_completion", ret)  # AsyncSaveResponse (newer torch) or Future
                 key = id(tok)
-                with rec._async_lock:
+                with rec._async_cv:
                     rec._async[key] = (tok, fut, path)
                 fut.add_done_callback(lambda f: rec.finish_async(key))
             except Exception as e:

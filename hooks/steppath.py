@@ -428,16 +428,7 @@ class StepPath:
             q.append(rec)
         else:
             self.qdrop += 1
-        # the next step starts at t: _reset_step(t), written out here (one call fewer a step; a
-        # unit test checks that both leave the same state)
-        self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
-        self._pbusy = self._pstep = self._pwprev = self._pwnext = 0.0
-        self._micro = self._samples = self._tokens = self._lossn = 0
-        self._loss = 0.0
-        self._t0 = t
-        self._t_bwd = None
-        self._phase = "other"
-        self._phase_t = t
+        self._reset_step(t)
 
     def _exact(self, tl: Any, dur: float, extra: float) -> tuple:
         """Every step timed: this step's GPU phases, resolved from earlier steps' events, so they may
@@ -478,7 +469,7 @@ class StepPath:
         steps' shares. ``resolve()`` stops after each timed step's span: up to SPANS_PER_STEP timed
         steps join the window at one step's end, so a backlog (a GPU that fell behind while every
         step was timed) drains instead of holding its length."""
-        if tl._pending:  # (resolve() has nothing to do otherwise: the call is skipped)
+        if tl.pending:  # (resolve() has nothing to do otherwise: the call is skipped)
             win = self._gwin
             tl.resolve(win)
             if win[SPAN] > 0:  # a timed step resolved: it joins the shares' window
@@ -543,8 +534,8 @@ class StepPath:
         return fwd, bwd, opt, comm, xcomm, pbusy
 
     def _reset_step(self, t: float) -> None:
-        """A new step starts at ``t``, no step recorded (after a hook error; ``_step_end`` ends
-        with the same lines)."""
+        """A new step starts at ``t`` (``_step_end``, once the step is recorded; after a hook
+        error, with no step recorded)."""
         self._data = self._fwd = self._bwd = self._opt = self._ckpt = self._b2o = self._dcomm = self._dx = 0.0
         self._pbusy = self._pstep = self._pwprev = self._pwnext = 0.0
         self._micro = self._samples = self._tokens = self._lossn = 0

@@ -4,7 +4,6 @@ the path with carries whenever nothing carries."""
 from __future__ import annotations
 
 import random
-from collections import deque
 
 import pytest
 
@@ -55,7 +54,7 @@ def test_the_step_end_starts_the_next_step_as_reset_step_does(w):
 
 class _Idle:
     """A sampled timeline with nothing pending (what ``_sampled`` reads of it)."""
-    _pending: deque = deque()
+    pending = 0
 
 
 def test_a_step_that_carries_nothing_gets_its_shares_as_the_carry_path_gives_them(w):
