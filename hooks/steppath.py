@@ -439,6 +439,7 @@ class StepPath:
         g = self._gacc
         tl.resolve(g)  # adds each resolved interval's seconds to g[kind]
         g[COMM] += extra
+        # (the six phases unrolled, as in _sampled_carry: no loop or tuple building on the step path)
         v = g[FWD]
         fwd = dur if dur < v else v  # min(v, dur)
         g[FWD] = v - fwd
